@@ -1,0 +1,3 @@
+from fp4lab.cli import main
+
+raise SystemExit(main())
