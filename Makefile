@@ -44,7 +44,7 @@ lab: $(STAMP)
 	$(BIN)/jupyter lab --notebook-dir=notebooks
 
 browser-check: $(STAMP)
-	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+	@command -v chromedriver >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null)
 	$(BIN)/python -m pytest -m browser tests/test_browser.py
 
 clean:
