@@ -104,9 +104,10 @@ def _abs_max(rows: torch.Tensor) -> float:
     """max |x| over all rows, chunked; NaN or Inf anywhere raises (FP4 cannot encode them)."""
     amax = 0.0
     for chunk in _row_chunks(rows):
-        amax = max(amax, chunk.abs().amax().float().item())  # amax propagates NaN
-    if not math.isfinite(amax):
-        raise ValueError("input contains NaN or Inf: FP4 formats cannot encode them")
+        chunk_max = chunk.abs().amax().float().item()  # torch's amax propagates NaN
+        if not math.isfinite(chunk_max):
+            raise ValueError("input contains NaN or Inf: FP4 formats cannot encode them")
+        amax = max(amax, chunk_max)
     return amax
 
 
