@@ -1,0 +1,77 @@
+"""The backend registry: every GEMM implementation fp4lab can time, and whether it runs here.
+
+Importing this package imports no GPU library: flashinfer, sgl_kernel and triton are imported by
+a backend's `prepare`, and `availability` finds packages without importing them.
+"""
+
+from __future__ import annotations
+
+import json
+
+from fp4lab.backends.base import Backend, Prepared, resolve_device
+from fp4lab.backends.emulated import Emulated
+from fp4lab.backends.flashinfer import VARIANTS as FLASHINFER_VARIANTS, FlashInferMmFp4
+from fp4lab.backends.sglang import SglCutlass
+from fp4lab.backends.torch_native import TorchBf16, TorchFp4, TorchFp8
+from fp4lab.backends.triton_w4a16 import TritonW4A16
+
+__all__ = ["Backend", "Prepared", "REGISTRY", "get", "names", "list_backends", "add_cli"]
+
+REGISTRY: dict[str, Backend] = {
+    backend.name: backend
+    for backend in (
+        TorchBf16(),
+        TorchFp8(),
+        Emulated(),
+        TorchFp4(),
+        *(FlashInferMmFp4(name) for name in FLASHINFER_VARIANTS),
+        SglCutlass(),
+        TritonW4A16(),
+    )
+}
+
+
+def names() -> list[str]:
+    return list(REGISTRY)
+
+
+def get(name: str) -> Backend:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r}; valid backends: {', '.join(REGISTRY)}") from None
+
+
+def list_backends(device: str = "auto") -> list[dict]:
+    """One dict per backend: name, formats, library, available, reason."""
+    device = resolve_device(device)
+    rows = []
+    for backend in REGISTRY.values():
+        available, reason = backend.availability(device)
+        rows.append({"name": backend.name, "formats": list(backend.formats),
+                     "library": backend.library, "available": available, "reason": reason})
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    """Fixed-width: one line per backend."""
+    header = f"{'backend':<20} {'formats':<13} {'library':<11} {'available':<9}  reason"
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        lines.append(f"{row['name']:<20} {','.join(row['formats']):<13} {row['library']:<11} "
+                     f"{'yes' if row['available'] else 'no':<9}  {row['reason']}")
+    return "\n".join(lines)
+
+
+def run_cli(args) -> int:
+    rows = list_backends(args.device)
+    print(json.dumps(rows, indent=2) if args.json else format_table(rows))
+    return 0
+
+
+def add_cli(subparsers) -> None:
+    parser = subparsers.add_parser("backends", help="list the GEMM backends and whether they run here")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="the device to check availability on (default: auto)")
+    parser.set_defaults(func=run_cli)

@@ -1,0 +1,61 @@
+"""sgl-kernel's CUTLASS NVFP4 GEMM.
+
+Documented call (sgl_kernel.cutlass_scaled_fp4_mm):
+    cutlass_scaled_fp4_mm(a [M, K/2] uint8, b [N, K/2] uint8 (row-major: no transpose),
+                          block_scale_a, block_scale_b (float8_e4m3fn, 128x4 swizzled
+                          [rows_pad128, (K/16)_pad4]), alpha (float32, 1/(gs_a*gs_b)), out_dtype)
+It allocates its own output (no `out=`), so `Prepared.out` is None and the gate checks the
+returned tensor. Shape legend: `M` activation rows, `N` weight rows, `K` reduction dimension.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fp4lab.backends.base import (
+    BLACKWELL_FP4_CAPABILITIES, OUTPUT_DTYPE, Backend, cuda_capability, fp4_capability_reason,
+    gpu_reason, missing_package_reason, prepared_from, resolve_device,
+)
+
+
+class SglCutlass(Backend):
+    name = "sgl-cutlass"
+    formats = ("nvfp4",)
+    library = "sgl-kernel"
+    operand_dtype = "fp4"
+
+    def availability(self, device: str) -> tuple[bool, str]:
+        reason = gpu_reason(device)
+        if reason:
+            return False, reason
+        reason = fp4_capability_reason(cuda_capability(device), BLACKWELL_FP4_CAPABILITIES)
+        if reason:
+            return False, reason
+        reason = missing_package_reason("sgl_kernel", "sgl-kernel")
+        if reason:
+            return False, reason
+        return True, "sgl_kernel.cutlass_scaled_fp4_mm"
+
+    def prepare(self, a, w, device):
+        import sgl_kernel
+
+        from fp4lab import formats
+        from fp4lab.backends.flashinfer import mm_fp4_alpha
+        from fp4lab.backends.torch_native import to_device
+
+        self.check_inputs(a, w)
+        device = resolve_device(device)
+        w = to_device(w, device)
+        a_q = formats.quantize(a.to(device=device, dtype=torch.bfloat16), w.fmt)
+        args = (a_q.packed, w.packed, formats.swizzle_scales(a_q.scales),
+                formats.swizzle_scales(w.scales), mm_fp4_alpha(a_q.global_scale, w.global_scale))
+        gemm = make_sgl_gemm(sgl_kernel.cutlass_scaled_fp4_mm)
+        return prepared_from(gemm, args, None, ref_a=formats.dequantize(a_q),
+                             ref_w=formats.dequantize(w))
+
+
+def make_sgl_gemm(cutlass_scaled_fp4_mm):
+    def gemm(a_packed, w_packed, a_sf, w_sf, alpha, out):
+        return cutlass_scaled_fp4_mm(a_packed, w_packed, a_sf, w_sf, alpha, OUTPUT_DTYPE)
+
+    return gemm

@@ -1,0 +1,128 @@
+"""`triton-w4a16`: FP4 weights read packed, decoded in registers, multiplied in bf16.
+
+This is the weight-only path that makes FP4 pay on Hopper, which has no FP4 tensor cores: at small
+M a GEMM is bound by reading the weights, and FP4 moves ~0.56 B per weight (0.5 B of codes plus a
+scale byte per 16) instead of bf16's 2. Tile shapes are configuration chosen from M, N, K and the
+SM count (`choose_config`), so the decode shapes still spread over every SM (split-K when the
+output tiles alone are too few). The kernels live in `triton_w4a16_kernel`.
+Shape legend: `M` activation rows, `N` weight rows, `K` reduction dimension.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+import torch
+
+from fp4lab.backends.base import (
+    OUTPUT_DTYPE, Backend, cuda_capability, describe_capability, gpu_reason, prepared_from,
+    resolve_device,
+)
+
+MIN_CAPABILITY = (8, 0)            # bf16 tensor cores
+MAX_SPLIT_K = 16
+MIN_K_BLOCKS_PER_SPLIT = 4         # below this a split costs more in partial traffic than it saves
+CTAS_PER_SM_TARGET = 2             # memory-bound tiles: two in flight per SM hide load latency
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+    group_m: int = 8
+
+    def k_per_split(self, k: int) -> int:
+        """K columns per split, a whole number of BLOCK_K."""
+        k_blocks = -(-k // self.block_k)
+        return -(-k_blocks // self.split_k) * self.block_k
+
+
+# by the largest M each covers: small tiles in M for decode, square tiles for prefill
+TILE_PRESETS = (
+    (16, TileConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)),
+    (32, TileConfig(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4)),
+    (64, TileConfig(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=4)),
+    (256, TileConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3)),
+    (None, TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)),
+)
+
+
+def choose_config(m: int, n: int, k: int, sm_count: int = 132) -> TileConfig:
+    """The tile preset for M, with split-K when the [M, N] tiles leave SMs idle."""
+    for m_max, preset in TILE_PRESETS:
+        if m_max is None or m <= m_max:
+            break
+    tiles = -(-m // preset.block_m) * -(-n // preset.block_n)
+    if tiles >= sm_count:
+        return preset
+    k_blocks = -(-k // preset.block_k)
+    wanted = -(-CTAS_PER_SM_TARGET * sm_count // tiles)
+    split = max(1, min(wanted, k_blocks // MIN_K_BLOCKS_PER_SPLIT, MAX_SPLIT_K))
+    return TileConfig(**{**preset.__dict__, "split_k": split})
+
+
+def triton_missing_reason() -> str | None:
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed (pip install triton)"
+    return None
+
+
+class TritonW4A16(Backend):
+    name = "triton-w4a16"
+    formats = ("nvfp4", "mxfp4")
+    library = "triton"
+    operand_dtype = "bf16"
+
+    def availability(self, device: str) -> tuple[bool, str]:
+        reason = gpu_reason(device)
+        if reason:
+            return False, reason + " (the kernel is tested on the CPU with TRITON_INTERPRET=1)"
+        cc = cuda_capability(device)
+        if cc < MIN_CAPABILITY:
+            return False, (f"needs compute capability 8.0 or newer (bf16 tensor cores); this "
+                           f"GPU is {describe_capability(cc)}")
+        reason = triton_missing_reason()
+        if reason:
+            return False, reason
+        return True, "FP4 weights decoded in registers, bf16 tensor-core math (weight-only)"
+
+    def prepare(self, a, w, device, config: TileConfig | None = None):
+        """`device` may be "cpu" only under TRITON_INTERPRET=1 (the interpreter runs there)."""
+        from fp4lab import formats
+        from fp4lab.backends import triton_w4a16_kernel as kernel
+        from fp4lab.backends.torch_native import to_device
+
+        self.check_inputs(a, w)
+        device = resolve_device(device)
+        w = to_device(w, device)
+        m, k = a.shape
+        n = w.shape[0]
+        if config is None:
+            config = choose_config(m, n, k, sm_count(device))
+        a_bf16 = a.to(device=device, dtype=torch.bfloat16).contiguous()  # [M, K]
+        scale_bytes = w.scales.contiguous().view(torch.uint8)            # [N, K/B] raw bytes
+        # mxfp4 has no global scale; the kernel never reads this one then
+        global_scale = (w.global_scale.float().reshape(1) if w.global_scale is not None
+                        else torch.ones(1, dtype=torch.float32, device=device))
+        out = torch.empty(m, n, dtype=OUTPUT_DTYPE, device=device)      # [M, N]
+        split = -(-k // config.k_per_split(k))
+        workspace = (torch.empty(split, m, n, dtype=torch.float32, device=device)
+                     if split > 1 else None)                            # [split, M, N]
+
+        def gemm(a_arg, packed, scales, gs, out_arg):
+            return kernel.w4a16_matmul(a_arg, packed, scales, gs, out_arg, workspace, config,
+                                       w.fmt)
+
+        args = (a_bf16, w.packed.contiguous(), scale_bytes, global_scale)
+        return prepared_from(gemm, args, out, ref_a=a_bf16.float(), ref_w=formats.dequantize(w))
+
+
+def sm_count(device: str) -> int:
+    if device == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).multi_processor_count
+    return 132  # the interpreter on a CPU: plan as for the H200
