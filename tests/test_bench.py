@@ -1,0 +1,170 @@
+"""The timer: statistics, cold-L2 copy logic, clones, clock steadiness, graph fallback, CUDA path."""
+
+import contextlib
+import dataclasses
+
+import pytest
+import torch
+
+from fp4lab import bench
+from fp4lab.bench import (TimerConfig, Timing, args_nbytes, clock_is_steady, clone_args,
+                          cold_l2_copies, format_timing_line, percentile, time_call)
+
+MB = 2**20
+
+
+def matmul_call(args, out):
+    a, w = args
+    return lambda: torch.mm(a, w.T, out=out)
+
+
+def test_cpu_timing_statistics_are_ordered_and_counted():
+    a, w = torch.randn(16, 32), torch.randn(24, 32)
+    timing = time_call(matmul_call, (a, w), torch.empty(16, 24), TimerConfig.smoke(), "cpu")
+    assert timing.n == TimerConfig.smoke().repeats == len(timing.samples_us)
+    assert 0 < timing.p20_us <= timing.median_us <= timing.p80_us
+    assert min(timing.samples_us) <= timing.p20_us and timing.p80_us <= max(timing.samples_us)
+    assert timing.graph is False and timing.cold_l2 is False and "perf_counter" in timing.note
+
+
+def test_cpu_timer_runs_the_call_it_was_given():
+    calls = []
+    config = TimerConfig(repeats=7, warmup_s=0)
+    time_call(lambda args, out: lambda: calls.append(args), ("x",), None, config, "cpu")
+    assert len(calls) == 1 + 7  # one untimed first call, then one per repeat
+
+
+def test_percentile_matches_linear_interpolation():
+    values = [5.0, 1.0, 3.0, 2.0, 4.0]
+    assert percentile(values, 0) == 1.0 and percentile(values, 100) == 5.0
+    assert percentile(values, 50) == 3.0
+    assert percentile(values, 20) == pytest.approx(1.8)
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+@dataclasses.dataclass
+class Packed:  # stands in for formats.QuantizedTensor
+    packed: torch.Tensor
+    scales: torch.Tensor
+    fmt: str
+
+
+def test_clones_are_independent_copies_of_nested_args():
+    args = (torch.ones(4), Packed(torch.zeros(2, dtype=torch.uint8), torch.ones(2), "nvfp4"),
+            [torch.ones(3)], 7)
+    copy = clone_args(args)
+    assert isinstance(copy, tuple) and isinstance(copy[1], Packed) and copy[3] == 7
+    assert copy[1].fmt == "nvfp4"
+    originals, clones = bench.tensors_in(args), bench.tensors_in(copy)
+    assert len(originals) == len(clones) == 4
+    for original, clone in zip(originals, clones):
+        assert torch.equal(original, clone)
+        assert original.data_ptr() != clone.data_ptr()
+    copy[0].add_(1)
+    assert args[0].sum().item() == 4  # writing a clone leaves the original alone
+
+
+def test_args_nbytes_counts_a_shared_tensor_once():
+    t = torch.ones(256)  # 1 KiB
+    assert args_nbytes((t, t, [t])) == 1024
+    assert args_nbytes((t, torch.ones(256))) == 2048
+
+
+def test_cold_l2_copy_count_covers_the_l2_multiple():
+    count, note = cold_l2_copies(bytes_per_copy=7 * MB, l2_bytes=60 * MB, l2_multiple=4,
+                                 budget_bytes=8 * 2**30, max_copies=1024)
+    assert count == 35 and note == ""  # ceil(240 / 7)
+    assert count * 7 >= 240 > (count - 1) * 7
+
+
+def test_cold_l2_large_operands_need_one_copy():
+    count, note = cold_l2_copies(500 * MB, 60 * MB, 4, 8 * 2**30, 1024)
+    assert (count, note) == (1, "")
+
+
+def test_cold_l2_copies_are_capped_by_the_memory_budget_and_say_so():
+    count, note = cold_l2_copies(10 * MB, 60 * MB, 4, budget_bytes=50 * MB, max_copies=1024)
+    assert count == 5
+    assert "memory budget" in note and "0.8x L2" in note and "wanted 4x" in note
+
+
+def test_cold_l2_copies_are_capped_by_max_copies_and_say_so():
+    count, note = cold_l2_copies(1024, 60 * MB, 4, 8 * 2**30, max_copies=100)
+    assert count == 100 and "max_copies" in note
+
+
+def test_clock_steady_at_ratio_or_when_it_stops_rising():
+    assert clock_is_steady([1900.0], max_clock=1980.0, min_ratio=0.95)
+    assert not clock_is_steady([345.0, 900.0, 1500.0], max_clock=1980.0, min_ratio=0.95)
+    assert clock_is_steady([1750.0, 1755.0, 1752.0], max_clock=1980.0, min_ratio=0.95)
+    assert not clock_is_steady([], max_clock=1980.0, min_ratio=0.95)
+
+
+def test_warm_up_is_a_no_op_on_cpu():
+    assert bench.warm_up_clocks("cpu", TimerConfig.smoke()) is None
+
+
+@pytest.mark.parametrize("overrides, name", [
+    ({"repeats": 0}, "repeats"), ({"repeats": 2.5}, "repeats"), ({"l2_multiple": 0}, "l2_multiple"),
+    ({"min_clock_ratio": 1.5}, "min_clock_ratio"), ({"warmup_s": -1}, "warmup_s"),
+    ({"memory_budget_gb": 0}, "memory_budget_gb"),
+])
+def test_bad_timer_config_names_the_field(overrides, name):
+    with pytest.raises(ValueError, match=f"TimerConfig.{name}"):
+        TimerConfig(**overrides)
+
+
+def test_bad_device_is_a_clear_error():
+    with pytest.raises(ValueError, match="device"):
+        time_call(matmul_call, (torch.ones(1, 1), torch.ones(1, 1)), None, TimerConfig.smoke(),
+                  "tpu")
+
+
+def test_graph_capture_failure_falls_back_with_a_reason(monkeypatch):
+    class FakeGraph:
+        pass
+
+    @contextlib.contextmanager
+    def refusing_capture(graph):
+        raise RuntimeError("operation not permitted when stream is capturing")
+        yield
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", refusing_capture)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    graph, note = bench.capture_graph(lambda: None, torch.device("cpu"))
+    assert graph is None
+    assert "graph capture failed" in note and "not permitted" in note and "eagerly" in note
+
+
+def test_empty_kernel_floor_on_cpu_is_positive_and_small():
+    assert 0 < bench.empty_kernel_launch_us("cpu") < 1e4
+
+
+def test_timing_line_is_fixed_width():
+    def timing(median):
+        return Timing(median, median * 0.9, median * 1.1, 10, True, True, [median], 1980.0)
+
+    short = format_timing_line("bf16 M=1 6144x2048", timing(9.2))
+    long = format_timing_line("bf16 M=8192 8192x8192", timing(1234.5))
+    assert len(short) == len(long)
+    assert "graph cold" in short and "1980 MHz" in short
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_cold_and_warm_timing_of_a_small_gemm():
+    a = torch.randn(64, 2048, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(6144, 2048, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(64, 6144, device="cuda", dtype=torch.bfloat16)
+    cold = time_call(matmul_call, (a, w), out, TimerConfig.smoke(), "cuda")
+    warm = time_call(matmul_call, (a, w), out,
+                     dataclasses.replace(TimerConfig.smoke(), cold_l2=False), "cuda")
+    eager = time_call(matmul_call, (a, w), out,
+                      dataclasses.replace(TimerConfig.smoke(), use_graph=False), "cuda")
+    assert cold.graph and cold.cold_l2 and cold.copies > 1
+    assert warm.copies == 1 and eager.graph is False
+    for timing in (cold, warm, eager):
+        assert 0 < timing.p20_us <= timing.median_us <= timing.p80_us
+    assert warm.median_us <= cold.median_us * 1.1  # warm L2 is never much slower than cold
