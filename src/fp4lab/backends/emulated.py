@@ -25,11 +25,10 @@ class Emulated(Backend):
 
     def prepare(self, a, w, device):
         from fp4lab import formats
-        from fp4lab.backends.torch_native import to_device
 
         self.check_inputs(a, w)
         device = resolve_device(device)
-        w = to_device(w, device)
+        w = w.to(device)
         a_bf16 = a.to(device=device, dtype=torch.bfloat16).contiguous()  # [M, K]
         out = torch.empty(a.shape[0], w.shape[0], dtype=OUTPUT_DTYPE, device=device)  # [M, N]
         args = (a_bf16, w.packed, w.scales, w.global_scale)

@@ -80,9 +80,8 @@ class FlashInferMmFp4(Backend):
         Scales are 128x4-swizzled [rows_pad128, (K/B)_pad4]: e4m3 for nvfp4, uint8 e8m0 for mxfp4.
         """
         from fp4lab import formats
-        from fp4lab.backends.torch_native import to_device
 
-        w = to_device(w, device)
+        w = w.to(device)
         a_q = formats.quantize(a.to(device=device, dtype=torch.bfloat16), w.fmt)
         a_sf = formats.swizzle_scales(a_q.scales)
         if self.variant.shuffle_weights:

@@ -41,11 +41,10 @@ class SglCutlass(Backend):
 
         from fp4lab import formats
         from fp4lab.backends.flashinfer import mm_fp4_alpha
-        from fp4lab.backends.torch_native import to_device
 
         self.check_inputs(a, w)
         device = resolve_device(device)
-        w = to_device(w, device)
+        w = w.to(device)
         a_q = formats.quantize(a.to(device=device, dtype=torch.bfloat16), w.fmt)
         args = (a_q.packed, w.packed, formats.swizzle_scales(a_q.scales),
                 formats.swizzle_scales(w.scales), mm_fp4_alpha(a_q.global_scale, w.global_scale))

@@ -136,7 +136,7 @@ def fp4_operands(a: torch.Tensor, w, device: str):
     """
     from fp4lab import formats
 
-    w = to_device(w, device)
+    w = w.to(device)
     a_q = formats.quantize(a.to(device=device, dtype=torch.bfloat16), w.fmt)
     scale_dtype = torch.float8_e4m3fn if w.fmt == "nvfp4" else torch.float8_e8m0fnu
     a_sf = formats.swizzle_scales(a_q.scales).view(scale_dtype)
@@ -151,15 +151,6 @@ def fp4_operands(a: torch.Tensor, w, device: str):
 def decode_scale(global_scale: torch.Tensor) -> torch.Tensor:
     """formats stores the ENCODE scale (448*6/amax); the kernels multiply by its inverse."""
     return (1.0 / global_scale.float()).reshape(1)
-
-
-def to_device(w, device: str):
-    """The QuantizedTensor `w` with its tensors on `device`."""
-    from fp4lab.formats import QuantizedTensor
-
-    gs = None if w.global_scale is None else w.global_scale.to(device)
-    return QuantizedTensor(packed=w.packed.to(device), scales=w.scales.to(device),
-                           global_scale=gs, fmt=w.fmt, shape=tuple(w.shape))
 
 
 def nvfp4_scaled_mm(a_fp4, w_fp4, a_sf, w_sf, a_decode, w_decode, out):

@@ -95,11 +95,10 @@ class TritonW4A16(Backend):
         """`device` may be "cpu" only under TRITON_INTERPRET=1 (the interpreter runs there)."""
         from fp4lab import formats
         from fp4lab.backends import triton_w4a16_kernel as kernel
-        from fp4lab.backends.torch_native import to_device
 
         self.check_inputs(a, w)
         device = resolve_device(device)
-        w = to_device(w, device)
+        w = w.to(device)
         m, k = a.shape
         n = w.shape[0]
         if config is None:

@@ -11,6 +11,8 @@ activations into even and odd columns and runs two dots: a[:, 0::2] @ low^T + a[
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -48,7 +50,7 @@ def w4a16_gemm_kernel(
     stride_am, stride_ak, stride_wn, stride_sn, stride_cs, stride_cm, stride_cn,
     IS_NVFP4: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, WRITE_PARTIAL: tl.constexpr,
+    GROUP_M: tl.constexpr, WRITE_PARTIAL: tl.constexpr, DOT_IN_FP32: tl.constexpr,
 ):
     """One [BLOCK_M, BLOCK_N] output tile over one K split.
 
@@ -95,8 +97,15 @@ def w4a16_gemm_kernel(
         # code * block scale is exact in bf16 (<= 6 significant bits, fp32 exponent range)
         w_low = (decode_e2m1(packed & 15) * scale).to(tl.bfloat16)   # [BN, BK/2]
         w_high = (decode_e2m1(packed >> 4) * scale).to(tl.bfloat16)  # [BN, BK/2]
-        acc += tl.dot(a_even, tl.trans(w_low))
-        acc += tl.dot(a_odd, tl.trans(w_high))
+        if DOT_IN_FP32:
+            # same bf16 values, exact fp32 products: what the tensor cores compute
+            acc += tl.dot(a_even.to(tl.float32), tl.trans(w_low.to(tl.float32)),
+                          input_precision="ieee")
+            acc += tl.dot(a_odd.to(tl.float32), tl.trans(w_high.to(tl.float32)),
+                          input_precision="ieee")
+        else:
+            acc += tl.dot(a_even, tl.trans(w_low))
+            acc += tl.dot(a_odd, tl.trans(w_high))
 
     c_mask = m_mask[:, None] & n_mask[None, :]
     c_offsets = offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
@@ -123,6 +132,9 @@ def split_k_reduce_kernel(p_ptr, gs_ptr, c_ptr, MN, SPLIT_K: tl.constexpr,
 
 
 REDUCE_BLOCK = 1024
+# Triton's CPU interpreter multiplies bf16 dot operands as their raw uint16 bits (triton 3.9), so
+# under TRITON_INTERPRET=1 the dot runs on the same bf16-rounded values widened to fp32.
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def w4a16_matmul(a, packed, scale_bytes, global_scale, out, workspace, config, fmt: str):
@@ -145,7 +157,7 @@ def w4a16_matmul(a, packed, scale_bytes, global_scale, out, workspace, config, f
         target.stride(0) if partial else 0, target.stride(-2), target.stride(-1),
         IS_NVFP4=is_nvfp4, SCALE_BLOCK=16 if is_nvfp4 else 32,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        GROUP_M=config.group_m, WRITE_PARTIAL=partial,
+        GROUP_M=config.group_m, WRITE_PARTIAL=partial, DOT_IN_FP32=INTERPRETED,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if partial:
