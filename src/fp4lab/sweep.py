@@ -421,6 +421,7 @@ def _save_telemetry(run: RunDir, sampler) -> None:
     import pandas as pd
 
     frame = sampler.stop()
+    run.update_run_json("telemetry", sampler.metadata())
     if frame is None or not len(frame):
         return
     file = run.path / "telemetry.parquet"
@@ -533,21 +534,53 @@ def preset_shapes(name: str) -> tuple[tuple[int, int], ...]:
     return tuple(tuple(shape) for shape in model.gemm_shapes().values())
 
 
+def config_from_params(profile: str | None = None, device: str | None = None,
+                       backends=None, fmts=None, m_values=None, shapes=None,
+                       preset: str | None = None, repeats: int | None = None,
+                       energy_window_s: float | None = None) -> SweepConfig:
+    """The profile's preset with every given value laid over it, validated.
+
+    None or an empty list keeps the preset's value. `profile` None picks full on a GPU and smoke
+    on CPU; `preset` adds the model's expert GEMM shapes to `shapes`.
+    """
+    profile = profile or ("full" if resolve_device(device or "auto") == "cuda" else "smoke")
+    shapes = tuple(tuple(shape) for shape in shapes or ())
+    if preset:
+        shapes = tuple(dict.fromkeys(shapes + preset_shapes(preset)))
+    config = SweepConfig.preset(profile).with_overrides(
+        backends=tuple(backends) if backends else None, fmts=tuple(fmts) if fmts else None,
+        m_values=tuple(m_values) if m_values else None, shapes=shapes, device=device,
+        repeats=repeats, energy_window_s=energy_window_s)
+    validate_config(config)
+    return config
+
+
+def _comma_list(text: str | None) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip()) if text else ()
+
+
 def config_from_args(args) -> SweepConfig:
-    """The profile's preset with every flag the user gave laid over it."""
-    profile = args.profile or ("full" if resolve_device(args.device or "auto") == "cuda" else "smoke")
-    shapes = parse_shapes(args.shapes) if args.shapes else ()
-    if args.preset:
-        shapes = tuple(dict.fromkeys(shapes + preset_shapes(args.preset)))
-    return SweepConfig.preset(profile).with_overrides(
-        backends=tuple(b.strip() for b in args.backends.split(",") if b.strip()) if args.backends else None,
-        fmts=tuple(f.strip() for f in args.format.split(",") if f.strip()) if args.format else None,
-        m_values=parse_int_list(args.m, "m") if args.m else None,
-        shapes=shapes,
-        device=args.device,
-        repeats=args.repeats,
-        energy_window_s=args.energy_window,
-    )
+    return config_from_params(
+        profile=args.profile, device=args.device, backends=_comma_list(args.backends),
+        fmts=_comma_list(args.format), m_values=parse_int_list(args.m, "m") if args.m else None,
+        shapes=parse_shapes(args.shapes) if args.shapes else None, preset=args.preset,
+        repeats=args.repeats, energy_window_s=args.energy_window)
+
+
+def sweep_into(config: SweepConfig, run_dir: str | os.PathLike = "", runs_dir: str = "runs",
+               progress: bool = True) -> RunDir:
+    """The run folder holding every point of `config`: measured now, resumed, or already there.
+
+    An empty `run_dir` makes a new run folder under `runs_dir`.
+    """
+    if run_dir:
+        run = open_run(run_dir)
+    else:
+        check_output_dir(runs_dir)
+        run = RunDir.create(runs_dir, label=resolve_device(config.device))
+    if not is_complete(run, config):
+        run_sweep(config, run, resume=True, progress=progress)
+    return run
 
 
 def add_cli(subparsers) -> None:
