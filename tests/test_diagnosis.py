@@ -1,0 +1,149 @@
+"""Diagnosis on synthetic run folders: verdicts, gate failures, what-ifs, missing tables."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fp4lab import diagnosis
+from fp4lab.diagnosis import DiagnosisConfig
+from fp4lab.results import RunDir
+
+GLM5_SHAPES = [(4096, 6144), (6144, 2048)]  # gate_up, down as (N, K)
+CEILINGS = {"measured": {"bandwidth_tbps": 4.0, "peak_tflops": {"bf16": 700.0}, "launch_us": 2.0,
+                         "source": "measured"}}
+
+
+def gemm_row(backend, m, n, k, median_us, status="ok", graph=True, **extra):
+    flops = 2 * m * n * k
+    return {"run_id": "r", "backend": backend, "fmt": "nvfp4", "m": m, "n": n, "k": k, "status": status,
+            "error": None if status == "ok" else "relative error 1.0 > tolerance",
+            "rel_err": 0.01 if status == "ok" else 1.0, "median_us": median_us,
+            "tflops": flops / median_us / 1e6, "tbps": None, "bound": "memory" if m < 128 else "compute",
+            "pct_peak_spec": flops / median_us / 1e6 / 700 * 100, "pct_peak_measured": None,
+            "graph": graph, "avg_power_w": extra.get("avg_power_w")}
+
+
+def make_run(tmp_path, per_m_us, backend="triton-w4a16", ceilings=CEILINGS, power=None, extra_rows=()):
+    run = RunDir.create(tmp_path, "20261130T000000Z-test")
+    rows = [gemm_row(backend, m, n, k, per_m_us(m), avg_power_w=power)
+            for n, k in GLM5_SHAPES for m in (1, 16, 64, 256, 1024)]
+    run.append_rows("gemm", rows + list(extra_rows))
+    run.update_run_json("sweep", {"ceilings": ceilings})
+    run.update_run_json("provenance", {"device": {"power_limit_w": 700.0}})
+    return run
+
+
+def test_launch_bound_when_every_gemm_costs_about_a_launch(tmp_path):
+    # a launch costs 10 us here; each GEMM takes 12.5 us; the weight read is ~5 us per expert
+    slow_launch = {"measured": {**CEILINGS["measured"], "launch_us": 10.0}}
+    run = make_run(tmp_path, lambda m: 12.5, ceilings=slow_launch)
+    tables = diagnosis.load_run(run.path)
+    config = DiagnosisConfig(steps=4)
+    point = diagnosis.layer_breakdown(tables, config, "triton-w4a16")
+    assert point["exact_shapes"]
+    assert 14 < point["mean_m"] < 18  # 512 * 8 / 256 = 16 tokens per expert
+    result = diagnosis.verdict(point, diagnosis.power_state(tables, "triton-w4a16"), config)
+    assert result["verdict"] == "launch-bound"
+    assert result["explained"] == pytest.approx(10.0 / 12.5, rel=0.01)
+
+
+def test_memory_bound_when_times_sit_near_the_weight_read(tmp_path):
+    # time = weights at 4 TB/s x 1.2 for the gate_up/down shapes, independent of M
+    run = make_run(tmp_path, lambda m: 100.0)
+    rows = [gemm_row("slowmem", m, n, k, n * k * 0.5625 / 4e12 * 1e6 * 1.2)
+            for n, k in GLM5_SHAPES for m in (1, 16, 64, 256)]
+    run.append_rows("gemm", rows)
+    tables = diagnosis.load_run(run.path)
+    point = diagnosis.layer_breakdown(tables, DiagnosisConfig(steps=4), "slowmem")
+    result = diagnosis.verdict(point, None, DiagnosisConfig())
+    assert result["verdict"] == "memory-bound"
+    assert result["explained"] == pytest.approx(1 / 1.2, rel=0.02)
+
+
+def test_power_bound_overrides_floors(tmp_path):
+    run = make_run(tmp_path, lambda m: 3.0 + m / 10, power=680.0)
+    tables = diagnosis.load_run(run.path)
+    config = DiagnosisConfig(steps=4)
+    point = diagnosis.layer_breakdown(tables, config, "triton-w4a16")
+    power = diagnosis.power_state(tables, "triton-w4a16")
+    assert power["fraction"] == pytest.approx(680 / 700)
+    assert diagnosis.verdict(point, power, config)["verdict"] == "power-bound"
+
+
+def test_gate_failures_are_listed_with_their_error(tmp_path):
+    bad = [gemm_row("flashinfer-cutlass", m, 4096, 6144, 5.0, status="wrong_result") for m in (1, 16)]
+    run = make_run(tmp_path, lambda m: 3.0, extra_rows=bad)
+    failures = diagnosis.gate_failures(diagnosis.load_run(run.path).gemm)
+    assert failures.to_dict("records") == [{
+        "backend": "flashinfer-cutlass", "fmt": "nvfp4", "points_failed": 2, "points_total": 2,
+        "worst_rel_err": 1.0, "example_error": "relative error 1.0 > tolerance"}]
+
+
+def test_seed_table_and_backend_choice(tmp_path):
+    run = make_run(tmp_path, lambda m: 3.0 + m / 10)
+    gemm = diagnosis.load_run(run.path).gemm
+    assert diagnosis.choose_backend(gemm) == "triton-w4a16"
+    table = diagnosis.seed_table(gemm, "triton-w4a16")
+    assert list(table["m"]) == [1, 16, 64, 256, 1024]
+    assert (table["tflops_max"].diff().dropna() > 0).all()  # bigger M, more TFLOPS
+    assert list(table["regime"]) == ["memory"] * 3 + ["compute"] * 2
+    with pytest.raises(ValueError, match="backend='nope'"):
+        diagnosis.choose_backend(gemm, "nope")
+
+
+def test_what_ifs_from_measured_rows(tmp_path):
+    eager = [gemm_row("triton-w4a16", 16, 4096, 6144, 9.0, graph=False)]
+    run = make_run(tmp_path, lambda m: 3.0 + m / 10, extra_rows=eager)
+    tables = diagnosis.load_run(run.path)
+    config = DiagnosisConfig(steps=4)
+    concurrency = diagnosis.what_if_concurrency(tables, config, "triton-w4a16", factors=(0.5, 1, 2))
+    assert list(concurrency["batch"]) == [256, 512, 1024]
+    assert concurrency["us_per_token"].is_monotonic_decreasing  # more concurrency amortizes weights
+    ep = diagnosis.what_if_ep(tables, config, "triton-w4a16")
+    assert list(ep["ep"]) == [1, 2, 4, 8]
+    assert ep["layer_us_busiest_rank"].is_monotonic_decreasing
+    graphs = diagnosis.what_if_graphs(tables.gemm)
+    assert graphs["speedup"].tolist() == pytest.approx([9.0 / (3.0 + 1.6)])
+
+
+def test_missing_tables_are_named_and_nothing_is_guessed(tmp_path):
+    run = RunDir.create(tmp_path, "empty")
+    tables = diagnosis.load_run(run.path)
+    assert tables.missing == list(diagnosis.TABLE_SOURCES.values())
+    assert diagnosis.layer_breakdown(tables, DiagnosisConfig(steps=4), "x") is None
+    assert diagnosis.choose_backend(tables.gemm) is None
+    assert diagnosis.gate_failures(tables.gemm).empty
+    assert diagnosis.what_if_grouped(tables.moe, "glm-5", 512).empty
+
+
+def test_nearest_shape_is_labelled(tmp_path):
+    run = RunDir.create(tmp_path, "small")
+    run.append_rows("gemm", [gemm_row("torch-bf16", m, 64, 128, 1.0 + m) for m in (1, 8)])
+    run.update_run_json("sweep", {"ceilings": CEILINGS})
+    at = diagnosis.gemm_time_at(diagnosis.load_run(run.path).gemm, "torch-bf16", 4096, 6144, 4.0)
+    assert at["median_us"] == pytest.approx(5.0)
+    assert "not the preset's 4096x6144" in at["shape_note"]
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("preset", "no-such-model", "unknown model preset"),
+    ("decode_batch", 0, "decode_batch=0"),
+    ("routing", "zipf:x", "zipf needs a number"),
+])
+def test_bad_parameters_name_themselves(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        diagnosis.validate(DiagnosisConfig(**{field: value}))
+
+
+def test_grouped_methods_compared_with_the_loop(tmp_path):
+    run = RunDir.create(tmp_path, "moe")
+    rows = [{"preset": "glm-5", "batch": b, "gemm": g, "method": meth, "status": "ok", "median_us": us,
+             "tflops": 1.0, "max_tokens": 28, "mean_tokens": 16}
+            for b in (64, 512) for g in ("gate_up", "down")
+            for meth, us in (("loop", 1000.0), ("grouped", 400.0))]
+    run.append_rows("moe", rows)
+    grouped = diagnosis.what_if_grouped(diagnosis.load_run(run.path).moe, "glm-5", 500)
+    assert grouped.set_index("method")["vs_loop"].to_dict() == {"grouped": 0.4, "loop": 1.0}
+    assert set(grouped["batch"]) == {512}
+    assert np.isclose(grouped["layer_us"].min(), 800.0)
