@@ -435,7 +435,7 @@ def format_row(row: dict) -> str:
     if row["status"] != "ok":
         return head + " " + str(row["error"])[:100]
     return (head + f" rel_err={row['rel_err']:.1e} median={row['median_us']:10.1f} us "
-            f"{row["tflops"]:8.2f} TFLOPS {row["tbps"]:6.3f} TB/s max/mean={row['max_tokens']}/"
+            f"{row['tflops']:8.2f} TFLOPS {row['tbps']:6.3f} TB/s max/mean={row['max_tokens']}/"
             f"{row['mean_tokens']:.1f}")
 
 
