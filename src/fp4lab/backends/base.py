@@ -121,8 +121,11 @@ def fp4_capability_reason(cc: tuple[int, int], allowed: tuple[tuple[int, int], .
     """Why a native-FP4 backend cannot run on `cc`, or None when it can."""
     if cc in allowed:
         return None
-    wanted = " or ".join(sorted({f"{major}.{minor}" for major, minor in allowed}))
-    reason = (f"needs compute capability {wanted} (FP4 tensor cores); this GPU is "
+    majors = sorted({major for major, _ in allowed})
+    wanted = " or ".join(f"{major}.{min(mi for ma, mi in allowed if ma == major)}"
+                         for major in majors)
+    chips = "/".join(f"sm_{major}{minor}" for major, minor in sorted(allowed))
+    reason = (f"needs compute capability {wanted} (FP4 tensor cores: {chips}); this GPU is "
               f"{describe_capability(cc)}")
     if cc[0] < 10:
         reason += ": FP4 runs only as weight-only kernels here"

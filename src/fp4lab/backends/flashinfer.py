@@ -66,9 +66,9 @@ class FlashInferMmFp4(Backend):
         return True, f"flashinfer.mm_fp4(backend={self.variant.backend!r})"
 
     def prepare(self, a, w, device):
+        self.check_inputs(a, w)
         import flashinfer
 
-        self.check_inputs(a, w)
         args, ref_a, ref_w = self.operands(a, w, resolve_device(device), flashinfer)
         out = torch.empty(a.shape[0], w.shape[0], dtype=OUTPUT_DTYPE, device=args[0].device)
         gemm = make_mm_fp4_gemm(flashinfer.mm_fp4, self.variant.backend, w.fmt)

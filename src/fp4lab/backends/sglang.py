@@ -37,12 +37,12 @@ class SglCutlass(Backend):
         return True, "sgl_kernel.cutlass_scaled_fp4_mm"
 
     def prepare(self, a, w, device):
+        self.check_inputs(a, w)
         import sgl_kernel
 
         from fp4lab import formats
         from fp4lab.backends.flashinfer import mm_fp4_alpha
 
-        self.check_inputs(a, w)
         device = resolve_device(device)
         w = w.to(device)
         a_q = formats.quantize(a.to(device=device, dtype=torch.bfloat16), w.fmt)
