@@ -1,0 +1,77 @@
+"""What chapter 03 (MoE expert scatter) needs beyond the library: parameter checks and tables."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from fp4lab.moe import grouped, presets, routing, stats
+
+
+@dataclass(frozen=True)
+class ChapterParams:
+    sweep: grouped.SweepConfig
+    model: presets.ModelPreset          # the real preset (routing statistics use it)
+    measured_model: presets.ModelPreset # what is timed: the real one on a GPU, a scaled one on CPU
+    target_utilization: float
+    measure: bool
+    peak_bf16_tflops: float | None      # spec sheet of the GPU in use; None on CPU
+
+
+def validate(preset: str, batch_sizes, routing_spec: str, ep_degrees, steps: int, seed: int,
+             measure: bool, target_utilization: float, device: str, timer_repeats: int) -> ChapterParams:
+    """Check every knob (ValueError naming the bad one); on CPU the measurement uses a scaled preset."""
+    from fp4lab import hardware
+
+    if not 0 < float(target_utilization) <= 1:
+        raise ValueError(f"target_utilization={target_utilization!r}: must be in (0, 1]")
+    if not isinstance(measure, bool):
+        raise ValueError(f"measure={measure!r}: must be True or False")
+    info = hardware.detect(device)
+    config = grouped.SweepConfig(preset=preset, batch_sizes=tuple(batch_sizes), routing=routing_spec,
+                                 ep_degrees=tuple(ep_degrees), steps=steps, seed=seed, device=device,
+                                 scaled=info.kind != "cuda", timer_repeats=timer_repeats,
+                                 timer_warmup_s=1.0 if info.kind == "cuda" else 0.0).validate()
+    peak = info.spec.peak_tflops.get("bf16") if info.spec is not None else None
+    return ChapterParams(config, presets.get(preset), config.model(), float(target_utilization),
+                         measure, peak)
+
+
+def load_stats_table(model: presets.ModelPreset, batch_sizes, routing_spec: str, ep_degrees,
+                     steps: int, seed: int) -> tuple[pd.DataFrame, dict[int, np.ndarray]]:
+    """One row per (batch, ep) of routing statistics, and the loads [S, E] per batch."""
+    rows, loads_by_batch = [], {}
+    for batch in batch_sizes:
+        loads = routing.expert_loads(routing_spec, model.experts, model.top_k, batch, steps, seed)
+        loads_by_batch[batch] = loads
+        expert = stats.expert_load_stats(loads)
+        for ep in ep_degrees:
+            rows.append({"batch": batch, **expert, **stats.ep_stats(loads, ep)})
+    return pd.DataFrame(rows), loads_by_batch
+
+
+def open_run(run_dir: str):
+    """The run folder the report passes (created if new), or a temporary one when run alone."""
+    from pathlib import Path
+
+    from fp4lab.results import RunDir
+
+    if not run_dir:
+        return RunDir.create(tempfile.mkdtemp(prefix="fp4lab-moe-"), run_id="moe")
+    path = Path(run_dir)
+    return RunDir.open(path) if (path / "run.json").exists() else RunDir.create(path.parent, run_id=path.name)
+
+
+def reference_moe_rows(reference_dir: str, preset: str) -> pd.DataFrame:
+    """The reference run's moe rows for this preset (empty when there is none)."""
+    from fp4lab.results import REPO_ROOT, RunDir, find_run_dirs
+
+    folders = [reference_dir] if reference_dir else [p for p in find_run_dirs(REPO_ROOT / "results" / "reference")
+                                                     if RunDir(p).has_table("moe")][-1:]
+    if not folders:
+        return pd.DataFrame()
+    frame = RunDir.open(folders[0]).read_table("moe")
+    return frame[frame["preset"] == presets.get(preset).key] if len(frame) else frame
