@@ -338,3 +338,105 @@ def what_if_grouped(moe: pd.DataFrame | None, preset: str, batch: int) -> pd.Dat
     frame["batch"] = nearest
     frame["vs_loop"] = frame["layer_us"] / at.get("loop", np.nan)
     return frame
+
+
+# -- the whole diagnosis and its sentences -------------------------------------------------------
+@dataclass
+class Diagnosis:
+    tables: RunTables
+    config: DiagnosisConfig
+    backend: str | None
+    gate: pd.DataFrame
+    seed: pd.DataFrame
+    breakdown: dict[str, Any] | None
+    power: dict[str, Any] | None
+    verdict: dict[str, Any] | None
+    concurrency: pd.DataFrame
+    backends: pd.DataFrame
+    ep: pd.DataFrame
+    graphs: pd.DataFrame
+    grouped: pd.DataFrame
+
+
+def diagnose(run_dir: str | Path, config: DiagnosisConfig) -> Diagnosis:
+    """Everything chapter 04 shows, for one run folder."""
+    if not str(run_dir):
+        raise ValueError("run_dir is empty: pass the run folder to diagnose (make report passes it)")
+    tables = load_run(run_dir)
+    backend = choose_backend(tables.gemm, config.backend)
+    empty = pd.DataFrame()
+    breakdown = layer_breakdown(tables, config, backend) if backend else None
+    power = power_state(tables, backend) if backend else None
+    return Diagnosis(
+        tables=tables, config=config, backend=backend, gate=gate_failures(tables.gemm),
+        seed=seed_table(tables.gemm, backend) if backend else empty,
+        breakdown=breakdown, power=power,
+        verdict=verdict(breakdown, power, config) if breakdown else None,
+        concurrency=what_if_concurrency(tables, config, backend) if backend else empty,
+        backends=what_if_backends(tables, config), ep=what_if_ep(tables, config, backend) if backend else empty,
+        graphs=what_if_graphs(tables.gemm),
+        grouped=what_if_grouped(tables.moe, config.preset, config.decode_batch))
+
+
+def cannot_conclude(d: Diagnosis) -> list[str]:
+    """What is missing and what that leaves unanswered."""
+    lines = [f"No {source}: the chapter failed, did not run, or measured nothing on this machine."
+             for source in d.tables.missing]
+    if d.tables.gemm is not None and d.backend is None:
+        lines.append("The GEMM sweep has no correct point: no speed can be trusted, so no verdict.")
+    if d.backend and d.breakdown is None:
+        lines.append("The run has no ceilings (run.json sweep.ceilings): floors and the verdict cannot be computed.")
+    if d.tables.moe is None:
+        lines.append("Without MoE measurements the grouped-kernel what-if is not available; "
+                     "layer times below are built from single GEMM times.")
+    return lines
+
+
+def findings(d: Diagnosis) -> list[str]:
+    """The chapter's conclusions as sentences, every number taken from the run."""
+    out = []
+    if len(d.gate):
+        names = ", ".join(f"{r.backend} ({r.fmt})" for r in d.gate.itertuples())
+        out.append(f"{len(d.gate)} backend/format pairs failed the correctness gate and are excluded: {names}.")
+    if len(d.seed):
+        low, high = d.seed.iloc[0], d.seed.iloc[-1]
+        out.append(f"With {d.backend}, GEMMs reach {low.tflops_max:.3g} TFLOPS at M={low.m} "
+                   f"({low.pct_peak_max:.3g}% of peak, {low.regime}) and {high.tflops_max:.3g} TFLOPS at "
+                   f"M={high.m} ({high.pct_peak_max:.3g}% of peak, {high.regime}).")
+    b = d.breakdown
+    if b:
+        out.append(f"At a decode batch of {b['batch']} the {d.config.preset} router gives each of "
+                   f"{b['active_experts']:.0f} active experts {b['mean_m']:.1f} tokens on average and the "
+                   f"busiest {b['busiest_m']:.1f}; one MoE layer as a loop of per-expert GEMMs takes "
+                   f"{b['loop_us']:.0f} us ({b['shape_note']}).")
+    if d.verdict:
+        v = d.verdict
+        explained = "" if not np.isfinite(v["explained"]) else \
+            f"; that floor explains {v['explained']:.0%} of the layer time, the rest is kernel time above every floor"
+        out.append(f"Verdict: {v['verdict']}: {v['reason']}{explained}.")
+    if len(d.concurrency) > 1 and b:
+        best = d.concurrency.iloc[d.concurrency["us_per_token"].argmin()]
+        now = b["loop_us"] / b["batch"]
+        out.append(f"Concurrency: at batch {best.batch:.0f} a token costs {best.us_per_token:.2f} us of "
+                   f"MoE GEMM time per layer against {now:.2f} us at {b['batch']} "
+                   f"({now / best.us_per_token:.2g}x).")
+    if len(d.grouped) > 1:
+        best = d.grouped.iloc[0]
+        out.append(f"Grouped kernels: at batch {best.batch:.0f} the fastest measured method is {best.method} "
+                   f"at {best.layer_us:.0f} us, {best.vs_loop:.2g}x the per-expert loop.")
+    if len(d.ep) > 1:
+        last = d.ep.iloc[-1]
+        first = d.ep.iloc[0]
+        out.append(f"Expert parallelism: with EP={last.ep:.0f} the busiest rank's layer takes "
+                   f"{last.layer_us_busiest_rank:.0f} us against {first.layer_us_busiest_rank:.0f} us on one GPU "
+                   f"(communication not included: this run measured one GPU).")
+    if len(d.graphs):
+        out.append(f"CUDA graphs: over {len(d.graphs)} points measured both ways, graph replay is "
+                   f"{d.graphs['speedup'].median():.2g}x faster than eager launches (median).")
+    if len(d.backends) > 1 and d.backend:
+        best = d.backends.iloc[0]
+        mine = d.backends.set_index("backend")["layer_us"].get(d.backend)
+        if best.backend != d.backend and mine:
+            out.append(f"Another backend: {best.backend} would take {best.layer_us:.0f} us per layer, "
+                       f"{mine / best.layer_us:.2g}x faster than {d.backend}.")
+    return out
