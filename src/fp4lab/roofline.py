@@ -195,8 +195,8 @@ def measure_copy_tbps(device: torch.device, probes: CeilingProbes) -> tuple[floa
     timing = bench.time_call(lambda args, out: lambda: out.copy_(args[0]), (source,), target,
                              _probe_config(probes), device)
     moved = 2 * source.nbytes  # read + write
-    return moved / timing.median_us / 1e6, (
-        f"copy of {source.nbytes / 2**20:.0f} MiB, read+write counted: {timing.median_us:.1f} us")
+    label = f"copy {source.nbytes / 2**20:.0f} MiB (read+write counted)"
+    return moved / timing.median_us / 1e6, bench.format_timing_line(label, timing)
 
 
 def measure_gemm_tflops(device: torch.device, probes: CeilingProbes, dtype: str) -> tuple[float, str]:
@@ -214,7 +214,7 @@ def measure_gemm_tflops(device: torch.device, probes: CeilingProbes, dtype: str)
             # _scaled_mm wants the second operand column-major: w8 [N, K] -> w8.t() [K, N]
             return lambda: torch._scaled_mm(a8, w8.t(), scale_a=one, scale_b=one,
                                             out_dtype=torch.bfloat16, out=call_out)
-        what = "torch._scaled_mm e4m3"
+        what = "_scaled_mm e4m3 (no fast accum)"  # as the torch-fp8 backend runs it
     else:
         torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
         args = (a.to(torch_dtype), w.to(torch_dtype))
@@ -224,8 +224,8 @@ def measure_gemm_tflops(device: torch.device, probes: CeilingProbes, dtype: str)
             return lambda: torch.mm(call_args[0], call_args[1].t(), out=call_out)
         what = f"torch.mm {dtype}"
     timing = bench.time_call(make_call, args, out, _probe_config(probes), device)
-    return gemm_flops(size, size, size) / timing.median_us / 1e6, (
-        f"{what} {size}^3: {timing.median_us:.1f} us at SM clock {timing.sm_clock_mhz or '-'} MHz")
+    label = f"{what} {size}^3"
+    return gemm_flops(size, size, size) / timing.median_us / 1e6, bench.format_timing_line(label, timing)
 
 
 def measure_ceilings(device="auto", quick: bool = False) -> Ceilings:
