@@ -54,7 +54,7 @@ def test_findings_are_computed_from_the_run(tmp_path, monkeypatch):
     text = " ".join(summary.power_findings(power))
     small = power.points.loc[power.points["m"] == 1, "avg_power_w"].iloc[0]
     assert small == pytest.approx(120.0, rel=0.15)
-    assert f"At M <= 64 the GPU draws {small:.0f} W (median of 1 points) ({100 * small / 700:.0f}% of its 700 W limit)" in text
+    assert f"At M <= 64 the GPU draws {small:.0f} W (median of 1 point) ({100 * small / 700:.0f}% of its 700 W limit)" in text
     assert "sw_power_cap in 100%" in text
     assert "At M = 4096" in text and "TFLOPS/W" in text
 

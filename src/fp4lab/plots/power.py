@@ -31,7 +31,8 @@ def power_timeline(power: RunPower):
     if power.power_limit_w:
         ax.axhline(power.power_limit_w, color="firebrick", ls="--", lw=1.2,
                    label=f"enforced limit {power.power_limit_w:.0f} W")
-    ax.set(xlabel="seconds since first sample", ylabel="board power (W)", ylim=(0, None),
+    top = max(power.power_limit_w or 0, frame[["power_instant_w", "power_avg_w"]].max().max())
+    ax.set(xlabel="seconds since first sample", ylabel="board power (W)", ylim=(0, 1.12 * top),
            title="Power against time")
     ax.legend(loc="upper right", fontsize=8)
     caption(fig, power.caption())
@@ -62,10 +63,12 @@ def power_per_point(power: RunPower):
         ax_eff.plot(rows["m"], rows["tflops_per_w"], marker="o", label=f"{backend} {shape}")
     if power.power_limit_w:
         ax_power.axhline(power.power_limit_w, color="firebrick", ls="--", lw=1.2, label="limit")
+        ax_power.set_ylim(0, 1.12 * max(power.power_limit_w, points["avg_power_w"].max()))
     for ax in (ax_power, ax_eff):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("M (tokens)")
-    ax_power.set(ylabel="average power in the window (W)", ylim=(0, None), title="Power per point")
+    ax_power.set(ylabel="average power in the window (W)", title="Power per point")
+    ax_power.set_ylim(bottom=0)
     ax_eff.set(ylabel="TFLOPS/W", title="Energy efficiency per point")
     ax_eff.set_yscale("log")
     ax_power.legend(fontsize=7)

@@ -44,6 +44,7 @@ class EnergyWindowConfig:
 
 
 DEFAULT_CONFIG = EnergyWindowConfig()
+CALIBRATION_CALLS = 3  # synchronized single calls that size the batches
 _IDLE_POWER_W: dict[int, float] = {}  # per GPU index: measured once per process
 
 
@@ -104,15 +105,18 @@ class _LoadLoop:
 
     def __init__(self, call, synchronize, reader: GpuReader, config: EnergyWindowConfig):
         self.call, self.synchronize, self.reader, self.config = call, synchronize, reader, config
-        started = time.perf_counter()
-        call()
-        synchronize()
-        per_call_s = max(time.perf_counter() - started, 1e-7)
-        self.batch = max(1, math.ceil(config.batch_seconds / per_call_s))
-        self.calls = 1
+        per_call_s = min(self._timed_call() for _ in range(CALIBRATION_CALLS))  # min: skip lazy init
+        self.batch = max(1, math.ceil(config.batch_seconds / max(per_call_s, 1e-7)))
+        self.calls = CALIBRATION_CALLS
         self.clocks: list[float] = []
         self.reasons: set[str] = set()
         self._last_clock_read = 0.0
+
+    def _timed_call(self) -> float:
+        started = time.perf_counter()
+        self.call()
+        self.synchronize()
+        return time.perf_counter() - started
 
     def run_batch(self) -> None:
         for _ in range(self.batch):

@@ -141,7 +141,7 @@ def point_findings(power: RunPower) -> list[str]:
     small = points[points["m"] <= SMALL_M]
     if len(small):
         watts = small["avg_power_w"].median()
-        found.append(f"At M <= {SMALL_M} the GPU draws {watts:.0f} W (median of {len(small)} points)"
+        found.append(f"At M <= {SMALL_M} the GPU draws {watts:.0f} W (median of {len(small)} point{'s' if len(small) > 1 else ''})"
                      f"{_pct(watts, power.power_limit_w)}.")
     largest = points[points["m"] == points["m"].max()]
     watts = largest["avg_power_w"].median()
