@@ -168,3 +168,23 @@ def test_cuda_cold_and_warm_timing_of_a_small_gemm():
     for timing in (cold, warm, eager):
         assert 0 < timing.p20_us <= timing.median_us <= timing.p80_us
     assert warm.median_us <= cold.median_us * 1.1  # warm L2 is never much slower than cold
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_uncapturable_call_is_timed_eagerly_and_says_why():
+    x = torch.ones(16, device="cuda")
+
+    def syncing_call(args, out):
+        return lambda: args[0].sum().item()  # a host sync: illegal inside graph capture
+
+    timing = time_call(syncing_call, (x,), None,
+                       dataclasses.replace(TimerConfig.smoke(), cold_l2=False), "cuda")
+    assert timing.graph is False and "graph capture failed" in timing.note
+    assert timing.median_us > 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_launch_floor_is_a_few_microseconds():
+    assert 0.3 < bench.empty_kernel_launch_us("cuda") < 20

@@ -127,3 +127,22 @@ def test_poison_is_recognised_and_distinct_from_computed_nan(dtype):
 def test_tolerance_covers_every_operand_format():
     assert set(TOLERANCE) >= {"nvfp4", "mxfp4", "fp8", "bf16"}
     assert all(2.0**-9 < tol < 0.1 for tol in TOLERANCE.values())
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gate_on_cuda_passes_cublas_and_catches_a_scale():
+    a = torch.randn(64, 2048, device="cuda")
+    w = torch.randn(256, 2048, device="cuda")
+    out = torch.empty(64, 256, device="cuda", dtype=torch.bfloat16)
+    args = (a.bfloat16(), w.bfloat16())
+
+    def make_call(call_args, call_out, scale=1.0):
+        return lambda: torch.mm(call_args[0], call_args[1].T, out=call_out).mul_(scale)
+
+    good = Prepared(make_call(args, out), args, out, args[0].float(), args[1].float(), make_call)
+    assert check_backend(good, TOLERANCE["bf16"]).status == "ok"
+    bad = Prepared(make_call(args, out, 2.0), args, out, args[0].float(), args[1].float(),
+                   make_call)
+    result = check_backend(bad, TOLERANCE["bf16"])
+    assert result.status == "wrong_result" and "wrong scale" in result.message

@@ -4,6 +4,7 @@ import dataclasses
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from fp4lab.roofline import (Ceilings, classify, floors, gemm_bytes, gemm_flops, math_dtype,
                              measure_ceilings, spec_ceilings)
@@ -131,3 +132,14 @@ def test_measured_cpu_ceilings_are_honest_and_labeled():
     assert ceilings.peak_tflops["fp32"] > 0 and ceilings.peak_tflops["bf16"] > 0
     assert ceilings.peak_tflops["fp8"] is None and "fp8" in ceilings.details["not_measured"]
     assert "copy" in ceilings.details["bandwidth"]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_measured_gpu_ceilings_are_plausible():
+    ceilings = measure_ceilings("cuda", quick=True)
+    assert 0.3 < ceilings.bandwidth_tbps < 10  # any datacenter or desktop GPU of this decade
+    assert ceilings.peak_tflops["bf16"] > 10
+    assert 0 < ceilings.launch_us < 20
+    if torch.cuda.get_device_capability() >= (8, 9):
+        assert ceilings.peak_tflops["fp8"] > ceilings.peak_tflops["bf16"]
