@@ -117,6 +117,9 @@ class TorchFp4(Backend):
             return False, reason
         if not hasattr(torch, "float4_e2m1fn_x2"):
             return False, f"torch {torch.__version__} has no float4_e2m1fn_x2 dtype"
+        if not hasattr(torch.nn.functional, "scaled_mm"):
+            return False, (f"torch {torch.__version__} has no torch.nn.functional.scaled_mm, "
+                           "which NVFP4's two-level (block + tensor) scales need")
         return True, "cuBLASLt block-scaled FP4 GEMM"
 
     def prepare(self, a, w, device):
