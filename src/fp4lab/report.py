@@ -352,7 +352,9 @@ def _print_ending(result: ReportResult, echo) -> None:
 
 
 # -- share: one self-contained HTML file of the diagnosis ------------------------------------
-REMOTE_SCRIPT = re.compile(r"<script[^>]*\bsrc=[\"']https?://[^>]*>\s*</script>\s*", re.IGNORECASE)
+# a script that loads or imports anything remote (require.js, MathJax, the lazy mermaid import)
+REMOTE_SCRIPT = re.compile(r"<script\b[^>]*>(?:(?!</script>).)*?https?://(?:(?!</script>).)*?</script>\s*|"
+                           r"<script\b[^>]*\bsrc=[\"']https?://[^>]*>\s*</script>\s*", re.IGNORECASE | re.DOTALL)
 MATHJAX_CONFIG = re.compile(r"<!-- Load mathjax -->.*?<!-- End of mathjax configuration -->\s*",
                             re.DOTALL | re.IGNORECASE)
 
@@ -385,7 +387,7 @@ def share(run_id: str | None = None, runs_dir: str | os.PathLike = "runs",
 
 
 def self_contained(html: str) -> str:
-    """Drop the remote scripts nbconvert adds (require.js, MathJax): the content reads without them."""
+    """Drop the remote scripts nbconvert adds (require.js, MathJax, mermaid): the content reads without them."""
     html = MATHJAX_CONFIG.sub("", html)
     return REMOTE_SCRIPT.sub("", html)
 
