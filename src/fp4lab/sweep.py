@@ -457,18 +457,21 @@ def run_sweep(config: SweepConfig, run_dir: str | os.PathLike | RunDir, resume: 
 
     bar = _Progress(len(todo), progress)
 
-    def record(row: dict[str, Any]) -> None:
-        run.append_rows("gemm", [row])
-        bar.point(row)
+    def record(*rows: dict[str, Any]) -> None:
+        run.append_rows("gemm", rows)
+        for row in rows:
+            bar.point(row)
 
     known = registered_backends()
     runnable: dict[str, list[Point]] = collections.defaultdict(list)
+    unavailable = []
     for point in todo:
         reason = unavailable_reason(known[point.backend], point.fmt, device)
         if reason:
-            record(blank_row(run.run_id, point, "unavailable", reason))
+            unavailable.append(blank_row(run.run_id, point, "unavailable", reason))
         else:
             runnable[point.backend].append(point)
+    record(*unavailable)  # one write: these need no worker
 
     status = "interrupted"
     sampler = None
@@ -568,7 +571,7 @@ def config_from_args(args) -> SweepConfig:
 
 
 def sweep_into(config: SweepConfig, run_dir: str | os.PathLike = "", runs_dir: str = "runs",
-               progress: bool = True) -> RunDir:
+               progress: bool = True, command: str | None = None) -> RunDir:
     """The run folder holding every point of `config`: measured now, resumed, or already there.
 
     An empty `run_dir` makes a new run folder under `runs_dir`.
@@ -579,7 +582,7 @@ def sweep_into(config: SweepConfig, run_dir: str | os.PathLike = "", runs_dir: s
         check_output_dir(runs_dir)
         run = RunDir.create(runs_dir, label=resolve_device(config.device))
     if not is_complete(run, config):
-        run_sweep(config, run, resume=True, progress=progress)
+        run_sweep(config, run, resume=True, progress=progress, command=command)
     return run
 
 

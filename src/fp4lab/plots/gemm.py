@@ -221,11 +221,12 @@ def best_backend(frame: pd.DataFrame) -> str:
     return str(top_m.loc[top_m["tflops"].idxmax(), "backend"])
 
 
-def _span(values: pd.Series, digits: int = 1, unit: str = "") -> str:
+def _span(values: pd.Series, unit: str = "") -> str:
+    """`low-high` to three significant digits, or one value when they agree within 5%."""
     low, high = values.min(), values.max()
     if np.isclose(low, high, rtol=0.05):
-        return f"{high:.{digits}f}{unit}"
-    return f"{low:.{digits}f}-{high:.{digits}f}{unit}"
+        return f"{high:.3g}{unit}"
+    return f"{low:.3g}-{high:.3g}{unit}"
 
 
 def seed_table(frame: pd.DataFrame, backend: str | None = None) -> pd.DataFrame:
@@ -240,8 +241,8 @@ def seed_table(frame: pd.DataFrame, backend: str | None = None) -> pd.DataFrame:
         pct_of = "spec"
         if pct.empty:
             pct, pct_of = points["pct_peak_measured"].dropna(), "measured"
-        rows.append({"M": int(m), "TFLOPS": _span(points["tflops"], 2),
-                     "% of peak": _span(pct, 2, "%") + f" ({pct_of})" if len(pct) else "-",
+        rows.append({"M": int(m), "TFLOPS": _span(points["tflops"]),
+                     "% of peak": _span(pct, "%") + f" ({pct_of})" if len(pct) else "-",
                      "regime": ", ".join(sorted(set(points["bound"].dropna()))) or "-"})
     table = pd.DataFrame(rows)
     table.attrs["backend"] = backend
