@@ -79,44 +79,53 @@ def make_weights(fmt: str, n: int, k: int, seed: int, device: str):
 # -- one point --------------------------------------------------------------------------------
 
 def tolerance_for(backend, fmt: str) -> float:
-    """The gate's tolerance: keyed by the operand dtype the backend multiplies in, else the format."""
+    """The gate's tolerance: keyed by the weights' format, else the operand dtype multiplied."""
     from fp4lab.correctness import TOLERANCE
 
-    for key in (backend.operand_dtype, fmt):
+    for key in (fmt, backend.operand_dtype):
         if key in TOLERANCE:
             return TOLERANCE[key]
     raise ValueError(f"no correctness tolerance for operand {backend.operand_dtype!r} or {fmt!r}")
+
+
+def roofline_dtypes(backend) -> tuple[str, str | None]:
+    """(weights dtype the timed call reads, activations dtype) for the roofline's byte count.
+
+    A weight-only kernel reads FP4 weights but multiplies in bf16 (`operand_dtype` "bf16"): it
+    declares `weight_dtype = "fp4"` and `act_dtype = "bf16"`; other backends read what they multiply.
+    """
+    weight_dtype = getattr(backend, "weight_dtype", None) or backend.operand_dtype
+    return weight_dtype, getattr(backend, "act_dtype", None)
 
 
 def roofline_columns(point: Point, backend, median_us: float, ceilings: dict[str, Any]) -> dict:
     """tflops, tbps, bound and % of peak against the measured and the spec ceilings."""
     from fp4lab import roofline
 
+    weight_dtype, act_dtype = roofline_dtypes(backend)
     flops = roofline.gemm_flops(point.m, point.n, point.k)
-    moved = roofline.gemm_bytes(point.m, point.n, point.k, backend.operand_dtype, point.fmt)
+    moved = roofline.gemm_bytes(point.m, point.n, point.k, weight_dtype, point.fmt, act_dtype)
     columns = {"tflops": flops / median_us / 1e6, "tbps": moved / median_us / 1e6}
-    measured_row = {**dataclasses.asdict(point), "operand_dtype": backend.operand_dtype,
-                    "median_us": median_us, **columns}
+    measured_row = {**dataclasses.asdict(point), "operand_dtype": weight_dtype,
+                    "act_dtype": act_dtype, "median_us": median_us}
     for source, column in (("measured", "pct_peak_measured"), ("spec", "pct_peak_spec")):
         if ceilings.get(source):
             verdict = roofline.classify(measured_row, roofline.Ceilings(**ceilings[source]))
-            columns[column] = verdict.get("pct_peak")
+            columns[column] = verdict["pct_peak"]
             if source == "measured" or "bound" not in columns:
-                columns["bound"] = verdict.get("bound")
+                columns["bound"] = verdict["bound"]
     return columns
 
 
 def energy_columns(call, seconds: float, flops: int) -> dict[str, Any]:
-    """Power and energy per call over a window of back-to-back calls (None values without NVML)."""
-    from fp4lab.telemetry import measure_energy_window
+    """Power and energy per call over a counter-aligned window (None values without NVML)."""
+    from fp4lab.telemetry import measure_energy_window, tflops_per_watt
 
     window = measure_energy_window(call, seconds)
-    energy, calls = window.get("energy_j"), window.get("calls")
-    per_call = energy / calls if energy and calls else None
     return {
         "avg_power_w": window.get("avg_power_w"),
-        "energy_per_call_j": per_call,
-        "tflops_per_w": flops / per_call / 1e12 if per_call else None,
+        "energy_per_call_j": window.get("energy_per_call_j"),
+        "tflops_per_w": tflops_per_watt(flops, window.get("energy_per_call_j")),
         "sm_clock_mhz": window.get("sm_clock_mhz"),
         "throttle_reasons": window.get("throttle_reasons"),
         "window_start_s": window.get("window_start_s"),
