@@ -147,3 +147,11 @@ def test_grouped_methods_compared_with_the_loop(tmp_path):
     assert grouped.set_index("method")["vs_loop"].to_dict() == {"grouped": 0.4, "loop": 1.0}
     assert set(grouped["batch"]) == {512}
     assert np.isclose(grouped["layer_us"].min(), 800.0)
+
+
+def test_a_layer_faster_than_its_floor_flags_the_ceilings():
+    breakdown = {"loop_us": 100.0, "launch_floor_us": 10.0, "memory_floor_us": 20.0,
+                 "compute_floor_us": 500.0, "ceilings_source": "spec"}
+    result = diagnosis.verdict(breakdown, None, DiagnosisConfig())
+    assert result["verdict"] == "compute-bound" and np.isnan(result["explained"])
+    assert "spec ceilings do not describe this device" in result["reason"]

@@ -214,7 +214,8 @@ def layer_breakdown(tables: RunTables, config: DiagnosisConfig, backend: str, fm
         if times[gemm_name] is None:
             return None
     per_expert_us = sum(t["median_us"] for t in times.values())
-    values_per_expert = sum(n * k for n, k in preset.gemm_shapes().values())
+    # floors for the shapes whose times were used: a stand-in shape gets stand-in floors
+    values_per_expert = sum(t["n"] * t["k"] for t in times.values())
     routed_tokens = load["batch"] * load["top_k"] / ep
     peak = (limits.get("peak_tflops") or {})
     peak_tflops = peak.get("fp4") or peak.get("bf16")
@@ -260,9 +261,13 @@ def verdict(breakdown: dict[str, Any], power: dict[str, Any] | None,
     floors = {name: value for name, value in floors.items() if np.isfinite(value)}
     name = max(floors, key=floors.get)
     explained = floors[name] / breakdown["loop_us"] if breakdown["loop_us"] > 0 else np.nan
-    return {"verdict": name, "floor_us": floors[name], "explained": explained,
-            "reason": f"the largest floor ({name.split('-')[0]}) is {floors[name]:.1f} us of a "
-                      f"{breakdown['loop_us']:.1f} us layer"}
+    reason = (f"the largest floor ({name.split('-')[0]}) is {floors[name]:.1f} us of a "
+              f"{breakdown['loop_us']:.1f} us layer")
+    if explained > 1:  # faster than a floor: the ceilings are not this device's (e.g. a CPU)
+        reason += (f", yet the layer ran faster than that floor, so the {breakdown['ceilings_source']} "
+                   "ceilings do not describe this device and the verdict is unreliable")
+        explained = np.nan
+    return {"verdict": name, "floor_us": floors[name], "explained": explained, "reason": reason}
 
 
 # -- what would change it ----------------------------------------------------------------------
@@ -336,7 +341,8 @@ def what_if_grouped(moe: pd.DataFrame | None, preset: str, batch: int) -> pd.Dat
     at = ok[ok["batch"] == nearest].groupby("method")["median_us"].sum().sort_values()
     frame = at.rename("layer_us").reset_index()
     frame["batch"] = nearest
-    frame["vs_loop"] = frame["layer_us"] / at.get("loop", np.nan)
+    loops = [method for method in at.index if str(method).startswith("loop")]
+    frame["vs_loop"] = frame["layer_us"] / at[loops[0]] if loops else np.nan
     return frame
 
 
@@ -420,7 +426,7 @@ def findings(d: Diagnosis) -> list[str]:
         out.append(f"Concurrency: at batch {best.batch:.0f} a token costs {best.us_per_token:.2f} us of "
                    f"MoE GEMM time per layer against {now:.2f} us at {b['batch']} "
                    f"({now / best.us_per_token:.2g}x).")
-    if len(d.grouped) > 1:
+    if len(d.grouped) > 1 and d.grouped["vs_loop"].notna().all():
         best = d.grouped.iloc[0]
         out.append(f"Grouped kernels: at batch {best.batch:.0f} the fastest measured method is {best.method} "
                    f"at {best.layer_us:.0f} us, {best.vs_loop:.2g}x the per-expert loop.")
