@@ -207,7 +207,7 @@ def _md_escape(text: str) -> str:
 
 def build_book(book_dir: Path, toc: Path) -> BookResult:
     """`jupyter-book build` (Sphinx, no execution); warnings are collected and shown, not hidden."""
-    command = [_jupyter_book(), "build", str(book_dir.resolve()), "--toc", str(toc), "--keep-going"]
+    command = [_jupyter_book(), "build", str(book_dir.resolve()), "--toc", str(toc.resolve()), "--keep-going"]
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
     seconds = round(time.perf_counter() - started, 2)
@@ -215,9 +215,21 @@ def build_book(book_dir: Path, toc: Path) -> BookResult:
     warnings = [_one_line(line, 300) for line in log.splitlines() if "WARNING" in line]
     html = book_dir / "_build" / "html" / "index.html"
     if done.returncode != 0 or not html.exists():
-        tail = "\n".join(log.splitlines()[-15:])
-        return BookResult("failed", seconds, None, warnings, f"jupyter-book exit {done.returncode}:\n{tail}")
+        return BookResult("failed", seconds, None, warnings,
+                          f"jupyter-book exit {done.returncode}: {_build_error(log)}")
     return BookResult("warnings" if warnings else "ok", seconds, str(html), warnings)
+
+
+def _build_error(log: str) -> str:
+    """The lines that name the cause, without the traceback frames and the config dumps."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in log.splitlines()]
+    causes = []
+    for index, line in enumerate(lines):
+        if re.search(r"error|exception", line, re.IGNORECASE) and "=====" not in line \
+                and not line.startswith((" ", "myst", "Traceback", "The above exception")):
+            # "Extension error:" puts its message on the next line
+            causes.append(line + (" " + lines[index + 1] if line.endswith(":") and index + 1 < len(lines) else ""))
+    return " | ".join(causes[-4:]) or "see the jupyter-book output above"
 
 
 def _jupyter_book() -> str:
