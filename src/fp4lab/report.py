@@ -229,7 +229,9 @@ def _build_error(log: str) -> str:
                 and not line.startswith((" ", "myst", "Traceback", "The above exception")):
             # "Extension error:" puts its message on the next line
             causes.append(line + (" " + lines[index + 1] if line.endswith(":") and index + 1 < len(lines) else ""))
-    return " | ".join(causes[-4:]) or "see the jupyter-book output above"
+    last = [line.strip() for line in lines if line.strip() and not line.startswith(" ") and "=====" not in line]
+    # jupyter-book's own messages (e.g. no toc) come last, inside a box
+    return " | ".join(dict.fromkeys(causes[-3:] + last[-2:])) or "jupyter-book printed nothing"
 
 
 def _jupyter_book() -> str:
