@@ -446,3 +446,12 @@ def findings(d: Diagnosis) -> list[str]:
             out.append(f"Another backend: {best.backend} would take {best.layer_us:.0f} us per layer, "
                        f"{mine / best.layer_us:.2g}x faster than {d.backend}.")
     return out
+
+
+def gate_alarm_html(gate: pd.DataFrame) -> str:
+    """The loud box for backends that failed the correctness gate (styled by the book's theme,
+    and by its inline style where the theme is absent, as in the shared single file)."""
+    return ('<div class="admonition danger" style="border-left:6px solid #c00;padding:0.5em 1em">'
+            f'<p class="admonition-title"><b>{len(gate)} backend/format pairs FAILED the correctness gate: '
+            'their numbers are excluded from this diagnosis</b></p>'
+            + gate.to_html(index=False) + "</div>")

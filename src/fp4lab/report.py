@@ -182,7 +182,7 @@ def write_run_summary(book_dir: Path, run: RunDir, report: dict[str, Any]) -> Pa
         lines += [f"- **{c['chapter']}**: {_md_escape(c['error'] or 'unknown error')}" for c in failed]
         lines += ["", "Their pages below show how far they got and the traceback.", ":::", ""]
     lines += [
-        "| | |", "|---|---|",
+        "| | this run |", "|---|---|",
         f"| run id | `{run.run_id}` |",
         f"| profile | {report.get('profile')} ({report.get('profile_reason')}) |",
         f"| GPU | {gpu} |",
