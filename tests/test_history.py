@@ -27,7 +27,7 @@ def test_ratios_regressions_and_version_changes(tmp_path):
     c = history.compare(now.path, before.path, threshold=0.10)
     assert c.ratios["time_ratio"].round(3).tolist() == [1.05, 1.2, 0.5]  # M=256 is in one run only
     assert c.regressions[["m", "time_ratio"]].values.tolist() == [[16, pytest.approx(1.2)]]
-    assert c.same_gpu and c.label.startswith("same GPU")
+    assert c.same_gpu and c.label.startswith("same device")
     changes = c.changes.set_index("field")
     assert changes.loc["torch"].tolist() == ["2.11.0", "2.12.0"]
     assert changes.loc["driver"].tolist() == ["580.1", "580.2"]
@@ -45,7 +45,7 @@ def test_different_gpus_are_labeled(tmp_path):
     ref = make_run(tmp_path / "ref", "20261101T000000Z-h200", {1: 10.0})
     now = make_run(tmp_path / "runs", "20261130T000000Z-cpu", {1: 1000.0}, gpu=None)
     c = history.compare(now.path, ref.path, other_kind="reference")
-    assert not c.same_gpu and "DIFFERENT GPUs" in c.label
+    assert not c.same_gpu and "DIFFERENT devices" in c.label
     assert c.changes.set_index("field").loc["GPU"].tolist() == ["NVIDIA H200", None]
 
 

@@ -119,8 +119,8 @@ class Comparison:
     def label(self) -> str:
         """How to read the ratios: a software change on one GPU, or two different GPUs."""
         if self.same_gpu:
-            return f"same GPU ({self.gpus[0]}): ratios show software and conditions"
-        return f"DIFFERENT GPUs ({self.gpus[0]} now, {self.gpus[1]} in {self.other_id}): ratios compare hardware"
+            return f"same device ({self.gpus[0]}): ratios show software and conditions"
+        return f"DIFFERENT devices ({self.gpus[0]} now, {self.gpus[1]} in {self.other_id}): ratios compare hardware"
 
 
 def compare(run_dir: str | os.PathLike, other_dir: str | os.PathLike, other_kind: str = "previous",
