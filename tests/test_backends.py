@@ -19,8 +19,8 @@ no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-on
 
 
 def rel_err(out: torch.Tensor, prepared) -> float:
-    ref = prepared.ref_a.double() @ prepared.ref_w.double().T
-    return ((out.double() - ref).norm() / ref.norm()).item()
+    ref = (prepared.ref_a.double() @ prepared.ref_w.double().T).cpu()
+    return ((out.cpu().double() - ref).norm() / ref.norm()).item()
 
 
 def operands(m, n, k, fmt, seed=0):

@@ -26,7 +26,11 @@ import torch
 MakeCall = Callable[[Any, "torch.Tensor | None"], Callable[[], Any]]
 
 # The warm-up load: a bf16 matmul big enough to keep every SM busy and draw real power.
-WARMUP_MATMUL_SIZE = 8192
+# The warm-up load: a memory-bound copy loop. It raises the SM clock to its boost like any sustained
+# load, but unlike an 8192^3 matmul loop it stays far below the power limit, so the clock it leaves
+# behind is the boost clock and not a power-throttled one (seen on the H200: after a matmul warm-up
+# the first point ran at 1260 MHz instead of 1980).
+WARMUP_COPY_BYTES = 256 * 2**20
 # Clock readings that differ by less than this are "steady".
 STEADY_CLOCK_TOLERANCE = 0.01
 STEADY_CLOCK_READINGS = 3
@@ -232,7 +236,7 @@ def clock_is_steady(readings: list[float], max_clock: float | None, min_ratio: f
 
 
 def warm_up_clocks(device, config: TimerConfig) -> float | None:
-    """Run a large bf16 matmul loop until the SM clock is steady; return that clock (MHz).
+    """Run a copy loop until the SM clock is steady; return that clock (MHz).
 
     None on CPU, or on a GPU without NVML (then the loop simply runs for `warmup_s`).
     A warm-up (or a timed point) in the last `warm_valid_s` seconds counts: no re-warming.
@@ -245,14 +249,13 @@ def warm_up_clocks(device, config: TimerConfig) -> float | None:
     deadline, last_clock = _warm_until.get(index, (0.0, None))
     if time.monotonic() < deadline:
         return clock.read() or last_clock
-    size = WARMUP_MATMUL_SIZE
-    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
-    b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    source = torch.ones(WARMUP_COPY_BYTES // 4, device=device)
+    target = torch.empty_like(source)
     max_clock, readings = clock.max(), []
     start = time.monotonic()
     while True:
-        for _ in range(5):
-            torch.mm(a, b)
+        for _ in range(20):
+            target.copy_(source)
         torch.cuda.synchronize(device)
         reading = clock.read()
         if reading is not None:

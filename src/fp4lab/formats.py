@@ -17,6 +17,8 @@ float32 temporaries of one chunk, not of the whole tensor.
 
 from __future__ import annotations
 
+import functools
+
 import math
 from dataclasses import dataclass, replace
 
@@ -132,11 +134,17 @@ def e2m1_encode(values: torch.Tensor) -> torch.Tensor:
     return code | sign
 
 
+@functools.lru_cache(maxsize=None)
+def _e2m1_table(device: torch.device) -> torch.Tensor:
+    """float32 [16] value of every code, made once per device: building it inside a call would
+    copy from the host, which a CUDA-graph capture of that call (the timer's) does not allow."""
+    magnitudes = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=device)
+    return torch.cat([magnitudes, -magnitudes])   # codes 8..15 are the negatives
+
+
 def e2m1_decode(nibbles: torch.Tensor) -> torch.Tensor:
     """float32 values of uint8 nibbles (0..15)."""
-    magnitudes = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=nibbles.device)
-    table = torch.cat([magnitudes, -magnitudes])   # codes 8..15 are the negatives
-    return table[nibbles.long()]
+    return _e2m1_table(nibbles.device)[nibbles.long()]
 
 
 def pack_nibbles(nibbles: torch.Tensor) -> torch.Tensor:
