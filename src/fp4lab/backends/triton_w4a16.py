@@ -10,6 +10,7 @@ Shape legend: `M` activation rows, `N` weight rows, `K` reduction dimension.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from dataclasses import dataclass
 
@@ -24,10 +25,16 @@ MIN_CAPABILITY = (8, 0)            # bf16 tensor cores
 MAX_SPLIT_K = 16
 MIN_K_BLOCKS_PER_SPLIT = 4         # below this a split costs more in partial traffic than it saves
 CTAS_PER_SM_TARGET = 2             # memory-bound tiles: two in flight per SM hide load latency
+MIN_BLOCK = 16                     # tl.dot needs every tile dimension >= 16
+MIN_BLOCK_K = 32                   # one whole mxfp4 scale block per K tile
+NUM_WARPS = (1, 2, 4, 8, 16)
 
 
 @dataclass(frozen=True)
 class TileConfig:
+    """One launch configuration. `swap_ab` computes out^T = W @ a^T so the weight tile is the
+    dot's M side: wgmma needs >= 64 rows there, which a decode-sized M cannot give."""
+
     block_m: int
     block_n: int
     block_k: int
@@ -35,35 +42,84 @@ class TileConfig:
     num_warps: int = 4
     num_stages: int = 3
     group_m: int = 8
+    swap_ab: bool = False
+
+    def __post_init__(self):
+        for name, least in (("block_m", MIN_BLOCK), ("block_n", MIN_BLOCK),
+                            ("block_k", MIN_BLOCK_K)):
+            value = getattr(self, name)
+            if not _is_int(value) or value < least or value & (value - 1):
+                raise ValueError(f"TileConfig.{name} must be a power of two >= {least}, "
+                                 f"got {value!r}")
+        for name in ("split_k", "num_stages", "group_m"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"TileConfig.{name} must be an integer >= 1, got {value!r}")
+        if self.num_warps not in NUM_WARPS:
+            raise ValueError(f"TileConfig.num_warps must be one of {NUM_WARPS}, "
+                             f"got {self.num_warps!r}")
+        if not isinstance(self.swap_ab, bool):
+            raise ValueError(f"TileConfig.swap_ab must be True or False, got {self.swap_ab!r}")
 
     def k_per_split(self, k: int) -> int:
         """K columns per split, a whole number of BLOCK_K."""
         k_blocks = -(-k // self.block_k)
         return -(-k_blocks // self.split_k) * self.block_k
 
+    def label(self) -> str:
+        """Compact, e.g. "m16n64k128 s3 w4 st4 swap"."""
+        return (f"m{self.block_m}n{self.block_n}k{self.block_k} s{self.split_k} "
+                f"w{self.num_warps} st{self.num_stages}{' swap' if self.swap_ab else ''}")
 
-# by the largest M each covers: small tiles in M for decode, square tiles for prefill
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# Generic presets by the largest M each covers (None = any larger M); choose_config adds split-K
+# when the output tiles alone leave SMs idle. Small M: the weight tile is the wgmma M side
+# (swap_ab) and the K work is split; large M: big tiles so each decoded weight feeds many rows.
 TILE_PRESETS = (
-    (16, TileConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)),
-    (32, TileConfig(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4)),
-    (64, TileConfig(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=4)),
+    (16, TileConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4,
+                    swap_ab=True)),
+    (32, TileConfig(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4,
+                    swap_ab=True)),
+    (64, TileConfig(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=4,
+                    swap_ab=True)),
     (256, TileConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3)),
     (None, TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)),
 )
 
+# Tuned winners per weight shape (N, K), same form as TILE_PRESETS, used exactly as written
+# (split_k included). Paste from `benchmarks/tune_w4a16.py` output, measured on the H200.
+SHAPE_PRESETS: dict[tuple[int, int], tuple[tuple[int | None, TileConfig], ...]] = {}
 
-def choose_config(m: int, n: int, k: int, sm_count: int = 132) -> TileConfig:
-    """The tile preset for M, with split-K when the [M, N] tiles leave SMs idle."""
-    for m_max, preset in TILE_PRESETS:
+
+def preset_for(m: int, presets) -> TileConfig:
+    """The first preset whose M bound covers `m`."""
+    for m_max, preset in presets:
         if m_max is None or m <= m_max:
-            break
-    tiles = -(-m // preset.block_m) * -(-n // preset.block_n)
+            return preset
+    return presets[-1][1]
+
+
+def auto_split_k(config: TileConfig, m: int, n: int, k: int, sm_count: int) -> TileConfig:
+    """`config` with split-K raised until about CTAS_PER_SM_TARGET CTAs per SM have work."""
+    tiles = -(-m // config.block_m) * -(-n // config.block_n)
     if tiles >= sm_count:
-        return preset
-    k_blocks = -(-k // preset.block_k)
+        return config
+    k_blocks = -(-k // config.block_k)
     wanted = -(-CTAS_PER_SM_TARGET * sm_count // tiles)
     split = max(1, min(wanted, k_blocks // MIN_K_BLOCKS_PER_SPLIT, MAX_SPLIT_K))
-    return TileConfig(**{**preset.__dict__, "split_k": split})
+    return dataclasses.replace(config, split_k=split)
+
+
+def choose_config(m: int, n: int, k: int, sm_count: int = 132) -> TileConfig:
+    """The tuned config for (N, K) when SHAPE_PRESETS has one, else the generic preset for M
+    with split-K when the [M, N] tiles leave SMs idle."""
+    if (n, k) in SHAPE_PRESETS:
+        return preset_for(m, SHAPE_PRESETS[(n, k)])
+    return auto_split_k(preset_for(m, TILE_PRESETS), m, n, k, sm_count)
 
 
 def triton_missing_reason() -> str | None:
@@ -77,6 +133,8 @@ class TritonW4A16(Backend):
     formats = ("nvfp4", "mxfp4")
     library = "triton"
     operand_dtype = "bf16"
+    weight_dtype = "fp4"   # roofline bytes: FP4 weights read, bf16 activations
+    act_dtype = "bf16"
 
     def availability(self, device: str) -> tuple[bool, str]:
         reason = gpu_reason(device)

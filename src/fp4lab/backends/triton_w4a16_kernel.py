@@ -1,12 +1,23 @@
 """The Triton kernels behind `triton-w4a16`: FP4 weights decoded in registers, bf16 tensor-core math.
 
 Imported only when the backend is prepared (importing triton costs seconds and needs a GPU or
-TRITON_INTERPRET=1). Shape legend: `M` activation rows, `N` weight rows, `K` reduction dimension;
-packed weights are [N, K/2] uint8 (element 2i in the low nibble, 2i+1 in the high one), block
-scales [N, K/B] as raw bytes (B = 16 e4m3 for nvfp4, 32 e8m0 for mxfp4).
+TRITON_INTERPRET=1). Shape legend: `M` activation rows, `N` weight rows, `K` reduction dimension,
+`S` the format's scale block (16 nvfp4, 32 mxfp4); `BM`, `BN`, `BK` the tile sizes. Packed weights
+are [N, K/2] uint8 (element 2i in the low nibble, 2i+1 in the high one), block scales [N, K/S] as
+raw bytes (e4m3 for nvfp4, e8m0 for mxfp4).
 
-Instead of interleaving the two nibbles of a byte into one [N, K] tile, the kernel splits the
-activations into even and odd columns and runs two dots: a[:, 0::2] @ low^T + a[:, 1::2] @ high^T.
+Where the time goes in a weight-only kernel at small M is the decode, so it is kept to a handful
+of integer ops per weight and nothing per weight that a whole block shares:
+  - the two nibbles of a byte are interleaved into one [BN, BK] code tile, so ONE dot with
+    K = BK runs over contiguous [BM, BK] activations;
+  - each code becomes fp16 bits with two shifts and masks; read as fp16 the code is exactly its
+    e2m1 value times 2^-14 (code 1 lands on the fp16 subnormal 2^-15 = 0.5 * 2^-14), so no select
+    fixes the e = 0 case and no float chain runs per weight;
+  - the block scales are decoded once per [BN, BK/S] tile (bit tricks, no exp2), already times
+    2^14, and broadcast over their S weights: one fp16->fp32 convert, one multiply and one
+    convert to bf16 per weight remain. code x scale has <= 6 significant bits, exact in bf16.
+SWAP_AB computes out^T = W @ a^T: the weight tile is the dot's left operand (M side, >= 64 rows
+on Hopper's wgmma) and the few activation rows its N side, which suits decode-sized M.
 """
 
 from __future__ import annotations
@@ -16,44 +27,72 @@ import os
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def decode_e2m1(code):
-    """4-bit codes (int32) -> float32: s.ee.m with values 0, .5, 1, 1.5, 2, 3, 4, 6."""
-    magnitude = code & 7
-    exponent = magnitude >> 1
-    mantissa = (magnitude & 1).to(tl.float32)
-    power = (1 << tl.maximum(exponent - 1, 0)).to(tl.float32)
-    value = tl.where(exponent == 0, mantissa * 0.5, (1.0 + mantissa * 0.5) * power)
-    return tl.where((code & 8) != 0, -value, value)
+NVFP4_SCALE_BLOCK = 16
+MXFP4_SCALE_BLOCK = 32
 
 
 @triton.jit
-def decode_e4m3(bits):
-    """float8_e4m3fn bytes (int32, positive scales) -> float32."""
-    exponent = (bits >> 3) & 15
-    mantissa = (bits & 7).to(tl.float32)
-    normal = (8.0 + mantissa) * tl.exp2((exponent - 10).to(tl.float32))
-    return tl.where(exponent == 0, mantissa * 0.001953125, normal)  # subnormal: m * 2^-9
+def decode_e2m1_times_2pow_minus14(codes):
+    """e2m1 codes (uint8, 0..15) -> float32 value * 2^-14, via fp16 bits s.00ee.m00000000."""
+    codes16 = codes.to(tl.uint16)
+    bits = ((codes16 & 8) << 12) | ((codes16 & 7) << 9)
+    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
-def decode_e8m0(bits):
-    """e8m0 bytes (int32) -> float32 powers of two 2^(e-127)."""
-    return tl.exp2((bits - 127).to(tl.float32))
+def decode_scales_times_2pow14(scale_bytes, IS_NVFP4: tl.constexpr):
+    """Block-scale bytes [BN, BK/S] (uint8) -> float32 scale * 2^14, built as float32 bits."""
+    bits = scale_bytes.to(tl.int32)
+    if IS_NVFP4:
+        # e4m3 E.mmm normal: 2^(E-7) (1 + m/8) * 2^14 has fp32 exponent E + 134 and mantissa m
+        normal = (((bits & 0x7F) << 20) + (134 << 23)).to(tl.float32, bitcast=True)
+        subnormal = (bits & 7).to(tl.float32) * 32.0  # E = 0: m * 2^-9 * 2^14
+        return tl.where((bits & 0x78) == 0, subnormal, normal)
+    else:
+        # e8m0: 2^(e-127) * 2^14 has fp32 exponent e + 14 (exact for every scale up to 2^113)
+        return ((bits + 14) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def load_weight_tile(w_ptr, s_ptr, offs_n, n_mask, k0, k_bytes, k_scales, stride_wn, stride_sn,
+                     IS_NVFP4: tl.constexpr, SCALE_BLOCK: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """The dequantized weight tile w[offs_n, k0:k0+BK] as bf16 [BN, BK] (zeros past N and K).
+
+    `k_bytes` = K/2 and `k_scales` = K/S come from the host so Triton sees their divisibility.
+    """
+    offs_byte = k0 // 2 + tl.arange(0, BLOCK_K // 2)                    # [BK/2]
+    offs_block = k0 // SCALE_BLOCK + tl.arange(0, BLOCK_K // SCALE_BLOCK)  # [BK/S]
+    byte_mask = n_mask[:, None]
+    scale_mask = n_mask[:, None]
+    if not EVEN_K:
+        byte_mask = byte_mask & (offs_byte < k_bytes)[None, :]
+        scale_mask = scale_mask & (offs_block < k_scales)[None, :]
+    packed = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_byte[None, :],
+                     mask=byte_mask, other=0)                            # [BN, BK/2]
+    codes = tl.interleave(packed & 15, packed >> 4)                      # [BN, BK] uint8
+    scale_bytes = tl.load(s_ptr + offs_n[:, None] * stride_sn + offs_block[None, :],
+                          mask=scale_mask, other=0)                      # [BN, BK/S]
+    scale = decode_scales_times_2pow14(scale_bytes, IS_NVFP4)            # [BN, BK/S]
+    values = decode_e2m1_times_2pow_minus14(codes)                       # [BN, BK]
+    values = tl.reshape(values, (BLOCK_N, BLOCK_K // SCALE_BLOCK, SCALE_BLOCK))
+    values = values * scale[:, :, None]                                  # [BN, BK/S, S]
+    return tl.reshape(values, (BLOCK_N, BLOCK_K)).to(tl.bfloat16)
 
 
 @triton.jit
 def w4a16_gemm_kernel(
     a_ptr, w_ptr, s_ptr, gs_ptr, c_ptr,
-    M, N, K, k_per_split,
-    stride_am, stride_ak, stride_wn, stride_sn, stride_cs, stride_cm, stride_cn,
+    M, N, K, k_bytes, k_scales, k_per_split,
+    stride_am, stride_wn, stride_sn, stride_cs, stride_cm, stride_cn,
     IS_NVFP4: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, WRITE_PARTIAL: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, EVEN_K: tl.constexpr,
+    WRITE_PARTIAL: tl.constexpr, DOT_IN_FP32: tl.constexpr,
 ):
-    """One [BLOCK_M, BLOCK_N] output tile over one K split.
+    """One [BM, BN] output tile over one K split; activations are contiguous along K.
 
+    EVEN_K: K is a multiple of BK, so no load needs a K mask.
     WRITE_PARTIAL: store the float32 partial sum at c[pid_k] (split-K; a reduce kernel finishes);
     else scale by the nvfp4 global decode scale and store bf16.
     """
@@ -70,45 +109,45 @@ def w4a16_gemm_kernel(
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)        # [BM]
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)        # [BN]
-    offs_j = tl.arange(0, BLOCK_K // 2)                     # [BK/2] byte within the tile
+    offs_k = tl.arange(0, BLOCK_K)                          # [BK]
     m_mask = offs_m < M
     n_mask = offs_n < N
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)   # out^T tile [BN, BM]
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)   # [BM, BN]
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     for k0 in tl.range(k_start, k_end, BLOCK_K):
-        k_even = k0 + 2 * offs_j                             # [BK/2]; K is even, so k_even+1 < K
-        k_mask = k_even < K
-        a_rows = a_ptr + offs_m[:, None] * stride_am
-        a_mask = m_mask[:, None] & k_mask[None, :]
-        a_even = tl.load(a_rows + k_even[None, :] * stride_ak, mask=a_mask, other=0.0)
-        a_odd = tl.load(a_rows + (k_even + 1)[None, :] * stride_ak, mask=a_mask, other=0.0)
-
-        w_mask = n_mask[:, None] & k_mask[None, :]
-        packed = tl.load(w_ptr + offs_n[:, None] * stride_wn + (k_even // 2)[None, :],
-                         mask=w_mask, other=0).to(tl.int32)  # [BN, BK/2]
-        scale_bits = tl.load(s_ptr + offs_n[:, None] * stride_sn
-                             + (k_even // SCALE_BLOCK)[None, :], mask=w_mask, other=0).to(tl.int32)
-        if IS_NVFP4:
-            scale = decode_e4m3(scale_bits)
-        else:
-            scale = decode_e8m0(scale_bits)
-        # code * block scale is exact in bf16 (<= 6 significant bits, fp32 exponent range)
-        w_low = (decode_e2m1(packed & 15) * scale).to(tl.bfloat16)   # [BN, BK/2]
-        w_high = (decode_e2m1(packed >> 4) * scale).to(tl.bfloat16)  # [BN, BK/2]
+        k_cols = k0 + offs_k
+        a_mask = m_mask[:, None]
+        if not EVEN_K:
+            a_mask = a_mask & (k_cols < K)[None, :]
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + k_cols[None, :], mask=a_mask,
+                    other=0.0)                                                  # [BM, BK]
+        w = load_weight_tile(w_ptr, s_ptr, offs_n, n_mask, k0, k_bytes, k_scales, stride_wn,
+                             stride_sn, IS_NVFP4, SCALE_BLOCK, BLOCK_N, BLOCK_K, EVEN_K)  # [BN, BK]
         if DOT_IN_FP32:
             # same bf16 values, exact fp32 products: what the tensor cores compute
-            acc += tl.dot(a_even.to(tl.float32), tl.trans(w_low.to(tl.float32)),
-                          input_precision="ieee")
-            acc += tl.dot(a_odd.to(tl.float32), tl.trans(w_high.to(tl.float32)),
-                          input_precision="ieee")
+            a = a.to(tl.float32)
+            w = w.to(tl.float32)
+            if SWAP_AB:
+                acc += tl.dot(w, tl.trans(a), input_precision="ieee")
+            else:
+                acc += tl.dot(a, tl.trans(w), input_precision="ieee")
         else:
-            acc += tl.dot(a_even, tl.trans(w_low))
-            acc += tl.dot(a_odd, tl.trans(w_high))
+            if SWAP_AB:
+                acc += tl.dot(w, tl.trans(a))
+            else:
+                acc += tl.dot(a, tl.trans(w))
 
-    c_mask = m_mask[:, None] & n_mask[None, :]
-    c_offsets = offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    if SWAP_AB:
+        c_mask = n_mask[:, None] & m_mask[None, :]
+        c_offsets = offs_n[:, None] * stride_cn + offs_m[None, :] * stride_cm
+    else:
+        c_mask = m_mask[:, None] & n_mask[None, :]
+        c_offsets = offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     if WRITE_PARTIAL:
         tl.store(c_ptr + pid_k * stride_cs + c_offsets, acc, mask=c_mask)
     else:
@@ -140,11 +179,15 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 def w4a16_matmul(a, packed, scale_bytes, global_scale, out, workspace, config, fmt: str):
     """out[M, N] = a[M, K] @ dequant(packed, scales)[N, K]^T, launched with `config`.
 
-    `workspace` is float32 [split_k, M, N] when config.split_k > 1 (else unused, may be None).
+    `a` must be contiguous along K (stride 1). `workspace` is float32 [split_k, M, N] when the
+    config splits K (else unused, may be None).
     """
     m, k = a.shape
     n = packed.shape[0]
+    if a.stride(1) != 1:
+        raise ValueError(f"activations a must be contiguous along K, got strides {a.stride()}")
     is_nvfp4 = fmt == "nvfp4"
+    scale_block = NVFP4_SCALE_BLOCK if is_nvfp4 else MXFP4_SCALE_BLOCK
     k_per_split = config.k_per_split(k)
     split_k = triton.cdiv(k, k_per_split)
     partial = split_k > 1
@@ -152,13 +195,14 @@ def w4a16_matmul(a, packed, scale_bytes, global_scale, out, workspace, config, f
     grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), split_k)
     w4a16_gemm_kernel[grid](
         a, packed, scale_bytes, global_scale, target,
-        m, n, k, k_per_split,
-        a.stride(0), a.stride(1), packed.stride(0), scale_bytes.stride(0),
+        m, n, k, k // 2, k // scale_block, k_per_split,
+        a.stride(0), packed.stride(0), scale_bytes.stride(0),
         target.stride(0) if partial else 0, target.stride(-2), target.stride(-1),
-        IS_NVFP4=is_nvfp4, SCALE_BLOCK=16 if is_nvfp4 else 32,
+        IS_NVFP4=is_nvfp4, SCALE_BLOCK=scale_block,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        GROUP_M=config.group_m, WRITE_PARTIAL=partial, DOT_IN_FP32=INTERPRETED,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        GROUP_M=config.group_m, SWAP_AB=config.swap_ab, EVEN_K=k % config.block_k == 0,
+        WRITE_PARTIAL=partial,
+        DOT_IN_FP32=INTERPRETED, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if partial:
         split_k_reduce_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
