@@ -4,6 +4,7 @@ TRITON_INTERPRET=1 must be set before triton is imported, so the kernel runs in 
 (the variable never reaches this one or the other tests).
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -12,6 +13,8 @@ import sys
 import pytest
 import torch
 
+from fp4lab.formats import E2M1_VALUES
+from fp4lab.backends import triton_w4a16
 from fp4lab.backends.triton_w4a16 import TileConfig, choose_config
 
 H200_SMS = 132
@@ -56,16 +59,21 @@ def case(fmt, m, n, k, config=None, seed=0):
 
 
 # M in decode and prefill ranges, N tails that are not a multiple of the tile (and odd),
-# K tails shorter than BLOCK_K, split-K with uneven splits, grouped tile order with several M tiles
+# K tails shorter than BLOCK_K, K a multiple of BLOCK_K (no K masks), split-K with uneven splits,
+# grouped tile order with several M tiles; each of those with the swapped (out^T = W a^T) dot too
 INTERPRETER_CASES = [
     case(fmt, m, n, k, config)
     for fmt in ("nvfp4", "mxfp4")
     for m, n, k, config in [
         (1, 40, 96, None),
+        (2, 64, 512, None),
         (5, 33, 64, TileConfig(block_m=16, block_n=32, block_k=64)),
         (3, 40, 320, TileConfig(block_m=16, block_n=32, block_k=64, split_k=3)),
+        (3, 40, 320, TileConfig(block_m=16, block_n=32, block_k=64, split_k=3, swap_ab=True)),
         (37, 24, 128, TileConfig(block_m=16, block_n=16, block_k=64, group_m=2)),
+        (37, 24, 128, TileConfig(block_m=16, block_n=16, block_k=64, group_m=2, swap_ab=True)),
         (17, 19, 64, TileConfig(block_m=32, block_n=16, block_k=32)),
+        (4, 48, 256, TileConfig(block_m=16, block_n=16, block_k=128, swap_ab=True)),
     ]
 ]
 
@@ -80,6 +88,59 @@ def test_kernel_matches_the_reference_in_the_interpreter():
 
 def test_interpreter_does_not_leak_into_this_process():
     assert os.environ.get("TRITON_INTERPRET") != "1"
+
+
+# --- the decode helpers, every code and scale byte (interpreter) ---------------------------------
+
+DECODE_SCRIPT = r"""
+import json, torch, triton, triton.language as tl
+from fp4lab import formats
+from fp4lab.backends import triton_w4a16_kernel as kernel
+
+@triton.jit
+def decode_all(codes_ptr, scales_ptr, values_ptr, nv_ptr, mx_ptr):
+    offs = tl.arange(0, 256)
+    tl.store(values_ptr + offs, kernel.decode_e2m1_times_2pow_minus14(tl.load(codes_ptr + offs)))
+    scale_bytes = tl.load(scales_ptr + offs)
+    tl.store(nv_ptr + offs, kernel.decode_scales_times_2pow14(scale_bytes, True))
+    tl.store(mx_ptr + offs, kernel.decode_scales_times_2pow14(scale_bytes, False))
+
+codes = torch.arange(256, dtype=torch.uint8) % 16
+scales = torch.arange(256, dtype=torch.uint8)
+values, nv, mx = (torch.empty(256) for _ in range(3))
+decode_all[(1,)](codes, scales, values, nv, mx)
+print(json.dumps({"values": (values[:16] * 2.0**14).tolist(),
+                  "nvfp4": (nv / 2.0**14).tolist(), "mxfp4": (mx / 2.0**14).tolist()}))
+"""
+
+
+def test_decode_helpers_match_the_formats_every_byte():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, "-c", DECODE_SCRIPT], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    decoded = json.loads(result.stdout.strip().splitlines()[-1])
+    e2m1 = list(E2M1_VALUES) + [-v for v in E2M1_VALUES]
+    assert decoded["values"] == e2m1
+    scale_bytes = torch.arange(256, dtype=torch.uint8)
+    # e4m3 scales are positive: the sign bit is ignored; 0x7f (NaN) is never written by formats
+    positive = scale_bytes & 0x7F
+    expected_nv = positive.view(torch.float8_e4m3fn).double()
+    finite = positive != 0x7F
+    assert torch.equal(torch.tensor(decoded["nvfp4"]).double()[finite], expected_nv[finite])
+    # e8m0: 2^(e-127) for every e up to MAX_MXFP4_SCALE_BYTE (prepare refuses larger scales)
+    top = triton_w4a16.MAX_MXFP4_SCALE_BYTE
+    expected_mx = torch.pow(2.0, torch.arange(top + 1, dtype=torch.float64) - 127)
+    assert torch.equal(torch.tensor(decoded["mxfp4"][:top + 1]).double(), expected_mx)
+
+
+def test_mxfp4_scales_beyond_the_decode_range_are_refused():
+    from fp4lab import formats
+
+    w = formats.quantize(torch.randn(16, 64), "mxfp4")
+    w.scales[3, 1] = triton_w4a16.MAX_MXFP4_SCALE_BYTE + 1
+    with pytest.raises(ValueError, match="mxfp4 block scale"):
+        triton_w4a16.TritonW4A16().prepare(torch.randn(2, 64), w, "cpu")
 
 
 # --- tile choice (pure Python) -------------------------------------------------------------------
@@ -108,17 +169,45 @@ def test_short_k_is_not_split():
     assert choose_config(1, 64, 128, H200_SMS).split_k == 1
 
 
+def test_tuned_shape_presets_are_used_exactly(monkeypatch):
+    tuned = TileConfig(block_m=16, block_n=32, block_k=256, split_k=2, swap_ab=True)
+    large = TileConfig(block_m=128, block_n=256, block_k=64, num_warps=8)
+    monkeypatch.setitem(triton_w4a16.SHAPE_PRESETS, (6144, 2048), ((16, tuned), (None, large)))
+    assert choose_config(1, 6144, 2048, H200_SMS) == tuned
+    assert choose_config(16, 6144, 2048, H200_SMS) == tuned
+    assert choose_config(4096, 6144, 2048, H200_SMS) == large
+    assert choose_config(1, 4096, 6144, H200_SMS) != tuned  # other shapes: generic presets
+
+
+@pytest.mark.parametrize("field,value", [("block_m", 8), ("block_n", 48), ("block_k", 16),
+                                         ("split_k", 0), ("num_warps", 3), ("num_stages", 0),
+                                         ("group_m", 0), ("swap_ab", 1)])
+def test_bad_tile_config_names_the_field(field, value):
+    fields = {"block_m": 16, "block_n": 64, "block_k": 128, field: value}
+    with pytest.raises(ValueError, match=f"TileConfig.{field}"):
+        TileConfig(**fields)
+
+
+def test_backend_declares_weight_only_roofline_dtypes():
+    backend = triton_w4a16.TritonW4A16()
+    assert (backend.weight_dtype, backend.act_dtype, backend.operand_dtype) == ("fp4", "bf16",
+                                                                                "bf16")
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("m", [1, 16, 100, 1024])
-def test_kernel_on_the_gpu(fmt, m):
+@pytest.mark.parametrize("swap_ab", [False, True])
+def test_kernel_on_the_gpu(fmt, m, swap_ab):
     from fp4lab import formats
     from fp4lab.backends import get
 
     a = torch.randn(m, 2048, device="cuda").to(torch.bfloat16)
     w = formats.quantize(torch.randn(6144 + 3, 2048, device="cuda"), fmt)
-    prepared = get("triton-w4a16").prepare(a, w, "cuda")
+    config = choose_config(m, 6144 + 3, 2048, torch.cuda.get_device_properties(0).multi_processor_count)
+    config = dataclasses.replace(config, swap_ab=swap_ab)
+    prepared = get("triton-w4a16").prepare(a, w, "cuda", config=config)
     prepared.out.fill_(float("nan"))
     out = prepared.call()
     ref = prepared.ref_a.double() @ prepared.ref_w.double().T

@@ -28,6 +28,9 @@ CTAS_PER_SM_TARGET = 2             # memory-bound tiles: two in flight per SM hi
 MIN_BLOCK = 16                     # tl.dot needs every tile dimension >= 16
 MIN_BLOCK_K = 32                   # one whole mxfp4 scale block per K tile
 NUM_WARPS = (1, 2, 4, 8, 16)
+# The kernel decodes e8m0 scales as float32 2^(e-127) * 2^14 (see triton_w4a16_kernel), which
+# holds every scale up to 2^113: blocks whose largest weight exceeds 6 * 2^113.
+MAX_MXFP4_SCALE_BYTE = 240
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,7 @@ class TritonW4A16(Backend):
         from fp4lab.backends import triton_w4a16_kernel as kernel
 
         self.check_inputs(a, w)
+        check_scale_range(w)
         device = resolve_device(device)
         w = w.to(device)
         m, k = a.shape
@@ -177,6 +181,16 @@ class TritonW4A16(Backend):
 
         args = (a_bf16, w.packed.contiguous(), scale_bytes, global_scale)
         return prepared_from(gemm, args, out, ref_a=a_bf16.float(), ref_w=formats.dequantize(w))
+
+
+def check_scale_range(w) -> None:
+    """Raise a ValueError when an mxfp4 scale lies beyond what the kernel decodes exactly."""
+    if w.fmt != "mxfp4":
+        return
+    largest = int(w.scales.max())
+    if largest > MAX_MXFP4_SCALE_BYTE:
+        raise ValueError(f"weights w hold an mxfp4 block scale 2^{largest - 127}; triton-w4a16 "
+                         f"decodes scales up to 2^{MAX_MXFP4_SCALE_BYTE - 127}")
 
 
 def sm_count(device: str) -> int:

@@ -49,7 +49,8 @@ def decode_scales_times_2pow14(scale_bytes, IS_NVFP4: tl.constexpr):
         subnormal = (bits & 7).to(tl.float32) * 32.0  # E = 0: m * 2^-9 * 2^14
         return tl.where((bits & 0x78) == 0, subnormal, normal)
     else:
-        # e8m0: 2^(e-127) * 2^14 has fp32 exponent e + 14 (exact for every scale up to 2^113)
+        # e8m0: 2^(e-127) * 2^14 has fp32 exponent e + 14: exact up to 2^113 (e = 240);
+        # prepare refuses larger scales (triton_w4a16.MAX_MXFP4_SCALE_BYTE)
         return ((bits + 14) << 23).to(tl.float32, bitcast=True)
 
 
