@@ -213,3 +213,61 @@ def test_kernel_on_the_gpu(fmt, m, swap_ab):
     ref = prepared.ref_a.double() @ prepared.ref_w.double().T
     assert torch.isfinite(out).all()
     assert ((out.double() - ref).norm() / ref.norm()).item() < 4e-3
+
+
+# --- benchmarks/tune_w4a16.py: the grid, the paste-ready presets, one tiny run ----------------------
+
+TUNE_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "tune_w4a16.py")
+
+
+def load_tune_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tune_w4a16", TUNE_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("m", [1, 16, 64, 256, 4096])
+def test_tune_grid_starts_with_the_pick_and_has_no_duplicates(m):
+    tune = load_tune_script()
+    grid = tune.candidates(tune.Point("nvfp4", 6144, 2048, m), H200_SMS)
+    assert grid[0] == choose_config(m, 6144, 2048, H200_SMS)
+    assert len(grid) == len(set(grid)) and 3 <= len(grid) <= 7
+    if m <= 16:  # decode: no tile wastes rows on tokens that are not there
+        assert {config.block_m for config in grid} == {16}
+    if m >= 4096:  # prefill: every tile amortizes its decode over >= 128 rows
+        assert min(config.block_m for config in grid) >= 128
+    if grid[0].split_k > 1:  # what split-K buys is measured, not assumed
+        assert dataclasses.replace(grid[0], split_k=1) in grid
+
+
+def test_tune_snippet_pastes_back_as_shape_presets():
+    tune = load_tune_script()
+    small = TileConfig(block_m=16, block_n=64, block_k=128, split_k=3, swap_ab=True)
+    large = TileConfig(block_m=128, block_n=256, block_k=64, num_warps=8)
+    best = [{"fmt": "nvfp4", "n": 6144, "k": 2048, "m": m, "best": dataclasses.asdict(c)}
+            for m, c in ((4096, large), (1, small))]
+    best.append({"fmt": "mxfp4", "n": 6144, "k": 2048, "m": 1, "best": dataclasses.asdict(large)})
+    namespace = {"TileConfig": TileConfig}
+    exec(tune.shape_presets_snippet(best), namespace)
+    assert namespace["SHAPE_PRESETS"] == {(6144, 2048): ((1, small), (None, large))}
+
+
+def test_tune_script_gates_and_times_every_config_in_the_interpreter(tmp_path):
+    out = tmp_path / "tune.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, TUNE_SCRIPT, "--device", "cpu", "--shapes", "40x64",
+                             "--m", "3", "--mxfp4-points", "40x64:3", "--out", str(out)],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [r["point"]["fmt"] for r in report["results"]] == ["nvfp4", "mxfp4"]
+    for point in report["results"]:
+        assert point["cublas"]["status"] == "ok"
+        assert point["rows"] and all(r["status"] == "ok" and r["rel_err"] < 2e-2
+                                     for r in point["rows"])
+    assert all(b["best"] is not None for b in report["best"])
+    assert "SHAPE_PRESETS" in report["shape_presets"] and "best config per point" in result.stdout
