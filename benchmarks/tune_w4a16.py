@@ -326,7 +326,8 @@ def parse_mxfp4_points(text: str) -> list[Point]:
 
 def plan(args) -> list[Point]:
     """nvfp4 at every shape x M, then the mxfp4 points; GLM-5 shapes first so a cut run has them."""
-    points = [Point("nvfp4", n, k, m) for n, k in parse_shapes(args.shapes) for m in parse_m(args.m)]
+    points = [Point("nvfp4", n, k, m)
+              for n, k in parse_shapes(args.shapes) for m in parse_m(args.m)]
     return points + parse_mxfp4_points(args.mxfp4_points)
 
 
@@ -378,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\nbest config per point (cold L2, CUDA graph; speedup = cuBLAS bf16 us / best us; "
           "pick = choose_config's choice)")
     print(table)
-    print("\n# paste into src/fp4lab/backends/triton_w4a16.py (measured by benchmarks/tune_w4a16.py)")
+    print("\n# paste into src/fp4lab/backends/triton_w4a16.py "
+          "(measured by benchmarks/tune_w4a16.py)")
     print(snippet)
     out_path.write_text(json.dumps({
         "provenance": provenance(), "timer": dataclasses.asdict(timer), "sm_count": sms,

@@ -205,8 +205,8 @@ def test_kernel_on_the_gpu(fmt, m, swap_ab):
 
     a = torch.randn(m, 2048, device="cuda").to(torch.bfloat16)
     w = formats.quantize(torch.randn(6144 + 3, 2048, device="cuda"), fmt)
-    config = choose_config(m, 6144 + 3, 2048, torch.cuda.get_device_properties(0).multi_processor_count)
-    config = dataclasses.replace(config, swap_ab=swap_ab)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    config = dataclasses.replace(choose_config(m, 6144 + 3, 2048, sms), swap_ab=swap_ab)
     prepared = get("triton-w4a16").prepare(a, w, "cuda", config=config)
     prepared.out.fill_(float("nan"))
     out = prepared.call()
@@ -215,7 +215,7 @@ def test_kernel_on_the_gpu(fmt, m, swap_ab):
     assert ((out.double() - ref).norm() / ref.norm()).item() < 4e-3
 
 
-# --- benchmarks/tune_w4a16.py: the grid, the paste-ready presets, one tiny run ----------------------
+# --- benchmarks/tune_w4a16.py: the grid, the paste-ready presets, one tiny run -------------------
 
 TUNE_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "tune_w4a16.py")
 

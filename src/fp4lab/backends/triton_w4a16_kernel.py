@@ -1,4 +1,4 @@
-"""The Triton kernels behind `triton-w4a16`: FP4 weights decoded in registers, bf16 tensor-core math.
+"""The Triton kernels behind `triton-w4a16`: FP4 weights decoded in registers, bf16 tensor cores.
 
 Imported only when the backend is prepared (importing triton costs seconds and needs a GPU or
 TRITON_INTERPRET=1). Shape legend: `M` activation rows, `N` weight rows, `K` reduction dimension,
