@@ -4,7 +4,7 @@
 # sizes to size the full profile. Everything lands in $OUT.
 source benchmarks/device_setup.sh
 set -o pipefail
-timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="" -m "not browser" --timeout 100 -x tests \
+timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="" -m "not browser" --timeout 100 tests \
     > $OUT/pytest_gpu.txt 2>&1; tail -5 $OUT/pytest_gpu.txt
 timeout 80 python3 benchmarks/crosscheck_timer.py --out $OUT/crosscheck.json 2>&1 | tail -12
 timeout 200 python3 benchmarks/tune_w4a16.py --out $OUT/tune_w4a16.json > $OUT/tune_w4a16.txt 2>&1
