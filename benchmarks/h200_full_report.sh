@@ -9,5 +9,6 @@ mkdir -p "$OUT/runs"
 start=$(date +%s)
 python3 -m fp4lab report --profile full --runs-dir "$OUT/runs" --run-id "$RUN_ID" --no-build 2>&1 \
     | grep --line-buffered -v -e "Executing:" -e "IPKernelApp" | tee "$OUT/report.log"
-echo "report: $(( $(date +%s) - start )) s, exit ${PIPESTATUS[0]}"
+status=${PIPESTATUS[0]}
+echo "report: $(( $(date +%s) - start )) s, exit $status"
 tar -czf "$OUT/$RUN_ID.tgz" -C "$OUT/runs" "$RUN_ID" && rm -rf "$OUT/runs"

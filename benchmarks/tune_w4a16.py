@@ -268,6 +268,14 @@ def best_table(best: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def config_source(config: TileConfig) -> str:
+    """`TileConfig(...)` naming only the fields that differ from the defaults, so a pasted
+    preset line stays short and shows what was tuned."""
+    changed = [f"{f.name}={getattr(config, f.name)!r}" for f in dataclasses.fields(config)
+               if f.default is dataclasses.MISSING or getattr(config, f.name) != f.default]
+    return f"TileConfig({', '.join(changed)})"
+
+
 def shape_presets_snippet(best: list[dict]) -> str:
     """SHAPE_PRESETS from the nvfp4 winners: each measured M covers the M values above the
     previous measured one; the largest covers everything beyond (None)."""
@@ -281,7 +289,7 @@ def shape_presets_snippet(best: list[dict]) -> str:
         lines.append(f"    ({n}, {k}): (")
         for index, b in enumerate(winners):
             m_max = "None" if index == len(winners) - 1 else str(b["m"])
-            lines.append(f"        ({m_max}, {TileConfig(**b['best'])!r}),")
+            lines.append(f"        ({m_max}, {config_source(TileConfig(**b['best']))}),")
         lines.append("    ),")
     lines.append("}")
     return "\n".join(lines)

@@ -145,13 +145,21 @@ def test_mxfp4_scales_beyond_the_decode_range_are_refused():
 
 # --- tile choice (pure Python) -------------------------------------------------------------------
 
+UNTUNED_SHAPE = (8192, 4096)  # not in SHAPE_PRESETS: choose_config falls back to TILE_PRESETS
+
+
+def test_untuned_shape_is_not_in_the_shape_presets():
+    assert UNTUNED_SHAPE not in triton_w4a16.SHAPE_PRESETS
+
+
 @pytest.mark.parametrize("m,block_m", [(1, 16), (16, 16), (17, 32), (64, 64), (200, 64),
                                        (4096, 128)])
 def test_tile_rows_follow_m(m, block_m):
-    assert choose_config(m, 8192, 8192, H200_SMS).block_m == block_m
+    assert choose_config(m, *UNTUNED_SHAPE, H200_SMS).block_m == block_m
 
 
-@pytest.mark.parametrize("n,k", [(6144, 2048), (4096, 6144), (8192, 8192)])
+# the tuned presets (and the generic ones with auto split-K) at decode size
+@pytest.mark.parametrize("n,k", [(6144, 2048), (4096, 6144), (8192, 8192), UNTUNED_SHAPE])
 def test_decode_shapes_fill_the_gpu(n, k):
     config = choose_config(1, n, k, H200_SMS)
     tiles = -(-n // config.block_n)
@@ -162,7 +170,16 @@ def test_decode_shapes_fill_the_gpu(n, k):
 
 
 def test_large_m_needs_no_split():
+    assert choose_config(8192, *UNTUNED_SHAPE, H200_SMS).split_k == 1
     assert choose_config(8192, 8192, 8192, H200_SMS).split_k == 1
+
+
+def test_shape_presets_cover_every_m_and_keep_decode_tiles_small():
+    for shape, presets in triton_w4a16.SHAPE_PRESETS.items():
+        bounds = [m_max for m_max, _ in presets]
+        assert bounds[-1] is None, shape            # every M has a config
+        assert bounds[:-1] == sorted(bounds[:-1]), shape
+        assert choose_config(1, *shape, H200_SMS).block_m == 16, shape  # no rows wasted at decode
 
 
 def test_short_k_is_not_split():
@@ -176,7 +193,7 @@ def test_tuned_shape_presets_are_used_exactly(monkeypatch):
     assert choose_config(1, 6144, 2048, H200_SMS) == tuned
     assert choose_config(16, 6144, 2048, H200_SMS) == tuned
     assert choose_config(4096, 6144, 2048, H200_SMS) == large
-    assert choose_config(1, 4096, 6144, H200_SMS) != tuned  # other shapes: generic presets
+    assert choose_config(1, *UNTUNED_SHAPE, H200_SMS) != tuned  # other shapes: generic presets
 
 
 @pytest.mark.parametrize("field,value", [("block_m", 8), ("block_n", 48), ("block_k", 16),

@@ -94,8 +94,39 @@ TILE_PRESETS = (
 )
 
 # Tuned winners per weight shape (N, K), same form as TILE_PRESETS, used exactly as written
-# (split_k included). Paste from `benchmarks/tune_w4a16.py` output, measured on the H200.
-SHAPE_PRESETS: dict[tuple[int, int], tuple[tuple[int | None, TileConfig], ...]] = {}
+# (split_k included). Measured on the H200 by `benchmarks/tune_w4a16.py` (nvfp4, cold L2, CUDA
+# graph, the fastest gated config per M; its printed block pasted here). The decode-sized winners
+# there: 6144x2048 M=1 13.45 us, 4096x6144 M=1 19.6 us, 8192x8192 M=1 42.9 us.
+SHAPE_PRESETS: dict[tuple[int, int], tuple[tuple[int | None, TileConfig], ...]] = {
+    (6144, 2048): (   # GLM-5 down
+        (1, TileConfig(block_m=16, block_n=32, block_k=256, num_stages=4)),
+        (16, TileConfig(block_m=16, block_n=32, block_k=256, num_stages=4)),
+        (64, TileConfig(block_m=64, block_n=128, block_k=64, split_k=6)),
+        (256, TileConfig(block_m=128, block_n=128, block_k=64, split_k=3, num_warps=8)),
+        (1024, TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8)),
+        (4096, TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8)),
+        (None, TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8)),
+    ),
+    (4096, 6144): (   # GLM-5 gate_up
+        (1, TileConfig(block_m=16, block_n=32, block_k=256, split_k=3, num_stages=4)),
+        (16, TileConfig(block_m=16, block_n=32, block_k=256, split_k=3, num_stages=4)),
+        (64, TileConfig(block_m=64, block_n=128, block_k=128, split_k=9, swap_ab=True)),
+        (256, TileConfig(block_m=128, block_n=128, block_k=64, split_k=5, num_warps=8)),
+        (1024, TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8)),
+        (4096, TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8)),
+        (None, TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8)),
+    ),
+    (8192, 8192): (
+        (1, TileConfig(block_m=16, block_n=64, block_k=128, split_k=3, num_stages=4,
+                       swap_ab=True)),
+        (16, TileConfig(block_m=16, block_n=32, block_k=256, num_stages=4)),
+        (64, TileConfig(block_m=64, block_n=128, block_k=64, split_k=5)),
+        (256, TileConfig(block_m=128, block_n=128, block_k=64, split_k=3, num_warps=8)),
+        (1024, TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8)),
+        (4096, TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8)),
+        (None, TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8)),
+    ),
+}
 
 
 def preset_for(m: int, presets) -> TileConfig:
