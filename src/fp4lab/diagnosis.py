@@ -429,7 +429,7 @@ def findings(d: Diagnosis) -> list[str]:
     if len(d.grouped) > 1 and d.grouped["vs_loop"].notna().all():
         best = d.grouped.iloc[0]
         out.append(f"Grouped kernels: at batch {best.batch:.0f} the fastest measured method is {best.method} "
-                   f"at {best.layer_us:.0f} us, {best.vs_loop:.2g}x the per-expert loop.")
+                   f"at {best.layer_us:.0f} us, {1 / best.vs_loop:.2g}x as fast as the per-expert loop.")
     if len(d.ep) > 1:
         last = d.ep.iloc[-1]
         first = d.ep.iloc[0]
