@@ -403,3 +403,35 @@ def test_tune_script_gates_and_times_every_config_in_the_interpreter(tmp_path):
                                      for r in point["rows"])
     assert all(b["best"] is not None for b in report["best"])
     assert "SHAPE_PRESETS" in report["shape_presets"] and "best config per point" in result.stdout
+
+
+@pytest.mark.parametrize("fp16_us,bf16_us,winner", [(10.0, 8.0, "bf16"), (8.0, 10.0, "fp16"),
+                                                    (10.0, 9.95, "tie"), (None, 9.0, "bf16"),
+                                                    (None, None, None)])
+def test_compare_decode_names_the_winner(fp16_us, bf16_us, winner):
+    tune = load_tune_script()
+    rows = {decode: ({"status": "ok", "median_us": us} if us else {"status": "wrong_result"})
+            for decode, us in (("fp16", fp16_us), ("bf16", bf16_us))}
+    assert tune.decode_winner(rows) == winner
+
+
+def test_compare_decode_times_both_decodes_in_the_interpreter(tmp_path):
+    out = tmp_path / "compare.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, TUNE_SCRIPT, "--compare-decode", "--device", "cpu",
+                             "--shapes", "40x64", "--m", "3", "--mxfp4-points", "40x64:1",
+                             "--out", str(out)],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [r["point"]["fmt"] for r in report["results"]] == ["nvfp4", "mxfp4"]
+    for point in report["results"]:
+        assert point["cublas"]["status"] == "ok" and point["decodes_agree"] is True
+        assert set(point["rows"]) == set(triton_w4a16.DECODES)
+        assert all(row["status"] == "ok" and row["rel_err"] < 2e-2
+                   for row in point["rows"].values())
+        assert point["winner"] in (*triton_w4a16.DECODES, "tie")
+    table = [line for line in result.stdout.splitlines()
+             if line.startswith("point ") or " M=" in line and "yes" in line]
+    assert len(table) == 3 and len({len(line) for line in table}) == 1  # fixed width
+    assert "which decode wins where" in result.stdout and "geometric-mean" in report["summary"]
