@@ -17,7 +17,7 @@ of integer ops per weight and nothing per weight that a whole block shares:
     2^14, and broadcast over their S weights: one fp16->fp32 convert, one multiply and one
     convert to bf16 per weight remain. code x scale has <= 6 significant bits, exact in bf16.
 That is DECODE="fp16". DECODE="bf16" drops both float conversions per weight (32 <-> 16-bit
-converts run at a fraction of the FMA rate on sm_90): each code becomes the bf16 bits of its
+converts run at a fraction of the FMA rate on sm_90, the suspected bound at decode): each code becomes the bf16 bits of its
 exact value in 16-bit integer ops (one select for e = 0, which bf16 cannot reach by shifts), the
 block scale is decoded once per tile straight to bf16, and ONE bf16 multiply per weight remains;
 code (<= 2 significant bits) x scale (<= 4) is exact in bf16, subnormal products included, so
