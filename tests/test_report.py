@@ -79,6 +79,7 @@ def test_profile_params_must_be_a_mapping_per_notebook(tmp_path):
 
 @pytest.mark.slow
 def test_failing_chapter_does_not_stop_the_others_or_the_book(tmp_path, book_dir, chapters, capsys):
+    pytest.importorskip("jupyter_book", reason="builds the book (jupyter-book is in the venv)")
     result = report.run_report("smoke", "testrun", tmp_path / "runs", chapters, book_dir=book_dir,
                                reference_dir="", device="cpu")
     out = capsys.readouterr().out

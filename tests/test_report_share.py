@@ -10,6 +10,8 @@ import matplotlib
 import nbformat
 import pytest
 
+pytest.importorskip("nbconvert", reason="share renders through nbconvert (in the venv; not on bare GPU boxes)")
+
 from fp4lab import report
 from fp4lab.results import RunDir
 
