@@ -9,13 +9,8 @@ and skipped. cuBLAS bf16 (`torch-bf16`) is timed beside each point. One fixed-wi
 (shape, M, config); then the best config per point, and a `SHAPE_PRESETS` block to paste into
 `src/fp4lab/backends/triton_w4a16.py`. JSON to --out. The whole run stays within --budget-s.
 
---compare-decode times the tuned config (`choose_config`, i.e. SHAPE_PRESETS) per point with each
-weight decode (`DECODES`: "fp16", "bf16"), each gated first, the two outputs compared bit for bit,
-cuBLAS bf16 beside; one fixed-width line per point, then which decode wins where.
-
 Usage on the GPU machine (after `source benchmarks/device_setup.sh`):
     python3 benchmarks/tune_w4a16.py --out $OUT/tune_w4a16.json
-    python3 benchmarks/tune_w4a16.py --compare-decode --out $OUT/compare_decode.json
 On a CPU, for a logic check only: TRITON_INTERPRET=1 ... --device cpu --shapes 32x64 --m 1
 """
 
@@ -33,20 +28,13 @@ import torch
 
 from fp4lab import bench, correctness, formats, roofline
 from fp4lab.backends import get
-from fp4lab.backends.triton_w4a16 import (
-    DECODES, DEFAULT_DECODE, TileConfig, auto_split_k, choose_config, sm_count,
-)
+from fp4lab.backends.triton_w4a16 import TileConfig, auto_split_k, choose_config, sm_count
 from fp4lab.results import provenance
 
 DEFAULT_SHAPES = "6144x2048,4096x6144,8192x8192"   # GLM-5 down, gate_up, and a square one
 DEFAULT_M = "1,16,64,256,1024,4096,16384"
 DEFAULT_MXFP4_POINTS = "6144x2048:1,6144x2048:256,6144x2048:4096,4096x6144:16"
 DEFAULT_BUDGET_S = 160.0
-# --compare-decode: fewer points (one config each), decode to prefill
-COMPARE_M = "1,16,64,256,4096"
-COMPARE_MXFP4_POINTS = "6144x2048:1,6144x2048:4096"
-COMPARE_BUDGET_S = 80.0
-TIE_FRACTION = 0.01         # decodes within 1% of each other: neither wins the point
 PRUNE_FACTOR = 4.0          # a probe call this many times slower than the best is not timed
 PRUNE_MIN_US = 50.0         # ... unless it is this fast anyway (launch noise dominates)
 SEED = 0
@@ -61,9 +49,6 @@ class Point:
 
     def label(self) -> str:
         return f"{self.n:>5}x{self.k:<5} M={self.m:>5} {self.fmt:<5}"
-
-    def short_label(self) -> str:
-        return f"{self.n}x{self.k} M={self.m} {self.fmt}"
 
 
 @dataclass
@@ -159,26 +144,16 @@ def context_alive(device: str) -> bool:
         return False
 
 
-def prepare(backend_name: str, a, w, device: str, config: TileConfig | None,
-            decode: str | None):
-    """The backend's Prepared; config and decode only for triton-w4a16 (None: its defaults)."""
-    backend = get(backend_name)
-    if config is None:
-        return backend.prepare(a, w, device)
-    return backend.prepare(a, w, device, config=config, decode=decode or DEFAULT_DECODE)
-
-
 def measure(backend_name: str, a, w, point: Point, device: str, timer: bench.TimerConfig,
-            tolerance: float, config: TileConfig | None = None, prune_above_us=None,
-            decode: str | None = None) -> dict:
-    """Gate, probe, then time one (backend, config, decode) at one point; a row whatever
-    happens."""
-    label = backend_name if config is None else config.label()
+            tolerance: float, config: TileConfig | None = None, prune_above_us=None) -> dict:
+    """Gate, probe, then time one (backend, config) at one point; a row whatever happens."""
     row = {**dataclasses.asdict(point), "backend": backend_name,
            "config": None if config is None else dataclasses.asdict(config),
-           "decode": decode, "config_label": label if decode is None else f"{label} {decode}"}
+           "config_label": backend_name if config is None else config.label()}
+    backend = get(backend_name)
     try:
-        prepared = prepare(backend_name, a, w, device, config, decode)
+        prepared = (backend.prepare(a, w, device) if config is None
+                    else backend.prepare(a, w, device, config=config))
         gate = correctness.check_backend(prepared, tolerance)
     except Exception as exc:  # noqa: BLE001 - a config that cannot compile or run is a result
         return {**row, "status": "error", "message": first_line(exc)}
@@ -320,121 +295,6 @@ def shape_presets_snippet(best: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# --- --compare-decode: the tuned config with each weight decode ---------------------------------
-
-def decodes_agree(a, w, device: str, config: TileConfig) -> bool:
-    """Whether every decode gives the same output bits (they build the same bf16 weights)."""
-    outputs = [prepare("triton-w4a16", a, w, device, config, decode).call().clone()
-               for decode in DECODES]
-    return all(torch.equal(out, outputs[0]) for out in outputs[1:])
-
-
-def compare_point(point: Point, device: str, timer: bench.TimerConfig,
-                  weights_cache: dict) -> dict:
-    """cuBLAS bf16 and the tuned config under each decode at one point."""
-    a, w = operands(point, device, weights_cache)
-    config = choose_config(point.m, point.n, point.k, sm_count(device))
-    cublas = measure("torch-bf16", a, w, point, device, timer, correctness.TOLERANCE["bf16"])
-    rows = {decode: measure("triton-w4a16", a, w, point, device, timer,
-                            correctness.TOLERANCE[point.fmt], config, decode=decode)
-            for decode in DECODES}
-    gated = all(row["status"] == "ok" for row in rows.values())
-    return {"point": dataclasses.asdict(point), "config": dataclasses.asdict(config),
-            "config_label": config.label(), "cublas": cublas,
-            "cublas_us": cublas.get("median_us"), "rows": rows,
-            "decodes_agree": decodes_agree(a, w, device, config) if gated else None,
-            "winner": decode_winner(rows)}
-
-
-def decode_winner(rows: dict[str, dict]) -> str | None:
-    """The fastest decode, "tie" when the two fastest are within TIE_FRACTION, None if none
-    was timed."""
-    timed = sorted((row["median_us"], decode) for decode, row in rows.items()
-                   if row["status"] == "ok")
-    if not timed:
-        return None
-    if len(timed) > 1 and timed[1][0] <= timed[0][0] * (1 + TIE_FRACTION):
-        return "tie"
-    return timed[0][1]
-
-
-def compare_header() -> str:
-    times = " ".join(f"{decode + ' us':>9}" for decode in DECODES)
-    return (f"{'point':<29} {'config':<26} {times} {'cuBLAS us':>9} "
-            f"{DECODES[1] + '/' + DECODES[0]:>9} {'winner':>7} {'same bits':>9}")
-
-
-def compare_line(result: dict) -> str:
-    """One fixed-width line: the point, its config, each decode's time (or status), cuBLAS bf16,
-    the speedup of the second decode over the first, the winner, whether the outputs agree."""
-    point = Point(**result["point"])
-    cells = []
-    for decode in DECODES:
-        row = result["rows"][decode]
-        cells.append(f"{row['median_us']:9.2f}" if row["status"] == "ok"
-                     else f"{row['status']:>9.9}")
-    first, second = (result["rows"][d] for d in DECODES[:2])
-    speedup = (f"{first['median_us'] / second['median_us']:8.2f}x"
-               if first["status"] == second["status"] == "ok" else f"{'-':>9}")
-    cublas = f"{result['cublas_us']:9.2f}" if result["cublas_us"] else f"{'-':>9}"
-    agree = {True: "yes", False: "NO", None: "-"}[result["decodes_agree"]]
-    return (f"{point.label():<29} {result['config_label']:<26.26} {' '.join(cells)} {cublas} "
-            f"{speedup} {result['winner'] or '-':>7} {agree:>9}")
-
-
-def compare_summary(results: list[dict]) -> str:
-    """Which decode wins where, and the geometric-mean speedup of the second over the first."""
-    lines = []
-    for outcome in (*DECODES, "tie"):
-        where = [Point(**r["point"]).short_label() for r in results if r["winner"] == outcome]
-        if where:
-            lines.append(f"{outcome:>5} ({len(where)}): " + "; ".join(where))
-    ratios = [r["rows"][DECODES[0]]["median_us"] / r["rows"][DECODES[1]]["median_us"]
-              for r in results
-              if all(r["rows"][d]["status"] == "ok" for d in DECODES[:2])]
-    if ratios:
-        geomean = float(torch.tensor(ratios, dtype=torch.float64).log().mean().exp())
-        lines.append(f"{DECODES[1]} decode vs {DECODES[0]}: geometric-mean speedup "
-                     f"{geomean:.3f}x over {len(ratios)} points (min {min(ratios):.3f}x, "
-                     f"max {max(ratios):.3f}x); DEFAULT_DECODE is now {DEFAULT_DECODE!r}")
-    disagree = [Point(**r["point"]).short_label() for r in results
-                if r["decodes_agree"] is False]
-    if disagree:
-        lines.append("OUTPUTS DIFFER between decodes at: " + "; ".join(disagree))
-    return "\n".join(lines)
-
-
-def compare_decodes(points: list[Point], device: str, budget: Budget, out_path: Path) -> int:
-    timer = bench.TimerConfig.smoke()
-    print(f"tune_w4a16 --compare-decode: {len(points)} points, decodes {', '.join(DECODES)}, "
-          f"{budget.total_s:g} s budget (cold L2, CUDA graph; config = choose_config)", flush=True)
-    print(compare_header(), flush=True)
-    results, weights_cache, stopped = [], {}, ""
-    for index, point in enumerate(points):
-        if budget.left_s() <= 0:
-            stopped = f"budget spent before {len(points) - index} points: " + ", ".join(
-                p.label().replace("  ", " ") for p in points[index:])
-            print(f"tune_w4a16: {stopped}", flush=True)
-            break
-        result = compare_point(point, device, timer, weights_cache)
-        results.append(result)
-        print(compare_line(result), flush=True)
-        if not context_alive(device):
-            stopped = f"the CUDA context died at {point.label()}"
-            print(f"tune_w4a16: stopping, {stopped}", flush=True)
-            break
-    summary = compare_summary(results)
-    print(f"\nwhich decode wins where (within {TIE_FRACTION:.0%}: tie)\n{summary}")
-    out_path.write_text(json.dumps({
-        "provenance": provenance(), "timer": dataclasses.asdict(timer), "mode": "compare-decode",
-        "decodes": list(DECODES), "default_decode": DEFAULT_DECODE, "budget_s": budget.total_s,
-        "elapsed_s": budget.total_s - budget.left_s(), "stopped": stopped, "results": results,
-        "summary": summary,
-    }, indent=2, default=str))
-    print(f"wrote {out_path} ({budget.total_s - budget.left_s():.0f} s)")
-    return 0
-
-
 # --- command line --------------------------------------------------------------------------------
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -483,25 +343,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"NxK list ({DEFAULT_SHAPES})")
-    parser.add_argument("--m", help=f"M values ({DEFAULT_M}; --compare-decode: {COMPARE_M})")
-    parser.add_argument("--mxfp4-points",
-                        help=f"NxK:M list timed in mxfp4 too ({DEFAULT_MXFP4_POINTS}; "
-                             f"--compare-decode: {COMPARE_MXFP4_POINTS}); '' for none")
-    parser.add_argument("--budget-s", type=float,
-                        help=f"seconds for the whole run (default {DEFAULT_BUDGET_S:g}; "
-                             f"--compare-decode: {COMPARE_BUDGET_S:g})")
-    parser.add_argument("--compare-decode", action="store_true",
-                        help=f"time the tuned config with each weight decode {DECODES}")
+    parser.add_argument("--m", default=DEFAULT_M, help=f"M values ({DEFAULT_M})")
+    parser.add_argument("--mxfp4-points", default=DEFAULT_MXFP4_POINTS,
+                        help=f"NxK:M list timed in mxfp4 too ({DEFAULT_MXFP4_POINTS}); '' for none")
+    parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
+                        help=f"seconds for the whole run (default {DEFAULT_BUDGET_S:g})")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                         help="cpu only under TRITON_INTERPRET=1, to check the script's logic")
     args = parser.parse_args(argv)
-    compare = args.compare_decode
-    if args.m is None:
-        args.m = COMPARE_M if compare else DEFAULT_M
-    if args.mxfp4_points is None:
-        args.mxfp4_points = COMPARE_MXFP4_POINTS if compare else DEFAULT_MXFP4_POINTS
-    if args.budget_s is None:
-        args.budget_s = COMPARE_BUDGET_S if compare else DEFAULT_BUDGET_S
     if args.device == "cuda" and not torch.cuda.is_available():
         print("tune_w4a16: needs a CUDA GPU (torch sees none); nothing measured", file=sys.stderr)
         return 2
@@ -511,8 +360,6 @@ def main(argv: list[str] | None = None) -> int:
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     budget = Budget(args.budget_s)
-    if compare:
-        return compare_decodes(points, args.device, budget, out_path)
     timer = bench.TimerConfig.smoke()
     sms = sm_count(args.device)
     print(f"tune_w4a16: {len(points)} points, {args.budget_s:g} s budget, {sms} SMs", flush=True)

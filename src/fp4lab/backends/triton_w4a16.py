@@ -28,16 +28,9 @@ CTAS_PER_SM_TARGET = 2             # memory-bound tiles: two in flight per SM hi
 MIN_BLOCK = 16                     # tl.dot needs every tile dimension >= 16
 MIN_BLOCK_K = 32                   # one whole mxfp4 scale block per K tile
 NUM_WARPS = (1, 2, 4, 8, 16)
-# The fp16 decode builds e8m0 scales as float32 2^(e-127) * 2^14 (see triton_w4a16_kernel), which
-# holds every scale up to 2^113: blocks whose largest weight exceeds 6 * 2^113. (The bf16 decode
-# reaches 2^125 before 6 * scale overflows bf16; the tighter bound serves both.)
+# The kernel decodes e8m0 scales as float32 2^(e-127) * 2^14 (see triton_w4a16_kernel), which
+# holds every scale up to 2^113: blocks whose largest weight exceeds 6 * 2^113.
 MAX_MXFP4_SCALE_BYTE = 240
-# How the kernel turns codes and scales into bf16 weights (same weights either way):
-# "fp16": fp16 bits, a float32 multiply, two float converts per weight (measured on the H200 in
-# SHAPE_PRESETS); "bf16": bf16 bits and one bf16 multiply per weight, no converts.
-# benchmarks/tune_w4a16.py --compare-decode measures both; the default follows that measurement.
-DECODES = ("fp16", "bf16")
-DEFAULT_DECODE = "fp16"
 
 
 @dataclass(frozen=True)
@@ -190,15 +183,11 @@ class TritonW4A16(Backend):
             return False, reason
         return True, "FP4 weights decoded in registers, bf16 tensor-core math (weight-only)"
 
-    def prepare(self, a, w, device, config: TileConfig | None = None,
-                decode: str = DEFAULT_DECODE):
-        """`device` may be "cpu" only under TRITON_INTERPRET=1 (the interpreter runs there);
-        `decode` is one of DECODES."""
+    def prepare(self, a, w, device, config: TileConfig | None = None):
+        """`device` may be "cpu" only under TRITON_INTERPRET=1 (the interpreter runs there)."""
         from fp4lab import formats
         from fp4lab.backends import triton_w4a16_kernel as kernel
 
-        if decode not in DECODES:
-            raise ValueError(f"triton-w4a16: decode must be one of {DECODES}, got {decode!r}")
         self.check_inputs(a, w)
         check_scale_range(w)
         device = resolve_device(device)
@@ -219,7 +208,7 @@ class TritonW4A16(Backend):
 
         def gemm(a_arg, packed, scales, gs, out_arg):
             return kernel.w4a16_matmul(a_arg, packed, scales, gs, out_arg, workspace, config,
-                                       w.fmt, decode)
+                                       w.fmt)
 
         args = (a_bf16, w.packed.contiguous(), scale_bytes, global_scale)
         return prepared_from(gemm, args, out, ref_a=a_bf16.float(), ref_w=formats.dequantize(w))

@@ -16,12 +16,10 @@ of integer ops per weight and nothing per weight that a whole block shares:
   - the block scales are decoded once per [BN, BK/S] tile (bit tricks, no exp2), already times
     2^14, and broadcast over their S weights: one fp16->fp32 convert, one multiply and one
     convert to bf16 per weight remain. code x scale has <= 6 significant bits, exact in bf16.
-That is DECODE="fp16". DECODE="bf16" drops both float conversions per weight (32 <-> 16-bit
-converts run at a fraction of the FMA rate on sm_90, the suspected bound at decode): each code becomes the bf16 bits of its
-exact value in 16-bit integer ops (one select for e = 0, which bf16 cannot reach by shifts), the
-block scale is decoded once per tile straight to bf16, and ONE bf16 multiply per weight remains;
-code (<= 2 significant bits) x scale (<= 4) is exact in bf16, subnormal products included, so
-both paths give the same weights (tests/test_backends_triton.py checks every code x scale byte).
+Not worth re-trying blindly: a conversion-free bf16 decode (codes and scales built as bf16 bits in
+16-bit integer ops, one bf16 multiply per weight, same weights bit for bit) was measured slower on
+the H200: 0.67x this decode's speed, geometric mean over 17 points (0.56x-0.82x), so it was
+removed (benchmarks/NOTES.md).
 SWAP_AB computes out^T = W @ a^T: the weight tile is the dot's left operand (M side, >= 64 rows
 on Hopper's wgmma) and the few activation rows its N side, which suits decode-sized M.
 """
@@ -32,8 +30,6 @@ import os
 
 import triton
 import triton.language as tl
-
-from fp4lab.backends.triton_w4a16 import DECODES
 
 NVFP4_SCALE_BLOCK = 16
 MXFP4_SCALE_BLOCK = 32
@@ -63,63 +59,12 @@ def decode_scales_times_2pow14(scale_bytes, IS_NVFP4: tl.constexpr):
 
 
 @triton.jit
-def decode_e2m1_bf16(codes):
-    """e2m1 codes (uint8, 0..15) -> bf16 of the exact value, built as bf16 bits in 16-bit ints."""
-    codes16 = codes.to(tl.uint16)
-    # code s.e1e0.m with e >= 1: exponent field e + 126, mantissa m << 6 -> 1, 1.5, 2, 3, 4, 6
-    magnitude = ((codes16 & 7) << 6) + 0x3F00
-    # e = 0 is 0 or 0.5 (subnormal in e2m1, normal in bf16): 0x0000 or 0x3F00
-    magnitude = tl.where((codes16 & 6) == 0, (codes16 & 1) * 0x3F00, magnitude)
-    bits = magnitude | ((codes16 & 8) << 12)
-    return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-
-
-@triton.jit
-def decode_scales_bf16(scale_bytes, IS_NVFP4: tl.constexpr):
-    """Block-scale bytes [BN, BK/S] (uint8) -> the exact bf16 scale (once per block of S)."""
-    bits = scale_bytes.to(tl.uint16)
-    if IS_NVFP4:
-        # e4m3 E.mmm normal: 2^(E-7) (1 + m/8) has bf16 exponent E + 120 and mantissa m << 4
-        normal = (((bits & 0x7F) << 4) + (120 << 7)).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-        subnormal = ((bits & 7).to(tl.float32) * 0.001953125).to(tl.bfloat16)  # E = 0: m * 2^-9
-        return tl.where((bits & 0x78) == 0, subnormal, normal)
-    else:
-        # e8m0: 2^(e-127) has bf16 exponent field e; e = 0 is the bf16 subnormal 0x0040
-        return tl.where(bits == 0, 0x0040, bits << 7).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-
-
-@triton.jit
-def bf16_bits_to_fp32(x):
-    """bf16 -> float32 by moving the bits, exact for subnormals too (the interpreter's convert
-    flushes them)."""
-    return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def exact_bf16_product(values, scale, BF16_MATH_IN_FP32: tl.constexpr):
-    """values * scale in bf16, for products known to be exact in bf16.
-
-    On a GPU one bf16 multiply. Under the interpreter (bf16 arithmetic there multiplies raw bits)
-    the same bf16 operands are widened to float32, multiplied exactly, and the product's bits
-    truncated back: exact because the product fits in bf16."""
-    if BF16_MATH_IN_FP32:
-        wide = bf16_bits_to_fp32(values) * bf16_bits_to_fp32(scale)
-        return (wide.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.bfloat16,
-                                                                          bitcast=True)
-    else:
-        return values * scale
-
-
-@triton.jit
 def load_weight_tile(w_ptr, s_ptr, offs_n, n_mask, k0, k_bytes, k_scales, stride_wn, stride_sn,
                      IS_NVFP4: tl.constexpr, SCALE_BLOCK: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                     DECODE: tl.constexpr, BF16_MATH_IN_FP32: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
     """The dequantized weight tile w[offs_n, k0:k0+BK] as bf16 [BN, BK] (zeros past N and K).
 
     `k_bytes` = K/2 and `k_scales` = K/S come from the host so Triton sees their divisibility.
-    DECODE: "fp16" (fp16 bits, float32 multiply, two converts per weight) or "bf16" (bf16 bits,
-    one bf16 multiply per weight); the weights are the same.
     """
     offs_byte = k0 // 2 + tl.arange(0, BLOCK_K // 2)                    # [BK/2]
     offs_block = k0 // SCALE_BLOCK + tl.arange(0, BLOCK_K // SCALE_BLOCK)  # [BK/S]
@@ -133,18 +78,11 @@ def load_weight_tile(w_ptr, s_ptr, offs_n, n_mask, k0, k_bytes, k_scales, stride
     codes = tl.interleave(packed & 15, packed >> 4)                      # [BN, BK] uint8
     scale_bytes = tl.load(s_ptr + offs_n[:, None] * stride_sn + offs_block[None, :],
                           mask=scale_mask, other=0)                      # [BN, BK/S]
-    if DECODE == "bf16":
-        scale = decode_scales_bf16(scale_bytes, IS_NVFP4)                # [BN, BK/S] bf16
-        values = decode_e2m1_bf16(codes)                                 # [BN, BK] bf16
-        values = tl.reshape(values, (BLOCK_N, BLOCK_K // SCALE_BLOCK, SCALE_BLOCK))
-        values = exact_bf16_product(values, scale[:, :, None], BF16_MATH_IN_FP32)  # [BN, BK/S, S]
-        return tl.reshape(values, (BLOCK_N, BLOCK_K))
-    else:
-        scale = decode_scales_times_2pow14(scale_bytes, IS_NVFP4)        # [BN, BK/S] fp32
-        values = decode_e2m1_times_2pow_minus14(codes)                   # [BN, BK] fp32
-        values = tl.reshape(values, (BLOCK_N, BLOCK_K // SCALE_BLOCK, SCALE_BLOCK))
-        values = values * scale[:, :, None]                              # [BN, BK/S, S]
-        return tl.reshape(values, (BLOCK_N, BLOCK_K)).to(tl.bfloat16)
+    scale = decode_scales_times_2pow14(scale_bytes, IS_NVFP4)            # [BN, BK/S]
+    values = decode_e2m1_times_2pow_minus14(codes)                       # [BN, BK]
+    values = tl.reshape(values, (BLOCK_N, BLOCK_K // SCALE_BLOCK, SCALE_BLOCK))
+    values = values * scale[:, :, None]                                  # [BN, BK/S, S]
+    return tl.reshape(values, (BLOCK_N, BLOCK_K)).to(tl.bfloat16)
 
 
 @triton.jit
@@ -155,14 +93,13 @@ def w4a16_gemm_kernel(
     IS_NVFP4: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, EVEN_K: tl.constexpr,
-    WRITE_PARTIAL: tl.constexpr, DECODE: tl.constexpr, BF16_MATH_IN_FP32: tl.constexpr,
+    WRITE_PARTIAL: tl.constexpr, DOT_IN_FP32: tl.constexpr,
 ):
     """One [BM, BN] output tile over one K split; activations are contiguous along K.
 
     EVEN_K: K is a multiple of BK, so no load needs a K mask.
-    DECODE: how weights are decoded, "fp16" or "bf16" (see load_weight_tile).
-    BF16_MATH_IN_FP32: the interpreter's bf16 arithmetic is wrong, so the dot and the bf16
-    decode multiply run on the same bf16 values widened to float32.
+    DOT_IN_FP32: under the interpreter (whose bf16 dot is wrong) the dot runs on the same bf16
+    values widened to float32.
     WRITE_PARTIAL: store the float32 partial sum at c[pid_k] (split-K; a reduce kernel finishes);
     else scale by the nvfp4 global decode scale and store bf16.
     """
@@ -197,9 +134,8 @@ def w4a16_gemm_kernel(
         a = tl.load(a_ptr + offs_m[:, None] * stride_am + k_cols[None, :], mask=a_mask,
                     other=0.0)                                                  # [BM, BK]
         w = load_weight_tile(w_ptr, s_ptr, offs_n, n_mask, k0, k_bytes, k_scales, stride_wn,
-                             stride_sn, IS_NVFP4, SCALE_BLOCK, BLOCK_N, BLOCK_K, EVEN_K,
-                             DECODE, BF16_MATH_IN_FP32)                 # [BN, BK] bf16
-        if BF16_MATH_IN_FP32:
+                             stride_sn, IS_NVFP4, SCALE_BLOCK, BLOCK_N, BLOCK_K, EVEN_K)  # [BN, BK]
+        if DOT_IN_FP32:
             # same bf16 values, exact fp32 products: what the tensor cores compute
             a = a.to(tl.float32)
             w = w.to(tl.float32)
@@ -242,24 +178,21 @@ def split_k_reduce_kernel(p_ptr, gs_ptr, c_ptr, MN, SPLIT_K: tl.constexpr,
 
 
 REDUCE_BLOCK = 1024
-# Triton's CPU interpreter multiplies bf16 operands as their raw uint16 bits (triton 3.9), so
-# under TRITON_INTERPRET=1 bf16 math runs on the same bf16-rounded values widened to fp32.
+# Triton's CPU interpreter multiplies bf16 dot operands as their raw uint16 bits (triton 3.9), so
+# under TRITON_INTERPRET=1 the dot runs on the same bf16-rounded values widened to fp32.
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def w4a16_matmul(a, packed, scale_bytes, global_scale, out, workspace, config, fmt: str,
-                 decode: str = "fp16"):
+def w4a16_matmul(a, packed, scale_bytes, global_scale, out, workspace, config, fmt: str):
     """out[M, N] = a[M, K] @ dequant(packed, scales)[N, K]^T, launched with `config`.
 
     `a` must be contiguous along K (stride 1). `workspace` is float32 [split_k, M, N] when the
-    config splits K (else unused, may be None). `decode` picks the weight decode (DECODES).
+    config splits K (else unused, may be None).
     """
     m, k = a.shape
     n = packed.shape[0]
     if a.stride(1) != 1:
         raise ValueError(f"activations a must be contiguous along K, got strides {a.stride()}")
-    if decode not in DECODES:
-        raise ValueError(f"decode must be one of {DECODES}, got {decode!r}")
     is_nvfp4 = fmt == "nvfp4"
     scale_block = NVFP4_SCALE_BLOCK if is_nvfp4 else MXFP4_SCALE_BLOCK
     k_per_split = config.k_per_split(k)
@@ -275,8 +208,8 @@ def w4a16_matmul(a, packed, scale_bytes, global_scale, out, workspace, config, f
         IS_NVFP4=is_nvfp4, SCALE_BLOCK=scale_block,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         GROUP_M=config.group_m, SWAP_AB=config.swap_ab, EVEN_K=k % config.block_k == 0,
-        WRITE_PARTIAL=partial, DECODE=decode,
-        BF16_MATH_IN_FP32=INTERPRETED, num_warps=config.num_warps, num_stages=config.num_stages,
+        WRITE_PARTIAL=partial,
+        DOT_IN_FP32=INTERPRETED, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if partial:
         split_k_reduce_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
