@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Record of the call made at commit 6fa99ef; --compare-decode (and the bf16 decode it compared)
+# was removed afterwards, so this script no longer re-runs as is.
 # Device call 3 on the H200: fp16 vs bf16 weight decode in triton-w4a16, the whole test suite on
 # the GPU (named failures), and the MoE measurement for a second preset (DeepSeek-V3) as its own run.
 source benchmarks/device_setup.sh
