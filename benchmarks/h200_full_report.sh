@@ -7,7 +7,7 @@ set -o pipefail
 RUN_ID=${RUN_ID:-$(date -u +%Y%m%dT%H%M%SZ)-h200-full}
 mkdir -p "$OUT/runs"
 start=$(date +%s)
-python3 -m fp4lab report --profile full --runs-dir "$OUT/runs" --run-id "$RUN_ID" --no-build 2>&1 \
+timeout ${REPORT_TIMEOUT_S:-540} python3 -m fp4lab report --profile full --runs-dir "$OUT/runs" --run-id "$RUN_ID" --no-build 2>&1 \
     | grep --line-buffered -v -e "Executing:" -e "IPKernelApp" | tee "$OUT/report.log"
 status=${PIPESTATUS[0]}
 echo "report: $(( $(date +%s) - start )) s, exit $status"
