@@ -15,9 +15,10 @@ COMMON_PARAMETERS = ("run_dir", "reference_dir", "profile", "device")
 
 
 def tracked_notebooks() -> list[str]:
-    """Notebooks git knows about (committed or staged); on a tree without git, those on disk."""
+    """Chapter notebooks git knows about (committed or staged); on a tree without git, those on
+    disk. Executed notebooks of committed runs (results/reference/*/notebooks) keep their outputs."""
     try:
-        listed = subprocess.run(["git", "ls-files", "--cached", "*.ipynb"], cwd=REPO_ROOT,
+        listed = subprocess.run(["git", "ls-files", "--cached", "notebooks/*.ipynb"], cwd=REPO_ROOT,
                                 capture_output=True, text=True, check=True, timeout=30).stdout.split()
     except (OSError, subprocess.SubprocessError):
         listed = [str(p.relative_to(REPO_ROOT)) for p in REPO_ROOT.rglob("notebooks/*.ipynb")]
