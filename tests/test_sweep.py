@@ -11,6 +11,7 @@ import json
 import os
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -191,3 +192,30 @@ def test_log_line_is_fixed_width():
     failed = sweep.blank_row("r", point, "unavailable", "no GPU")
     lines = [sweep.format_point_line(ok), sweep.format_point_line(failed), sweep.LOG_HEADER]
     assert len({len(line) for line in lines}) == 1
+
+
+def test_measured_peak_is_raised_to_the_sweeps_best_point(tmp_path):
+    """The end-of-sweep step: a point faster than the probe raises the peak; rows are recomputed."""
+    run_path = tmp_path / "ceilings"
+    sweep.run_sweep(tiny_config("fake-ok", m_values=(1, 8)), run_path, progress=False)
+    run = RunDir.open(run_path)
+    best = max(row["tflops"] for row in run.read_rows("gemm"))
+    # pretend the bf16 probe was slower than the sweep's best bf16 point (as fp8 was on the H200)
+    stored = run.run_json()["sweep"]["ceilings"]
+    stored["measured"]["peak_tflops"]["bf16"] = best / 2
+    run.update_run_json("sweep", {"ceilings": stored})
+
+    raised = sweep.raise_measured_ceilings(run_path)
+    assert set(raised) == {"bf16"} and "fake-ok nvfp4 M=" in raised["bf16"]
+    measured = run.run_json()["sweep"]["ceilings"]["measured"]
+    assert measured["peak_tflops"]["bf16"] == pytest.approx(best)
+    assert measured["details"]["bf16_raised"] == raised["bf16"]
+    for frame in (run.read_table("gemm"), pd.DataFrame(run.read_rows("gemm"))):  # parquet and log
+        assert frame["pct_peak_measured"].max() == pytest.approx(100.0)
+        assert frame["pct_peak_measured"].tolist() == pytest.approx((100 * frame["tflops"] / best).tolist())
+    assert sweep.raise_measured_ceilings(run_path) == {}      # applying it again changes nothing
+
+
+def test_run_sweep_ends_with_no_point_over_the_measured_peak(mixed_run):
+    _, frame = mixed_run
+    assert (frame["pct_peak_measured"].dropna() <= 100 + 1e-9).all()

@@ -175,6 +175,21 @@ class RunDir:
             os.fsync(log.fileno())
         self._rewrite_parquet(table)
 
+    def replace_rows(self, table: str, rows: Iterable[dict[str, Any]]) -> None:
+        """Rewrite `<table>.jsonl` with `rows`, then its parquet, each by an atomic rename.
+
+        For steps that revise stored rows (the sweep's end-of-run ceilings): a crash leaves either
+        the old or the new log, never a half-written one.
+        """
+        tmp = self.path / f"{table}.jsonl.tmp"
+        with open(tmp, "w") as log:
+            for row in rows:
+                log.write(json.dumps(row, default=_json_default) + "\n")
+            log.flush()
+            os.fsync(log.fileno())
+        tmp.replace(self.path / f"{table}.jsonl")
+        self._rewrite_parquet(table)
+
     def read_rows(self, table: str) -> list[dict[str, Any]]:
         log = self.path / f"{table}.jsonl"
         if not log.exists():
