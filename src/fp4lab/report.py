@@ -10,6 +10,7 @@ Stages and where the time goes are recorded in run.json["report"]["stages"] and 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -65,9 +66,11 @@ def device_label(has_cuda: bool) -> str:
 
 
 def latest_reference_dir(reference_root: str | os.PathLike = REFERENCE_ROOT) -> str:
-    """The newest committed reference run (run ids sort by time), or "" when there is none."""
+    """The newest committed reference run with a GEMM sweep (run ids sort by time), or "" when
+    there is none (a run of one measurement only, e.g. a second MoE preset, is not a reference)."""
     root = Path(reference_root)
     runs = sorted(p.parent for p in root.glob("*/run.json")) if root.is_dir() else []
+    runs = [run for run in runs if RunDir(run).has_table("gemm")]
     return str(runs[-1].resolve()) if runs else ""
 
 
@@ -162,13 +165,38 @@ def notebook_title(path: Path) -> str:
     return path.stem
 
 
-def write_toc(book_dir: Path, chapter_files: list[str]) -> Path:
-    """A toc of the chapters actually executed (a missing or renamed notebook cannot break it)."""
-    lines = ["format: jb-book", "root: intro", "chapters:"]
-    lines += [f"  - file: chapters/{stem}" for stem in chapter_files]
+def write_toc(book_dir: Path, chapter_files: list[str], reference_files: list[str] = (),
+              run_caption: str = "This run", reference_caption: str = "Reference run") -> Path:
+    """A toc of the chapters actually executed (a missing or renamed notebook cannot break it);
+    with the reference run's executed chapters as a second part when there are any."""
+    lines = ["format: jb-book", "root: intro"]
+    if reference_files:
+        # json strings are valid YAML scalars, whatever the caption holds
+        lines += ["parts:", f"  - caption: {json.dumps(run_caption)}", "    chapters:"]
+        lines += [f"      - file: chapters/{stem}" for stem in chapter_files]
+        lines += [f"  - caption: {json.dumps(reference_caption)}", "    chapters:"]
+        lines += [f"      - file: chapters/reference/{stem}" for stem in reference_files]
+    else:
+        lines += ["chapters:"] + [f"  - file: chapters/{stem}" for stem in chapter_files]
     toc = (book_dir / "chapters" / "_toc.yml").resolve()
     toc.write_text("\n".join(lines) + "\n")
     return toc
+
+
+def copy_reference_chapters(reference_dir: str, chapters_dir: Path) -> list[str]:
+    """The reference run's executed chapters, as it rendered them on its own GPU, for the book's
+    second part: a CPU machine's book then still shows what the reference GPU measured."""
+    executed = sorted((Path(reference_dir) / "notebooks").glob("*.ipynb")) if reference_dir else []
+    if executed:
+        (chapters_dir / "reference").mkdir(parents=True, exist_ok=True)
+    for notebook in executed:
+        shutil.copy2(notebook, chapters_dir / "reference" / notebook.name)
+    return [notebook.stem for notebook in executed]
+
+
+def reference_caption(reference_dir: str) -> str:
+    device = RunDir(Path(reference_dir)).run_json().get("provenance", {}).get("device", {})
+    return f"Reference run {Path(reference_dir).name} ({device.get('name') or 'unknown device'})"
 
 
 def write_run_summary(book_dir: Path, run: RunDir, report: dict[str, Any]) -> Path:
@@ -340,9 +368,13 @@ def _build_from_run(book_dir: Path, run: RunDir, report: dict[str, Any],
         if Path(result.notebook).exists():
             shutil.copy2(result.notebook, chapters_dir / Path(result.notebook).name)
             copied.append(result.chapter)
+    reference_dir = report.get("reference_dir") or ""
+    reference = copy_reference_chapters(reference_dir, chapters_dir)
     write_run_summary(book_dir, run, report)
+    toc = write_toc(book_dir, copied, reference, run_caption=f"This run {run.run_id}",
+                    reference_caption=reference_caption(reference_dir) if reference else "")
     try:
-        return build_book(book_dir, write_toc(book_dir, copied))
+        return build_book(book_dir, toc)
     except ValueError as exc:
         return BookResult("failed", 0.0, None, error=str(exc))
 
