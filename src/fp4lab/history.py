@@ -134,6 +134,18 @@ def compare(run_dir: str | os.PathLike, other_dir: str | os.PathLike, other_kind
                       threshold)
 
 
+def plural(count: int, noun: str) -> str:
+    """`1 run`, `2 runs`: a count with its noun agreeing."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def index_sentence(index: pd.DataFrame, compared: int) -> str:
+    """How many runs are on record (local and reference) and how many this run was compared with."""
+    kinds = index["kind"].value_counts() if len(index) else pd.Series(dtype=int)
+    return (f"{plural(len(index), 'run')} on record ({int(kinds.get('local', 0))} local, "
+            f"{int(kinds.get('reference', 0))} reference); this run was compared with {compared}.")
+
+
 def summary(c: Comparison) -> list[str]:
     """Sentences about one comparison, every number from the data."""
     lines = [f"Against {c.other_kind} run {c.other_id}: {c.label}."]

@@ -149,8 +149,8 @@ def point_findings(power: RunPower) -> list[str]:
     if points["tflops_per_w"].notna().any():
         best = points.loc[points["tflops_per_w"].idxmax()]
         found.append(f"The most efficient point is {best['backend']} at M = {int(best['m'])}, "
-                     f"{int(best['n'])}x{int(best['k'])}: {best['tflops_per_w']:.2f} TFLOPS/W; the least "
-                     f"efficient reaches {points['tflops_per_w'].min():.3f} TFLOPS/W.")
+                     f"{int(best['n'])}x{int(best['k'])}: {best['tflops_per_w']:.3g} TFLOPS/W; the least "
+                     f"efficient reaches {points['tflops_per_w'].min():.3g} TFLOPS/W.")
     return found
 
 
