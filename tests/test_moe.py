@@ -222,6 +222,28 @@ def test_layer_model_arithmetic():
     assert compared["error_pct"].iloc[0] == pytest.approx(20.0)
 
 
+def test_padded_model_streams_at_the_device_bandwidth_when_the_run_measured_one():
+    curve = layer_model.DenseCurve(100, 100, np.array([1.0, 4.0, 16.0]), np.array([10.0, 20.0, 40.0]))
+    loads = [4, 0, 16]  # padded: 3 experts x 16 tokens
+    padded_bytes = 3 * 2.0 * (100 * 100 + 16 * 200)
+    flops_us = 2 * 48 * 100 * 100 / (2 * 16 * 100 * 100 / 40)
+    # without a device ceiling: the best bandwidth one expert's GEMM reached
+    assert layer_model.predict_padded_us(curve, loads) == pytest.approx(
+        max(padded_bytes / curve.best_bandwidth(), flops_us) + layer_model.GRAPH_LAUNCH_US)
+    # with the run's measured copy bandwidth (TB/s -> bytes/us), as dense_curves builds it
+    rows = pd.DataFrame([{"method": "dense-bf16", "status": "ok", "n": n, "k": 100, "m": m, "median_us": t}
+                         for n in (100, 200) for m, t in ((1, 10.0), (4, 20.0), (16, 40.0))])
+    # gate_up (2I, H) = (200, 100), down (H, I) = (100, 100)
+    model = presets.ModelPreset(key="toy", name="toy", hidden=100, moe_intermediate=100, experts=3, top_k=1,
+                                shared_experts=0, layers=1, dense_layers=0, source="test")
+    fast = layer_model.dense_curves(rows, model, device_bandwidth_tbps=1.0)["down"]
+    assert fast.device_bandwidth == 1e6
+    assert layer_model.predict_padded_us(fast, loads) == pytest.approx(
+        max(padded_bytes / 1e6, flops_us) + layer_model.GRAPH_LAUNCH_US)
+    assert layer_model.measured_bandwidth_tbps({"sweep": {"ceilings": {"measured": {"bandwidth_tbps": 4.2}}}}) == 4.2
+    assert layer_model.measured_bandwidth_tbps({}) is None
+
+
 def test_concurrency_for_utilization():
     table = pd.DataFrame({"batch": [64, 128, 256], "ep": [1, 1, 1], "grouped_utilization": [0.1, 0.3, 0.6]})
     found = layer_model.concurrency_for_utilization(table, 0.25)

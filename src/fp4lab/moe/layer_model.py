@@ -7,16 +7,21 @@ The model, and why:
 - The dense curve t(m) is one expert's bf16 GEMM timed at M = 1..512 (cold L2, graph replay),
   interpolated linearly in log(m)-log(t) (power-law extrapolation past the ends).
 - loop: a loop of per-expert GEMMs costs what each dense GEMM costs: sum over active e of t(m_e).
-- grouped / padded: one kernel streams every active expert's weights and does all the FLOPs, so
-  it is a roofline with the ceilings this shape actually reached in the dense curve:
-  max(bytes / best bandwidth, FLOPs / best FLOP rate) + one launch. Padded does the same work
-  for every expert at the busiest expert's load L (its FLOPs include the padding).
+- grouped: one kernel streams every active expert's weights and does all the FLOPs, so it is a
+  roofline with the ceilings this shape actually reached in the dense curve:
+  max(bytes / best bandwidth, FLOPs / best FLOP rate) + one launch.
+- padded: the same roofline for every expert at the busiest expert's load L (its FLOPs include the
+  padding), but streaming at the device's measured copy bandwidth when the run has one: a batched
+  GEMM over [E, L, K] is one large, regular kernel that keeps every SM loading, unlike one small
+  expert GEMM. (With the dense curve's bandwidth the padded predictions were 22-59% slow on the
+  H200 reference run, while the measured padded layers ran at 4.1-4.2 TB/s: benchmarks/NOTES.md.)
 - With EP degree P the busiest rank sets the step time: predictions use its experts' loads.
 The predictions are compared with the measured grouped-GEMM rows (`compare_with_measured`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +43,7 @@ class DenseCurve:
     k: int
     m: np.ndarray
     us: np.ndarray
+    device_bandwidth: float | None = None  # bytes per microsecond, the run's measured copy ceiling
 
     @classmethod
     def from_rows(cls, rows: pd.DataFrame, n: int, k: int) -> "DenseCurve":
@@ -81,25 +87,38 @@ def predict_loop_us(curve: DenseCurve, loads) -> float:
     return float(curve.time_us(_active(loads)).sum())
 
 
-def predict_grouped_us(curve: DenseCurve, loads) -> float:
-    active = _active(loads)
-    stream = curve.bytes_moved(active).sum() / curve.best_bandwidth()
-    compute = 2.0 * active.sum() * curve.n * curve.k / curve.best_flop_rate()
+def _one_kernel_us(curve: DenseCurve, loads: np.ndarray, bandwidth: float) -> float:
+    stream = curve.bytes_moved(loads).sum() / bandwidth
+    compute = 2.0 * loads.sum() * curve.n * curve.k / curve.best_flop_rate()
     return float(max(stream, compute) + GRAPH_LAUNCH_US)
+
+
+def predict_grouped_us(curve: DenseCurve, loads) -> float:
+    return _one_kernel_us(curve, _active(loads), curve.best_bandwidth())
 
 
 def predict_padded_us(curve: DenseCurve, loads) -> float:
     loads = np.asarray(loads, dtype=float)
-    return predict_grouped_us(curve, np.full(len(loads), loads.max()))
+    return _one_kernel_us(curve, np.full(len(loads), loads.max()),
+                          curve.device_bandwidth or curve.best_bandwidth())
 
 
 PREDICT = {"loop": predict_loop_us, "grouped": predict_grouped_us, "padded": predict_padded_us}
 
 
-def dense_curves(moe_rows: pd.DataFrame, model: presets.ModelPreset) -> dict[str, DenseCurve]:
-    """{gemm: DenseCurve} from the `dense-bf16` rows of a moe table."""
+def dense_curves(moe_rows: pd.DataFrame, model: presets.ModelPreset,
+                 device_bandwidth_tbps: float | None = None) -> dict[str, DenseCurve]:
+    """{gemm: DenseCurve} from the `dense-bf16` rows of a moe table (with the run's measured copy
+    bandwidth in TB/s, when it has one, for the padded model)."""
     dense = moe_rows[moe_rows["method"] == "dense-bf16"]
-    return {gemm: DenseCurve.from_rows(dense, n, k) for gemm, (n, k) in model.gemm_shapes().items()}
+    bandwidth = device_bandwidth_tbps * 1e6 if device_bandwidth_tbps else None  # TB/s -> B/us
+    return {gemm: dataclasses.replace(DenseCurve.from_rows(dense, n, k), device_bandwidth=bandwidth)
+            for gemm, (n, k) in model.gemm_shapes().items()}
+
+
+def measured_bandwidth_tbps(run_json: dict) -> float | None:
+    """The run's measured copy bandwidth (the GEMM sweep's ceiling probe), or None."""
+    return (run_json.get("sweep", {}).get("ceilings", {}).get("measured") or {}).get("bandwidth_tbps")
 
 
 def compare_with_measured(moe_rows: pd.DataFrame, curves: dict[str, DenseCurve]) -> pd.DataFrame:
