@@ -240,8 +240,9 @@ def test_padded_model_streams_at_the_device_bandwidth_when_the_run_measured_one(
     assert fast.device_bandwidth == 1e6
     assert layer_model.predict_padded_us(fast, loads) == pytest.approx(
         max(padded_bytes / 1e6, flops_us) + layer_model.GRAPH_LAUNCH_US)
-    assert layer_model.measured_bandwidth_tbps({"sweep": {"ceilings": {"measured": {"bandwidth_tbps": 4.2}}}}) == 4.2
-    assert layer_model.measured_bandwidth_tbps({}) is None
+    from fp4lab.roofline import measured_bandwidth_tbps
+    assert measured_bandwidth_tbps({"sweep": {"ceilings": {"measured": {"bandwidth_tbps": 4.2}}}}) == 4.2
+    assert measured_bandwidth_tbps({}) is None
 
 
 def test_concurrency_for_utilization():

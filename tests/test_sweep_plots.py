@@ -93,3 +93,18 @@ def test_figures_draw(frame):
 def test_published_seed_table_carries_its_source():
     assert "RTX PRO 6000" in gemm_plots.SEED_SM120_SOURCE
     assert list(gemm_plots.SEED_SM120_TABLE["M"])[0] == "1"
+
+
+def test_fp4_weights_at_decode_compares_the_fp4_reader_with_bf16_and_its_floor():
+    rows = [{"backend": b, "fmt": "nvfp4", "m": m, "n": 6144, "k": 2048, "status": "ok", "median_us": t}
+            for b, m, t in (("torch-bf16", 1, 9.0), ("triton-w4a16", 1, 12.0), ("emulated", 1, 300.0),
+                            ("torch-fp8", 1, 5.0), ("torch-bf16", 64, 10.0), ("triton-w4a16", 64, 20.0))]
+    table = gemm_plots.fp4_weights_at_decode(pd.DataFrame(rows), bandwidth_tbps=4.0)
+    # torch-fp8 is faster but reads fp8 weights: only FP4 readers compete, at the smallest M
+    assert table[["m", "fp4_backend", "fp4_us", "torch-bf16_us"]].values.tolist() == [[1, "triton-w4a16", 12.0, 9.0]]
+    assert table["speedup"].iloc[0] == pytest.approx(0.75)
+    fp4_bytes = 6144 * 1024 + 6144 * 128 + 4 + 2048 * 2 + 6144 * 2  # codes, e4m3 scales, global, a, out
+    assert table["fp4_floor_us"].iloc[0] == pytest.approx(fp4_bytes / 4e6)
+    sentence = gemm_plots.fp4_decode_finding(table)
+    assert "slower than torch-bf16's 9 us (0.75x)" in sentence and "6144x2048 nvfp4" in sentence
+    assert gemm_plots.fp4_decode_finding(gemm_plots.fp4_weights_at_decode(pd.DataFrame(rows[:1]), 4.0)) is None

@@ -262,3 +262,8 @@ def measure_ceilings(device="auto", quick: bool = False) -> Ceilings:
                          else "CPU: dispatch time of a one-element torch add")
     return Ceilings(bandwidth_tbps=bandwidth, peak_tflops=peaks, launch_us=launch,
                     source="measured", device=name, details=details)
+
+
+def measured_bandwidth_tbps(run_json: dict) -> float | None:
+    """A run folder's measured copy bandwidth (the GEMM sweep's ceiling probe, in run.json), or None."""
+    return (run_json.get("sweep", {}).get("ceilings", {}).get("measured") or {}).get("bandwidth_tbps")

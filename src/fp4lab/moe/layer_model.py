@@ -116,10 +116,6 @@ def dense_curves(moe_rows: pd.DataFrame, model: presets.ModelPreset,
             for gemm, (n, k) in model.gemm_shapes().items()}
 
 
-def measured_bandwidth_tbps(run_json: dict) -> float | None:
-    """The run's measured copy bandwidth (the GEMM sweep's ceiling probe), or None."""
-    return (run_json.get("sweep", {}).get("ceilings", {}).get("measured") or {}).get("bandwidth_tbps")
-
 
 def compare_with_measured(moe_rows: pd.DataFrame, curves: dict[str, DenseCurve]) -> pd.DataFrame:
     """Each measured loop/grouped/padded row beside the model's prediction on the same loads."""

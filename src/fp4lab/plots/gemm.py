@@ -277,3 +277,52 @@ def headline(frame: pd.DataFrame, backend: str | None = None) -> dict[str, Any]:
 
 def _float_or_none(value) -> float | None:
     return None if value is None or pd.isna(value) else float(value)
+
+
+def fp4_weights_at_decode(frame: pd.DataFrame, bandwidth_tbps: float | None,
+                          baseline: str = "torch-bf16") -> pd.DataFrame:
+    """Per shape and format at the smallest M: the fastest correct backend that reads FP4 weights
+    against the bf16 baseline, and the FP4 weight-read floor at the measured bandwidth.
+
+    This is the decode question on any GPU: FP4 weights move ~0.56 B per value instead of 2, so at
+    small M (weight-read bound) they should win by up to ~3.5x, if the kernel keeps up.
+    """
+    from fp4lab import backends, roofline
+    from fp4lab.sweep_worker import roofline_dtypes
+
+    ok = frame[frame["status"] == "ok"]
+    if not len(ok):
+        return pd.DataFrame()
+    m = int(ok["m"].min())
+    at_m = ok[ok["m"] == m]
+    reads_fp4 = {name for name in at_m["backend"].unique()
+                 if name in backends.names() and roofline_dtypes(backends.get(name))[0] == "fp4"}
+    rows = []
+    for (fmt, n, k), group in at_m.groupby(["fmt", "n", "k"]):
+        fp4 = group[group["backend"].isin(reads_fp4)]
+        base = group[group["backend"] == baseline]
+        if not len(fp4) or not len(base):
+            continue
+        best = fp4.loc[fp4["median_us"].idxmin()]
+        floor = (roofline.gemm_bytes(m, int(n), int(k), "fp4", fmt, "bf16") / (bandwidth_tbps * 1e6)
+                 if bandwidth_tbps else None)
+        rows.append({"fmt": fmt, "n": int(n), "k": int(k), "m": m, "fp4_backend": best["backend"],
+                     "fp4_us": float(best["median_us"]), f"{baseline}_us": float(base["median_us"].iloc[0]),
+                     "speedup": float(base["median_us"].iloc[0] / best["median_us"]),
+                     "fp4_floor_us": floor})
+    return pd.DataFrame(rows)
+
+
+def fp4_decode_finding(table: pd.DataFrame) -> str | None:
+    """One sentence from `fp4_weights_at_decode`'s table: the best case and the range over cases."""
+    if not len(table):
+        return None
+    best = table.loc[table["speedup"].idxmax()]
+    floor = (f"; the FP4 weight-read floor there is {best['fp4_floor_us']:.3g} us"
+             if pd.notna(best["fp4_floor_us"]) else "")
+    verdict = "faster" if best["speedup"] > 1 else "slower"
+    return (f"FP4 weights at M={int(best['m'])}: the best case is {best['fp4_backend']} on "
+            f"{int(best['n'])}x{int(best['k'])} {best['fmt']} at {best['fp4_us']:.3g} us, {verdict} than "
+            f"torch-bf16's {best['torch-bf16_us']:.3g} us ({best['speedup']:.2g}x){floor}; over "
+            f"{len(table)} shape/format cases the FP4 reader runs at "
+            f"{table['speedup'].min():.2g}-{table['speedup'].max():.2g}x the bf16 speed.")
