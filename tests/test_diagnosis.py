@@ -43,22 +43,27 @@ def test_launch_bound_when_every_gemm_costs_about_a_launch(tmp_path):
     point = diagnosis.layer_breakdown(tables, config, "triton-w4a16")
     assert point["exact_shapes"]
     assert 14 < point["mean_m"] < 18  # 512 * 8 / 256 = 16 tokens per expert
-    result = diagnosis.verdict(point, diagnosis.power_state(tables, "triton-w4a16"), config)
+    result = diagnosis.verdict(point, diagnosis.power_state(tables, config, "triton-w4a16"), config)
     assert result["verdict"] == "launch-bound"
     assert result["explained"] == pytest.approx(10.0 / 12.5, rel=0.01)
 
 
-def test_memory_bound_when_times_sit_near_the_weight_read(tmp_path):
-    # time = weights at 4 TB/s x 1.2 for the gate_up/down shapes, independent of M
+def test_memory_floor_counts_the_bytes_of_the_backends_weights(tmp_path):
+    # torch-bf16 reads bf16 weights: its GEMMs take 1.2x the bf16 weight read at 4 TB/s, at every M
     run = make_run(tmp_path, lambda m: 100.0)
-    rows = [gemm_row("slowmem", m, n, k, n * k * 0.5625 / 4e12 * 1e6 * 1.2)
+    rows = [gemm_row("torch-bf16", m, n, k, n * k * 2 / 4e12 * 1e6 * 1.2)
             for n, k in GLM5_SHAPES for m in (1, 16, 64, 256)]
     run.append_rows("gemm", rows)
     tables = diagnosis.load_run(run.path)
-    point = diagnosis.layer_breakdown(tables, DiagnosisConfig(steps=4), "slowmem")
+    point = diagnosis.layer_breakdown(tables, DiagnosisConfig(steps=4), "torch-bf16")
+    assert point["weight_dtype"] == "bf16"
     result = diagnosis.verdict(point, None, DiagnosisConfig())
     assert result["verdict"] == "memory-bound"
-    assert result["explained"] == pytest.approx(1 / 1.2, rel=0.02)
+    assert result["explained"] == pytest.approx(1 / 1.2, rel=0.01)
+    # the FP4 what-if reads the same weights as nvfp4: 4 bits + one e4m3 scale per 16 values
+    assert point["fp4_read_floor_us"] / point["memory_floor_us"] == pytest.approx((0.5 + 1 / 16) / 2, rel=1e-3)
+    fp4 = diagnosis.layer_breakdown(tables, DiagnosisConfig(steps=4), "triton-w4a16")
+    assert fp4["weight_dtype"] == "fp4" and fp4["memory_floor_us"] == pytest.approx(point["fp4_read_floor_us"])
 
 
 def test_power_bound_overrides_floors(tmp_path):
@@ -66,9 +71,32 @@ def test_power_bound_overrides_floors(tmp_path):
     tables = diagnosis.load_run(run.path)
     config = DiagnosisConfig(steps=4)
     point = diagnosis.layer_breakdown(tables, config, "triton-w4a16")
-    power = diagnosis.power_state(tables, "triton-w4a16")
+    power = diagnosis.power_state(tables, config, "triton-w4a16")
     assert power["fraction"] == pytest.approx(680 / 700)
     assert diagnosis.verdict(point, power, config)["verdict"] == "power-bound"
+
+
+def test_power_is_judged_at_the_decode_point_not_at_large_m(tmp_path):
+    # the GPU sits at its limit only for the large GEMMs; decode (16..28 tokens per expert) runs at M=16
+    run = RunDir.create(tmp_path, "power")
+    watts = {1: 300.0, 16: 380.0, 64: 400.0, 256: 690.0, 1024: 720.0}
+    run.append_rows("gemm", [gemm_row("triton-w4a16", m, n, k, 3.0 + m / 10, avg_power_w=watts[m])
+                             for n, k in GLM5_SHAPES for m in watts])
+    run.update_run_json("sweep", {"ceilings": CEILINGS})
+    run.update_run_json("provenance", {"device": {"power_limit_w": 700.0}})
+    config = DiagnosisConfig(steps=4)
+    d = diagnosis.diagnose(run.path, config)
+    assert d.power["m_values"] == [16] and d.power["points"] == 2
+    assert d.power["avg_power_w"] == pytest.approx(380.0)
+    assert d.verdict["verdict"] != "power-bound"
+    assert any("380 W" in line and "54% of the 700 W limit" in line for line in diagnosis.findings(d))
+
+
+def test_decode_m_values_bracket_the_expert_load():
+    measured = [1, 2, 4, 8, 16, 32, 64]
+    assert diagnosis.decode_m_values(measured, 16.0, 28.0) == [16]
+    assert diagnosis.decode_m_values(measured, 6.0, 40.0) == [8, 16, 32]
+    assert diagnosis.decode_m_values(measured, 5.0, 7.0) == [4]   # none inside: the nearest the mean
 
 
 def test_gate_failures_are_listed_with_their_error(tmp_path):
@@ -80,16 +108,27 @@ def test_gate_failures_are_listed_with_their_error(tmp_path):
         "worst_rel_err": 1.0, "example_error": "relative error 1.0 > tolerance"}]
 
 
-def test_seed_table_and_backend_choice(tmp_path):
+def test_auto_backend_is_the_fastest_at_decode_not_the_most_measured(tmp_path):
+    # torch-fp8 has more points and more TFLOPS at large M, but torch-bf16 is faster at M=16
+    fast_at_decode = [gemm_row("torch-bf16", m, n, k, 2.0) for n, k in GLM5_SHAPES for m in (1, 16, 64)]
+    run = make_run(tmp_path, lambda m: 4.0 + m / 1000, backend="torch-fp8", extra_rows=fast_at_decode)
+    tables = diagnosis.load_run(run.path)
+    at_decode = diagnosis.what_if_backends(tables, DiagnosisConfig(steps=4))
+    backend, reason = diagnosis.choose_backend(at_decode)
+    assert backend == "torch-bf16"
+    assert "fastest" in reason and "next is torch-fp8" in reason
+    assert diagnosis.choose_backend(at_decode, "torch-fp8")[0] == "torch-fp8"
+    with pytest.raises(ValueError, match="backend='nope'"):
+        diagnosis.choose_backend(at_decode, "nope")
+
+
+def test_seed_table(tmp_path):
     run = make_run(tmp_path, lambda m: 3.0 + m / 10)
     gemm = diagnosis.load_run(run.path).gemm
-    assert diagnosis.choose_backend(gemm) == "triton-w4a16"
     table = diagnosis.seed_table(gemm, "triton-w4a16")
     assert list(table["m"]) == [1, 16, 64, 256, 1024]
     assert (table["tflops_max"].diff().dropna() > 0).all()  # bigger M, more TFLOPS
     assert list(table["regime"]) == ["memory"] * 3 + ["compute"] * 2
-    with pytest.raises(ValueError, match="backend='nope'"):
-        diagnosis.choose_backend(gemm, "nope")
 
 
 def test_what_ifs_from_measured_rows(tmp_path):
@@ -112,7 +151,7 @@ def test_missing_tables_are_named_and_nothing_is_guessed(tmp_path):
     tables = diagnosis.load_run(run.path)
     assert tables.missing == list(diagnosis.TABLE_SOURCES.values())
     assert diagnosis.layer_breakdown(tables, DiagnosisConfig(steps=4), "x") is None
-    assert diagnosis.choose_backend(tables.gemm) is None
+    assert diagnosis.choose_backend(diagnosis.what_if_backends(tables, DiagnosisConfig(steps=4)))[0] is None
     assert diagnosis.gate_failures(tables.gemm).empty
     assert diagnosis.what_if_grouped(tables.moe, "glm-5", 512).empty
 
@@ -143,6 +182,10 @@ def test_grouped_methods_compared_with_the_loop(tmp_path):
             for b in (64, 512) for g in ("gate_up", "down")
             for meth, us in (("loop", 1000.0), ("grouped", 400.0))]
     run.append_rows("moe", rows)
+    # expert-parallel ranks' rows are not part of the one-GPU layer
+    ranks = [{"preset": "glm-5", "batch": 512, "gemm": "gate_up", "method": "grouped", "status": "ok",
+              "median_us": 5000.0, "ep": 2, "ep_rank": r} for r in (0, 1)]
+    run.append_rows("moe", ranks)
     grouped = diagnosis.what_if_grouped(diagnosis.load_run(run.path).moe, "glm-5", 500)
     assert grouped.set_index("method")["vs_loop"].to_dict() == {"grouped": 0.4, "loop": 1.0}
     assert set(grouped["batch"]) == {512}
@@ -155,3 +198,20 @@ def test_a_layer_faster_than_its_floor_flags_the_ceilings():
     result = diagnosis.verdict(breakdown, None, DiagnosisConfig())
     assert result["verdict"] == "compute-bound" and np.isnan(result["explained"])
     assert "spec ceilings do not describe this device" in result["reason"]
+
+
+@pytest.mark.parametrize("fast, slow, words", [
+    (100.0, 104.0, "about as fast as"), (100.0, 200.0, "2.0x as fast as"), (100.0, 84.0, "0.84x as fast as"),
+    (10.0, 134.0, "13x as fast as")])
+def test_speed_comparisons_read_as_words(fast, slow, words):
+    assert diagnosis.compare_speed(fast, slow) == words
+
+
+def test_counts_agree_with_their_nouns():
+    import pandas as pd
+
+    from fp4lab import history
+
+    one = pd.DataFrame({"kind": ["reference"]})
+    assert history.index_sentence(one, 1).startswith("1 run on record (0 local, 1 reference)")
+    assert history.index_sentence(pd.concat([one, one]), 2).startswith("2 runs on record")

@@ -20,8 +20,7 @@ import pandas as pd
 
 from fp4lab.results import RunDir
 
-# weight bytes per value: 4-bit codes plus one scale per block (e4m3 per 16, e8m0 per 32)
-WEIGHT_BYTES_PER_VALUE = {"nvfp4": 0.5 + 1 / 16, "mxfp4": 0.5 + 1 / 32}
+SAME_SPEED_WITHIN = 0.05   # two times closer than this are "about as fast", not "1.0x as fast"
 TABLE_SOURCES = {"gemm": "01 GEMM sweep (gemm.parquet)", "moe": "03 MoE (moe.parquet)",
                  "telemetry": "02 power and clocks (telemetry.parquet)"}
 VERDICTS = ("launch-bound", "memory-bound", "compute-bound", "power-bound", "communication-bound")
@@ -31,11 +30,11 @@ VERDICTS = ("launch-bound", "memory-bound", "compute-bound", "power-bound", "com
 class DiagnosisConfig:
     preset: str = "glm-5"
     decode_batch: int = 512          # B: concurrent decode requests
-    backend: str = "auto"            # "auto": the backend with the most correct points
+    backend: str = "auto"            # "auto": the backend with the fastest MoE layer at decode
     routing: str = "uniform"         # fp4lab.moe.routing spec
     steps: int = 64                  # routing steps drawn for the load statistics
     seed: int = 0
-    power_bound_fraction: float = 0.9  # average power over the limit that counts as power-bound
+    power_bound_fraction: float = 0.9  # decode-point power over the limit that counts as power-bound
     ep_degrees: tuple[int, ...] = (1, 2, 4, 8)
 
 
@@ -112,19 +111,59 @@ def gate_failures(gemm: pd.DataFrame | None) -> pd.DataFrame:
 
 
 # -- the seed-style table ----------------------------------------------------------------------
-def choose_backend(gemm: pd.DataFrame | None, backend: str = "auto") -> str | None:
-    """`auto`: the backend with the most correct points (ties: the faster median TFLOPS)."""
-    ok = gemm[gemm["status"] == "ok"] if gemm is not None and len(gemm) else pd.DataFrame()
+def choose_backend(at_decode: pd.DataFrame, backend: str = "auto") -> tuple[str | None, str]:
+    """The backend to diagnose and why, from `what_if_backends` (every correct backend's layer
+    time at the decode point, fastest first).
+
+    `auto` takes the fastest there: the diagnosis is about the best path this GPU has, not the
+    backend that happened to measure the most points.
+    """
+    measured = list(at_decode["backend"]) if len(at_decode) else []
     if backend != "auto":
-        if not len(ok) or backend not in set(ok["backend"]):
-            measured = sorted(set(ok["backend"])) if len(ok) else []
+        if backend not in measured:
             raise ValueError(f"backend={backend!r} has no correct points in this run; "
-                             f"measured: {', '.join(measured) or 'none'}")
-        return backend
-    if not len(ok):
+                             f"measured: {', '.join(sorted(measured)) or 'none'}")
+        return backend, f"The diagnosed backend is {backend}, because the backend parameter names it"
+    if not measured:
+        return None, "No backend has a correct point, so none is diagnosed"
+    best = at_decode.iloc[0]
+    reason = (f"The diagnosed backend is {best.backend}: of the {len(measured)} backends with correct "
+              f"points it runs one MoE layer at the decode point fastest ({best.layer_us:.0f} us")
+    if len(measured) > 1:
+        runner_up = at_decode.iloc[1]
+        reason += f"; next is {runner_up.backend} at {runner_up.layer_us:.0f} us"
+    return best.backend, reason + ")"
+
+
+def backend_dtypes(name: str) -> dict[str, str | None] | None:
+    """The weight, activation and math dtypes of a registered backend (None when not registered).
+
+    Weight-only backends declare `weight_dtype` (FP4 weights read, bf16 math); others read what
+    they multiply (`operand_dtype`).
+    """
+    from fp4lab import backends, roofline
+
+    try:
+        backend = backends.get(name)
+    except ValueError:
         return None
-    ranked = ok.groupby("backend").agg(points=("m", "size"), tflops=("tflops", "median"))
-    return ranked.sort_values(["points", "tflops"], ascending=False).index[0]
+    weight = getattr(backend, "weight_dtype", None) or backend.operand_dtype
+    act = getattr(backend, "act_dtype", None)
+    return {"weight_dtype": weight, "act_dtype": act, "math_dtype": roofline.math_dtype(weight, act)}
+
+
+def compare_speed(fast_us: float, slow_us: float) -> str:
+    """`2.1x as fast as` / `about as fast as` (within SAME_SPEED_WITHIN): how `fast_us` compares."""
+    ratio = slow_us / fast_us
+    if abs(ratio - 1) <= SAME_SPEED_WITHIN:
+        return "about as fast as"
+    return f"{two_digits(ratio)}x as fast as"
+
+
+def two_digits(value: float) -> str:
+    """Two significant digits, keeping a trailing zero: 2.0, 0.84, 13."""
+    text = f"{value:.2g}"
+    return f"{value:.1f}" if 1 <= value < 10 and "." not in text else text
 
 
 def seed_table(gemm: pd.DataFrame, backend: str) -> pd.DataFrame:
@@ -168,23 +207,30 @@ def expert_loads(config: DiagnosisConfig, batch: int | None = None, ep: int = 1)
     return result
 
 
-def gemm_time_at(gemm: pd.DataFrame, backend: str, n: int, k: int, m: float) -> dict[str, Any] | None:
+def measured_shape(rows: pd.DataFrame, n: int, k: int) -> tuple[int, int, bool, str]:
+    """(n, k) when `rows` measured it, else the measured shape closest in weight size; the note says which."""
+    shapes = rows[["n", "k"]].drop_duplicates()
+    if ((shapes["n"] == n) & (shapes["k"] == k)).any():
+        return n, k, True, f"measured at {n}x{k}"
+    nearest = (np.log(shapes["n"] * shapes["k"]) - np.log(n * k)).abs().idxmin()
+    sn, sk = int(shapes.loc[nearest, "n"]), int(shapes.loc[nearest, "k"])
+    return sn, sk, False, f"nearest measured shape {sn}x{sk}, not the preset's {n}x{k}"
+
+
+def gemm_time_at(gemm: pd.DataFrame, backend: str, n: int, k: int, m: float,
+                 fmt: str | None = None) -> dict[str, Any] | None:
     """The measured GEMM time at (n, k) and M = m, interpolated linearly between measured Ms.
 
     Uses the preset's exact (n, k) when the sweep measured it, else the measured shape closest in
-    weight size, and says so in `shape_note`. Outside the measured M range: the nearest M.
+    weight size, and says so in `shape_note`. Outside the measured M range: the nearest M. With
+    `fmt`, only that format's rows when the backend measured it (FP4 kernels differ per format).
     """
     ok = gemm[(gemm["status"] == "ok") & (gemm["backend"] == backend)]
+    if fmt and (ok["fmt"] == fmt).any():
+        ok = ok[ok["fmt"] == fmt]
     if not len(ok):
         return None
-    shapes = ok[["n", "k"]].drop_duplicates()
-    exact = ((shapes["n"] == n) & (shapes["k"] == k)).any()
-    if exact:
-        sn, sk, note = n, k, f"measured at {n}x{k}"
-    else:
-        nearest = (np.log(shapes["n"] * shapes["k"]) - np.log(n * k)).abs().idxmin()
-        sn, sk = int(shapes.loc[nearest, "n"]), int(shapes.loc[nearest, "k"])
-        note = f"nearest measured shape {sn}x{sk}, not the preset's {n}x{k}"
+    sn, sk, exact, note = measured_shape(ok, n, k)
     curve = ok[(ok["n"] == sn) & (ok["k"] == sk)].groupby("m")["median_us"].median().sort_index()
     median_us = float(np.interp(m, curve.index.to_numpy(float), curve.to_numpy(float)))
     inside = curve.index.min() <= m <= curve.index.max()
@@ -193,57 +239,115 @@ def gemm_time_at(gemm: pd.DataFrame, backend: str, n: int, k: int, m: float) -> 
 
 
 # -- where the time goes ---------------------------------------------------------------------
-def layer_breakdown(tables: RunTables, config: DiagnosisConfig, backend: str, fmt: str = "nvfp4",
-                    batch: int | None = None, ep: int = 1) -> dict[str, Any] | None:
-    """One MoE layer at decode, one kernel per active expert and GEMM (the loop), against its floors.
+def decode_layer(tables: RunTables, config: DiagnosisConfig, backend: str, fmt: str = "nvfp4",
+                 batch: int | None = None, ep: int = 1) -> dict[str, Any] | None:
+    """One MoE layer at decode as a loop of per-expert GEMMs, timed from the sweep (no ceilings needed).
 
-    time = active experts x (gate_up + down GEMM time at the mean expert M), from the sweep;
-    floors: launch (2 kernels per active expert x launch_us), weight read (active experts' FP4
-    weights / bandwidth), compute (2 x tokens x k x FLOPs per token / peak).
+    loop_us = active experts x (gate_up + down GEMM time at the mean expert M).
     """
     from fp4lab.moe import presets
 
-    preset = presets.get(config.preset)
-    limits = ceilings(tables.run_json)
-    if tables.gemm is None or limits is None:
+    if tables.gemm is None:
         return None
     load = expert_loads(config, batch, ep)
     times = {}
-    for gemm_name, (n, k) in preset.gemm_shapes().items():
-        times[gemm_name] = gemm_time_at(tables.gemm, backend, n, k, max(load["mean_m"], 1.0))
+    for gemm_name, (n, k) in presets.get(config.preset).gemm_shapes().items():
+        times[gemm_name] = gemm_time_at(tables.gemm, backend, n, k, max(load["mean_m"], 1.0), fmt)
         if times[gemm_name] is None:
             return None
-    per_expert_us = sum(t["median_us"] for t in times.values())
-    # floors for the shapes whose times were used: a stand-in shape gets stand-in floors
-    values_per_expert = sum(t["n"] * t["k"] for t in times.values())
-    routed_tokens = load["batch"] * load["top_k"] / ep
-    peak = (limits.get("peak_tflops") or {})
-    peak_tflops = peak.get("fp4") or peak.get("bf16")
-    compute_us = (2 * routed_tokens * values_per_expert / (peak_tflops * 1e12) * 1e6) if peak_tflops else np.nan
     return {
         **load, "backend": backend, "fmt": fmt,
-        "loop_us": load["active_experts"] * per_expert_us,
+        "loop_us": load["active_experts"] * sum(t["median_us"] for t in times.values()),
         "gate_up_us": times["gate_up"]["median_us"], "down_us": times["down"]["median_us"],
+        # the shapes whose times were used: a stand-in shape gets stand-in floors
+        "shapes": [(t["n"], t["k"]) for t in times.values()],
         "shape_note": "; ".join(sorted({t["shape_note"] for t in times.values()})),
         "exact_shapes": all(t["exact_shape"] for t in times.values()),
-        "launch_floor_us": 2 * load["active_experts"] * float(limits["launch_us"]),
-        "memory_floor_us": load["active_experts"] * values_per_expert * WEIGHT_BYTES_PER_VALUE.get(fmt, 2.0)
-        / (float(limits["bandwidth_tbps"]) * 1e12) * 1e6,
-        "compute_floor_us": compute_us,
+    }
+
+
+def weight_read_us(shapes: list[tuple[int, int]], experts: float, dtype: str, fmt: str,
+                   bandwidth_tbps: float) -> float:
+    """Time to read `experts` experts' weights ([N, K] per shape, stored as `dtype`) once."""
+    from fp4lab.roofline import operand_bytes
+
+    per_expert = sum(operand_bytes(n, k, dtype, fmt) for n, k in shapes)
+    return experts * per_expert / (bandwidth_tbps * 1e12) * 1e6
+
+
+def layer_breakdown(tables: RunTables, config: DiagnosisConfig, backend: str, fmt: str = "nvfp4",
+                    batch: int | None = None, ep: int = 1) -> dict[str, Any] | None:
+    """The decode layer (`decode_layer`) against its floors.
+
+    Floors: launch (2 kernels per active expert x launch_us); weight read (the active experts'
+    weights in the bytes this backend reads, at the measured bandwidth; NaN for a backend no longer
+    registered, whose dtype is unknown); compute (2 x routed tokens x weights per expert / the peak
+    of the backend's math dtype). `fp4_read_floor_us` is the what-if: the same weights as FP4 in
+    `fmt`, read at the same bandwidth, whatever this backend reads.
+    """
+    limits = ceilings(tables.run_json)
+    layer = decode_layer(tables, config, backend, fmt, batch, ep)
+    if layer is None or limits is None:
+        return None
+    dtypes = backend_dtypes(backend)
+    bandwidth = float(limits["bandwidth_tbps"])
+    active = layer["active_experts"]
+    routed_tokens = layer["batch"] * layer["top_k"] / ep
+    peak = (limits.get("peak_tflops") or {}).get(dtypes["math_dtype"]) if dtypes else None
+    values_per_expert = sum(n * k for n, k in layer["shapes"])
+    return {
+        **layer, **(dtypes or {"weight_dtype": None, "act_dtype": None, "math_dtype": None}),
+        "launch_floor_us": 2 * active * float(limits["launch_us"]) if limits.get("launch_us") else np.nan,
+        "memory_floor_us": weight_read_us(layer["shapes"], active, dtypes["weight_dtype"], fmt, bandwidth)
+        if dtypes else np.nan,
+        "fp4_read_floor_us": weight_read_us(layer["shapes"], active, "fp4", fmt, bandwidth),
+        "compute_floor_us": 2 * routed_tokens * values_per_expert / (peak * 1e12) * 1e6 if peak else np.nan,
+        "bandwidth_tbps": bandwidth,
         "ceilings_source": limits.get("source", "unknown"),
     }
 
 
-def power_state(tables: RunTables, backend: str) -> dict[str, Any] | None:
-    """Average power of the backend's timed windows against the power limit, when NVML measured it."""
+def decode_m_values(measured: np.ndarray, mean_m: float, busiest_m: float) -> list[int]:
+    """The measured Ms a decode step runs at: those in [mean, busiest] expert load, else the one
+    nearest the mean."""
+    measured = np.sort(np.asarray(measured, dtype=float))
+    inside = measured[(measured >= mean_m) & (measured <= busiest_m)]
+    if len(inside):
+        return [int(m) for m in inside]
+    return [int(measured[np.abs(measured - mean_m).argmin()])]
+
+
+def power_state(tables: RunTables, config: DiagnosisConfig, backend: str,
+                batch: int | None = None) -> dict[str, Any] | None:
+    """The GPU's power at the decode operating point against its limit, when NVML measured it.
+
+    The operating point is the backend's rows at the preset's expert shapes (or the nearest
+    measured ones) and at the Ms the decode step runs (`decode_m_values`); its power is the median
+    `avg_power_w` of those rows' energy windows. Large-M points, which can sit at the limit, say
+    nothing about decode.
+    """
+    from fp4lab.moe import presets
+
     if tables.gemm is None or "avg_power_w" not in tables.gemm:
         return None
-    rows = tables.ok_gemm[tables.ok_gemm["backend"] == backend]["avg_power_w"].dropna()
     limit = tables.run_json.get("provenance", {}).get("device", {}).get("power_limit_w")
-    if not len(rows) or not limit:
+    ok = tables.ok_gemm
+    ok = ok[(ok["backend"] == backend) & ok["avg_power_w"].notna()]
+    if not len(ok) or not limit:
         return None
-    return {"max_avg_power_w": float(rows.max()), "power_limit_w": float(limit),
-            "fraction": float(rows.max()) / float(limit)}
+    load = expert_loads(config, batch)
+    picked, m_values, notes = [], set(), set()
+    for n, k in presets.get(config.preset).gemm_shapes().values():
+        sn, sk, _, note = measured_shape(ok, n, k)
+        shape_rows = ok[(ok["n"] == sn) & (ok["k"] == sk)]
+        at = decode_m_values(shape_rows["m"].unique(), load["mean_m"], load["busiest_m"])
+        picked.append(shape_rows[shape_rows["m"].isin(at)])
+        m_values.update(at)
+        notes.add(note)
+    watts = float(pd.concat(picked)["avg_power_w"].median())
+    return {"avg_power_w": watts, "power_limit_w": float(limit), "fraction": watts / float(limit),
+            "m_values": sorted(m_values), "points": int(sum(len(p) for p in picked)),
+            "shape_note": "; ".join(sorted(notes))}
 
 
 def verdict(breakdown: dict[str, Any], power: dict[str, Any] | None,
@@ -255,7 +359,9 @@ def verdict(breakdown: dict[str, Any], power: dict[str, Any] | None,
     """
     if power and power["fraction"] >= config.power_bound_fraction:
         return {"verdict": "power-bound", "floor_us": np.nan, "explained": np.nan,
-                "reason": f"average power reached {power['fraction']:.0%} of the {power['power_limit_w']:.0f} W limit"}
+                "reason": f"at the decode point (M={_m_list(power['m_values'])}) the GPU drew "
+                          f"{power['avg_power_w']:.0f} W, {power['fraction']:.0%} of the "
+                          f"{power['power_limit_w']:.0f} W limit"}
     floors = {"launch-bound": breakdown["launch_floor_us"], "memory-bound": breakdown["memory_floor_us"],
               "compute-bound": breakdown["compute_floor_us"]}
     floors = {name: value for name, value in floors.items() if np.isfinite(value)}
@@ -270,6 +376,10 @@ def verdict(breakdown: dict[str, Any], power: dict[str, Any] | None,
     return {"verdict": name, "floor_us": floors[name], "explained": explained, "reason": reason}
 
 
+def _m_list(m_values: list[int]) -> str:
+    return ", ".join(str(m) for m in m_values)
+
+
 # -- what would change it ----------------------------------------------------------------------
 def what_if_concurrency(tables: RunTables, config: DiagnosisConfig, backend: str,
                         factors=(0.25, 0.5, 1, 2, 4)) -> pd.DataFrame:
@@ -277,7 +387,7 @@ def what_if_concurrency(tables: RunTables, config: DiagnosisConfig, backend: str
     rows = []
     for factor in factors:
         batch = max(1, int(round(config.decode_batch * factor)))
-        point = layer_breakdown(tables, config, backend, batch=batch)
+        point = decode_layer(tables, config, backend, batch=batch)
         if point is None:
             continue
         rows.append({"batch": batch, "mean_m": point["mean_m"], "busiest_m": point["busiest_m"],
@@ -287,14 +397,17 @@ def what_if_concurrency(tables: RunTables, config: DiagnosisConfig, backend: str
 
 
 def what_if_backends(tables: RunTables, config: DiagnosisConfig) -> pd.DataFrame:
-    """Every correct backend's layer time at the decode point, fastest first."""
+    """Every correct backend's layer time at the decode point, fastest first, with the dtype of
+    the weights it reads (None for a backend no longer registered)."""
     if tables.gemm is None:
         return pd.DataFrame()
     rows = []
     for backend in sorted(set(tables.ok_gemm["backend"])):
-        point = layer_breakdown(tables, config, backend)
+        point = decode_layer(tables, config, backend)
         if point is not None:
-            rows.append({"backend": backend, "layer_us": point["loop_us"], "shape_note": point["shape_note"]})
+            dtypes = backend_dtypes(backend) or {}
+            rows.append({"backend": backend, "layer_us": point["loop_us"],
+                         "weight_dtype": dtypes.get("weight_dtype"), "shape_note": point["shape_note"]})
     frame = pd.DataFrame(rows)
     return frame.sort_values("layer_us").reset_index(drop=True) if len(frame) else frame
 
@@ -308,7 +421,7 @@ def what_if_ep(tables: RunTables, config: DiagnosisConfig, backend: str) -> pd.D
     for ep in config.ep_degrees:
         if experts % ep:
             continue
-        point = layer_breakdown(tables, config, backend, ep=ep)
+        point = decode_layer(tables, config, backend, ep=ep)
         if point is not None:
             rows.append({"ep": ep, "active_experts_busiest_rank": point["active_experts"],
                          "layer_us_busiest_rank": point["loop_us"]})
@@ -329,12 +442,21 @@ def what_if_graphs(gemm: pd.DataFrame | None) -> pd.DataFrame:
     return both
 
 
-def what_if_grouped(moe: pd.DataFrame | None, preset: str, batch: int) -> pd.DataFrame:
-    """Measured MoE layer time per method (loop, grouped, ...) at the batch nearest B, fastest first."""
+def what_if_grouped(moe: pd.DataFrame | None, preset: str, batch: int,
+                    routing: str | None = None) -> pd.DataFrame:
+    """Measured MoE layer time per method (loop, grouped, ...) at the batch nearest B, fastest first.
+
+    One GPU's whole layer: rows of expert-parallel ranks (ep > 1) are left out, or each method's
+    time would add every rank of every EP degree; with `routing`, only rows of that routing model.
+    """
     if moe is None or not len(moe):
         return pd.DataFrame()
-    ok = moe[(moe["status"] == "ok")]
+    ok = moe[(moe["status"] == "ok") & moe["batch"].notna()]
     ok = ok[ok["preset"].astype(str).str.startswith(preset)]
+    if "ep" in ok:
+        ok = ok[ok["ep"].fillna(1) == 1]
+    if routing and "routing" in ok:
+        ok = ok[ok["routing"] == routing]
     if not len(ok):
         return pd.DataFrame()
     nearest = ok["batch"].iloc[(ok["batch"] - batch).abs().argmin()]
@@ -362,6 +484,7 @@ class Diagnosis:
     ep: pd.DataFrame
     graphs: pd.DataFrame
     grouped: pd.DataFrame
+    backend_reason: str = ""
 
 
 def diagnose(run_dir: str | Path, config: DiagnosisConfig) -> Diagnosis:
@@ -369,19 +492,21 @@ def diagnose(run_dir: str | Path, config: DiagnosisConfig) -> Diagnosis:
     if not str(run_dir):
         raise ValueError("run_dir is empty: pass the run folder to diagnose (make report passes it)")
     tables = load_run(run_dir)
-    backend = choose_backend(tables.gemm, config.backend)
+    at_decode = what_if_backends(tables, config)
+    backend, reason = choose_backend(at_decode, config.backend)
     empty = pd.DataFrame()
     breakdown = layer_breakdown(tables, config, backend) if backend else None
-    power = power_state(tables, backend) if backend else None
+    power = power_state(tables, config, backend) if backend else None
     return Diagnosis(
-        tables=tables, config=config, backend=backend, gate=gate_failures(tables.gemm),
+        tables=tables, config=config, backend=backend, backend_reason=reason,
+        gate=gate_failures(tables.gemm),
         seed=seed_table(tables.gemm, backend) if backend else empty,
         breakdown=breakdown, power=power,
         verdict=verdict(breakdown, power, config) if breakdown else None,
         concurrency=what_if_concurrency(tables, config, backend) if backend else empty,
-        backends=what_if_backends(tables, config), ep=what_if_ep(tables, config, backend) if backend else empty,
+        backends=at_decode, ep=what_if_ep(tables, config, backend) if backend else empty,
         graphs=what_if_graphs(tables.gemm),
-        grouped=what_if_grouped(tables.moe, config.preset, config.decode_batch))
+        grouped=what_if_grouped(tables.moe, config.preset, config.decode_batch, config.routing))
 
 
 def cannot_conclude(d: Diagnosis) -> list[str]:
@@ -392,10 +517,76 @@ def cannot_conclude(d: Diagnosis) -> list[str]:
         lines.append("The GEMM sweep has no correct point: no speed can be trusted, so no verdict.")
     if d.backend and d.breakdown is None:
         lines.append("The run has no ceilings (run.json sweep.ceilings): floors and the verdict cannot be computed.")
+    if d.breakdown and d.breakdown["weight_dtype"] is None:
+        lines.append(f"{d.backend} is not a registered backend, so the bytes of its weights and its "
+                     "weight-read floor are unknown.")
+    if d.backend and d.power is None:
+        lines.append("No power measured at the decode point (no NVML energy windows): whether power "
+                     "limits decode is not judged.")
     if d.tables.moe is None:
         lines.append("Without MoE measurements the grouped-kernel what-if is not available; "
                      "layer times below are built from single GEMM times.")
     return lines
+
+
+def seed_sentences(d: Diagnosis) -> list[str]:
+    low, high = d.seed.iloc[0], d.seed.iloc[-1]
+    out = [f"With {d.backend}, GEMMs reach {low.tflops_max:.3g} TFLOPS at M={low.m} "
+           f"({low.pct_peak_max:.3g}% of peak, {low.regime}) and {high.tflops_max:.3g} TFLOPS at "
+           f"M={high.m} ({high.pct_peak_max:.3g}% of peak, {high.regime})."]
+    over = d.seed[d.seed["pct_peak_max"] > 100]
+    if len(over):
+        out.append(f"At {len(over)} M values a point exceeds 100% of the measured peak: this run's peak "
+                   "probe is slower than its own sweep (older runs; fp4lab.sweep.raise_measured_ceilings "
+                   "raises the peak to the best point).")
+    return out
+
+
+def verdict_sentence(d: Diagnosis) -> str:
+    v, b = d.verdict, d.breakdown
+    meaning = {"launch-bound": "launching two kernels per active expert",
+               "memory-bound": f"reading the active experts' {b.get('weight_dtype')} weights once at "
+                               f"{b['bandwidth_tbps']:.2f} TB/s",
+               "compute-bound": f"the arithmetic at the {b.get('math_dtype')} peak"}.get(v["verdict"])
+    explained = "" if not np.isfinite(v["explained"]) else \
+        f"; that floor explains {v['explained']:.0%} of the layer time, the rest is kernel time above every floor"
+    what = f" ({meaning})" if meaning and np.isfinite(v["floor_us"]) else ""
+    return f"Verdict: {v['verdict']}{what}: {v['reason']}{explained}."
+
+
+def power_sentence(d: Diagnosis) -> str | None:
+    p = d.power
+    if not p or (d.verdict and d.verdict["verdict"] == "power-bound"):
+        return None
+    return (f"Power does not limit decode: at the decode point (M={_m_list(p['m_values'])} on the expert "
+            f"shapes) {d.backend}'s GEMMs drew {p['avg_power_w']:.0f} W, the median of {p['points']} "
+            f"energy windows, {p['fraction']:.0%} of the {p['power_limit_w']:.0f} W limit.")
+
+
+def fp4_sentence(d: Diagnosis) -> str | None:
+    """What FP4 weights could buy here: the FP4 read floor beside what FP4 backends measured."""
+    b = d.breakdown
+    if not b:
+        return None
+    floor = b["fp4_read_floor_us"]
+    text = (f"FP4 weights: with {b['fmt']} weights read at the floor ({b['active_experts']:.0f} experts at "
+            f"{b['bandwidth_tbps']:.2f} TB/s) the layer would take {floor:.0f} us")
+    if b["weight_dtype"] != "fp4":
+        text += f", against {b['loop_us']:.0f} us measured with {d.backend} ({b['weight_dtype']} weights)"
+    if np.isfinite(b["launch_floor_us"]):
+        text += f"; as a per-expert loop it cannot go below its launch floor of {b['launch_floor_us']:.0f} us"
+    fp4 = d.backends[d.backends["weight_dtype"] == "fp4"] if len(d.backends) else d.backends
+    if len(fp4):
+        best = fp4.iloc[0]
+        text += (f". The fastest FP4-weight backend measured here, {best.backend}, takes "
+                 f"{best.layer_us:.0f} us, {two_digits(best.layer_us / floor)}x its read floor")
+        if best.backend != d.backend:
+            text += f" and {compare_speed(best.layer_us, b['loop_us'])} {d.backend}"
+    device = d.tables.run_json.get("provenance", {}).get("device", {})
+    if isinstance(device.get("native_fp4"), list) and not device["native_fp4"]:
+        text += (f" ({device.get('name') or 'this device'} has no FP4 tensor cores: FP4 runs there "
+                 "only as weight-only kernels that decode the weights to bf16 for the math)")
+    return text + "."
 
 
 def findings(d: Diagnosis) -> list[str]:
@@ -404,11 +595,10 @@ def findings(d: Diagnosis) -> list[str]:
     if len(d.gate):
         names = ", ".join(f"{r.backend} ({r.fmt})" for r in d.gate.itertuples())
         out.append(f"{len(d.gate)} backend/format pairs failed the correctness gate and are excluded: {names}.")
+    if d.backend:
+        out.append(d.backend_reason + ".")
     if len(d.seed):
-        low, high = d.seed.iloc[0], d.seed.iloc[-1]
-        out.append(f"With {d.backend}, GEMMs reach {low.tflops_max:.3g} TFLOPS at M={low.m} "
-                   f"({low.pct_peak_max:.3g}% of peak, {low.regime}) and {high.tflops_max:.3g} TFLOPS at "
-                   f"M={high.m} ({high.pct_peak_max:.3g}% of peak, {high.regime}).")
+        out += seed_sentences(d)
     b = d.breakdown
     if b:
         out.append(f"At a decode batch of {b['batch']} the {d.config.preset} router gives each of "
@@ -416,20 +606,20 @@ def findings(d: Diagnosis) -> list[str]:
                    f"busiest {b['busiest_m']:.1f}; one MoE layer as a loop of per-expert GEMMs takes "
                    f"{b['loop_us']:.0f} us ({b['shape_note']}).")
     if d.verdict:
-        v = d.verdict
-        explained = "" if not np.isfinite(v["explained"]) else \
-            f"; that floor explains {v['explained']:.0%} of the layer time, the rest is kernel time above every floor"
-        out.append(f"Verdict: {v['verdict']}: {v['reason']}{explained}.")
+        out.append(verdict_sentence(d))
+    out += [line for line in (power_sentence(d), fp4_sentence(d)) if line]
     if len(d.concurrency) > 1 and b:
         best = d.concurrency.iloc[d.concurrency["us_per_token"].argmin()]
         now = b["loop_us"] / b["batch"]
-        out.append(f"Concurrency: at batch {best.batch:.0f} a token costs {best.us_per_token:.2f} us of "
-                   f"MoE GEMM time per layer against {now:.2f} us at {b['batch']} "
-                   f"({now / best.us_per_token:.2g}x).")
+        if best.batch != b["batch"]:
+            out.append(f"Concurrency: at batch {best.batch:.0f} a token costs {best.us_per_token:.2f} us of "
+                       f"MoE GEMM time per layer, against {now:.2f} us at batch {b['batch']} "
+                       f"({two_digits(now / best.us_per_token)}x as much per token now).")
     if len(d.grouped) > 1 and d.grouped["vs_loop"].notna().all():
         best = d.grouped.iloc[0]
-        out.append(f"Grouped kernels: at batch {best.batch:.0f} the fastest measured method is {best.method} "
-                   f"at {best.layer_us:.0f} us, {1 / best.vs_loop:.2g}x as fast as the per-expert loop.")
+        out.append(f"Grouped kernels: at batch {best.batch:.0f} on one GPU the fastest measured method is "
+                   f"{best.method} at {best.layer_us:.0f} us, "
+                   f"{compare_speed(best.layer_us, best.layer_us / best.vs_loop)} the fastest per-expert loop.")
     if len(d.ep) > 1:
         last = d.ep.iloc[-1]
         first = d.ep.iloc[0]
@@ -437,14 +627,15 @@ def findings(d: Diagnosis) -> list[str]:
                    f"{last.layer_us_busiest_rank:.0f} us against {first.layer_us_busiest_rank:.0f} us on one GPU "
                    f"(communication not included: this run measured one GPU).")
     if len(d.graphs):
+        median = d.graphs["speedup"].median()
         out.append(f"CUDA graphs: over {len(d.graphs)} points measured both ways, graph replay is "
-                   f"{d.graphs['speedup'].median():.2g}x faster than eager launches (median).")
+                   f"{compare_speed(1.0, median)} eager launches (median).")
     if len(d.backends) > 1 and d.backend:
         best = d.backends.iloc[0]
         mine = d.backends.set_index("backend")["layer_us"].get(d.backend)
         if best.backend != d.backend and mine:
             out.append(f"Another backend: {best.backend} would take {best.layer_us:.0f} us per layer, "
-                       f"{mine / best.layer_us:.2g}x faster than {d.backend}.")
+                       f"{compare_speed(best.layer_us, mine)} {d.backend}.")
     return out
 
 
