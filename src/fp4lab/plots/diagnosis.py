@@ -28,10 +28,14 @@ def plot_speed_by_m(gemm: pd.DataFrame, backend: str, run_label: str,
 def plot_layer_breakdown(breakdown: dict, run_label: str):
     """One MoE layer at decode: the loop's measured time against the launch, memory, compute floors."""
     fig, ax = new_axes((8.0, 3.0))
-    bars = {"measured loop": breakdown["loop_us"], "launch floor": breakdown["launch_floor_us"],
-            "weight-read floor": breakdown["memory_floor_us"], "compute floor": breakdown["compute_floor_us"]}
-    bars = {name: value for name, value in bars.items() if pd.notna(value)}
-    ax.barh(list(bars), list(bars.values()), color=["C3", "C0", "C1", "C2"][: len(bars)])
+    weights = breakdown.get("weight_dtype") or "unknown-dtype"
+    bars = {"measured loop": (breakdown["loop_us"], "C3"), "launch floor": (breakdown["launch_floor_us"], "C0"),
+            f"weight-read floor ({weights})": (breakdown["memory_floor_us"], "C1"),
+            "compute floor": (breakdown["compute_floor_us"], "C2")}
+    if weights != "fp4":  # the what-if: the same weights stored as FP4, read at the same bandwidth
+        bars[f"what if: {breakdown['fmt']} weight read"] = (breakdown["fp4_read_floor_us"], "C4")
+    bars = {name: bar for name, bar in bars.items() if pd.notna(bar[0])}
+    ax.barh(list(bars), [value for value, _ in bars.values()], color=[color for _, color in bars.values()])
     ax.invert_yaxis()
     ax.set(xlabel="microseconds per MoE layer",
            title=f"batch {breakdown['batch']}: {breakdown['active_experts']:.0f} experts x "
