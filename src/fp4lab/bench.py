@@ -303,14 +303,22 @@ def time_call(make_call: MakeCall, args, out, config: TimerConfig | None = None,
 
 
 def _time_cpu(call: Callable[[], Any], config: TimerConfig) -> Timing:
-    call()  # first call pays one-time costs (allocation, dispatch caches)
-    samples = []
-    for _ in range(config.repeats):
-        start = time.perf_counter()
-        call()
-        samples.append((time.perf_counter() - start) * 1e6)
+    # One intra-op thread: on a small shared machine (CI's 2 cores, a papermill kernel beside its
+    # parent) two OpenMP threads wait for each other at every barrier until the scheduler's next
+    # tick, and a 30 us matmul read 8 ms, in 4 ms steps. One thread measures the kernel instead.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        call()  # first call pays one-time costs (allocation, dispatch caches)
+        samples = []
+        for _ in range(config.repeats):
+            start = time.perf_counter()
+            call()
+            samples.append((time.perf_counter() - start) * 1e6)
+    finally:
+        torch.set_num_threads(threads)
     return summarize(samples, graph=False, cold_l2=False, sm_clock_mhz=None,
-                     note="CPU: time.perf_counter around single calls; caches not flushed")
+                     note="CPU: time.perf_counter around single calls, one thread; caches not flushed")
 
 
 def l2_bytes(device: torch.device) -> int:
