@@ -202,7 +202,7 @@ def test_a_layer_faster_than_its_floor_flags_the_ceilings():
 
 @pytest.mark.parametrize("fast, slow, words", [
     (100.0, 104.0, "about as fast as"), (100.0, 200.0, "2.0x as fast as"), (100.0, 84.0, "0.84x as fast as"),
-    (10.0, 134.0, "13x as fast as")])
+    (10.0, 134.0, "13x as fast as"), (1.0, 512.0, "510x as fast as")])
 def test_speed_comparisons_read_as_words(fast, slow, words):
     assert diagnosis.compare_speed(fast, slow) == words
 

@@ -161,9 +161,9 @@ def compare_speed(fast_us: float, slow_us: float) -> str:
 
 
 def two_digits(value: float) -> str:
-    """Two significant digits, keeping a trailing zero: 2.0, 0.84, 13."""
-    text = f"{value:.2g}"
-    return f"{value:.1f}" if 1 <= value < 10 and "." not in text else text
+    """Two significant digits, keeping a trailing zero and no exponent below a million: 2.0, 0.84, 510."""
+    rounded = float(f"{value:.2g}")
+    return f"{rounded:.1f}" if 1 <= rounded < 10 else f"{rounded:g}"
 
 
 def seed_table(gemm: pd.DataFrame, backend: str) -> pd.DataFrame:
@@ -583,7 +583,7 @@ def fp4_sentence(d: Diagnosis) -> str | None:
         if best.backend != d.backend:
             text += f" and {compare_speed(best.layer_us, b['loop_us'])} {d.backend}"
     device = d.tables.run_json.get("provenance", {}).get("device", {})
-    if isinstance(device.get("native_fp4"), list) and not device["native_fp4"]:
+    if device.get("kind") == "cuda" and isinstance(device.get("native_fp4"), list) and not device["native_fp4"]:
         text += (f" ({device.get('name') or 'this device'} has no FP4 tensor cores: FP4 runs there "
                  "only as weight-only kernels that decode the weights to bf16 for the math)")
     return text + "."
@@ -617,15 +617,15 @@ def findings(d: Diagnosis) -> list[str]:
                        f"({two_digits(now / best.us_per_token)}x as much per token now).")
     if len(d.grouped) > 1 and d.grouped["vs_loop"].notna().all():
         best = d.grouped.iloc[0]
-        out.append(f"Grouped kernels: at batch {best.batch:.0f} on one GPU the fastest measured method is "
+        out.append(f"Grouped kernels: at batch {best.batch:.0f} on one device the fastest measured method is "
                    f"{best.method} at {best.layer_us:.0f} us, "
                    f"{compare_speed(best.layer_us, best.layer_us / best.vs_loop)} the fastest per-expert loop.")
     if len(d.ep) > 1:
         last = d.ep.iloc[-1]
         first = d.ep.iloc[0]
         out.append(f"Expert parallelism: with EP={last.ep:.0f} the busiest rank's layer takes "
-                   f"{last.layer_us_busiest_rank:.0f} us against {first.layer_us_busiest_rank:.0f} us on one GPU "
-                   f"(communication not included: this run measured one GPU).")
+                   f"{last.layer_us_busiest_rank:.0f} us against {first.layer_us_busiest_rank:.0f} us on one device "
+                   f"(communication not included: this run measured one device).")
     if len(d.graphs):
         median = d.graphs["speedup"].median()
         out.append(f"CUDA graphs: over {len(d.graphs)} points measured both ways, graph replay is "
