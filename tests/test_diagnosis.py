@@ -215,3 +215,24 @@ def test_counts_agree_with_their_nouns():
     one = pd.DataFrame({"kind": ["reference"]})
     assert history.index_sentence(one, 1).startswith("1 run on record (0 local, 1 reference)")
     assert history.index_sentence(pd.concat([one, one]), 2).startswith("2 runs on record")
+
+
+def test_findings_put_the_fp4_read_floor_beside_the_fp4_backend(tmp_path):
+    # torch-bf16 is fastest at decode; triton-w4a16 (FP4 weights) is measured slower beside it
+    bf16 = [gemm_row("torch-bf16", m, n, k, 2.0) for n, k in GLM5_SHAPES for m in (1, 16, 64)]
+    run = make_run(tmp_path, lambda m: 3.0, extra_rows=bf16)
+    run.update_run_json("provenance", {"device": {"kind": "cuda", "name": "NVIDIA H200", "native_fp4": [],
+                                                  "power_limit_w": 700.0}})
+    d = diagnosis.diagnose(run.path, DiagnosisConfig(steps=4))
+    assert d.backend == "torch-bf16" and d.breakdown["weight_dtype"] == "bf16"
+    sentence = diagnosis.fp4_sentence(d)
+    assert f"would take {d.breakdown['fp4_read_floor_us']:.0f} us" in sentence
+    assert "triton-w4a16" in sentence and "0.67x as fast as torch-bf16" in sentence
+    assert "NVIDIA H200 has no FP4 tensor cores" in sentence
+
+
+def test_an_unregistered_backend_has_no_weight_read_floor(tmp_path):
+    run = make_run(tmp_path, lambda m: 3.0, backend="retired-backend")
+    d = diagnosis.diagnose(run.path, DiagnosisConfig(steps=4))
+    assert np.isnan(d.breakdown["memory_floor_us"]) and d.verdict["verdict"] != "memory-bound"
+    assert any("not a registered backend" in line for line in diagnosis.cannot_conclude(d))
