@@ -20,7 +20,7 @@ PEAK_KEYS = ("fp4", "fp8", "bf16", "fp32")
 NATIVE_FP4_CAPABILITIES = {(10, 0), (10, 3), (12, 0), (12, 1)}   # Blackwell: sm_100/103/120/121
 
 # Sources, named once.
-REFS = "the project's REFERENCES.md (vendor spec sheets, dense figures)"
+REFS = "docs/REFERENCES.md (vendor spec sheets, dense figures)"
 H100_DS = "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column"
 H100_WP = "NVIDIA H100 Tensor Core GPU Architecture whitepaper (H100 SXM5)"
 H200_DS = "NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column"

@@ -39,18 +39,18 @@ class ModelPreset:
         return sum(n * k for n, k in self.gemm_shapes().values()) * bytes_per_value
 
 
-_HF = "Hugging Face config.json / transformers defaults, as tabulated in shared/REFERENCES.md"
+_HF = "Hugging Face config.json / transformers defaults, as tabulated in docs/REFERENCES.md"
 
 PRESETS: dict[str, ModelPreset] = {p.key: p for p in (
     ModelPreset("glm-5", "GLM-5", 6144, 2048, 256, 8, 1, 78, 3,
-                "transformers models/glm_moe_dsa defaults (shared/REFERENCES.md)"),
+                "transformers models/glm_moe_dsa defaults (docs/REFERENCES.md)"),
     ModelPreset("glm-4.5", "GLM-4.5/4.6", 5120, 1536, 160, 8, 1, 92, 3, _HF),
     ModelPreset("deepseek-v3", "DeepSeek-V3/R1", 7168, 2048, 256, 8, 1, 61, 3, _HF),
     ModelPreset("kimi-k2", "Kimi K2", 7168, 2048, 384, 8, 1, 61, 1, _HF),
     ModelPreset("qwen3-235b-a22b", "Qwen3-235B-A22B", 4096, 1536, 128, 8, 0, 94, 0, _HF),
     ModelPreset("qwen3-30b-a3b", "Qwen3-30B-A3B", 2048, 768, 128, 8, 0, 48, 0, _HF),
     ModelPreset("gpt-oss-120b", "gpt-oss-120b", 2880, 2880, 128, 4, 0, 36, 0,
-                "transformers configuration_gpt_oss.py (shared/REFERENCES.md)"),
+                "transformers configuration_gpt_oss.py (docs/REFERENCES.md)"),
     ModelPreset("mixtral-8x7b", "Mixtral 8x7B", 4096, 14336, 8, 2, 0, 32, 0, _HF),
 )}
 

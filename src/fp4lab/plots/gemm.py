@@ -19,7 +19,7 @@ from fp4lab.results import REPO_ROOT, RunDir
 STATUSES = ("ok", "wrong_result", "unavailable", "error", "oom")
 REFERENCE_ROOT = REPO_ROOT / "results" / "reference"
 
-# The seed's table, as published (REFERENCES.md): FlashInfer CUTLASS FP4 on an RTX PRO 6000
+# The seed's table, as published (docs/REFERENCES.md): FlashInfer CUTLASS FP4 on an RTX PRO 6000
 # Blackwell (sm_120), shapes ~ M x 2048 x 6144 and larger; % of an estimated ~2000 dense TOPS.
 SEED_SM120_SOURCE = ("seed document (opencode session, msg 869): FlashInfer CUTLASS FP4 GEMMs on "
                      "RTX PRO 6000 Blackwell (sm_120); % of an estimated ~2000 TOPS dense peak")
