@@ -65,3 +65,20 @@ def test_index_and_previous_run(tmp_path):
 def test_bad_threshold_is_named(bad):
     with pytest.raises(ValueError, match="regression_threshold"):
         history.validate_threshold(bad)
+
+
+def test_reference_run_is_one_rule_for_every_chapter(tmp_path):
+    from fp4lab.results import reference_run
+
+    assert reference_run("", "gemm", tmp_path) is None
+    old = RunDir.create(tmp_path, "20261101T000000Z-h200")
+    old.append_rows("gemm", [{"backend": "torch-bf16", "m": 1}])
+    RunDir.create(tmp_path, "20261201T000000Z-h200-moe").append_rows("moe", [{"preset": "glm-5"}])
+    assert reference_run("", "gemm", tmp_path) == old.path           # newest with the table asked for
+    assert reference_run("", "moe", tmp_path).name.endswith("-moe")
+    assert reference_run("none", "gemm", tmp_path) is None            # "none" shows no reference
+    assert reference_run(str(old.path), "gemm", tmp_path) == old.path
+    with pytest.raises(ValueError, match="not a run folder"):
+        reference_run(str(tmp_path / "missing"), "gemm", tmp_path)
+    with pytest.raises(ValueError, match="has no moe table"):
+        reference_run(str(old.path), "moe", tmp_path)

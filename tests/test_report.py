@@ -67,7 +67,9 @@ def test_chapter_parameters_merge_yaml_and_the_four():
 def test_latest_reference_dir(tmp_path):
     assert report.latest_reference_dir(tmp_path / "none") == ""
     for run_id in ("20261101T000000Z-h200", "20261130T000000Z-h200"):
-        RunDir.create(tmp_path, run_id)
+        RunDir.create(tmp_path, run_id).append_rows("gemm", [{"backend": "torch-bf16", "m": 1}])
+    # newer, but one measurement only (a second MoE preset): not a reference for the book
+    RunDir.create(tmp_path, "20261201T000000Z-h200-moe").append_rows("moe", [{"preset": "glm-5"}])
     assert report.latest_reference_dir(tmp_path).endswith("20261130T000000Z-h200")
 
 

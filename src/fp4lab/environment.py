@@ -6,7 +6,6 @@ here, records the run's provenance, and prints findings computed from what detec
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,19 +99,11 @@ def fp4_support(info: hardware.DeviceInfo) -> str:
 
 def reference_device(reference_dir: str) -> dict[str, Any] | None:
     """The device recorded in a reference run's provenance, or None when there is none."""
-    if not reference_dir:
-        reference_dir = _latest_reference()
-    if not reference_dir:
+    run = results.reference_run(reference_dir, table=None if reference_dir else "gemm")
+    if run is None:
         return None
-    run_json = Path(reference_dir) / "run.json"
-    device = json.loads(run_json.read_text()).get("provenance", {}).get("device")
-    return {"run": Path(reference_dir).name, **device} if device else None
-
-
-def _latest_reference() -> str:
-    from fp4lab import report  # lazy: the report module pulls in the book machinery
-
-    return report.latest_reference_dir()
+    device = results.RunDir(run).run_json().get("provenance", {}).get("device")
+    return {"run": run.name, **device} if device else None
 
 
 def record_provenance(run_dir: str) -> dict[str, Any] | None:

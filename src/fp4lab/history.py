@@ -17,9 +17,8 @@ from typing import Any
 
 import pandas as pd
 
-from fp4lab.results import REPO_ROOT, RunDir, list_runs
+from fp4lab.results import REFERENCE_ROOT, RunDir, list_runs
 
-REFERENCE_ROOT = REPO_ROOT / "results" / "reference"
 POINT_KEY = ["backend", "fmt", "m", "n", "k"]
 DEFAULT_THRESHOLD = 0.10
 

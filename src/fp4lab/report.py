@@ -21,12 +21,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fp4lab.results import REPO_ROOT, RunDir, new_run_id, utc_now
+from fp4lab.results import REFERENCE_ROOT, REPO_ROOT, RunDir, new_run_id, reference_run, utc_now
 
 PROFILES = ("smoke", "full")
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 BOOK_DIR = REPO_ROOT / "book"
-REFERENCE_ROOT = REPO_ROOT / "results" / "reference"
 SHARE_DIR = REPO_ROOT / "share"
 KERNEL_NAME = "fp4lab"
 CHAPTER_PATTERN = re.compile(r"^\d\d_[A-Za-z0-9_]+\.ipynb$")
@@ -66,12 +65,9 @@ def device_label(has_cuda: bool) -> str:
 
 
 def latest_reference_dir(reference_root: str | os.PathLike = REFERENCE_ROOT) -> str:
-    """The newest committed reference run with a GEMM sweep (run ids sort by time), or "" when
-    there is none (a run of one measurement only, e.g. a second MoE preset, is not a reference)."""
-    root = Path(reference_root)
-    runs = sorted(p.parent for p in root.glob("*/run.json")) if root.is_dir() else []
-    runs = [run for run in runs if RunDir(run).has_table("gemm")]
-    return str(runs[-1].resolve()) if runs else ""
+    """The newest committed reference run with a GEMM sweep, or "" when there is none."""
+    run = reference_run("", "gemm", reference_root)
+    return str(run.resolve()) if run else ""
 
 
 # -- notebooks and their parameters -------------------------------------------------------------

@@ -34,6 +34,8 @@ PACKAGES = ("torch", "triton", "flashinfer-python", "sgl-kernel", "nvidia-ml-py"
             "pandas", "papermill", "jupyter-book")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+REFERENCE_ROOT = REPO_ROOT / "results" / "reference"
+NO_REFERENCE = "none"  # reference_dir value that shows no reference run
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -233,6 +235,24 @@ def find_run_dirs(*roots: str | os.PathLike) -> list[Path]:
         if root.is_dir():
             found += sorted(p.parent for p in root.glob("*/run.json"))
     return found
+
+
+def reference_run(reference_dir: str | os.PathLike = "", table: str | None = "gemm",
+                  root: str | os.PathLike = REFERENCE_ROOT) -> Path | None:
+    """The run to show beside this one, for every chapter alike: `reference_dir` when given
+    (checked), None for "none", else the newest committed run under `root` holding `table`
+    (run ids sort by time; a run of one measurement only, e.g. a second MoE preset, has no gemm)."""
+    if str(reference_dir) == NO_REFERENCE:
+        return None
+    if reference_dir:
+        path = Path(reference_dir)
+        if not (path / "run.json").is_file():
+            raise ValueError(f"reference_dir {str(reference_dir)!r} is not a run folder (no run.json)")
+        if table and not RunDir(path).has_table(table):
+            raise ValueError(f"reference_dir {str(reference_dir)!r} has no {table} table")
+        return path
+    runs = [p for p in find_run_dirs(root) if not table or RunDir(p).has_table(table)]
+    return runs[-1] if runs else None
 
 
 def list_runs(*roots: str | os.PathLike):

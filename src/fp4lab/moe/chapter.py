@@ -67,11 +67,10 @@ def open_run(run_dir: str):
 
 def reference_moe_rows(reference_dir: str, preset: str) -> pd.DataFrame:
     """The reference run's moe rows for this preset (empty when there is none)."""
-    from fp4lab.results import REPO_ROOT, RunDir, find_run_dirs
+    from fp4lab.results import RunDir, reference_run
 
-    folders = [reference_dir] if reference_dir else [p for p in find_run_dirs(REPO_ROOT / "results" / "reference")
-                                                     if RunDir(p).has_table("moe")][-1:]
-    if not folders:
+    run = reference_run(reference_dir, table=None if reference_dir else "moe")
+    if run is None or not RunDir(run).has_table("moe"):
         return pd.DataFrame()
-    frame = RunDir.open(folders[0]).read_table("moe")
+    frame = RunDir(run).read_table("moe")
     return frame[frame["preset"] == presets.get(preset).key] if len(frame) else frame

@@ -14,10 +14,9 @@ import numpy as np
 import pandas as pd
 
 from fp4lab.plots.common import caption, new_axes
-from fp4lab.results import REPO_ROOT, RunDir
+from fp4lab.results import RunDir, reference_run
 
 STATUSES = ("ok", "wrong_result", "unavailable", "error", "oom")
-REFERENCE_ROOT = REPO_ROOT / "results" / "reference"
 
 # The seed's table, as published (docs/REFERENCES.md): FlashInfer CUTLASS FP4 on an RTX PRO 6000
 # Blackwell (sm_120), shapes ~ M x 2048 x 6144 and larger; % of an estimated ~2000 dense TOPS.
@@ -35,15 +34,8 @@ SEED_SM120_TABLE = pd.DataFrame({
 # -- runs -------------------------------------------------------------------------------------
 
 def find_reference_run(reference_dir: str | Path = "") -> Path | None:
-    """`reference_dir` if given, else the newest run under results/reference with a gemm table."""
-    if reference_dir:
-        path = Path(reference_dir)
-        if not RunDir.open(path).has_table("gemm"):
-            raise ValueError(f"reference_dir: {path} has no gemm table")
-        return path
-    candidates = sorted(p.parent for p in REFERENCE_ROOT.glob("*/run.json")
-                        if RunDir(p.parent).has_table("gemm"))
-    return candidates[-1] if candidates else None
+    """`reference_dir` if given ("none": no reference), else the newest committed GEMM run."""
+    return reference_run(reference_dir, "gemm")
 
 
 def load_run(path: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]:

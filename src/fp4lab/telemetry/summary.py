@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fp4lab.results import RunDir
+from fp4lab.results import RunDir, reference_run
 
 POINT_COLUMNS = ["backend", "fmt", "m", "n", "k", "tflops", "avg_power_w", "energy_per_call_j",
                  "tflops_per_w", "sm_clock_mhz", "throttle_reasons", "window_start_s", "window_end_s"]
@@ -71,14 +71,9 @@ def read_run_power(run_dir: str | os.PathLike) -> RunPower:
 
 
 def resolve_reference_dir(reference_dir: str = "") -> str:
-    """The reference run to show beside this one: the given folder, else the newest committed one."""
-    if reference_dir:
-        if not (Path(reference_dir) / "run.json").is_file():
-            raise ValueError(f"reference_dir {reference_dir!r} is not a run folder (no run.json)")
-        return reference_dir
-    from fp4lab.report import latest_reference_dir
-
-    return latest_reference_dir()
+    """The reference run to show beside this one (results.reference_run), "" when there is none."""
+    run = reference_run(reference_dir, table=None if reference_dir else "gemm")
+    return str(run) if run else ""
 
 
 def _pct(part: float, whole: float | None) -> str:
