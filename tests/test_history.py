@@ -32,7 +32,7 @@ def test_ratios_regressions_and_version_changes(tmp_path):
     assert changes.loc["torch"].tolist() == ["2.11.0", "2.12.0"]
     assert changes.loc["driver"].tolist() == ["580.1", "580.2"]
     text = " ".join(history.summary(c))
-    assert "1 points are more than 10% slower" in text and "torch 2.11.0 -> 2.12.0" in text
+    assert "1 point is more than 10% slower" in text and "torch 2.11.0 -> 2.12.0" in text
 
 
 def test_only_correct_points_are_compared(tmp_path):

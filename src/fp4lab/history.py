@@ -156,7 +156,8 @@ def summary(c: Comparison) -> list[str]:
                  f"{median:.2f}x the time it took then ({'slower' if median > 1 else 'faster or equal'} now).")
     if len(c.regressions):
         worst = c.regressions.iloc[0]
-        lines.append(f"{len(c.regressions)} points are more than {c.threshold:.0%} slower; the worst is "
+        lines.append(f"{plural(len(c.regressions), 'point')} {'is' if len(c.regressions) == 1 else 'are'} "
+                     f"more than {c.threshold:.0%} slower; the worst is "
                      f"{worst.backend} {worst.fmt} M={worst.m} {worst.n}x{worst.k} at {worst.time_ratio:.2f}x.")
     else:
         lines.append(f"No point is more than {c.threshold:.0%} slower.")

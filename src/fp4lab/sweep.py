@@ -62,7 +62,7 @@ class SweepConfig:
     # TimerConfig overrides other than repeats (see fp4lab.bench.TimerConfig)
     timer: dict[str, Any] = field(default_factory=dict)
     energy_window_s: float = 0.0     # 0 = no energy window per point
-    telemetry_hz: float = 10.0       # NVML sampling rate while the sweep runs
+    telemetry_hz: float = 20.0       # NVML sampling rate while the sweep runs (under 1% overhead: NOTES.md)
     profile: str = "smoke"
     seed: int = 0
 
