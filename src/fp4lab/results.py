@@ -101,6 +101,12 @@ def provenance(command: list[str] | str | None = None) -> dict[str, Any]:
     }
 
 
+def device_label(run_json: dict[str, Any]) -> str:
+    """The device a run measured, from its provenance (not the machine reading it)."""
+    device = run_json.get("provenance", {}).get("device", {})
+    return device.get("name") or device.get("cpu_model") or device.get("kind") or "unknown device"
+
+
 def _json_default(value: Any):
     if hasattr(value, "item"):
         return value.item()

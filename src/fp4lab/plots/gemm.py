@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from fp4lab.plots.common import caption, new_axes
-from fp4lab.results import RunDir, reference_run
+from fp4lab.results import RunDir, device_label, reference_run
 
 STATUSES = ("ok", "wrong_result", "unavailable", "error", "oom")
 
@@ -44,8 +44,7 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]:
 
 
 def gpu_label(info: dict[str, Any]) -> str:
-    device = info.get("provenance", {}).get("device", {})
-    return device.get("name") or device.get("cpu_model") or device.get("kind") or "unknown device"
+    return device_label(info)
 
 
 def caption_text(info: dict[str, Any]) -> str:
