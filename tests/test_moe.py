@@ -252,3 +252,25 @@ def test_concurrency_for_utilization():
     assert layer_model.concurrency_for_utilization(table, 0.9)["batch_needed"].iloc[0] is None
     with pytest.raises(ValueError, match="target utilization"):
         layer_model.concurrency_for_utilization(table, 1.5)
+
+
+def test_the_chapter_shows_what_the_run_holds_and_measures_only_when_it_holds_nothing(tmp_path, monkeypatch):
+    from fp4lab.moe import chapter
+    from fp4lab.results import RunDir
+
+    params = chapter.validate("glm-5", [8], "uniform", [1], 4, 0, True, 0.5, "cpu", 2)
+    measured = []
+    monkeypatch.setattr(chapter.grouped, "run_sweep", lambda config, run: measured.append(config) or
+                        run.append_rows("moe", [{"preset": params.measured_model.key, "batch": 8}]))
+    # a GPU run rendered on a CPU machine: its real-preset rows are shown, nothing is measured
+    gpu_run = RunDir.create(tmp_path, "gpu-run")
+    gpu_run.append_rows("moe", [{"preset": "glm-5", "batch": 512}])
+    rows, model = chapter.shown_rows(gpu_run, params)
+    assert model.key == "glm-5" and list(rows["batch"]) == [512] and not measured
+    # an empty run on CPU: the scaled stand-in is measured
+    rows, model = chapter.shown_rows(RunDir.create(tmp_path, "cpu-run"), params)
+    assert model.scaled and len(measured) == 1 and list(rows["batch"]) == [8]
+    # the peak comes from the device the run measured, not the machine reading it
+    gpu_run.update_run_json("provenance", {"device": {"name": "NVIDIA H200"}})
+    assert chapter.run_peak_bf16_tflops(gpu_run) == 989
+    assert chapter.run_peak_bf16_tflops(RunDir.open(tmp_path / "cpu-run")) is None

@@ -32,8 +32,7 @@ def check_parameters(run_dir: str = "", reference_dir: str = "", profile: str = 
     for name, value in (("run_dir", run_dir), ("reference_dir", reference_dir)):
         if not isinstance(value, str):
             raise ValueError(f"{name} must be a path string (\"\" for none), got {value!r}")
-    if reference_dir and not (Path(reference_dir) / "run.json").is_file():
-        raise ValueError(f"reference_dir {reference_dir!r} is not a run folder (no run.json)")
+    results.reference_run(reference_dir, table=None)  # a bad reference_dir raises, naming it
     if run_dir and Path(run_dir).exists() and not Path(run_dir).is_dir():
         raise ValueError(f"run_dir {run_dir!r} exists and is not a folder")
     return EnvironmentParams(run_dir, reference_dir, profile, hardware.resolve_device(device))

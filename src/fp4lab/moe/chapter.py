@@ -18,7 +18,6 @@ class ChapterParams:
     measured_model: presets.ModelPreset # what is timed: the real one on a GPU, a scaled one on CPU
     target_utilization: float
     measure: bool
-    peak_bf16_tflops: float | None      # spec sheet of the GPU in use; None on CPU
 
 
 def validate(preset: str, batch_sizes, routing_spec: str, ep_degrees, steps: int, seed: int,
@@ -35,9 +34,8 @@ def validate(preset: str, batch_sizes, routing_spec: str, ep_degrees, steps: int
                                  ep_degrees=tuple(ep_degrees), steps=steps, seed=seed, device=device,
                                  scaled=info.kind != "cuda", timer_repeats=timer_repeats,
                                  timer_warmup_s=1.0 if info.kind == "cuda" else 0.0).validate()
-    peak = info.spec.peak_tflops.get("bf16") if info.spec is not None else None
     return ChapterParams(config, presets.get(preset), config.model(), float(target_utilization),
-                         measure, peak)
+                         measure)
 
 
 def load_stats_table(model: presets.ModelPreset, batch_sizes, routing_spec: str, ep_degrees,
@@ -63,6 +61,30 @@ def open_run(run_dir: str):
         return RunDir.create(tempfile.mkdtemp(prefix="fp4lab-moe-"), run_id="moe")
     path = Path(run_dir)
     return RunDir.open(path) if (path / "run.json").exists() else RunDir.create(path.parent, run_id=path.name)
+
+
+def shown_rows(run, params: ChapterParams) -> tuple[pd.DataFrame, presets.ModelPreset]:
+    """The moe rows the chapter shows, and their model: the run's own rows of the real preset or
+    of its CPU stand-in, whichever the run holds (a run is shown as it was measured, whatever
+    machine renders it); measured now only when it holds neither and `measure` is on."""
+    frame = run.read_table("moe") if run.has_table("moe") else pd.DataFrame({"preset": []})
+    for model in (params.model, params.measured_model):
+        if (frame["preset"] == model.key).any():
+            return frame[frame["preset"] == model.key], model
+    if not params.measure:
+        return frame.iloc[0:0], params.measured_model
+    grouped.run_sweep(params.sweep, run)
+    frame = run.read_table("moe")
+    return frame[frame["preset"] == params.measured_model.key], params.measured_model
+
+
+def run_peak_bf16_tflops(run) -> float | None:
+    """The dense bf16 peak of the GPU the run measured (its spec sheet), None for a CPU run."""
+    from fp4lab import hardware
+
+    name = run.run_json().get("provenance", {}).get("device", {}).get("name")
+    spec = hardware.match_spec(name)
+    return spec.peak_tflops.get("bf16") if spec is not None else None
 
 
 def reference_moe_rows(reference_dir: str, preset: str) -> pd.DataFrame:

@@ -174,8 +174,7 @@ def check_chapter_parameters(sample_rate_hz: float, duration_s: float, device: s
         raise ValueError(f"profile {profile!r}: use one of {', '.join(PROFILES)}")
     if run_dir and not Path(run_dir).is_dir():
         raise ValueError(f"run_dir {run_dir!r} does not exist")
-    if reference_dir and not (Path(reference_dir) / "run.json").is_file():
-        raise ValueError(f"reference_dir {reference_dir!r} is not a run folder (no run.json)")
+    reference_run(reference_dir, table=None)  # a bad reference_dir raises, naming it
 
 
 def _uses_cuda(device: str) -> bool:
