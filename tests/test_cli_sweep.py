@@ -73,3 +73,12 @@ def test_cpu_sweep_through_the_cli(tmp_path):
     info = json.loads((run_path / "run.json").read_text())
     assert "sweep" in info["sweep"]["command"] and info["sweep"]["status"] == "complete"
     assert info["provenance"]["versions"]["torch"]
+
+
+def test_eager_flag_times_launches_without_graphs(tmp_path, capsys):
+    assert cli.main(["sweep", "--backends", "torch-bf16", "--format", "nvfp4", "--m", "1",
+                     "--shapes", "64x64", "--device", "cpu", "--repeats", "2", "--eager", "--quiet",
+                     "--out", str(tmp_path), "--run-id", "eager"]) == 0
+    run_json = json.loads((tmp_path / "eager" / "run.json").read_text())
+    assert run_json["sweep"]["config"]["timer"]["use_graph"] is False
+    assert capsys.readouterr().out.strip().endswith("eager")

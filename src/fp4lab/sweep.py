@@ -626,11 +626,14 @@ def _comma_list(text: str | None) -> tuple[str, ...]:
 
 
 def config_from_args(args) -> SweepConfig:
-    return config_from_params(
+    config = config_from_params(
         profile=args.profile, device=args.device, backends=_comma_list(args.backends),
         fmts=_comma_list(args.format), m_values=parse_int_list(args.m, "m") if args.m else None,
         shapes=parse_shapes(args.shapes) if args.shapes else None, preset=args.preset,
         repeats=args.repeats, energy_window_s=args.energy_window)
+    if getattr(args, "eager", False):
+        config = dataclasses.replace(config, timer={**config.timer, "use_graph": False})
+    return config
 
 
 def sweep_into(config: SweepConfig, run_dir: str | os.PathLike = "", runs_dir: str = "runs",
@@ -665,6 +668,8 @@ def add_cli(subparsers) -> None:
     parser.add_argument("--run-id", help="name of the run folder (default: time stamp + device)")
     parser.add_argument("--resume", metavar="RUN_DIR",
                         help="continue this run folder's stored grid, skipping finished points")
+    parser.add_argument("--eager", action="store_true",
+                        help="time eager launches instead of CUDA-graph replays (shows launch overhead)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or per-point lines")
     parser.set_defaults(func=_cli_sweep)
 
