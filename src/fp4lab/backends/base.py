@@ -139,5 +139,14 @@ def missing_package_reason(module: str, pip_name: str) -> str | None:
     return None
 
 
+def fp4_tensor_core_reason(device: str, capabilities: tuple[tuple[int, int], ...],
+                           module: str | None = None, pip_name: str | None = None) -> str | None:
+    """Why a native-FP4 backend cannot run: no GPU, then the capability (which alone rules out
+    Hopper, without importing the package), then the package; None when it can."""
+    return (gpu_reason(device)
+            or fp4_capability_reason(cuda_capability(device), capabilities)
+            or (missing_package_reason(module, pip_name) if module else None))
+
+
 def round_up(value: int, multiple: int) -> int:
     return (value + multiple - 1) // multiple * multiple

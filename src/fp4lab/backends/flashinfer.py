@@ -17,8 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from fp4lab.backends.base import (
-    OUTPUT_DTYPE, Backend, cuda_capability, fp4_capability_reason, gpu_reason,
-    missing_package_reason, prepared_from, resolve_device, round_up,
+    OUTPUT_DTYPE, Backend, fp4_tensor_core_reason, prepared_from, resolve_device, round_up,
 )
 
 TRTLLM_EPILOGUE_TILE_M = 128
@@ -53,14 +52,7 @@ class FlashInferMmFp4(Backend):
         self.formats = self.variant.formats
 
     def availability(self, device: str) -> tuple[bool, str]:
-        reason = gpu_reason(device)
-        if reason:
-            return False, reason
-        # the capability alone rules it out on Hopper: no need to import the package to say so
-        reason = fp4_capability_reason(cuda_capability(device), self.variant.capabilities)
-        if reason:
-            return False, reason
-        reason = missing_package_reason("flashinfer", "flashinfer-python")
+        reason = fp4_tensor_core_reason(device, self.variant.capabilities, "flashinfer", "flashinfer-python")
         if reason:
             return False, reason
         return True, f"flashinfer.mm_fp4(backend={self.variant.backend!r})"

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 
 from fp4lab.backends.base import (
-    BLACKWELL_FP4_CAPABILITIES, OUTPUT_DTYPE, Backend, cuda_capability, fp4_capability_reason,
-    gpu_reason, missing_package_reason, prepared_from, resolve_device,
+    BLACKWELL_FP4_CAPABILITIES, OUTPUT_DTYPE, Backend, fp4_tensor_core_reason, prepared_from,
+    resolve_device,
 )
 
 
@@ -25,13 +25,7 @@ class SglCutlass(Backend):
     operand_dtype = "fp4"
 
     def availability(self, device: str) -> tuple[bool, str]:
-        reason = gpu_reason(device)
-        if reason:
-            return False, reason
-        reason = fp4_capability_reason(cuda_capability(device), BLACKWELL_FP4_CAPABILITIES)
-        if reason:
-            return False, reason
-        reason = missing_package_reason("sgl_kernel", "sgl-kernel")
+        reason = fp4_tensor_core_reason(device, BLACKWELL_FP4_CAPABILITIES, "sgl_kernel", "sgl-kernel")
         if reason:
             return False, reason
         return True, "sgl_kernel.cutlass_scaled_fp4_mm"

@@ -9,7 +9,7 @@ import torch
 
 from fp4lab.backends.base import (
     BLACKWELL_FP4_CAPABILITIES, OUTPUT_DTYPE, Backend, cuda_capability, describe_capability,
-    fp4_capability_reason, gpu_reason, prepared_from, resolve_device,
+    fp4_tensor_core_reason, gpu_reason, prepared_from, resolve_device,
 )
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -109,10 +109,7 @@ class TorchFp4(Backend):
     operand_dtype = "fp4"
 
     def availability(self, device: str) -> tuple[bool, str]:
-        reason = gpu_reason(device)
-        if reason:
-            return False, reason
-        reason = fp4_capability_reason(cuda_capability(device), BLACKWELL_FP4_CAPABILITIES)
+        reason = fp4_tensor_core_reason(device, BLACKWELL_FP4_CAPABILITIES)
         if reason:
             return False, reason
         if not hasattr(torch, "float4_e2m1fn_x2"):
