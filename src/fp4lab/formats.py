@@ -205,47 +205,55 @@ def nvfp4_quantize(x: torch.Tensor, global_scale=None) -> QuantizedTensor:
         if not (torch.isfinite(global_scale) and global_scale > 0):
             raise ValueError(f"global_scale must be a finite positive number, got {global_scale.item()}")
     gs = global_scale.item()
-    block = BLOCK_SIZE["nvfp4"]
-    n_rows, k = rows.shape
-    packed = torch.empty(n_rows, k // 2, dtype=torch.uint8, device=x.device)
-    scales = torch.empty(n_rows, k // block, dtype=torch.float8_e4m3fn, device=x.device)
-    start = 0
-    for chunk in _row_chunks(rows):
-        blocks = chunk.float().reshape(chunk.shape[0], k // block, block)   # [r, K/B, B]
-        chunk_scales, decode_scale = _nvfp4_block_scales(blocks, gs)        # [r, K/B]
+
+    def block_scales(blocks):                                               # [r, K/B, B]
+        stored, decode_scale = _nvfp4_block_scales(blocks, gs)              # [r, K/B]
         # A zero scale (zero block, or values below e4m3's smallest subnormal) encodes zeros.
         inverse = torch.where(decode_scale > 0, 1.0 / decode_scale, torch.zeros_like(decode_scale))
-        nibbles = e2m1_encode(blocks * inverse.unsqueeze(-1)).reshape(chunk.shape[0], k)
-        end = start + chunk.shape[0]
-        packed[start:end] = pack_nibbles(nibbles)
-        scales[start:end] = chunk_scales
-        start = end
-    lead = tuple(x.shape[:-1])
-    return QuantizedTensor(packed.reshape(*lead, k // 2), scales.reshape(*lead, k // block),
-                           global_scale, "nvfp4", tuple(x.shape))
+        return stored, inverse
+
+    packed, scales = _quantize_rows(rows, BLOCK_SIZE["nvfp4"], torch.float8_e4m3fn, block_scales)
+    return _quantized(x, packed, scales, global_scale, "nvfp4")
 
 
 def mxfp4_quantize(x: torch.Tensor) -> QuantizedTensor:
     """MXFP4 (OCP MX v1.0) of x [..., K]: e2m1 nibbles, e8m0 power-of-two scales per 32."""
     rows = _check_input(x, "mxfp4")                                    # [R, K]
     _abs_max(rows)
-    block = BLOCK_SIZE["mxfp4"]
+
+    def block_scales(blocks):                                               # [r, K/B, B]
+        codes, exponent = _mxfp4_block_scales(blocks)                       # [r, K/B]
+        # Multiply by 2^-e (exact, a power of two) rather than divide by a subnormal 2^e.
+        return codes, exp2_exact(-exponent)
+
+    packed, scales = _quantize_rows(rows, BLOCK_SIZE["mxfp4"], torch.uint8, block_scales)
+    return _quantized(x, packed, scales, None, "mxfp4")
+
+
+def _quantize_rows(rows: torch.Tensor, block: int, scale_dtype: torch.dtype, block_scales):
+    """rows [R, K] -> (packed uint8 [R, K/2], stored scales [R, K/B]), a chunk of rows at a time.
+
+    `block_scales(blocks [r, K/B, B])` returns (stored scales [r, K/B], the factor [r, K/B] that
+    brings each block into e2m1's range)."""
     n_rows, k = rows.shape
-    packed = torch.empty(n_rows, k // 2, dtype=torch.uint8, device=x.device)
-    scales = torch.empty(n_rows, k // block, dtype=torch.uint8, device=x.device)
+    packed = torch.empty(n_rows, k // 2, dtype=torch.uint8, device=rows.device)
+    scales = torch.empty(n_rows, k // block, dtype=scale_dtype, device=rows.device)
     start = 0
     for chunk in _row_chunks(rows):
         blocks = chunk.float().reshape(chunk.shape[0], k // block, block)   # [r, K/B, B]
-        codes, exponent = _mxfp4_block_scales(blocks)                       # [r, K/B]
-        # Multiply by 2^-e (exact, a power of two) rather than divide by a subnormal 2^e.
-        nibbles = e2m1_encode(blocks * exp2_exact(-exponent).unsqueeze(-1))
+        stored, factor = block_scales(blocks)
+        nibbles = e2m1_encode(blocks * factor.unsqueeze(-1)).reshape(chunk.shape[0], k)
         end = start + chunk.shape[0]
-        packed[start:end] = pack_nibbles(nibbles.reshape(chunk.shape[0], k))
-        scales[start:end] = codes
+        packed[start:end] = pack_nibbles(nibbles)
+        scales[start:end] = stored
         start = end
-    lead = tuple(x.shape[:-1])
-    return QuantizedTensor(packed.reshape(*lead, k // 2), scales.reshape(*lead, k // block),
-                           None, "mxfp4", tuple(x.shape))
+    return packed, scales
+
+
+def _quantized(x: torch.Tensor, packed, scales, global_scale, fmt: str) -> QuantizedTensor:
+    lead, k = tuple(x.shape[:-1]), x.shape[-1]
+    return QuantizedTensor(packed.reshape(*lead, k // 2), scales.reshape(*lead, k // BLOCK_SIZE[fmt]),
+                           global_scale, fmt, tuple(x.shape))
 
 
 def quantize(x: torch.Tensor, fmt: str) -> QuantizedTensor:
