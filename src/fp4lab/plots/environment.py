@@ -26,7 +26,7 @@ def peaks_and_bandwidth(table, highlight_key: str | None = None):
     ridge_ax.set(yscale="log", ylabel="FLOP per byte to be compute-bound", title="Ridge point")
     ridge_ax.tick_params(axis="x", rotation=30)
     ridge_ax.legend(fontsize=8)
-    note = f"* = the device in use. " if highlight_key else ""
+    note = "* = the device in use. " if highlight_key else ""
     caption(fig, note + "Source: fp4lab.hardware.SPECS (vendor datasheets; dense = sparse/2 where "
                         "only sparse figures are published). Not measured.")
     return fig
