@@ -16,7 +16,7 @@ from fp4lab.telemetry.sampler import TELEMETRY_COLUMNS, Sampler
 SYNC_EVERY_CALLS = 8  # keep the queue short so the load stops when the clock says so
 
 
-@dataclass
+@dataclass(frozen=True)
 class SteadyLoad:
     m: int = 8192
     n: int = 8192
