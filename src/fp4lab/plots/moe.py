@@ -58,7 +58,7 @@ def tflops_vs_batch(rows: pd.DataFrame, peak_tflops: float | None, note: str):
 def model_vs_measured(compared: pd.DataFrame, note: str):
     """Layer-model error against the measured rows, per method and batch."""
     fig, ax = new_axes()
-    sns.barplot(data=compared, x="batch", y="error_pct", hue="method", ax=ax)
+    sns.barplot(data=compared.astype({"batch": int}), x="batch", y="error_pct", hue="method", ax=ax)
     ax.axhspan(-15, 15, color="0.9", zorder=0)
     ax.set(xlabel="concurrency B", ylabel="(predicted - measured) / measured, %")
     caption(fig, note)
