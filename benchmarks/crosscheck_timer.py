@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from fp4lab import bench
+from fp4lab import bench, sweep
 from fp4lab.results import provenance
 
 AGREEMENT = 0.05  # |fp4lab / do_bench - 1| allowed
@@ -30,25 +30,12 @@ DEFAULT_SHAPES = "6144x2048,8192x8192"  # GLM-5 expert down-projection (fits in 
 DEFAULT_M = "1,64,1024,8192"
 
 
-def parse_ints(text: str, name: str) -> list[int]:
+def parse_grid(m_text: str, shapes_text: str) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+    """--m and --shapes through the sweep's parsers; a bad value exits with one line."""
     try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise SystemExit(f"crosscheck: --{name} must be comma-separated integers, got {text!r}")
-    if not values or min(values) < 1:
-        raise SystemExit(f"crosscheck: --{name} values must be >= 1, got {text!r}")
-    return values
-
-
-def parse_shapes(text: str) -> list[tuple[int, int]]:
-    shapes = []
-    for part in text.split(","):
-        try:
-            n, k = (int(v) for v in part.lower().split("x"))
-        except ValueError:
-            raise SystemExit(f"crosscheck: --shapes takes NxK,NxK,..., got {part!r}")
-        shapes.append((n, k))
-    return shapes
+        return sweep.parse_int_list(m_text, "--m", minimum=1), sweep.parse_shapes(shapes_text)
+    except ValueError as exc:
+        raise SystemExit(f"crosscheck: {exc}")
 
 
 def bf16_matmul(args, out):
@@ -127,8 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     config = dataclasses.replace(bench.TimerConfig.full(), repeats=args.repeats)
     print(f"warm-up: SM clock {bench.warm_up_clocks('cuda', config)} MHz", flush=True)
     points = []
-    for n, k in parse_shapes(args.shapes):
-        for m in parse_ints(args.m, "m"):
+    m_values, shapes = parse_grid(args.m, args.shapes)
+    for n, k in shapes:
+        for m in m_values:
             points.append(measure_point(m, n, k, config))
             print(point_line(points[-1]), flush=True)
     failures = [p for p in points if not p["pass"]]

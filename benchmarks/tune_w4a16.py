@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from fp4lab import bench, correctness, formats, roofline
+from fp4lab import bench, correctness, formats, roofline, sweep
 from fp4lab.backends import get
 from fp4lab.backends.triton_w4a16 import TileConfig, auto_split_k, choose_config, sm_count
 from fp4lab.results import provenance
@@ -297,27 +297,23 @@ def shape_presets_snippet(best: list[dict]) -> str:
 
 # --- command line --------------------------------------------------------------------------------
 
-def parse_shapes(text: str) -> list[tuple[int, int]]:
-    shapes = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        try:
-            n, k = (int(v) for v in part.lower().split("x"))
-        except ValueError:
-            raise SystemExit(f"tune_w4a16: --shapes takes NxK,NxK,..., got {part!r}")
+def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
+    """NxK,... through the sweep's parser, with the kernel's own limit on K."""
+    try:
+        shapes = sweep.parse_shapes(text)
+    except ValueError as exc:
+        raise SystemExit(f"tune_w4a16: --{exc}")
+    for n, k in shapes:
         if n < 1 or k < 32 or k % 32:
-            raise SystemExit(f"tune_w4a16: --shapes {part!r}: need N >= 1 and K a multiple of 32")
-        shapes.append((n, k))
+            raise SystemExit(f"tune_w4a16: --shapes {n}x{k}: need N >= 1 and K a multiple of 32")
     return shapes
 
 
-def parse_m(text: str) -> list[int]:
+def parse_m(text: str) -> tuple[int, ...]:
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise SystemExit(f"tune_w4a16: --m must be comma-separated integers, got {text!r}")
-    if not values or min(values) < 1:
-        raise SystemExit(f"tune_w4a16: --m values must be >= 1, got {text!r}")
-    return values
+        return sweep.parse_int_list(text, "--m", minimum=1)
+    except ValueError as exc:
+        raise SystemExit(f"tune_w4a16: {exc}")
 
 
 def parse_mxfp4_points(text: str) -> list[Point]:

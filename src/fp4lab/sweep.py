@@ -572,11 +572,14 @@ def is_complete(run: RunDir, config: SweepConfig) -> bool:
 
 # -- CLI --------------------------------------------------------------------------------------
 
-def parse_int_list(text: str, argument: str) -> tuple[int, ...]:
+def parse_int_list(text: str, argument: str, minimum: int | None = None) -> tuple[int, ...]:
     try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
+        values = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
         raise ValueError(f"{argument}: {text!r} is not a comma list of integers") from None
+    if minimum is not None and (not values or min(values) < minimum):
+        raise ValueError(f"{argument}: values must be >= {minimum}, got {text!r}")
+    return values
 
 
 def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
