@@ -183,13 +183,10 @@ class SmClock:
         try:
             import pynvml
 
+            from fp4lab.hardware import nvml_handle
+
             pynvml.nvmlInit()
-            uuid = str(torch.cuda.get_device_properties(device).uuid)
-            try:
-                self.handle = pynvml.nvmlDeviceGetHandleByUUID(
-                    uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
-            except pynvml.NVMLError:  # uuid forms differ across versions: fall back to the index
-                self.handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+            self.handle = nvml_handle(pynvml, device.index or 0)
             self.nvml = pynvml
         except Exception:  # noqa: BLE001 - no NVML means no clock readings, never a failure
             self.handle = None

@@ -260,7 +260,7 @@ def _detect_cuda(device: str) -> DeviceInfo:
         l2_mb=round(l2_bytes / 2**20, 1) if l2_bytes else None,
         spec=match_spec(props.name),
     )
-    _fill_from_nvml(info, index, _pci_bus_id(props))
+    _fill_from_nvml(info, index)
     return info
 
 
@@ -272,7 +272,21 @@ def _pci_bus_id(props) -> str | None:
         return None
 
 
-def _fill_from_nvml(info: DeviceInfo, index: int, bus_id: str | None) -> None:
+def nvml_handle(pynvml, index: int):
+    """NVML's handle of torch's CUDA device `index`: found by PCI bus id, so CUDA_VISIBLE_DEVICES
+    reordering cannot mismatch them; by index where the bus id is unknown or not accepted."""
+    import torch
+
+    bus_id = _pci_bus_id(torch.cuda.get_device_properties(index))
+    if bus_id:
+        try:
+            return pynvml.nvmlDeviceGetHandleByPciBusId(bus_id)
+        except Exception:  # older NVML or another id format: the index below is the fallback
+            pass
+    return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
+def _fill_from_nvml(info: DeviceInfo, index: int) -> None:
     """Driver, clocks and power limit from NVML; each missing answer leaves its field None."""
     try:
         import pynvml
@@ -285,14 +299,7 @@ def _fill_from_nvml(info: DeviceInfo, index: int, bus_id: str | None) -> None:
         info.notes.append(f"NVML: init failed ({exc})")
         return
     try:
-        handle = None
-        if bus_id:
-            try:
-                handle = pynvml.nvmlDeviceGetHandleByPciBusId(bus_id)
-            except Exception:
-                pass  # older NVML or another id format: the index below is the fallback
-        if handle is None:
-            handle = _nvml(info, "device handle", pynvml.nvmlDeviceGetHandleByIndex, index)
+        handle = _nvml(info, "device handle", nvml_handle, pynvml, index)
         driver = _nvml(info, "driver version", pynvml.nvmlSystemGetDriverVersion)
         info.driver = driver.decode() if isinstance(driver, bytes) else driver
         if handle is None:
