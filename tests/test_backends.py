@@ -9,6 +9,7 @@ import torch
 
 from fp4lab import backends, formats
 from fp4lab.backends import base
+from fp4lab.dtypes import WEIGHT_DTYPES
 from fp4lab.cli import main as cli_main
 
 EXPECTED_NAMES = ["torch-bf16", "torch-fp8", "emulated", "torch-fp4", "flashinfer-cutlass",
@@ -38,7 +39,7 @@ def test_registry_names_are_exact():
     for name in EXPECTED_NAMES:
         backend = backends.get(name)
         assert backend.name == name
-        assert backend.operand_dtype in base.OPERAND_DTYPES
+        assert backend.weight_dtype in WEIGHT_DTYPES and backend.math_dtype in ("fp4", "fp8", "bf16")
         assert set(backend.formats) <= {"nvfp4", "mxfp4"}
 
 
@@ -64,7 +65,7 @@ def test_cpu_availability():
 
 
 def test_bad_device_is_a_clear_error():
-    with pytest.raises(ValueError, match="device must be 'auto', 'cpu' or 'cuda', got 'tpu'"):
+    with pytest.raises(ValueError, match="device 'tpu': use 'auto', 'cpu', 'cuda' or 'cuda:N'"):
         backends.list_backends("tpu")
 
 
@@ -123,7 +124,8 @@ def test_cli_table_and_json(capsys):
     assert cli_main(["backends", "--json", "--device", "cpu"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [row["name"] for row in rows] == EXPECTED_NAMES
-    assert set(rows[0]) == {"name", "formats", "library", "available", "reason"}
+    assert set(rows[0]) == {"name", "formats", "library", "weight_dtype", "act_dtype", "math_dtype",
+                            "note", "available", "reason"}
 
 
 def test_cli_bad_device_exits_2(capsys):

@@ -235,8 +235,7 @@ def test_bad_tile_config_names_the_field(field, value):
 
 def test_backend_declares_weight_only_roofline_dtypes():
     backend = triton_w4a16.TritonW4A16()
-    assert (backend.weight_dtype, backend.act_dtype, backend.operand_dtype) == ("fp4", "bf16",
-                                                                                "bf16")
+    assert (backend.weight_dtype, backend.act_dtype, backend.math_dtype) == ("fp4", "bf16", "bf16")
 
 
 @pytest.mark.cuda

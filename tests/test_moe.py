@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
+from fp4lab.backends import moe as moe_methods
 from fp4lab.moe import cli as moe_cli
 from fp4lab.moe import grouped, layer_model, presets, routing, stats
 
@@ -152,8 +153,8 @@ def test_loop_grouped_padded_agree():
     problem = grouped.make_problem(np.array([3, 0, 5, 1]), n=32, k=64, device="cpu", seed=0)
     outputs = {}
     for method in ("loop-bf16", "grouped-bf16", "padded-bf16"):
-        prepared = grouped.PREPARE[method](problem)
-        gate = grouped.check_grouped(prepared, problem.loads)
+        prepared = moe_methods.get(method).prepare(problem)
+        gate = moe_methods.check_call(prepared, problem)
         assert gate.ok, (method, gate.message)
         outputs[method] = prepared.to_rows(prepared.call()).float()
     assert torch.allclose(outputs["loop-bf16"], outputs["padded-bf16"], atol=2e-2)
@@ -162,10 +163,10 @@ def test_loop_grouped_padded_agree():
 
 def test_wrong_method_fails_the_gate():
     problem = grouped.make_problem(np.array([2, 2]), n=16, k=32, device="cpu", seed=0)
-    prepared = grouped.prepare_loop_bf16(problem)
+    prepared = moe_methods.get("loop-bf16").prepare(problem)
     original = prepared.call
     prepared.call = lambda: original().mul_(2.0)                             # a factor-2 bug
-    assert grouped.check_grouped(prepared, problem.loads).status == "wrong_result"
+    assert moe_methods.check_call(prepared, problem).status == "wrong_result"
 
 
 def test_sweep_rows_on_cpu(tmp_path, monkeypatch):
@@ -182,8 +183,8 @@ def test_sweep_rows_on_cpu(tmp_path, monkeypatch):
     assert set(batch_rows["ep"]) == {1, 2} and batch_rows["scaled"].all()
     for method in ("loop-bf16", "grouped-bf16", "padded-bf16"):
         assert (batch_rows[batch_rows["method"] == method]["status"] == "ok").all()
-    fp4 = batch_rows[batch_rows["method"] == "grouped-fp4"]
-    assert (fp4["status"] == "unavailable").all() and fp4["error"].str.contains("sm_100").all()
+    fp8 = batch_rows[batch_rows["method"] == "grouped-fp8"]
+    assert (fp8["status"] == "unavailable").all() and fp8["error"].str.contains("GPU").all()
     assert (frame[frame["method"] == "dense-bf16"]["m"].dropna().tolist()) == [1, 8]
 
 
@@ -201,8 +202,8 @@ def test_sweep_config_rejects_bad_values():
 def test_grouped_bf16_on_gpu():
     problem = grouped.make_problem(np.array([5, 0, 17, 3]), n=256, k=512, device="cuda", seed=0)
     for method in ("loop-bf16", "grouped-bf16", "padded-bf16"):
-        prepared = grouped.PREPARE[method](problem)
-        assert grouped.check_grouped(prepared, problem.loads).ok
+        prepared = moe_methods.get(method).prepare(problem)
+        assert moe_methods.check_call(prepared, problem).ok
 
 
 # --- layer model ---------------------------------------------------------------------------------

@@ -46,10 +46,10 @@ def test_nvfp4_intensity_is_about_3_6_m_at_small_m(m):
 
 @pytest.mark.parametrize("call", [
     lambda: gemm_bytes(0, 1, 32, "bf16", None),
-    lambda: gemm_bytes(1, 1, 32, "int4", "nvfp4"),
+    lambda: gemm_bytes(1, 1, 32, "int8", "nvfp4"),
     lambda: gemm_bytes(1, 1, 32, "fp4", None),
     lambda: gemm_bytes(1, 1, 32, "bf16", None, out_dtype="int8"),
-    lambda: math_dtype("fp4", "fp8"),
+    lambda: math_dtype("int4", "fp8"),
 ])
 def test_bad_inputs_are_clear_errors(call):
     with pytest.raises(ValueError):
@@ -64,7 +64,7 @@ def test_floors_by_hand():
 
 
 def test_small_m_weight_only_is_memory_bound():
-    verdict = classify({"m": 1, "n": 6144, "k": 2048, "fmt": "nvfp4", "operand_dtype": "fp4",
+    verdict = classify({"m": 1, "n": 6144, "k": 2048, "fmt": "nvfp4", "weight_dtype": "fp4",
                         "act_dtype": "bf16", "median_us": 10.0}, CEILINGS)
     assert verdict["bound"] == "memory"
     assert verdict["peak_dtype"] == "bf16"
@@ -73,7 +73,7 @@ def test_small_m_weight_only_is_memory_bound():
 
 
 def test_tiny_gemm_is_launch_bound():
-    verdict = classify({"m": 1, "n": 64, "k": 64, "fmt": "nvfp4", "operand_dtype": "bf16",
+    verdict = classify({"m": 1, "n": 64, "k": 64, "fmt": "nvfp4", "weight_dtype": "bf16",
                         "median_us": 1.2}, CEILINGS)
     assert verdict["bound"] == "launch"
     assert verdict["pct_of_floor"] == pytest.approx(100 / 1.2)
@@ -82,7 +82,7 @@ def test_tiny_gemm_is_launch_bound():
 def test_large_gemm_is_compute_bound_and_pct_peak_by_hand():
     flops = gemm_flops(8192, 8192, 8192)
     compute_floor_us = flops / 800e6
-    verdict = classify({"m": 8192, "n": 8192, "k": 8192, "fmt": "nvfp4", "operand_dtype": "bf16",
+    verdict = classify({"m": 8192, "n": 8192, "k": 8192, "fmt": "nvfp4", "weight_dtype": "bf16",
                         "median_us": 2 * compute_floor_us}, CEILINGS)
     assert verdict["bound"] == "compute"
     assert verdict["pct_peak"] == pytest.approx(50.0)
@@ -90,7 +90,7 @@ def test_large_gemm_is_compute_bound_and_pct_peak_by_hand():
 
 
 def test_native_fp4_on_a_gpu_without_fp4_peak_has_no_pct_peak():
-    verdict = classify({"m": 4096, "n": 4096, "k": 4096, "fmt": "mxfp4", "operand_dtype": "fp4",
+    verdict = classify({"m": 4096, "n": 4096, "k": 4096, "fmt": "mxfp4", "weight_dtype": "fp4",
                         "median_us": 100.0}, CEILINGS)
     assert verdict["peak_dtype"] == "fp4"
     assert verdict["pct_peak"] is None and verdict["compute_floor_us"] is None
@@ -98,7 +98,7 @@ def test_native_fp4_on_a_gpu_without_fp4_peak_has_no_pct_peak():
 
 
 def test_fp8_uses_the_fp8_peak():
-    verdict = classify({"m": 8192, "n": 8192, "k": 8192, "fmt": "nvfp4", "operand_dtype": "fp8",
+    verdict = classify({"m": 8192, "n": 8192, "k": 8192, "fmt": "nvfp4", "weight_dtype": "fp8",
                         "median_us": 1000.0}, CEILINGS)
     assert verdict["peak_dtype"] == "fp8"
     assert verdict["pct_peak"] == pytest.approx(100 * gemm_flops(8192, 8192, 8192) / 1e9 / 1600)
@@ -111,14 +111,14 @@ def test_spec_ceilings_have_no_launch_floor_and_classify_without_it():
     ceilings = spec_ceilings(spec)
     assert ceilings.source == "spec" and ceilings.launch_us is None
     assert ceilings.peak_tflops["bf16"] == 989.0
-    verdict = classify({"m": 1, "n": 64, "k": 64, "fmt": "nvfp4", "operand_dtype": "bf16",
+    verdict = classify({"m": 1, "n": 64, "k": 64, "fmt": "nvfp4", "weight_dtype": "bf16",
                         "median_us": 5.0}, ceilings)
     assert verdict["bound"] == "memory" and verdict["launch_floor_us"] is None
 
 
 def test_classify_rejects_a_missing_time():
     with pytest.raises(ValueError, match="median_us"):
-        classify({"m": 1, "n": 1, "k": 32, "operand_dtype": "bf16", "median_us": None}, CEILINGS)
+        classify({"m": 1, "n": 1, "k": 32, "weight_dtype": "bf16", "median_us": None}, CEILINGS)
 
 
 def test_ceilings_round_trip_through_asdict():

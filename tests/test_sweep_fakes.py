@@ -25,7 +25,7 @@ CRASH_AT_M = 4
 class FakeBackend(Backend):
     formats = ("nvfp4", "mxfp4")
     library = "fp4lab tests"
-    operand_dtype = "bf16"
+    weight_dtype, act_dtype = "bf16", "bf16"
     scale = 1.0
 
     def __init__(self, name: str):

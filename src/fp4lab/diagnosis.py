@@ -147,9 +147,8 @@ def backend_dtypes(name: str) -> dict[str, str | None] | None:
         backend = backends.get(name)
     except ValueError:
         return None
-    weight = getattr(backend, "weight_dtype", None) or backend.operand_dtype
-    act = getattr(backend, "act_dtype", None)
-    return {"weight_dtype": weight, "act_dtype": act, "math_dtype": roofline.math_dtype(weight, act)}
+    return {"weight_dtype": backend.weight_dtype, "act_dtype": backend.act_dtype,
+            "math_dtype": backend.math_dtype}
 
 
 def compare_speed(fast_us: float, slow_us: float) -> str:

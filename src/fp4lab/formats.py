@@ -49,7 +49,8 @@ class QuantizedTensor:
 
     packed: torch.Tensor               # uint8 [..., K/2], element 2i low nibble, 2i+1 high nibble
     scales: torch.Tensor               # nvfp4: float8_e4m3fn [..., K/16]; mxfp4: uint8 e8m0 [..., K/32]
-    global_scale: torch.Tensor | None  # nvfp4: float32 scalar encode scale; mxfp4: None
+    global_scale: torch.Tensor | None  # nvfp4: float32 encode scale, scalar ([E] for an expert
+                                       # stack [E, N, K]); mxfp4: None
     fmt: str
     shape: tuple[int, ...]             # the original shape [..., K]
 
@@ -263,7 +264,10 @@ def quantize(x: torch.Tensor, fmt: str) -> QuantizedTensor:
 def block_decode_scales(q: QuantizedTensor) -> torch.Tensor:
     """float32 [..., K/B]: the factor each block's e2m1 values are multiplied by."""
     if q.fmt == "nvfp4":
-        return q.scales.float() / q.global_scale.float()
+        global_scale = q.global_scale.float()
+        if global_scale.numel() > 1:  # a stack of experts [E, N, K]: one global scale per expert
+            global_scale = global_scale.reshape(-1, *[1] * (q.scales.dim() - 1))
+        return q.scales.float() / global_scale
     return exp2_exact(q.scales.to(torch.int32) - E8M0_BIAS)
 
 

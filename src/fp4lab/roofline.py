@@ -24,24 +24,13 @@ from dataclasses import dataclass, field
 import torch
 
 from fp4lab import bench
+from fp4lab.dtypes import BYTES_PER_VALUE, INT4_GROUP, INT4_GROUP_BYTES, MATH_DTYPE, math_dtype  # noqa: F401
 from fp4lab.formats import BLOCK_SIZE
 
-BYTES_PER_VALUE = {"fp4": 0.5, "fp8": 1, "bf16": 2}
 SCALE_BYTES = 1                       # e4m3 (nvfp4) and e8m0 (mxfp4) block scales: 1 byte each
 GLOBAL_SCALE_BYTES = {"nvfp4": 4, "mxfp4": 0}   # nvfp4's float32 per-tensor scale
 FP8_ROW_SCALE_BYTES = 4               # float32 per row: torch-fp8's row-wise scales
 OUTPUT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-
-# The dtype the math units run in, by (weight operand dtype, activation dtype): the peak that
-# "% of peak" is measured against. Weight-only kernels (FP4 weights decoded in registers on
-# Hopper) do bf16 math; native W4A4 kernels do FP4 math.
-MATH_DTYPE = {
-    ("fp4", "fp4"): "fp4",
-    ("fp4", "bf16"): "bf16",
-    ("fp8", "fp8"): "fp8",
-    ("fp8", "bf16"): "bf16",
-    ("bf16", "bf16"): "bf16",
-}
 
 BOUNDS = ("launch", "memory", "compute")
 
@@ -60,7 +49,7 @@ def gemm_flops(m: int, n: int, k: int) -> int:
 def operand_bytes(rows: int, k: int, dtype: str, fmt: str | None) -> int:
     """Bytes of one [rows, K] operand stored as `dtype` (fp4 packs in `fmt`, with its scales)."""
     if dtype not in BYTES_PER_VALUE:
-        raise ValueError(f"operand dtype must be one of {sorted(BYTES_PER_VALUE)}, got {dtype!r}")
+        raise ValueError(f"weight dtype must be one of {sorted(BYTES_PER_VALUE)}, got {dtype!r}")
     if dtype == "fp4":
         if fmt not in BLOCK_SIZE:
             raise ValueError(f"fmt must be one of {sorted(BLOCK_SIZE)} for fp4 operands, "
@@ -68,30 +57,24 @@ def operand_bytes(rows: int, k: int, dtype: str, fmt: str | None) -> int:
         values = rows * math.ceil(k / 2)
         scales = rows * math.ceil(k / BLOCK_SIZE[fmt]) * SCALE_BYTES
         return values + scales + GLOBAL_SCALE_BYTES[fmt]
+    if dtype == "int4":
+        return rows * math.ceil(k / 2) + rows * math.ceil(k / INT4_GROUP) * INT4_GROUP_BYTES
     if dtype == "fp8":
         return rows * k + rows * FP8_ROW_SCALE_BYTES
     return rows * k * BYTES_PER_VALUE[dtype]
 
 
-def gemm_bytes(m: int, n: int, k: int, operand_dtype: str, fmt: str | None,
+def gemm_bytes(m: int, n: int, k: int, weight_dtype: str, fmt: str | None,
                act_dtype: str | None = None, out_dtype: str = "bf16") -> int:
-    """Bytes a GEMM point must move: weights [N, K] as `operand_dtype` (fp4 in `fmt` with its
-    scales), activations [M, K] as `act_dtype` (default: `operand_dtype`, i.e. what a backend of
-    that operand dtype feeds its math units; weight-only kernels pass "bf16"), output [M, N]."""
+    """Bytes a GEMM point must move: weights [N, K] as `weight_dtype` (fp4 in `fmt` with its
+    scales), activations [M, K] as `act_dtype` (default: `weight_dtype`, i.e. what a backend of
+    that dtype feeds its math units; weight-only kernels pass "bf16"), output [M, N]."""
     _check_positive(m=m, n=n, k=k)
-    act_dtype = act_dtype or operand_dtype
+    act_dtype = act_dtype or weight_dtype
     if out_dtype not in OUTPUT_BYTES:
         raise ValueError(f"out_dtype must be one of {sorted(OUTPUT_BYTES)}, got {out_dtype!r}")
-    return (operand_bytes(n, k, operand_dtype, fmt) + operand_bytes(m, k, act_dtype, fmt)
+    return (operand_bytes(n, k, weight_dtype, fmt) + operand_bytes(m, k, act_dtype, fmt)
             + m * n * OUTPUT_BYTES[out_dtype])
-
-
-def math_dtype(operand_dtype: str, act_dtype: str | None = None) -> str:
-    key = (operand_dtype, act_dtype or operand_dtype)
-    if key not in MATH_DTYPE:
-        raise ValueError(f"no math dtype for weights {key[0]!r} with activations {key[1]!r}; "
-                         f"known pairs: {sorted(MATH_DTYPE)}")
-    return MATH_DTYPE[key]
 
 
 @dataclass
@@ -113,11 +96,11 @@ def spec_ceilings(spec) -> Ceilings:
                     details={"sources": dict(getattr(spec, "sources", {}))})
 
 
-def floors(m: int, n: int, k: int, operand_dtype: str, fmt: str | None, ceilings: Ceilings,
+def floors(m: int, n: int, k: int, weight_dtype: str, fmt: str | None, ceilings: Ceilings,
            act_dtype: str | None = None) -> dict[str, float | None]:
     """The point's memory, compute and launch floors in microseconds (None where unknown)."""
-    moved = gemm_bytes(m, n, k, operand_dtype, fmt, act_dtype)
-    peak = ceilings.peak_tflops.get(math_dtype(operand_dtype, act_dtype))
+    moved = gemm_bytes(m, n, k, weight_dtype, fmt, act_dtype)
+    peak = ceilings.peak_tflops.get(math_dtype(weight_dtype, act_dtype))
     # bytes / (TB/s * 1e12) s = bytes / (TB/s * 1e6) us; FLOPs likewise with TFLOP/s
     return {
         "memory_floor_us": moved / (ceilings.bandwidth_tbps * 1e6) if ceilings.bandwidth_tbps else None,
@@ -134,17 +117,17 @@ def regime(point_floors: dict[str, float | None]) -> str | None:
 
 
 def classify(row: dict, ceilings: Ceilings) -> dict:
-    """Roofline verdict for a measured row (m, n, k, fmt, operand_dtype, median_us; optional
+    """Roofline verdict for a measured row (m, n, k, fmt, weight_dtype, median_us; optional
     act_dtype): floors, bound, achieved tflops / tbps, % of the math dtype's peak and of bandwidth,
     and pct_of_floor (100 = the point runs at its largest floor)."""
     m, n, k, median_us = row["m"], row["n"], row["k"], row["median_us"]
     if not (isinstance(median_us, (int, float)) and median_us > 0):
         raise ValueError(f"median_us must be a positive number, got {median_us!r}")
-    operand_dtype, act_dtype, fmt = row["operand_dtype"], row.get("act_dtype"), row.get("fmt")
-    point_floors = floors(m, n, k, operand_dtype, fmt, ceilings, act_dtype)
+    weight_dtype, act_dtype, fmt = row["weight_dtype"], row.get("act_dtype"), row.get("fmt")
+    point_floors = floors(m, n, k, weight_dtype, fmt, ceilings, act_dtype)
     tflops = gemm_flops(m, n, k) / median_us / 1e6
-    tbps = gemm_bytes(m, n, k, operand_dtype, fmt, act_dtype) / median_us / 1e6
-    peak_dtype = math_dtype(operand_dtype, act_dtype)
+    tbps = gemm_bytes(m, n, k, weight_dtype, fmt, act_dtype) / median_us / 1e6
+    peak_dtype = math_dtype(weight_dtype, act_dtype)
     peak = ceilings.peak_tflops.get(peak_dtype)
     bound = regime(point_floors)
     largest = point_floors[f"{bound}_floor_us"] if bound else None

@@ -82,20 +82,19 @@ def tolerance_for(backend, fmt: str) -> float:
     """The gate's tolerance: keyed by the weights' format, else the operand dtype multiplied."""
     from fp4lab.correctness import TOLERANCE
 
-    for key in (fmt, backend.operand_dtype):
+    for key in (fmt, backend.math_dtype):
         if key in TOLERANCE:
             return TOLERANCE[key]
-    raise ValueError(f"no correctness tolerance for operand {backend.operand_dtype!r} or {fmt!r}")
+    raise ValueError(f"no correctness tolerance for math dtype {backend.math_dtype!r} or {fmt!r}")
 
 
 def roofline_dtypes(backend) -> tuple[str, str | None]:
     """(weights dtype the timed call reads, activations dtype) for the roofline's byte count.
 
-    A weight-only kernel reads FP4 weights but multiplies in bf16 (`operand_dtype` "bf16"): it
-    declares `weight_dtype = "fp4"` and `act_dtype = "bf16"`; other backends read what they multiply.
+    A weight-only kernel reads FP4 weights but multiplies in bf16: `weight_dtype` "fp4",
+    `act_dtype` "bf16".
     """
-    weight_dtype = getattr(backend, "weight_dtype", None) or backend.operand_dtype
-    return weight_dtype, getattr(backend, "act_dtype", None)
+    return backend.weight_dtype, backend.act_dtype
 
 
 def roofline_columns(point: Point, backend, median_us: float, ceilings: dict[str, Any]) -> dict:
@@ -106,7 +105,7 @@ def roofline_columns(point: Point, backend, median_us: float, ceilings: dict[str
     flops = roofline.gemm_flops(point.m, point.n, point.k)
     moved = roofline.gemm_bytes(point.m, point.n, point.k, weight_dtype, point.fmt, act_dtype)
     columns = {"tflops": flops / median_us / 1e6, "tbps": moved / median_us / 1e6}
-    measured_row = {**dataclasses.asdict(point), "operand_dtype": weight_dtype,
+    measured_row = {**dataclasses.asdict(point), "weight_dtype": weight_dtype,
                     "act_dtype": act_dtype, "median_us": median_us}
     for source, column in (("measured", "pct_peak_measured"), ("spec", "pct_peak_spec")):
         if ceilings.get(source):

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 
-from fp4lab.backends.base import Backend, Prepared, resolve_device
+from fp4lab.backends.base import Backend, Prepared
+from fp4lab.hardware import resolve_device
 from fp4lab.backends.emulated import Emulated
 from fp4lab.backends.flashinfer import VARIANTS as FLASHINFER_VARIANTS, FlashInferMmFp4
 from fp4lab.backends.sglang import SglCutlass
@@ -43,13 +44,29 @@ def get(name: str) -> Backend:
 
 
 def list_backends(device: str = "auto") -> list[dict]:
-    """One dict per backend: name, formats, library, available, reason."""
+    """One dict per backend: name, formats, library, dtypes, available, reason (packages imported)."""
     device = resolve_device(device)
     rows = []
     for backend in REGISTRY.values():
         available, reason = backend.availability(device)
-        rows.append({"name": backend.name, "formats": list(backend.formats),
-                     "library": backend.library, "available": available, "reason": reason})
+        rows.append({"name": backend.name, "formats": list(backend.formats), **backend.describe(),
+                     "note": backend.note, "available": available, "reason": reason})
+    return rows
+
+
+def where_backends_run(capabilities: dict[str, tuple[int, int] | None]) -> list[dict]:
+    """The "which backend runs where" matrix from the registry's rules alone (nothing imported):
+    one row per (device label, backend) with `runs` and the reason when it does not.
+
+    `capabilities` maps a device label ("B200", "CPU") to its compute capability (None: CPU).
+    Packages are not checked: this says what the backend's rules allow on a GPU never seen.
+    """
+    rows = []
+    for label, capability in capabilities.items():
+        for backend in REGISTRY.values():
+            reason = backend.capability_reason(capability)
+            rows.append({"device": label, "backend": backend.name, "runs": reason is None,
+                         "reason": reason or backend.what})
     return rows
 
 

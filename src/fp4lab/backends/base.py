@@ -7,21 +7,46 @@ reduction dimension; `a: [M, K]` bf16 activations, `w: [N, K]` FP4 weights, outp
 
 from __future__ import annotations
 
-import importlib.util
+import functools
+import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from fp4lab.dtypes import WEIGHT_DTYPES, math_dtype
+from fp4lab.hardware import NATIVE_FP4_CAPABILITIES, resolve_device
+
 if TYPE_CHECKING:
     from fp4lab.formats import QuantizedTensor
 
-OPERAND_DTYPES = ("fp4", "fp8", "bf16")
 OUTPUT_DTYPE = torch.bfloat16
 GPU_EXTRA_HINT = "(pip install fp4lab[gpu])"
 
-# (major, minor) compute capabilities with FP4 tensor cores: B200/GB200, B300, RTX PRO 6000 / 5090
-BLACKWELL_FP4_CAPABILITIES = ((10, 0), (10, 3), (12, 0), (12, 1))
+# Compute capabilities (major, minor) by what they bring: the FP4 tensor cores of Blackwell
+# (B200/GB200, B300, RTX PRO 6000 / 5090; hardware.NATIVE_FP4_CAPABILITIES), datacenter Blackwell
+# alone (sm_100/103: tcgen05), FP8 tensor cores from Ada and Hopper on, bf16 ones from Ampere on.
+BLACKWELL_FP4_CAPABILITIES = tuple(sorted(NATIVE_FP4_CAPABILITIES))
+DATACENTER_BLACKWELL_CAPABILITIES = ((10, 0), (10, 3))
+FP8_MIN_CAPABILITY = (8, 9)
+BF16_MIN_CAPABILITY = (8, 0)
+
+
+@dataclass(frozen=True)
+class Requirements:
+    """What a backend needs to run, as data: the registry's "which backend runs where" matrix and
+    `availability` read the same rules.
+
+    `capabilities` is the exact set of GPUs it runs on (FP4 tensor cores), else `min_capability`
+    the oldest; `module` is imported (once per process) to prove the package works here.
+    """
+
+    gpu: bool = True
+    capabilities: tuple[tuple[int, int], ...] = ()
+    min_capability: tuple[int, int] | None = None
+    unit: str = ""                   # what the capability brings, for the reason: "FP4 tensor cores"
+    module: str | None = None
+    pip_name: str | None = None
 
 
 @dataclass
@@ -53,17 +78,69 @@ def prepared_from(gemm: Callable[..., torch.Tensor], args: tuple, out: torch.Ten
                     make_call=make_call)
 
 
-class Backend:
-    """A GEMM implementation of activations [M, K] bf16 times FP4 weights [N, K] -> [M, N] bf16."""
+class Runnable:
+    """Anything fp4lab can time (a GEMM backend, an MoE method): where it runs, as data.
+
+    `weight_dtype` is what the timed call reads per weight (the roofline's bytes) and `act_dtype`
+    what the activations enter the math as; together they give `math_dtype`, the peak that
+    "% of peak" uses. `requires` says where it runs; `what` says what runs when it does.
+    """
 
     name: str = ""
-    formats: tuple[str, ...] = ()
     library: str = ""
-    operand_dtype: str = ""  # what the math units consume: "fp4", "fp8" or "bf16"
+    weight_dtype: str = ""           # "fp4" | "int4" | "fp8" | "bf16"
+    act_dtype: str = "bf16"          # "fp4" | "fp8" | "bf16"
+    requires: Requirements = Requirements(gpu=False)
+    what: str = ""                   # one sentence: what runs when it is available
+    note: str = ""                   # shown wherever it is named, when that needs saying
 
-    def availability(self, device: str) -> tuple[bool, str]:
-        """(True, what runs) or (False, a sentence saying why it cannot run on `device`)."""
-        raise NotImplementedError
+    @property
+    def math_dtype(self) -> str:
+        return math_dtype(self.weight_dtype, self.act_dtype)
+
+    # -- where it runs: rules first (no import), then the package, then the torch build ----------
+    def capability_reason(self, capability: tuple[int, int] | None) -> str | None:
+        """Why it cannot run on a GPU of `capability` (None: the CPU), by its rules alone; None
+        when it can. Used for this device and for GPUs the run never saw."""
+        return requirement_reason(self.requires, capability)
+
+    def runtime_reason(self) -> str | None:
+        """Why this torch build or installed package cannot run it (checked after the import)."""
+        return None
+
+    def availability(self, device: str, import_check: bool = True) -> tuple[bool, str]:
+        """(True, what runs) or (False, a sentence saying why it cannot run on `device`).
+
+        With `import_check` the package is imported (once per process), so a broken install
+        is one reason here instead of an error on every point.
+        """
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            return False, "no CUDA GPU"
+        device = resolve_device(device)
+        if device == "cpu" and self.requires.gpu:
+            return False, gpu_only_reason()
+        capability = cuda_capability(device)
+        reason = self.capability_reason(capability)
+        if reason is None and self.requires.module:
+            reason = (import_reason(self.requires.module, self.requires.pip_name) if import_check
+                      else missing_package_reason(self.requires.module, self.requires.pip_name))
+        if reason is None and import_check:
+            reason = self.runtime_reason()
+        return (False, reason) if reason else (True, self.what)
+
+    def describe(self) -> dict:
+        """The facts a row needs to be read without this registry (a removed backend's rows too)."""
+        if self.weight_dtype not in WEIGHT_DTYPES:
+            raise ValueError(f"{self.name!r}: weight_dtype {self.weight_dtype!r} is not one "
+                             f"of {WEIGHT_DTYPES}")
+        return {"library": self.library, "weight_dtype": self.weight_dtype,
+                "act_dtype": self.act_dtype, "math_dtype": self.math_dtype}
+
+
+class Backend(Runnable):
+    """A GEMM implementation of activations [M, K] bf16 times FP4 weights [N, K] -> [M, N] bf16."""
+
+    formats: tuple[str, ...] = ()
 
     def prepare(self, a: torch.Tensor, w: "QuantizedTensor", device: str) -> Prepared:
         raise NotImplementedError
@@ -85,31 +162,19 @@ class Backend:
         return f"<backend {self.name} ({self.library}, {'/'.join(self.formats)})>"
 
 
-# --- availability helpers shared by the adapters -------------------------------------------------
-
-def resolve_device(device: str) -> str:
-    """"auto" -> "cuda" when torch sees a GPU, else "cpu"; anything else must be cpu or cuda."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
-    return device
-
+# --- availability rules shared by the adapters ---------------------------------------------------
 
 def cuda_capability(device: str) -> tuple[int, int] | None:
     """The GPU's compute capability, or None when `device` is not a usable CUDA GPU."""
-    if resolve_device(device) != "cuda" or not torch.cuda.is_available():
+    if not torch.cuda.is_available() or resolve_device(device) == "cpu":
         return None
-    return torch.cuda.get_device_capability()
+    return torch.cuda.get_device_capability(resolve_device(device))
 
 
-def gpu_reason(device: str) -> str | None:
-    """Why there is no GPU to run on, or None when there is one."""
-    if not torch.cuda.is_available():
-        return "no CUDA GPU"
-    if resolve_device(device) == "cpu":
+def gpu_only_reason() -> str:
+    if torch.cuda.is_available():
         return "runs only on a CUDA GPU; the CPU was asked for"
-    return None
+    return "no CUDA GPU"
 
 
 def describe_capability(cc: tuple[int, int]) -> str:
@@ -117,35 +182,56 @@ def describe_capability(cc: tuple[int, int]) -> str:
     return f"sm_{cc[0]}{cc[1]}" + (f" ({arch})" if arch else "")
 
 
-def fp4_capability_reason(cc: tuple[int, int], allowed: tuple[tuple[int, int], ...]) -> str | None:
-    """Why a native-FP4 backend cannot run on `cc`, or None when it can."""
+def requirement_reason(requires: Requirements, capability: tuple[int, int] | None) -> str | None:
+    """Why `requires` rules out a device of `capability` (None: the CPU); None when it does not."""
+    if capability is None:
+        return gpu_only_reason() if requires.gpu else None
+    if requires.capabilities and capability not in requires.capabilities:
+        return fp4_capability_reason(capability, requires.capabilities, requires.unit)
+    if requires.min_capability and capability < requires.min_capability:
+        low = requires.min_capability
+        return (f"needs compute capability {low[0]}.{low[1]} or newer ({requires.unit}); this "
+                f"GPU is {describe_capability(capability)}")
+    return None
+
+
+def fp4_capability_reason(cc: tuple[int, int], allowed: tuple[tuple[int, int], ...],
+                          unit: str = "FP4 tensor cores") -> str | None:
+    """Why a backend that runs on exactly `allowed` cannot run on `cc`, or None when it can."""
     if cc in allowed:
         return None
     majors = sorted({major for major, _ in allowed})
     wanted = " or ".join(f"{major}.{min(mi for ma, mi in allowed if ma == major)}"
                          for major in majors)
     chips = "/".join(f"sm_{major}{minor}" for major, minor in sorted(allowed))
-    reason = (f"needs compute capability {wanted} (FP4 tensor cores: {chips}); this GPU is "
-              f"{describe_capability(cc)}")
-    if cc[0] < 10:
+    reason = f"needs compute capability {wanted} ({unit}: {chips}); this GPU is {describe_capability(cc)}"
+    if cc[0] < 10 and "FP4" in unit:
         reason += ": FP4 runs only as weight-only kernels here"
     return reason
 
 
-def missing_package_reason(module: str, pip_name: str) -> str | None:
-    """Why `module` cannot be imported, or None when it is installed (checked without importing)."""
-    if importlib.util.find_spec(module) is None:
-        return f"{pip_name} is not installed {GPU_EXTRA_HINT}"
+def missing_package_reason(module: str, pip_name: str | None) -> str | None:
+    """Why `module` cannot be imported, or None when it is installed (found without importing)."""
+    import importlib.util
+
+    if importlib.util.find_spec(module.split(".")[0]) is None:
+        return f"{pip_name or module} is not installed {GPU_EXTRA_HINT}"
     return None
 
 
-def fp4_tensor_core_reason(device: str, capabilities: tuple[tuple[int, int], ...],
-                           module: str | None = None, pip_name: str | None = None) -> str | None:
-    """Why a native-FP4 backend cannot run: no GPU, then the capability (which alone rules out
-    Hopper, without importing the package), then the package; None when it can."""
-    return (gpu_reason(device)
-            or fp4_capability_reason(cuda_capability(device), capabilities)
-            or (missing_package_reason(module, pip_name) if module else None))
+@functools.lru_cache(maxsize=None)
+def import_reason(module: str, pip_name: str | None) -> str | None:
+    """Why `module` does not import here (missing, or a broken install: the error's first line),
+    or None when it does. Imported once per process."""
+    missing = missing_package_reason(module, pip_name)
+    if missing:
+        return missing
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the reason, in one line
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        return f"{pip_name or module} is installed but does not import: {type(exc).__name__}: {first}"
+    return None
 
 
 def round_up(value: int, multiple: int) -> int:

@@ -9,21 +9,17 @@ from __future__ import annotations
 
 import torch
 
-from fp4lab.backends.base import OUTPUT_DTYPE, Backend, prepared_from, resolve_device
+from fp4lab.backends.base import OUTPUT_DTYPE, Backend, Requirements, prepared_from, resolve_device
 
 
 class Emulated(Backend):
     name = "emulated"
     formats = ("nvfp4", "mxfp4")
     library = "torch"
-    operand_dtype = "bf16"
     # what must move: the FP4 weights it reads (its bf16 copy is overhead the roofline charges it)
     weight_dtype, act_dtype = "fp4", "bf16"
-
-    def availability(self, device: str) -> tuple[bool, str]:
-        if resolve_device(device) == "cuda" and not torch.cuda.is_available():
-            return False, "no CUDA GPU"
-        return True, "dequantize to bf16 in every call, then bf16 matmul"
+    requires = Requirements(gpu=False)
+    what = "dequantize to bf16 in every call, then bf16 matmul"
 
     def prepare(self, a, w, device):
         from fp4lab import formats

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from fp4lab.backends.base import (
-    OUTPUT_DTYPE, Backend, fp4_tensor_core_reason, prepared_from, resolve_device, round_up,
+    BLACKWELL_FP4_CAPABILITIES, DATACENTER_BLACKWELL_CAPABILITIES, OUTPUT_DTYPE, Backend,
+    Requirements, prepared_from, resolve_device, round_up,
 )
 
 TRTLLM_EPILOGUE_TILE_M = 128
@@ -32,30 +33,25 @@ class FlashInferVariant:
 
 
 VARIANTS = {
-    "flashinfer-cutlass": FlashInferVariant("cutlass", ("nvfp4",),
-                                            ((10, 0), (10, 3), (12, 0), (12, 1))),
-    "flashinfer-cudnn": FlashInferVariant("cudnn", ("nvfp4", "mxfp4"),
-                                          ((10, 0), (10, 3), (12, 0), (12, 1))),
+    "flashinfer-cutlass": FlashInferVariant("cutlass", ("nvfp4",), BLACKWELL_FP4_CAPABILITIES),
+    "flashinfer-cudnn": FlashInferVariant("cudnn", ("nvfp4", "mxfp4"), BLACKWELL_FP4_CAPABILITIES),
     # trtllm-gen kernels exist for datacenter Blackwell only
-    "flashinfer-trtllm": FlashInferVariant("trtllm", ("nvfp4",), ((10, 0), (10, 3)),
+    "flashinfer-trtllm": FlashInferVariant("trtllm", ("nvfp4",), DATACENTER_BLACKWELL_CAPABILITIES,
                                            shuffle_weights=True),
 }
 
 
 class FlashInferMmFp4(Backend):
     library = "flashinfer"
-    operand_dtype = "fp4"
+    weight_dtype, act_dtype = "fp4", "fp4"
 
     def __init__(self, name: str):
         self.name = name
         self.variant = VARIANTS[name]
         self.formats = self.variant.formats
-
-    def availability(self, device: str) -> tuple[bool, str]:
-        reason = fp4_tensor_core_reason(device, self.variant.capabilities, "flashinfer", "flashinfer-python")
-        if reason:
-            return False, reason
-        return True, f"flashinfer.mm_fp4(backend={self.variant.backend!r})"
+        self.requires = Requirements(capabilities=self.variant.capabilities, unit="FP4 tensor cores",
+                                     module="flashinfer", pip_name="flashinfer-python")
+        self.what = f"flashinfer.mm_fp4(backend={self.variant.backend!r})"
 
     def prepare(self, a, w, device):
         self.check_inputs(a, w)

@@ -13,8 +13,7 @@ from __future__ import annotations
 import torch
 
 from fp4lab.backends.base import (
-    BLACKWELL_FP4_CAPABILITIES, OUTPUT_DTYPE, Backend, fp4_tensor_core_reason, prepared_from,
-    resolve_device,
+    BLACKWELL_FP4_CAPABILITIES, OUTPUT_DTYPE, Backend, Requirements, prepared_from, resolve_device,
 )
 
 
@@ -22,13 +21,10 @@ class SglCutlass(Backend):
     name = "sgl-cutlass"
     formats = ("nvfp4",)
     library = "sgl-kernel"
-    operand_dtype = "fp4"
-
-    def availability(self, device: str) -> tuple[bool, str]:
-        reason = fp4_tensor_core_reason(device, BLACKWELL_FP4_CAPABILITIES, "sgl_kernel", "sgl-kernel")
-        if reason:
-            return False, reason
-        return True, "sgl_kernel.cutlass_scaled_fp4_mm"
+    weight_dtype, act_dtype = "fp4", "fp4"
+    requires = Requirements(capabilities=BLACKWELL_FP4_CAPABILITIES, unit="FP4 tensor cores",
+                            module="sgl_kernel", pip_name="sgl-kernel")
+    what = "sgl_kernel.cutlass_scaled_fp4_mm"
 
     def prepare(self, a, w, device):
         self.check_inputs(a, w)

@@ -8,12 +8,10 @@ from __future__ import annotations
 import torch
 
 from fp4lab.backends.base import (
-    BLACKWELL_FP4_CAPABILITIES, OUTPUT_DTYPE, Backend, cuda_capability, describe_capability,
-    fp4_tensor_core_reason, gpu_reason, prepared_from, resolve_device,
+    BLACKWELL_FP4_CAPABILITIES, FP8_MIN_CAPABILITY, OUTPUT_DTYPE, Backend, Requirements,
+    prepared_from, resolve_device,
 )
-
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
-FP8_MIN_CAPABILITY = (8, 9)  # Ada / Hopper: the first FP8 tensor cores
+from fp4lab.formats import E4M3_MAX as FP8_MAX
 
 
 def empty_output(m: int, n: int, device: str) -> torch.Tensor:
@@ -26,12 +24,9 @@ class TorchBf16(Backend):
     name = "torch-bf16"
     formats = ("nvfp4", "mxfp4")
     library = "torch"
-    operand_dtype = "bf16"
-
-    def availability(self, device: str) -> tuple[bool, str]:
-        if resolve_device(device) == "cuda" and not torch.cuda.is_available():
-            return False, "no CUDA GPU"
-        return True, "bf16 matmul of the dequantized weights (cuBLAS on a GPU)"
+    weight_dtype, act_dtype = "bf16", "bf16"
+    requires = Requirements(gpu=False)
+    what = "bf16 matmul of the dequantized weights (cuBLAS on a GPU)"
 
     def prepare(self, a, w, device):
         from fp4lab import formats
@@ -64,17 +59,9 @@ class TorchFp8(Backend):
     name = "torch-fp8"
     formats = ("nvfp4", "mxfp4")
     library = "torch"
-    operand_dtype = "fp8"
-
-    def availability(self, device: str) -> tuple[bool, str]:
-        reason = gpu_reason(device)
-        if reason:
-            return False, reason
-        cc = cuda_capability(device)
-        if cc < FP8_MIN_CAPABILITY:
-            return False, (f"needs compute capability 8.9 or newer (FP8 tensor cores); this GPU "
-                           f"is {describe_capability(cc)}")
-        return True, "cuBLASLt FP8 e4m3 GEMM with row-wise scales, bf16 out"
+    weight_dtype, act_dtype = "fp8", "fp8"
+    requires = Requirements(min_capability=FP8_MIN_CAPABILITY, unit="FP8 tensor cores")
+    what = "cuBLASLt FP8 e4m3 GEMM with row-wise scales, bf16 out"
 
     def prepare(self, a, w, device):
         from fp4lab import formats
@@ -106,18 +93,17 @@ class TorchFp4(Backend):
     name = "torch-fp4"
     formats = ("nvfp4", "mxfp4")
     library = "torch"
-    operand_dtype = "fp4"
+    weight_dtype, act_dtype = "fp4", "fp4"
+    requires = Requirements(capabilities=BLACKWELL_FP4_CAPABILITIES, unit="FP4 tensor cores")
+    what = "cuBLASLt block-scaled FP4 GEMM"
 
-    def availability(self, device: str) -> tuple[bool, str]:
-        reason = fp4_tensor_core_reason(device, BLACKWELL_FP4_CAPABILITIES)
-        if reason:
-            return False, reason
+    def runtime_reason(self) -> str | None:
         if not hasattr(torch, "float4_e2m1fn_x2"):
-            return False, f"torch {torch.__version__} has no float4_e2m1fn_x2 dtype"
+            return f"torch {torch.__version__} has no float4_e2m1fn_x2 dtype"
         if not hasattr(torch.nn.functional, "scaled_mm"):
-            return False, (f"torch {torch.__version__} has no torch.nn.functional.scaled_mm, "
-                           "which NVFP4's two-level (block + tensor) scales need")
-        return True, "cuBLASLt block-scaled FP4 GEMM"
+            return (f"torch {torch.__version__} has no torch.nn.functional.scaled_mm, "
+                    "which NVFP4's two-level (block + tensor) scales need")
+        return None
 
     def prepare(self, a, w, device):
         self.check_inputs(a, w)

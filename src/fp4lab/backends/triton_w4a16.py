@@ -11,17 +11,14 @@ Shape legend: `M` activation rows, `N` weight rows, `K` reduction dimension.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from dataclasses import dataclass
 
 import torch
 
 from fp4lab.backends.base import (
-    OUTPUT_DTYPE, Backend, cuda_capability, describe_capability, gpu_reason, prepared_from,
-    resolve_device,
+    BF16_MIN_CAPABILITY, OUTPUT_DTYPE, Backend, Requirements, prepared_from, resolve_device,
 )
 
-MIN_CAPABILITY = (8, 0)            # bf16 tensor cores
 MAX_SPLIT_K = 16
 MIN_K_BLOCKS_PER_SPLIT = 4         # below this a split costs more in partial traffic than it saves
 CTAS_PER_SM_TARGET = 2             # memory-bound tiles: two in flight per SM hide load latency
@@ -156,32 +153,20 @@ def choose_config(m: int, n: int, k: int, sm_count: int = 132) -> TileConfig:
     return auto_split_k(preset_for(m, TILE_PRESETS), m, n, k, sm_count)
 
 
-def triton_missing_reason() -> str | None:
-    if importlib.util.find_spec("triton") is None:
-        return "triton is not installed (pip install triton)"
-    return None
-
-
 class TritonW4A16(Backend):
     name = "triton-w4a16"
     formats = ("nvfp4", "mxfp4")
     library = "triton"
-    operand_dtype = "bf16"
-    weight_dtype = "fp4"   # roofline bytes: FP4 weights read, bf16 activations
-    act_dtype = "bf16"
+    weight_dtype, act_dtype = "fp4", "bf16"   # FP4 weights read, bf16 math
+    requires = Requirements(min_capability=BF16_MIN_CAPABILITY, unit="bf16 tensor cores",
+                            module="triton", pip_name="triton")
+    what = "FP4 weights decoded in registers, bf16 tensor-core math (weight-only)"
 
-    def availability(self, device: str) -> tuple[bool, str]:
-        reason = gpu_reason(device)
-        if reason:
-            return False, reason + " (the kernel is tested on the CPU with TRITON_INTERPRET=1)"
-        cc = cuda_capability(device)
-        if cc < MIN_CAPABILITY:
-            return False, (f"needs compute capability 8.0 or newer (bf16 tensor cores); this "
-                           f"GPU is {describe_capability(cc)}")
-        reason = triton_missing_reason()
-        if reason:
-            return False, reason
-        return True, "FP4 weights decoded in registers, bf16 tensor-core math (weight-only)"
+    def capability_reason(self, capability):
+        reason = super().capability_reason(capability)
+        if capability is None and reason:
+            reason += " (the kernel is tested on the CPU with TRITON_INTERPRET=1)"
+        return reason
 
     def prepare(self, a, w, device, config: TileConfig | None = None):
         """`device` may be "cpu" only under TRITON_INTERPRET=1 (the interpreter runs there)."""
@@ -225,6 +210,6 @@ def check_scale_range(w) -> None:
 
 
 def sm_count(device: str) -> int:
-    if device == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_properties(0).multi_processor_count
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(device).multi_processor_count
     return 132  # the interpreter on a CPU: plan as for the H200

@@ -1,0 +1,41 @@
+"""The MoE method registry: every way fp4lab can run the expert GEMMs of a decode step.
+
+GEMM methods time one expert GEMM (gate_up or down) over all experts; layer methods time the
+whole routed MLP on FP4 weights. Importing this package imports no GPU library.
+"""
+
+from __future__ import annotations
+
+from fp4lab.backends.moe.base import (
+    ExpertProblem, LayerProblem, MethodUnavailable, MoeCall, MoeMethod, check_call,
+)
+from fp4lab.backends.moe.torch_methods import (
+    GroupedBf16, GroupedFp8, LayerLoopBf16, LoopBf16, LoopTritonW4A16, PaddedBf16,
+)
+
+__all__ = ["ExpertProblem", "LayerProblem", "MethodUnavailable", "MoeCall", "MoeMethod",
+           "check_call", "REGISTRY", "get", "names"]
+
+REGISTRY: dict[str, MoeMethod] = {
+    method.name: method
+    for method in (
+        LoopBf16(),
+        GroupedBf16(),
+        PaddedBf16(),
+        GroupedFp8(),
+        LoopTritonW4A16(),
+        LayerLoopBf16(),
+    )
+}
+
+
+def names(kind: str | None = None) -> list[str]:
+    """Method names, all or of one kind ("gemm" or "layer")."""
+    return [name for name, method in REGISTRY.items() if kind is None or method.kind == kind]
+
+
+def get(name: str) -> MoeMethod:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown MoE method {name!r}; valid methods: {', '.join(REGISTRY)}") from None
