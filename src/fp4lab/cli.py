@@ -20,8 +20,7 @@ COMMAND_MODULES = (
 )
 
 
-class UsageError(Exception):
-    """A bad argument: reported as one line naming the argument, exit status 2."""
+from fp4lab.errors import UsageError  # noqa: F401 - re-exported for the command modules
 
 
 class _Parser(argparse.ArgumentParser):

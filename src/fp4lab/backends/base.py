@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -65,17 +65,19 @@ class Prepared:
     ref_a: torch.Tensor
     ref_w: torch.Tensor
     make_call: Callable[[tuple, torch.Tensor | None], Callable[[], torch.Tensor]]
+    # facts about the preparation a row should keep, e.g. {"compile_s": 11.8} for a JIT backend
+    info: dict = field(default_factory=dict)
 
 
 def prepared_from(gemm: Callable[..., torch.Tensor], args: tuple, out: torch.Tensor | None,
-                  ref_a: torch.Tensor, ref_w: torch.Tensor) -> Prepared:
+                  ref_a: torch.Tensor, ref_w: torch.Tensor, info: dict | None = None) -> Prepared:
     """A `Prepared` whose call is `gemm(*args, out)`, rebindable to cloned args."""
 
     def make_call(call_args: tuple, call_out: torch.Tensor | None) -> Callable[[], torch.Tensor]:
         return lambda: gemm(*call_args, call_out)
 
     return Prepared(call=make_call(args, out), args=args, out=out, ref_a=ref_a, ref_w=ref_w,
-                    make_call=make_call)
+                    make_call=make_call, info=dict(info or {}))
 
 
 class Runnable:
