@@ -153,7 +153,6 @@ def test_timing_line_is_fixed_width():
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_cold_and_warm_timing_of_a_small_gemm():
     a = torch.randn(64, 2048, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(6144, 2048, device="cuda", dtype=torch.bfloat16)
@@ -171,7 +170,6 @@ def test_cuda_cold_and_warm_timing_of_a_small_gemm():
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_uncapturable_call_is_timed_eagerly_and_says_why():
     x = torch.ones(16, device="cuda")
 
@@ -185,6 +183,5 @@ def test_cuda_uncapturable_call_is_timed_eagerly_and_says_why():
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_launch_floor_is_a_few_microseconds():
     assert 0.3 < bench.empty_kernel_launch_us("cuda") < 20

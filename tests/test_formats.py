@@ -7,7 +7,7 @@ import torch
 
 from fp4lab import formats as f
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+cuda = pytest.mark.cuda
 
 
 def one_block(values, block=16):

@@ -106,67 +106,35 @@ def test_detect_auto_on_cpu_machine(monkeypatch):
         hw.detect("gpu")
 
 
-# -- a faked GPU: torch properties + pynvml ---------------------------------------------------
+# -- a faked GPU: torch properties + pynvml (tests/fakes) ------------------------------------
 
-H200_PROPS = types.SimpleNamespace(
-    name="NVIDIA H200", major=9, minor=0, total_memory=150_000_000_000,
-    multi_processor_count=132, L2_cache_size=60 * 2**20,
-    pci_domain_id=0, pci_bus_id=0x19, pci_device_id=0)
-
-
-def fake_gpu(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: H200_PROPS)
-
-
-class FakeNVMLError(Exception):
-    pass
-
-
-def fake_pynvml(fail=()):
-    """A pynvml stand-in answering like the H200; calls named in `fail` raise."""
-    answers = {
-        "nvmlInit": None, "nvmlShutdown": None,
-        "nvmlDeviceGetHandleByPciBusId": "handle", "nvmlDeviceGetHandleByIndex": "handle",
-        "nvmlSystemGetDriverVersion": "580.159.04",
-        "nvmlDeviceGetEnforcedPowerLimit": 700_000,
-    }
-    module = types.ModuleType("pynvml")
-    module.NVML_CLOCK_SM, module.NVML_CLOCK_MEM = 1, 2
-
-    def make(name, answer):
-        def call(*args):
-            if name in fail:
-                raise FakeNVMLError(f"{name}: Not Supported")
-            return answer
-        return call
-
-    for name, answer in answers.items():
-        setattr(module, name, make(name, answer))
-    clocks = {1: 1980, 2: 3201}
-    module.nvmlDeviceGetClockInfo = lambda handle, kind: \
-        (_ for _ in ()).throw(FakeNVMLError("clock")) if "nvmlDeviceGetClockInfo" in fail else 345
-    module.nvmlDeviceGetMaxClockInfo = lambda handle, kind: clocks[kind]
-    return module
-
-
-def test_detect_fake_h200_with_nvml(monkeypatch):
-    fake_gpu(monkeypatch)
-    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
+def test_detect_fake_h200_with_nvml(fake_gpu, fake_nvml):
+    fake_gpu((9, 0))
+    fake_nvml(sm_clock_mhz=345)
     info = hw.detect("auto")
     assert info.kind == "cuda" and info.label == "h200" and info.spec is hw.SPECS["h200"]
     assert info.compute_capability == (9, 0) and info.native_fp4 == []
     assert (info.sm_count, info.l2_mb, info.memory_gb) == (132, 60.0, 139.7)
     assert (info.driver, info.sm_clock_mhz, info.max_sm_clock_mhz, info.mem_clock_mhz,
             info.power_limit_w) == ("580.159.04", 345, 1980, 3201, 700.0)
-    assert info.notes == []
+    assert info.pci_bus_id == "00000000:18:00.0" and info.notes == []
     data = json.loads(json.dumps(info.as_dict()))
     assert data["spec"] == "h200" and data["compute_capability"] == [9, 0]
 
 
-def test_detect_without_pynvml(monkeypatch):
-    fake_gpu(monkeypatch)
+def test_detect_reads_the_gpu_by_bus_id_not_by_index(fake_gpu, fake_nvml):
+    """torch's cuda:0 is NVML's last GPU in the fake (as under CUDA_VISIBLE_DEVICES reordering)."""
+    from fp4lab import nvml
+
+    fake_gpu((9, 0), count=4)
+    fake = fake_nvml(gpus=4)
+    fake.nvmlInit()
+    assert nvml.GpuReader(fake, 0).handle == ("gpu", 3)
+    assert nvml.GpuReader(fake, 3).handle == ("gpu", 0)
+
+
+def test_detect_without_pynvml(fake_gpu, monkeypatch):
+    fake_gpu((9, 0))
     monkeypatch.setitem(sys.modules, "pynvml", None)      # import pynvml -> ImportError
     info = hw.detect("cuda")
     assert info.name == "NVIDIA H200" and info.sm_count == 132
@@ -174,37 +142,32 @@ def test_detect_without_pynvml(monkeypatch):
     assert any("not installed" in note for note in info.notes)
 
 
-def test_detect_when_nvml_init_fails(monkeypatch):
-    fake_gpu(monkeypatch)
-    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(fail={"nvmlInit"}))
+def test_detect_when_nvml_init_fails(fake_gpu, fake_nvml):
+    fake_gpu((9, 0))
+    fake_nvml(no_library=True)
     info = hw.detect("cuda:0")
     assert info.kind == "cuda" and info.driver is None and info.sm_clock_mhz is None
-    assert any("init failed" in note for note in info.notes)
+    assert any("nvmlInit failed" in note for note in info.notes)
 
 
-def test_detect_when_single_nvml_calls_fail(monkeypatch):
-    fake_gpu(monkeypatch)
-    failing = {"nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetClockInfo",
-               "nvmlDeviceGetHandleByPciBusId", "nvmlShutdown"}
-    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(fail=failing))
+def test_detect_when_single_nvml_calls_fail(fake_gpu, fake_nvml):
+    fake_gpu((9, 0))
+    fake_nvml(unsupported={"nvmlDeviceGetEnforcedPowerLimit", "clock:sm",
+                           "nvmlDeviceGetHandleByPciBusId"})
     info = hw.detect("cuda")
     assert info.power_limit_w is None and info.sm_clock_mhz is None
     assert info.driver == "580.159.04" and info.max_sm_clock_mhz == 1980   # the rest still read
     assert len(info.notes) == 2 and all(note.startswith("NVML:") for note in info.notes)
 
 
-def test_unknown_gpu_gets_no_spec_and_a_slug_label(monkeypatch):
-    fake_gpu(monkeypatch)
-    props = types.SimpleNamespace(**{**vars(H200_PROPS), "name": "NVIDIA A100-SXM4-80GB",
-                                     "major": 8})
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+def test_unknown_gpu_gets_no_spec_and_a_slug_label(fake_gpu, monkeypatch):
+    fake_gpu((8, 0), name="NVIDIA A100-SXM4-80GB")
     monkeypatch.setitem(sys.modules, "pynvml", None)
     info = hw.detect()
     assert info.spec is None and info.label == "a100-sxm4-80gb"
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_detect_real_gpu():
     info = hw.detect("cuda")
     assert info.kind == "cuda" and info.sm_count > 0 and info.memory_gb > 0

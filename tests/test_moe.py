@@ -198,7 +198,6 @@ def test_sweep_config_rejects_bad_values():
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_grouped_bf16_on_gpu():
     problem = grouped.make_problem(np.array([5, 0, 17, 3]), n=256, k=512, device="cuda", seed=0)
     for method in ("loop-bf16", "grouped-bf16", "padded-bf16"):

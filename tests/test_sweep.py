@@ -30,7 +30,7 @@ def fakes_registered():
 
     saved = dict(backends.REGISTRY)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FP4LAB_EXTRA_BACKENDS", "test_sweep_fakes")
+        mp.setenv("FP4LAB_EXTRA_BACKENDS", "fakes.backends")
         mp.setenv("PYTHONPATH", os.pathsep.join(
             [str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
         mp.syspath_prepend(str(TESTS_DIR))
@@ -106,7 +106,7 @@ def test_crashing_worker_costs_one_point(mixed_run):
 
 
 def sweep_crash_m() -> int:
-    from test_sweep_fakes import CRASH_AT_M
+    from fakes.backends import CRASH_AT_M
 
     return CRASH_AT_M
 

@@ -9,7 +9,7 @@ import time
 import pandas as pd
 import pytest
 
-from fake_nvml import FakeNvml
+from fakes.nvml import FakeNvml
 from fp4lab import telemetry
 from fp4lab.telemetry import energy as energy_module
 from fp4lab.telemetry.energy import EnergyWindowConfig

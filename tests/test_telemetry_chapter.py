@@ -11,7 +11,7 @@ from pathlib import Path
 import matplotlib
 import pytest
 
-from fake_nvml import FakeNvml
+from fakes.nvml import FakeNvml
 from fp4lab import telemetry
 from fp4lab.results import RunDir
 from fp4lab.telemetry import summary

@@ -6,7 +6,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from fake_nvml import FakeNvml
+from fakes.nvml import FakeNvml
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "telemetry_overhead.py"
 

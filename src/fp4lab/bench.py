@@ -176,42 +176,30 @@ def cold_l2_copies(bytes_per_copy: int, l2_bytes: int, l2_multiple: int, budget_
 # -- clocks -------------------------------------------------------------------------------------
 
 class SmClock:
-    """Reads a GPU's SM clock through NVML; `read()` is None when NVML cannot answer."""
+    """A GPU's SM clock through fp4lab.nvml's reader; `read()` is None when NVML cannot answer."""
 
-    def __init__(self, device: torch.device):
-        self.handle, self.nvml = None, None
-        try:
-            import pynvml
+    def __init__(self, index: int):
+        from fp4lab import nvml
 
-            from fp4lab.hardware import nvml_handle
-
-            pynvml.nvmlInit()
-            self.handle = nvml_handle(pynvml, device.index or 0)
-            self.nvml = pynvml
-        except Exception:  # noqa: BLE001 - no NVML means no clock readings, never a failure
-            self.handle = None
+        self.reader = None
+        pynvml, _ = nvml.load_nvml()
+        if pynvml is not None:
+            try:
+                self.reader = nvml.GpuReader(pynvml, index)
+            except Exception:  # noqa: BLE001 - no NVML means no clock readings, never a failure
+                self.reader = None
 
     def read(self) -> float | None:
-        if self.handle is None:
-            return None
-        try:
-            return float(self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_SM))
-        except Exception:  # noqa: BLE001
-            return None
+        return None if self.reader is None else self.reader.sm_clock_mhz()
 
     def max(self) -> float | None:
-        if self.handle is None:
-            return None
-        try:
-            return float(self.nvml.nvmlDeviceGetMaxClockInfo(self.handle, self.nvml.NVML_CLOCK_SM))
-        except Exception:  # noqa: BLE001
-            return None
+        return None if self.reader is None else self.reader.max_clock_mhz("sm")
 
 
 @functools.lru_cache(maxsize=None)
 def sm_clock(index: int) -> SmClock:
     """One NVML reader per GPU index, kept for the process (nvmlInit is not free)."""
-    return SmClock(torch.device("cuda", index))
+    return SmClock(index)
 
 
 def device_index(device: torch.device) -> int:

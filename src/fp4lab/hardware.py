@@ -196,6 +196,8 @@ class DeviceInfo:
     max_sm_clock_mhz: float | None = None
     mem_clock_mhz: float | None = None           # maximum memory clock
     power_limit_w: float | None = None           # enforced limit
+    pci_bus_id: str | None = None                # NVML's id of the GPU, e.g. 00000000:18:00.0
+    index: int | None = None                     # torch's CUDA index of the GPU
     spec: GpuSpec | None = None
     cpu_model: str | None = None
     cpu_count: int | None = None
@@ -254,7 +256,7 @@ def _detect_cuda(device: str) -> DeviceInfo:
     props = torch.cuda.get_device_properties(index)
     l2_bytes = getattr(props, "L2_cache_size", None)
     info = DeviceInfo(
-        kind="cuda", name=props.name, compute_capability=(props.major, props.minor),
+        kind="cuda", name=props.name, compute_capability=(props.major, props.minor), index=index,
         cuda_version=torch.version.cuda, memory_gb=round(props.total_memory / 2**30, 1),
         sm_count=props.multi_processor_count,
         l2_mb=round(l2_bytes / 2**20, 1) if l2_bytes else None,
@@ -264,67 +266,31 @@ def _detect_cuda(device: str) -> DeviceInfo:
     return info
 
 
-def _pci_bus_id(props) -> str | None:
-    """NVML's bus id of a torch device, so CUDA_VISIBLE_DEVICES reordering cannot mismatch them."""
-    try:
-        return f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
-    except AttributeError:
-        return None
-
-
-def nvml_handle(pynvml, index: int):
-    """NVML's handle of torch's CUDA device `index`: found by PCI bus id, so CUDA_VISIBLE_DEVICES
-    reordering cannot mismatch them; by index where the bus id is unknown or not accepted."""
-    import torch
-
-    bus_id = _pci_bus_id(torch.cuda.get_device_properties(index))
-    if bus_id:
-        try:
-            return pynvml.nvmlDeviceGetHandleByPciBusId(bus_id)
-        except Exception:  # older NVML or another id format: the index below is the fallback
-            pass
-    return pynvml.nvmlDeviceGetHandleByIndex(index)
-
-
 def _fill_from_nvml(info: DeviceInfo, index: int) -> None:
-    """Driver, clocks and power limit from NVML; each missing answer leaves its field None."""
-    try:
-        import pynvml
-    except ImportError:
-        info.notes.append("NVML: pynvml (nvidia-ml-py) is not installed")
+    """Driver, clocks and power limit through fp4lab.nvml's reader; each missing answer leaves
+    its field None and says why in `info.notes`."""
+    from fp4lab import nvml
+
+    pynvml, why = nvml.load_nvml()
+    if pynvml is None:
+        info.notes.append(f"NVML: {why}")
         return
     try:
-        pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError has many subclasses; any of them means no NVML here
-        info.notes.append(f"NVML: init failed ({exc})")
-        return
-    try:
-        handle = _nvml(info, "device handle", nvml_handle, pynvml, index)
-        driver = _nvml(info, "driver version", pynvml.nvmlSystemGetDriverVersion)
-        info.driver = driver.decode() if isinstance(driver, bytes) else driver
-        if handle is None:
-            return
-        info.sm_clock_mhz = _nvml(info, "SM clock", pynvml.nvmlDeviceGetClockInfo, handle,
-                                  pynvml.NVML_CLOCK_SM)
-        info.max_sm_clock_mhz = _nvml(info, "max SM clock", pynvml.nvmlDeviceGetMaxClockInfo,
-                                      handle, pynvml.NVML_CLOCK_SM)
-        info.mem_clock_mhz = _nvml(info, "max memory clock", pynvml.nvmlDeviceGetMaxClockInfo,
-                                   handle, pynvml.NVML_CLOCK_MEM)
-        milliwatts = _nvml(info, "power limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)
-        info.power_limit_w = milliwatts / 1000 if milliwatts is not None else None
+        reader = nvml.GpuReader(pynvml, index)
+        info.driver = reader.driver_version()
+        info.pci_bus_id = reader.bus_id
+        info.sm_clock_mhz = reader.sm_clock_mhz()
+        info.max_sm_clock_mhz = reader.max_clock_mhz("sm")
+        info.mem_clock_mhz = reader.max_clock_mhz("mem")
+        info.power_limit_w = reader.power_limit_w
+        info.notes += [f"NVML: {field} unavailable ({message})" for field, message in reader.refused.items()]
+    except Exception as exc:  # noqa: BLE001 - one unanswered query costs fields, never detect()
+        info.notes.append(f"NVML: device unavailable ({exc})")
     finally:
         try:
             pynvml.nvmlShutdown()
-        except Exception:
-            pass  # shutting down a half-initialized NVML must not hide what was read
-
-
-def _nvml(info: DeviceInfo, what: str, call, *args):
-    try:
-        return call(*args)
-    except Exception as exc:  # one unanswered query costs one field, never the whole detect()
-        info.notes.append(f"NVML: {what} unavailable ({exc})")
-        return None
+        except Exception:  # noqa: BLE001 - shutting down must not hide what was read
+            pass
 
 
 def _detect_cpu() -> DeviceInfo:

@@ -12,7 +12,7 @@ and findings for chapter 02).
 
 from fp4lab.telemetry.energy import (EnergyWindowConfig, measure_energy_window, measure_idle_power,
                                      tflops_per_watt, WINDOW_KEYS)
-from fp4lab.telemetry.nvml import CLOCK_EVENT_REASONS, counter_delta_mj, decode_clock_event_reasons
+from fp4lab.nvml import CLOCK_EVENT_REASONS, counter_delta_mj, decode_clock_event_reasons
 from fp4lab.telemetry.sampler import POWER_LABELS, TELEMETRY_COLUMNS, Sampler
 
 __all__ = ["CLOCK_EVENT_REASONS", "EnergyWindowConfig", "POWER_LABELS", "Sampler", "TELEMETRY_COLUMNS",

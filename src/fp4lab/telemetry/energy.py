@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from fp4lab.telemetry.nvml import GpuReader, counter_delta_mj, load_nvml
+from fp4lab.nvml import GpuReader, counter_delta_mj, load_nvml
 
 WINDOW_KEYS = ("avg_power_w", "energy_j", "energy_per_call_j", "calls", "seconds", "sm_clock_mhz",
                "throttle_reasons", "window_start_s", "window_end_s", "idle_power_w")

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any, Sequence
 
-from fp4lab.telemetry.nvml import GpuReader, counter_delta_mj, load_nvml
+from fp4lab.nvml import GpuReader, counter_delta_mj, load_nvml
 
 POWER_LABELS = {
     "power_instant_w": "instantaneous board power (NVML field NVML_FI_DEV_POWER_INSTANT)",

@@ -1,4 +1,11 @@
-"""NVML access for fp4lab: one reader per GPU that remembers which fields the driver refuses.
+"""NVML access for fp4lab: the one reader per GPU, found by PCI bus id, that remembers which
+fields the driver refuses. Device detection, the timer's clock reads, the sampler and the energy
+windows all read through `GpuReader`.
+
+GPUs are named by their torch CUDA index everywhere in fp4lab; the reader finds NVML's handle of
+that device by PCI bus id, so `CUDA_VISIBLE_DEVICES` reordering (torch's cuda:0 is NVML's GPU 3)
+cannot make it read another GPU. Where the bus id is unknown (no torch GPU, as with the test fakes)
+it falls back to NVML's index.
 
 Everything goes through `pynvml` (package nvidia-ml-py), imported lazily so that tests can put a
 fake module in `sys.modules["pynvml"]` and CPU machines never load the NVIDIA library.
@@ -87,19 +94,47 @@ def load_nvml() -> tuple[Any | None, str]:
 
 def check_device_index(nvml, device_index: int) -> None:
     count = nvml.nvmlDeviceGetCount()
-    if not isinstance(device_index, int) or not 0 <= device_index < count:
+    if not isinstance(device_index, int) or isinstance(device_index, bool) or not 0 <= device_index < count:
         raise ValueError(f"device_index {device_index!r}: NVML sees {count} GPU(s), "
                          f"use 0..{count - 1}")
 
 
+def pci_bus_id(device_index: int) -> str | None:
+    """NVML's bus id string of torch's CUDA device `device_index`, or None when torch has no GPU."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        props = torch.cuda.get_device_properties(device_index)
+        return f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    except (ImportError, AttributeError, RuntimeError, AssertionError):
+        return None
+
+
+def nvml_handle(nvml, device_index: int):
+    """NVML's handle of torch's CUDA device `device_index`: by PCI bus id, else by index."""
+    bus_id = pci_bus_id(device_index)
+    if bus_id:
+        try:
+            return nvml.nvmlDeviceGetHandleByPciBusId(bus_id)
+        except Exception:  # noqa: BLE001 - older NVML or another id format: the index below
+            pass
+    return nvml.nvmlDeviceGetHandleByIndex(device_index)
+
+
 class GpuReader:
-    """Reads one GPU's telemetry fields; a field refused once stays missing (see module doc)."""
+    """Reads one GPU's fields; a field refused once stays missing (see module doc).
+
+    `device_index` is torch's CUDA index of the GPU (see module doc for the bus-id lookup).
+    """
 
     def __init__(self, nvml, device_index: int):
         check_device_index(nvml, device_index)
         self.nvml = nvml
         self.device_index = device_index
-        self.handle = nvml.nvmlDeviceGetHandleByIndex(device_index)
+        self.handle = nvml_handle(nvml, device_index)
+        self.bus_id = pci_bus_id(device_index)
         self.refused: dict[str, str] = {}
         # The enforced limit is a setting, not a measurement: read once per reader.
         limit_mw = self._read("power_limit_w", lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(self.handle))
@@ -131,6 +166,15 @@ class GpuReader:
     def sm_clock_mhz(self) -> float | None:
         return self._read("sm_clock_mhz",
                           lambda: self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_SM))
+
+    def max_clock_mhz(self, which: str = "sm") -> float | None:
+        clock = {"sm": self.nvml.NVML_CLOCK_SM, "mem": self.nvml.NVML_CLOCK_MEM}[which]
+        return self._read(f"max_{which}_clock_mhz",
+                          lambda: self.nvml.nvmlDeviceGetMaxClockInfo(self.handle, clock))
+
+    def driver_version(self) -> str | None:
+        driver = self._read("driver", self.nvml.nvmlSystemGetDriverVersion)
+        return driver.decode() if isinstance(driver, bytes) else driver
 
     def clock_event_bits(self) -> int | None:
         nvml = self.nvml

@@ -100,6 +100,27 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return ("gpu", index)
 
+    def nvmlDeviceGetHandleByPciBusId(self, bus_id):
+        """Bus ids "00000000:<index + 0x18>:00.0" map to NVML indices in reverse order, so a test
+        can tell a lookup by bus id from one by index (as CUDA_VISIBLE_DEVICES reordering does)."""
+        self._enter("nvmlDeviceGetHandleByPciBusId")
+        try:
+            index = self.gpus - 1 - (int(bus_id.split(":")[1], 16) - 0x18)
+        except (IndexError, ValueError):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT) from None
+        if not 0 <= index < self.gpus:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return ("gpu", index)
+
+    def nvmlSystemGetDriverVersion(self):
+        self._enter("nvmlSystemGetDriverVersion")
+        return "580.159.04"
+
+    def nvmlDeviceGetMaxClockInfo(self, handle, clock_type):
+        self._enter("nvmlDeviceGetMaxClockInfo")
+        self._handle(handle)
+        return 1980 if clock_type == self.NVML_CLOCK_SM else 3201
+
     # -- readings -------------------------------------------------------------------------
     def nvmlDeviceGetEnforcedPowerLimit(self, handle):
         self._enter("nvmlDeviceGetEnforcedPowerLimit")

@@ -1,0 +1,53 @@
+"""Shared fixtures: a fake GPU, a fake NVML, the fake backends for worker processes, and the
+`cuda` marker's skip on machines without a GPU."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+TESTS_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS_DIR))
+
+from fakes.gpu import FakeGpu  # noqa: E402
+from fakes.nvml import FakeNvml  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    """`@pytest.mark.cuda` tests need a CUDA GPU: skipped, with that reason, everywhere else."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """Pretend torch sees a GPU: `fake_gpu((10, 0))` installs a B200-like one and returns it."""
+    def install(capability=(9, 0), **fields) -> FakeGpu:
+        return FakeGpu(capability=tuple(capability), **fields).install(monkeypatch)
+    return install
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch):
+    """Install a FakeNvml as `pynvml`: `fake_nvml(power_w=..., unsupported=...)` returns it."""
+    def install(**knobs) -> FakeNvml:
+        fake = FakeNvml(**knobs)
+        monkeypatch.setitem(sys.modules, "pynvml", fake)
+        return fake
+    return install
+
+
+@pytest.fixture
+def fake_backends_env(monkeypatch):
+    """Worker processes load the fake backends of tests/fakes/backends.py."""
+    monkeypatch.setenv("FP4LAB_EXTRA_BACKENDS", "fakes.backends")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
