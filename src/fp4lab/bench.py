@@ -75,6 +75,28 @@ class TimerConfig:
                              f"got {self.memory_budget_gb!r}")
 
     @classmethod
+    def from_dict(cls, values: dict, name: str = "timer") -> "TimerConfig":
+        """A TimerConfig from settings such as a profile's `timer:` section; an unknown setting
+        or a bad value is one line naming it (a typo never reaches a worker)."""
+        from fp4lab.errors import ParameterError
+
+        if isinstance(values, TimerConfig):
+            return values
+        if not isinstance(values, dict):
+            raise ParameterError(f"{name}={values!r}: expected a mapping of timer settings")
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ParameterError(f"{name}: unknown setting {unknown[0]!r} (known: {', '.join(known)})")
+        try:
+            return cls(**values)
+        except ValueError as exc:
+            raise ParameterError(f"{name}: {exc}") from None
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
     def smoke(cls) -> "TimerConfig":
         """Quick: CPU tests and the smoke profile."""
         return cls(repeats=10, warmup_s=0.2, max_warmup_s=2.0, min_replay_ms=0.5)

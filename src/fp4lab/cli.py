@@ -1,26 +1,22 @@
 """`python -m fp4lab <command>`: the headless entry point.
 
-Each command's arguments live in the module that owns the work (`add_cli(subparsers)`); this file
-only assembles them and turns a bad argument into one line on stderr and exit status 2.
+Every command checks every flag before it starts work: a bad value is one line on stderr naming
+the flag and the value, exit status 2, nothing written. Ctrl-C, SIGTERM and SIGHUP stop a sweep
+cleanly (exit 130): measured rows are kept and the command says how to resume.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import json
 import sys
+import time
 
-# command modules, imported lazily so `python -m fp4lab backends` does not pay for pandas etc.
-COMMAND_MODULES = (
-    "fp4lab.backends",
-    "fp4lab.sweep",
-    "fp4lab.moe.cli",
-    "fp4lab.report",
-    "fp4lab.results",
-)
+from fp4lab.errors import ParameterError, UsageError
 
-
-from fp4lab.errors import UsageError  # noqa: F401 - re-exported for the command modules
+GRID_FLAGS = ("backends", "format", "m", "shapes", "preset", "repeats", "energy_window", "profile",
+              "run_id", "eager", "point_timeout")
+EXTRA_COMMANDS = ()   # modules with an `add_cli(subparsers)` of their own (comm, smem-fit, project)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,20 +24,288 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def _backends(sub) -> None:
+    parser = sub.add_parser("backends", help="list the GEMM backends and whether they run here")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    parser.set_defaults(func=run_backends)
+
+
+def run_backends(args) -> int:
+    from fp4lab import backends, hardware
+
+    try:
+        hardware.resolve_device(args.device)
+    except ValueError as exc:
+        raise ParameterError(f"--device: {exc}") from None
+    rows = backends.list_backends(args.device)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    header = f"{'backend':<20} {'formats':<12} {'weights':<8} {'available':<9}  reason"
+    print(header + "\n" + "-" * len(header))
+    for row in rows:
+        note = f" [{row['note']}]" if row["note"] else ""
+        print(f"{row['name']:<20} {','.join(row['formats']):<12} {row['weight_dtype']:<8} "
+              f"{'yes' if row['available'] else 'no':<9}  {row['reason']}{note}")
+    return 0
+
+
+def _sweep(sub) -> None:
+    parser = sub.add_parser("sweep", help="measure the FP4 GEMM grid into a run folder")
+    parser.add_argument("--backends", help="comma list of backends (default: the profile's: every one)")
+    parser.add_argument("--format", help="nvfp4, mxfp4 or both as a comma list")
+    parser.add_argument("--m", help="comma list of M values (tokens), e.g. 1,16,256")
+    parser.add_argument("--shapes", help="comma list of NxK weight shapes, e.g. 4096x6144,6144x2048")
+    parser.add_argument("--preset", help="a model preset whose expert shapes are added (e.g. glm-5)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    parser.add_argument("--repeats", type=int, help="timed samples per point")
+    parser.add_argument("--energy-window", type=float, help="seconds of NVML energy window per point (0: none)")
+    parser.add_argument("--point-timeout", type=float, help="seconds before a point becomes a timeout row")
+    parser.add_argument("--profile", default="auto", help="smoke, full or auto (full where a GPU is seen)")
+    parser.add_argument("--out", help="the runs folder (default: runs/ of the repository)")
+    parser.add_argument("--run-id", help="name of the run folder (default: time stamp + device)")
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue this run folder's stored grid")
+    parser.add_argument("--retry-failed", action="store_true", help="re-measure error, oom and timeout rows")
+    parser.add_argument("--eager", action="store_true", help="time eager launches instead of CUDA-graph replays")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or per-point lines")
+    parser.set_defaults(func=run_sweep)
+
+
+def _resume_conflicts(args, flags) -> None:
+    given = [flag for flag in flags if getattr(args, flag, None) not in (None, False, "auto")]
+    if args.resume and given:
+        raise UsageError(f"--resume continues the stored grid: it takes no --{given[0].replace('_', '-')}")
+
+
+def run_sweep(args) -> int:
+    from fp4lab import params
+    from fp4lab.results import RUNS_ROOT, RunDir
+    from fp4lab.sweep import GemmSweep
+    from fp4lab.sweep.gemm import run_sweep as sweep
+
+    _resume_conflicts(args, GRID_FLAGS + ("out",))
+    if args.resume:
+        run = RunDir.open(args.resume)
+        stored = (run.run_json().get("sweep") or {}).get("config")
+        if not stored:
+            raise ParameterError(f"--resume: {args.resume} has no stored sweep configuration")
+        config = GemmSweep.from_dict(stored)
+    else:
+        timer = {}
+        if args.repeats is not None:
+            timer["repeats"] = params.check_int("--repeats", args.repeats)
+        if args.eager:
+            timer["use_graph"] = False
+        config = GemmSweep.from_profile(
+            params.check_text("--profile", args.profile), args.device, preset=args.preset,
+            backends=params.parse_text_list(args.backends) or None, fmts=params.parse_text_list(args.format) or None,
+            m_values=params.parse_int_list("--m", args.m) if args.m else None,
+            shapes=params.parse_shapes("--shapes", args.shapes) if args.shapes else None,
+            energy_window_s=args.energy_window, point_timeout_s=args.point_timeout, timer=timer or None)
+        run = RunDir.create(args.out or RUNS_ROOT, run_id=args.run_id, label=_label(config.device))
+    return _measure(lambda: sweep(config, run, retry_failed=args.retry_failed, progress=not args.quiet,
+                                  command=" ".join(sys.argv)), run, "gemm")
+
+
+def _label(device: str) -> str:
+    from fp4lab import hardware
+
+    return hardware.detect(device).label
+
+
+def _measure(work, run, table: str) -> int:
+    """Run a sweep; Ctrl-C / SIGTERM / SIGHUP keep the rows and say how to go on."""
+    from fp4lab.sweep.runner import Interrupted
+
+    started = time.monotonic()
+    try:
+        measured = work()
+    except (KeyboardInterrupt, Interrupted):
+        print(f"interrupted: measured points are kept; continue with --resume {run.path}", file=sys.stderr)
+        return 130
+    rows = run.read_table(table)
+    counts = rows["status"].value_counts().to_dict() if len(rows) else {}
+    print(f"{measured} points measured in {time.monotonic() - started:.1f} s; the run holds {len(rows)}: "
+          + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())), file=sys.stderr)
+    if table == "gemm" and len(rows):
+        print(_headline(run), file=sys.stderr)
+    print(run.path)
+    return 0
+
+
+def _headline(run) -> str:
+    """gpt-fast's habit: one line that says what the sweep found."""
+    from fp4lab import text
+    from fp4lab.analysis import gemm
+
+    results = gemm.gemm_results(run)
+    numbers = gemm.headline(results)
+    if "best" not in numbers:
+        return "no correct point"
+    small, best = numbers["smallest"], numbers["best"]
+    return (f"headline: at M={small['m']} {small['backend']} reads {text.sig(small['tbps'])} TB/s of "
+            f"{text.sig(results.bandwidth_tbps)} measured; best point {best['backend']} "
+            f"{text.sig(best['tflops'], 4)} TFLOP/s at M={best['m']} {best['n']}x{best['k']}")
+
+
+def _moe(sub) -> None:
+    stats = sub.add_parser("moe-stats", help="tokens per expert under a routing model, as JSON")
+    stats.add_argument("--experts", type=int, required=True, help="routed experts E")
+    stats.add_argument("--top-k", type=int, required=True, help="experts per token k")
+    stats.add_argument("--batch", type=int, required=True, help="tokens per decode step B")
+    stats.add_argument("--routing", default="uniform", help="uniform | zipf:S | trace:PATH")
+    stats.add_argument("--steps", type=int, default=200, help="decode steps to draw")
+    stats.add_argument("--seed", type=int, default=0, help="random seed of the routing draw")
+    stats.add_argument("--ep", type=int, nargs="+", default=[1], help="expert-parallel degrees")
+    stats.set_defaults(func=run_moe_stats)
+
+    sweep = sub.add_parser("moe-sweep", help="measure every MoE method at routed loads into a run folder")
+    sweep.add_argument("--preset", help="model preset (default: the profile's, glm-5)")
+    sweep.add_argument("--batch", type=int, nargs="+", help="decode batches B")
+    sweep.add_argument("--routing", help="uniform | zipf:S | trace:PATH")
+    sweep.add_argument("--ep", type=int, nargs="+", help="expert-parallel degrees")
+    sweep.add_argument("--fmts", nargs="+", help="FP4 formats of the FP4 methods")
+    sweep.add_argument("--methods", nargs="+", help="MoE methods (default: every registered one)")
+    sweep.add_argument("--steps", type=int, help="routing steps drawn to pick a typical one")
+    sweep.add_argument("--repeats", type=int, help="timed samples per point")
+    sweep.add_argument("--point-timeout", type=float, help="seconds before a point becomes a timeout row")
+    sweep.add_argument("--scaled", action="store_true", default=None, help="tiny stand-in preset (CPU smoke)")
+    sweep.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    sweep.add_argument("--profile", default="auto", help="smoke, full or auto")
+    sweep.add_argument("--runs-dir", help="the runs folder (default: runs/ of the repository)")
+    sweep.add_argument("--run-id", help="name of the run folder; an existing one is resumed")
+    sweep.add_argument("--retry-failed", action="store_true", help="re-measure error, oom and timeout rows")
+    sweep.add_argument("--quiet", action="store_true", help="no progress bar or per-point lines")
+    sweep.set_defaults(func=run_moe_sweep)
+
+
+def run_moe_stats(args) -> int:
+    from fp4lab import params
+    from fp4lab.moe import routing, stats
+
+    for name in ("experts", "top_k", "batch", "steps"):
+        params.check_int(f"--{name.replace('_', '-')}", getattr(args, name))
+    params.check_int("--seed", args.seed, minimum=0)
+    params.check_int_list("--ep", args.ep)
+    try:
+        loads = routing.expert_loads(args.routing, args.experts, args.top_k, args.batch, args.steps, args.seed)
+        summary = stats.summarize(loads, args.ep)
+    except ValueError as exc:
+        raise ParameterError(str(exc)) from None
+    summary.update({"batch": args.batch, "top_k": args.top_k, "routing": args.routing, "seed": args.seed,
+                    "closed_form_mean_tokens_per_expert": args.batch * args.top_k / args.experts})
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def run_moe_sweep(args) -> int:
+    from fp4lab.results import RUNS_ROOT, RunDir
+    from fp4lab.sweep import MoeSweep
+    from fp4lab.sweep.moe import run_sweep as sweep
+
+    config = MoeSweep.from_profile(args.profile, args.device, preset=args.preset, batch_sizes=args.batch,
+                                   routing=args.routing, ep_degrees=args.ep, fmts=args.fmts, methods=args.methods,
+                                   steps=args.steps, point_timeout_s=args.point_timeout, scaled=args.scaled,
+                                   timer={"repeats": args.repeats} if args.repeats is not None else None)
+    run = RunDir.create(args.runs_dir or RUNS_ROOT, run_id=args.run_id, label=f"moe-{config.preset}")
+    return _measure(lambda: sweep(config, run, retry_failed=args.retry_failed, progress=not args.quiet,
+                                  command=" ".join(sys.argv)), run, "moe")
+
+
+def _report(sub) -> None:
+    parser = sub.add_parser("report", help="run every chapter into a run folder, build the book")
+    parser.add_argument("--profile", default="auto", help="smoke, full or auto (full where a GPU is seen)")
+    parser.add_argument("--run-id", help="name of the run folder (default: time stamp + device)")
+    parser.add_argument("--runs-dir", help="the runs folder (default: runs/ of the repository)")
+    parser.add_argument("--reference-dir", help="the run shown beside (default: newest under results/reference; none: none)")
+    parser.add_argument("--notebooks", nargs="*", help="only these notebooks (default: notebooks/NN_*.ipynb)")
+    parser.add_argument("--no-build", action="store_true", help="run the chapters, skip the book")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run_report)
+
+
+def run_report(args) -> int:
+    from pathlib import Path
+
+    from fp4lab import hardware, params, profiles, report
+    from fp4lab.results import RUNS_ROOT
+
+    if args.profile != "auto":
+        profiles.check(args.profile)
+    try:
+        hardware.resolve_device(args.device)
+    except ValueError as exc:
+        raise ParameterError(f"--device: {exc}") from None
+    if args.run_id:
+        params.check_name("--run-id", args.run_id)
+    notebooks = None
+    if args.notebooks:
+        notebooks = [Path(p) for p in args.notebooks]
+        missing = [str(p) for p in notebooks if not p.is_file()]
+        if missing:
+            raise ParameterError(f"--notebooks: not found: {', '.join(missing)}")
+    result = report.run_report(args.profile, args.run_id, args.runs_dir or RUNS_ROOT, notebooks,
+                               build=not args.no_build, reference_dir=args.reference_dir, device=args.device,
+                               progress=not args.quiet)
+    return result.exit_code
+
+
+def _share(sub) -> None:
+    parser = sub.add_parser("share", help="one self-contained HTML file of the diagnosis")
+    parser.add_argument("--run-id", help="the run to share (default: the newest GPU run on record)")
+    parser.add_argument("--runs-dir", help="the runs folder (default: runs/ of the repository)")
+    parser.add_argument("--out-dir", help="where the file goes (default: share/)")
+    parser.set_defaults(func=run_share)
+
+
+def run_share(args) -> int:
+    from fp4lab import share
+    from fp4lab.results import RUNS_ROOT
+
+    target = share.share(args.run_id, args.runs_dir or RUNS_ROOT, args.out_dir or share.SHARE_DIR)
+    print(f"shared diagnosis: {target}")
+    return 0
+
+
+def _runs(sub) -> None:
+    parser = sub.add_parser("runs", help="list run folders (local and committed)")
+    parser.add_argument("roots", nargs="*", help="folders holding run folders (default: runs/ and results/)")
+    parser.set_defaults(func=run_runs)
+
+
+def run_runs(args) -> int:
+    from fp4lab.results import MEASUREMENTS_ROOT, REFERENCE_ROOT, RUNS_ROOT, list_runs
+
+    roots = args.roots or [RUNS_ROOT, REFERENCE_ROOT, MEASUREMENTS_ROOT]
+    frame = list_runs(*roots)
+    print(frame.drop(columns=["path", "root"]).to_string(index=False) if len(frame) else
+          "no runs under " + ", ".join(map(str, roots)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
     parser = _Parser(prog="python -m fp4lab", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for name in COMMAND_MODULES:
+    for add in (_backends, _sweep, _moe, _report, _share, _runs):
+        add(sub)
+    for name in EXTRA_COMMANDS:
         importlib.import_module(name).add_cli(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="fp4lab: %(message)s", stream=sys.stderr)
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
-    except UsageError as exc:
-        print(f"fp4lab: error: {exc}", file=sys.stderr)
+    except (UsageError, ParameterError, FileNotFoundError) as exc:
+        print(f"fp4lab: error: {' '.join(str(exc).split())[:500]}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("fp4lab: interrupted", file=sys.stderr)

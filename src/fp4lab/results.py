@@ -1,42 +1,64 @@
 """Run folders: where every measured number lands, with the provenance to compare it later.
 
-A run folder is `<runs-dir>/<run-id>/` holding `run.json` (provenance, merged section by section
-by each stage that writes into the run) and one table per kind of measurement (`gemm`, `moe`,
-`telemetry`). Rows are appended to `<table>.jsonl` the moment they are measured (so an
-interrupted sweep keeps them) and the `<table>.parquet` beside it is rewritten from that log.
+A run folder `<runs-dir>/<run-id>/` holds `run.json` (provenance and one section per stage that
+wrote into the run) and one table per kind of measurement (`fp4lab.schema`: gemm, moe,
+telemetry, ...). The rules that keep it whole through crashes, full disks and a second writer:
+
+- rows are appended to `<table>.jsonl` the moment they are measured, flushed and fsync'd; a
+  trailing partial line (a crash or a full disk mid-write) is cut off, with a warning, before the
+  next append, so the next row never glues onto it;
+- `<table>.parquet` (the export) and `run.json` are rewritten through a unique temporary file and
+  an atomic rename: a reader sees the old file or the new one, never half of one;
+- one writer per run folder: `RunDir.lock()` takes an exclusive `fcntl` lock on `.lock`; a second
+  writer is refused with one line naming the holder. Processes started by the holder (the
+  notebook kernels of `make report`) inherit the right to write through `FP4LAB_RUN_LOCK`;
+- readers skip a bad line with a warning naming the file and the line, and a malformed run.json
+  is an error naming the file, never a traceback from deep inside.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import fcntl
 import json
+import logging
+import math
 import os
 import platform
 import re
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass
+import tempfile
+import uuid
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
-GEMM_COLUMNS = [
-    "run_id", "backend", "fmt", "m", "n", "k", "status", "error", "rel_err",
-    "median_us", "p20_us", "p80_us", "tflops", "tbps", "bound",
-    "pct_peak_spec", "pct_peak_measured", "graph",
-    # telemetry window (issue 4); missing where no NVML
-    "avg_power_w", "energy_per_call_j", "tflops_per_w", "sm_clock_mhz", "throttle_reasons",
-    "window_start_s", "window_end_s",
-]
+from fp4lab import schema
+from fp4lab.errors import ParameterError
 
-PACKAGES = ("torch", "triton", "flashinfer-python", "sgl-kernel", "nvidia-ml-py", "numpy",
-            "pandas", "papermill", "jupyter-book")
+log = logging.getLogger("fp4lab")
+
+PACKAGES = ("torch", "triton", "flashinfer-python", "sgl-kernel", "humming-kernels", "gemlite",
+            "nvidia-ml-py", "numpy", "pandas", "papermill", "jupyter-book")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+RUNS_ROOT = REPO_ROOT / "runs"                       # default for every command, wherever run from
 REFERENCE_ROOT = REPO_ROOT / "results" / "reference"
+MEASUREMENTS_ROOT = REPO_ROOT / "results" / "measurements"
 NO_REFERENCE = "none"  # reference_dir value that shows no reference run
-RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+LOCK_ENV = "FP4LAB_RUN_LOCK"   # "<run folder>=<token>" handed to processes the lock holder starts
+
+
+class RunFolderError(ParameterError):
+    """A run folder or one of its files that cannot be used; the message names the file."""
+
+
+class RunLocked(RunFolderError):
+    """Another process is writing this run folder."""
 
 
 def utc_now() -> str:
@@ -50,8 +72,10 @@ def new_run_id(label: str | None = None) -> str:
 
 
 def slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "run"
+    return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-")[:48] or "run"
 
+
+# -- provenance ---------------------------------------------------------------------------------
 
 def library_versions() -> dict[str, str | None]:
     versions: dict[str, str | None] = {}
@@ -75,11 +99,11 @@ def git_sha() -> str | None:
         return os.environ.get("FP4LAB_GIT_SHA")
 
 
-def provenance(command: list[str] | str | None = None) -> dict[str, Any]:
+def provenance(command: list[str] | str | None = None, device: str = "auto") -> dict[str, Any]:
     """Everything needed to compare a number from this run with one from another night or GPU."""
     from fp4lab import hardware  # lazy: torch import
 
-    device = hardware.detect()
+    info = hardware.detect(device)
     cuda = None
     try:
         import torch
@@ -87,10 +111,9 @@ def provenance(command: list[str] | str | None = None) -> dict[str, Any]:
         cuda = torch.version.cuda
     except ImportError:
         pass
-    if command is None:
-        command = sys.argv
+    command = sys.argv if command is None else command
     return {
-        "device": device.as_dict(),
+        "device": info.as_dict(),
         "cuda": cuda,
         "versions": library_versions(),
         "fp4lab_git_sha": git_sha(),
@@ -101,11 +124,22 @@ def provenance(command: list[str] | str | None = None) -> dict[str, Any]:
     }
 
 
+def device_of(run_json: dict[str, Any]) -> dict[str, Any]:
+    device = (run_json.get("provenance") or {}).get("device")
+    return device if isinstance(device, dict) else {}
+
+
 def device_label(run_json: dict[str, Any]) -> str:
     """The device a run measured, from its provenance (not the machine reading it)."""
-    device = run_json.get("provenance", {}).get("device", {})
-    return device.get("name") or device.get("cpu_model") or device.get("kind") or "unknown device"
+    device = device_of(run_json)
+    return str(device.get("name") or device.get("cpu_model") or device.get("kind") or "unknown device")
 
+
+def is_gpu_run(run_json: dict[str, Any]) -> bool:
+    return device_of(run_json).get("kind") == "cuda"
+
+
+# -- files written whole --------------------------------------------------------------------------
 
 def _json_default(value: Any):
     if hasattr(value, "item"):
@@ -117,9 +151,45 @@ def _json_default(value: Any):
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
 
 
+def dumps(value: Any, **kwargs) -> str:
+    """JSON with NaN written as null (JSON has no NaN; readers elsewhere choke on it)."""
+    return json.dumps(_finite(value), default=_json_default, allow_nan=False, **kwargs)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
+def atomic_write(path: Path, write) -> None:
+    """`write(file)` into a unique temporary file beside `path`, fsync, then rename over `path`."""
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# -- the run folder -------------------------------------------------------------------------------
+
 @dataclass
 class RunDir:
     path: Path
+    skipped: list[str] = field(default_factory=list, repr=False)   # bad lines readers skipped
+
+    def __post_init__(self):
+        self.path = Path(self.path)
 
     @property
     def run_id(self) -> str:
@@ -129,136 +199,284 @@ class RunDir:
     def create(cls, runs_dir: str | os.PathLike, run_id: str | None = None,
                label: str | None = None) -> "RunDir":
         """A new (or, with an existing run_id, the same) run folder; checks it is writable."""
-        run_id = run_id or new_run_id(label)
-        if not RUN_ID_PATTERN.match(run_id):
-            raise ValueError(f"run id {run_id!r}: use letters, digits, '.', '_' and '-'")
+        from fp4lab.params import check_name
+
+        run_id = check_name("run_id", run_id or new_run_id(label))
         path = Path(runs_dir) / run_id
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise ValueError(f"output folder {runs_dir}: cannot create {path}: {exc.strerror}") from exc
+            raise RunFolderError(f"runs folder {runs_dir}: cannot create {path}: {exc.strerror}") from None
         if not os.access(path, os.W_OK):
-            raise ValueError(f"output folder {path} is not writable")
+            raise RunFolderError(f"run folder {path} is not writable")
         run = cls(path)
         if not (path / "run.json").exists():
             run._write_json({"run_id": run_id, "created": utc_now()})
+        else:
+            run.run_json()   # an existing folder must hold a readable run.json
         return run
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> "RunDir":
+        """An existing run folder, its run.json checked (a malformed one is named)."""
         path = Path(path)
         if not (path / "run.json").is_file():
-            raise ValueError(f"{path} is not a run folder (no run.json)")
-        return cls(path)
+            raise RunFolderError(f"{path} is not a run folder (no run.json)")
+        run = cls(path)
+        run.run_json()
+        return run
 
     # -- run.json -------------------------------------------------------------------------
     def run_json(self) -> dict[str, Any]:
         file = self.path / "run.json"
-        return json.loads(file.read_text()) if file.exists() else {}
+        if not file.exists():
+            return {}
+        try:
+            data = json.loads(file.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise RunFolderError(f"{file}: not readable JSON ({_first_line(exc)})") from None
+        if not isinstance(data, dict):
+            raise RunFolderError(f"{file}: expected a JSON object, found {type(data).__name__}")
+        for key, value in data.items():
+            if key in ("provenance", "sweep", "moe", "report", "telemetry") and not isinstance(value, dict):
+                raise RunFolderError(f"{file}: section {key!r} must be an object, found "
+                                     f"{type(value).__name__}")
+        return data
 
     def update_run_json(self, section: str | None, values: dict[str, Any]) -> dict[str, Any]:
         """Merge `values` into run.json (under `section`, or at the top level when None)."""
-        data = self.run_json()
-        if section is None:
-            data.update(values)
-        else:
-            data.setdefault(section, {}).update(values)
-        self._write_json(data)
+        with self._file_lock(".run.json.lock"):
+            data = self.run_json()
+            if section is None:
+                data.update(values)
+            else:
+                data.setdefault(section, {}).update(values)
+            self._write_json(data)
         return data
 
     def _write_json(self, data: dict[str, Any]) -> None:
-        tmp = self.path / "run.json.tmp"
-        tmp.write_text(json.dumps(data, indent=2, default=_json_default) + "\n")
-        tmp.replace(self.path / "run.json")
+        text = dumps(data, indent=2) + "\n"
+        atomic_write(self.path / "run.json", lambda file: file.write(text.encode()))
 
     # -- tables ---------------------------------------------------------------------------
     def append_rows(self, table: str, rows: Iterable[dict[str, Any]]) -> None:
+        """Append rows to `<table>.jsonl` (fsync'd), then rewrite `<table>.parquet`."""
         rows = list(rows)
         if not rows:
             return
-        with open(self.path / f"{table}.jsonl", "a") as log:
-            for row in rows:
-                log.write(json.dumps(row, default=_json_default) + "\n")
-            log.flush()
-            os.fsync(log.fileno())
-        self._rewrite_parquet(table)
+        log_file = self.path / f"{table}.jsonl"
+        self._repair_partial_line(log_file)
+        lines = "".join(dumps(row) + "\n" for row in rows)
+        with open(log_file, "a") as file:
+            file.write(lines)
+            file.flush()
+            os.fsync(file.fileno())
+        self._export_parquet(table)
 
-    def replace_rows(self, table: str, rows: Iterable[dict[str, Any]]) -> None:
-        """Rewrite `<table>.jsonl` with `rows`, then its parquet, each by an atomic rename.
-
-        For steps that revise stored rows (the sweep's end-of-run ceilings): a crash leaves either
-        the old or the new log, never a half-written one.
-        """
-        tmp = self.path / f"{table}.jsonl.tmp"
-        with open(tmp, "w") as log:
-            for row in rows:
-                log.write(json.dumps(row, default=_json_default) + "\n")
-            log.flush()
-            os.fsync(log.fileno())
-        tmp.replace(self.path / f"{table}.jsonl")
-        self._rewrite_parquet(table)
+    def _repair_partial_line(self, log_file: Path) -> None:
+        """Cut a trailing line that has no newline (a crash or full disk mid-write)."""
+        if not log_file.exists() or log_file.stat().st_size == 0:
+            return
+        with open(log_file, "rb+") as file:
+            file.seek(-1, os.SEEK_END)
+            if file.read(1) == b"\n":
+                return
+            file.seek(0)
+            data = file.read()
+            keep = data.rfind(b"\n") + 1
+            file.truncate(keep)
+            file.flush()
+            os.fsync(file.fileno())
+        log.warning("%s: cut a partial last line (%d bytes, written by an interrupted run); "
+                    "its point is measured again", log_file, len(data) - keep)
 
     def read_rows(self, table: str) -> list[dict[str, Any]]:
-        log = self.path / f"{table}.jsonl"
-        if not log.exists():
+        log_file = self.path / f"{table}.jsonl"
+        if not log_file.exists():
             return []
         rows = []
-        for line in log.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut short by an interruption: the point is simply re-measured
+        with open(log_file, "rb") as file:
+            for number, line in enumerate(file, 1):
+                try:
+                    row = json.loads(line)
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    row = None
+                if isinstance(row, dict):
+                    rows.append(row)
+                elif line.strip():
+                    note = f"{log_file} line {number}: not a JSON object, skipped"
+                    self.skipped.append(note)
+                    log.warning(note)
         return rows
 
     def read_table(self, table: str):
+        """The table as a typed DataFrame: from the jsonl log when there is one (the truth;
+        parquet is its export), else from the parquet."""
         import pandas as pd
 
-        parquet = self.path / f"{table}.parquet"
-        if parquet.exists():
-            return pd.read_parquet(parquet)
-        return pd.DataFrame(self.read_rows(table))
+        declared = schema.table(table)
+        if (self.path / f"{table}.jsonl").exists():
+            frame = pd.DataFrame(self.read_rows(table))
+        elif (self.path / f"{table}.parquet").exists():
+            try:
+                frame = pd.read_parquet(self.path / f"{table}.parquet")
+            except Exception as exc:  # noqa: BLE001 - pyarrow raises many kinds for a bad file
+                raise RunFolderError(f"{self.path / f'{table}.parquet'}: not readable parquet "
+                                     f"({_first_line(exc)})") from None
+        else:
+            frame = pd.DataFrame()
+        return declared.typed(frame) if declared else frame
+
+    def write_table(self, table: str, frame) -> None:
+        """Replace `<table>.parquet` whole (tables with no jsonl log, e.g. telemetry)."""
+        declared = schema.table(table)
+        frame = declared.typed(frame) if declared else frame
+        atomic_write(self.path / f"{table}.parquet", lambda file: frame.to_parquet(file, index=False))
 
     def has_table(self, table: str) -> bool:
         return (self.path / f"{table}.parquet").exists() or (self.path / f"{table}.jsonl").exists()
 
-    def _rewrite_parquet(self, table: str) -> None:
-        import pandas as pd
+    def row_keys(self, table: str, statuses: Iterable[str] | None = None) -> set[tuple]:
+        """Keys of the rows already in `table` (with `statuses`, only rows of those statuses)."""
+        declared = schema.TABLES[table]
+        wanted = set(statuses) if statuses is not None else None
+        return {declared.row_key(row) for row in self.read_rows(table)
+                if wanted is None or row.get("status") in wanted}
 
-        frame = pd.DataFrame(self.read_rows(table))
-        if table == "gemm":
-            for column in GEMM_COLUMNS:
-                if column not in frame:
-                    frame[column] = None
-        tmp = self.path / f"{table}.parquet.tmp"
-        frame.to_parquet(tmp, index=False)
-        tmp.replace(self.path / f"{table}.parquet")
+    def drop_rows(self, table: str, keys: set[tuple]) -> int:
+        """Remove the rows whose key is in `keys` (a `--retry-failed` resume re-measures them);
+        the log is rewritten whole, atomically. Returns how many rows went."""
+        declared = schema.TABLES[table]
+        rows = self.read_rows(table)
+        kept = [row for row in rows if declared.row_key(row) not in keys]
+        if len(kept) == len(rows):
+            return 0
+        text = "".join(dumps(row) + "\n" for row in kept)
+        atomic_write(self.path / f"{table}.jsonl", lambda file: file.write(text.encode()))
+        self._export_parquet(table)
+        return len(rows) - len(kept)
 
+    def _export_parquet(self, table: str) -> None:
+        frame = self.read_table(table)
+        atomic_write(self.path / f"{table}.parquet", lambda file: frame.to_parquet(file, index=False))
+
+    # -- one writer at a time -------------------------------------------------------------
+    @contextlib.contextmanager
+    def lock(self, command: str | None = None) -> Iterator[str]:
+        """Hold the run folder for writing; refuse (RunLocked, naming the holder) when another
+        process holds it. Child processes of the holder may write: the token travels in
+        FP4LAB_RUN_LOCK (set here for the duration)."""
+        inherited = os.environ.get(LOCK_ENV, "")
+        folder, _, token = inherited.rpartition("=")
+        if folder == str(self.path.resolve()) and token and token == self._holder().get("token"):
+            yield token
+            return
+        handle = open(self.path / ".lock", "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = self._holder()
+            handle.close()
+            raise RunLocked(f"run {self.run_id} is being written by pid {holder.get('pid', '?')} "
+                            f"({holder.get('command', 'unknown command')}, since "
+                            f"{holder.get('since', '?')}): wait for it or use another run id") from None
+        token = uuid.uuid4().hex
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "token": token, "since": utc_now(),
+                  "command": command or " ".join(os.path.basename(a) for a in sys.argv[:3])}
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps(holder))
+        handle.flush()
+        previous = os.environ.get(LOCK_ENV)
+        os.environ[LOCK_ENV] = f"{self.path.resolve()}={token}"
+        try:
+            yield token
+        finally:
+            if previous is None:
+                os.environ.pop(LOCK_ENV, None)
+            else:
+                os.environ[LOCK_ENV] = previous
+            handle.seek(0)
+            handle.truncate()
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            handle.close()
+
+    def _holder(self) -> dict[str, Any]:
+        try:
+            holder = json.loads((self.path / ".lock").read_text() or "{}")
+        except (OSError, json.JSONDecodeError):
+            return {}
+        return holder if isinstance(holder, dict) else {}
+
+    @contextlib.contextmanager
+    def _file_lock(self, name: str) -> Iterator[None]:
+        with open(self.path / name, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def open_or_create(run_dir: str | os.PathLike) -> RunDir:
+    """The run folder at `run_dir`: opened when it exists, created (with its parent) when not."""
+    path = Path(run_dir)
+    if (path / "run.json").exists():
+        return RunDir.open(path)
+    if path.exists() and not path.is_dir():
+        raise RunFolderError(f"run_dir {str(path)!r} exists and is not a folder")
+    return RunDir.create(path.parent, run_id=path.name)
+
+
+# -- finding runs ---------------------------------------------------------------------------------
 
 def find_run_dirs(*roots: str | os.PathLike) -> list[Path]:
+    """Run folders under the roots, oldest id first; a folder whose run.json is malformed is
+    skipped with a warning naming it (one bad folder never breaks an index)."""
     found = []
     for root in roots:
         root = Path(root)
-        if root.is_dir():
-            found += sorted(p.parent for p in root.glob("*/run.json"))
+        if not root.is_dir():
+            continue
+        for candidate in sorted(p.parent for p in root.glob("*/run.json")):
+            try:
+                RunDir.open(candidate)
+            except RunFolderError as exc:
+                log.warning("skipped run folder: %s", exc)
+                continue
+            found.append(candidate)
     return found
 
 
 def reference_run(reference_dir: str | os.PathLike = "", table: str | None = "gemm",
                   root: str | os.PathLike = REFERENCE_ROOT) -> Path | None:
     """The run to show beside this one, for every chapter alike: `reference_dir` when given
-    (checked), None for "none", else the newest committed run under `root` holding `table`
-    (run ids sort by time; a run of one measurement only, e.g. a second MoE preset, has no gemm)."""
+    (checked), None for "none", else the newest committed run under `root` holding `table`."""
     if str(reference_dir) == NO_REFERENCE:
         return None
     if reference_dir:
-        path = Path(reference_dir)
-        if not (path / "run.json").is_file():
-            raise ValueError(f"reference_dir {str(reference_dir)!r} is not a run folder (no run.json)")
-        if table and not RunDir(path).has_table(table):
-            raise ValueError(f"reference_dir {str(reference_dir)!r} has no {table} table")
-        return path
+        run = RunDir.open(reference_dir)
+        if table and not run.has_table(table):
+            raise RunFolderError(f"reference_dir {str(reference_dir)!r} has no {table} table")
+        return run.path
     runs = [p for p in find_run_dirs(root) if not table or RunDir(p).has_table(table)]
     return runs[-1] if runs else None
+
+
+def latest_gpu_run(*roots: str | os.PathLike, table: str = "gemm") -> Path | None:
+    """The newest run measured on a GPU with `table`, by creation time, under the roots."""
+    candidates = []
+    for path in find_run_dirs(*roots):
+        run = RunDir(path)
+        info = run.run_json()
+        if is_gpu_run(info) and run.has_table(table):
+            candidates.append((str(info.get("created") or ""), path.name, path))
+    return max(candidates)[2] if candidates else None
 
 
 def list_runs(*roots: str | os.PathLike):
@@ -268,29 +486,17 @@ def list_runs(*roots: str | os.PathLike):
     rows = []
     for path in find_run_dirs(*roots):
         info = RunDir(path).run_json()
-        device = info.get("provenance", {}).get("device", {})
         rows.append({
             "run_id": path.name,
             "path": str(path),
             "root": str(path.parent),
-            "gpu": device.get("name"),
+            "gpu": device_label(info) if is_gpu_run(info) else None,
+            "device": device_label(info),
             "created": info.get("created"),
-            "profile": info.get("report", {}).get("profile"),
-            "tables": ",".join(t for t in ("gemm", "moe", "telemetry") if RunDir(path).has_table(t)),
-            "fp4lab_git_sha": info.get("provenance", {}).get("fp4lab_git_sha"),
+            "profile": (info.get("report") or {}).get("profile"),
+            "tables": ",".join(t for t in ("gemm", "moe", "telemetry", "comm") if RunDir(path).has_table(t)),
+            "fp4lab_git_sha": (info.get("provenance") or {}).get("fp4lab_git_sha"),
         })
-    frame = pd.DataFrame(rows, columns=["run_id", "path", "root", "gpu", "created", "profile",
-                                        "tables", "fp4lab_git_sha"])
+    columns = ["run_id", "path", "root", "gpu", "device", "created", "profile", "tables", "fp4lab_git_sha"]
+    frame = pd.DataFrame(rows, columns=columns)
     return frame.sort_values("run_id").reset_index(drop=True)
-
-
-def add_cli(subparsers) -> None:
-    parser = subparsers.add_parser("runs", help="list run folders (local and reference)")
-    parser.add_argument("roots", nargs="*", default=["runs", "results/reference"])
-    parser.set_defaults(func=_cli_runs)
-
-
-def _cli_runs(args) -> int:
-    frame = list_runs(*args.roots)
-    print(frame.to_string(index=False) if len(frame) else "no runs under " + ", ".join(args.roots))
-    return 0

@@ -6,8 +6,6 @@ a backend's `prepare`, and `availability` finds packages without importing them.
 
 from __future__ import annotations
 
-import json
-
 from fp4lab.backends.base import Backend, Prepared
 from fp4lab.hardware import resolve_device
 from fp4lab.backends.emulated import Emulated
@@ -16,7 +14,7 @@ from fp4lab.backends.sglang import SglCutlass
 from fp4lab.backends.torch_native import TorchBf16, TorchFp4, TorchFp8
 from fp4lab.backends.triton_w4a16 import TritonW4A16
 
-__all__ = ["Backend", "Prepared", "REGISTRY", "get", "names", "list_backends", "add_cli"]
+__all__ = ["Backend", "Prepared", "REGISTRY", "get", "names", "list_backends", "where_backends_run"]
 
 REGISTRY: dict[str, Backend] = {
     backend.name: backend
@@ -70,6 +68,22 @@ def where_backends_run(capabilities: dict[str, tuple[int, int] | None]) -> list[
     return rows
 
 
+def where_backends_run(capabilities: dict[str, tuple[int, int] | None]) -> list[dict]:
+    """The "which backend runs where" matrix from the registry's rules alone (nothing imported):
+    one row per (device label, backend) with `runs` and the reason when it does not.
+
+    `capabilities` maps a device label ("B200", "CPU") to its compute capability (None: CPU).
+    Packages are not checked: this says what the backend's rules allow on a GPU never seen.
+    """
+    rows = []
+    for label, capability in capabilities.items():
+        for backend in REGISTRY.values():
+            reason = backend.capability_reason(capability)
+            rows.append({"device": label, "backend": backend.name, "runs": reason is None,
+                         "reason": reason or backend.what})
+    return rows
+
+
 def format_table(rows: list[dict]) -> str:
     """Fixed-width: one line per backend."""
     header = f"{'backend':<20} {'formats':<13} {'library':<11} {'available':<9}  reason"
@@ -78,17 +92,3 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"{row['name']:<20} {','.join(row['formats']):<13} {row['library']:<11} "
                      f"{'yes' if row['available'] else 'no':<9}  {row['reason']}")
     return "\n".join(lines)
-
-
-def run_cli(args) -> int:
-    rows = list_backends(args.device)
-    print(json.dumps(rows, indent=2) if args.json else format_table(rows))
-    return 0
-
-
-def add_cli(subparsers) -> None:
-    parser = subparsers.add_parser("backends", help="list the GEMM backends and whether they run here")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                        help="the device to check availability on (default: auto)")
-    parser.set_defaults(func=run_cli)

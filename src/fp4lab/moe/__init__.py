@@ -1,6 +1,6 @@
-"""MoE expert scatter: model presets, routing models, load statistics, grouped GEMMs, layer model.
+"""The MoE model (numpy only): model presets, routing models, load statistics, layer model.
 
 `presets` (model shapes), `routing` (who picks which expert), `stats` (mean vs busiest expert
-and EP rank), `grouped` (loop / grouped / padded expert GEMMs measured at those loads),
-`layer_model` (the MoE layer's time predicted from dense GEMM curves).
+and EP rank), `layer_model` (the MoE layer's time predicted from one expert's dense GEMM curve).
+The methods that run expert GEMMs live in `fp4lab.backends.moe`; the sweep in `fp4lab.sweep.moe`.
 """

@@ -9,7 +9,8 @@ The model, and why:
 - loop: a loop of per-expert GEMMs costs what each dense GEMM costs: sum over active e of t(m_e).
 - grouped: one kernel streams every active expert's weights and does all the FLOPs, so it is a
   roofline with the ceilings this shape actually reached in the dense curve:
-  max(bytes / best bandwidth, FLOPs / best FLOP rate) + one launch.
+  max(bytes / best bandwidth, FLOPs / best FLOP rate) + one launch (the run's measured launch
+  floor: an empty kernel's graph replay).
 - padded: the same roofline for every expert at the busiest expert's load L (its FLOPs include the
   padding), but streaming at the device's measured copy bandwidth when the run has one: a batched
   GEMM over [E, L, K] is one large, regular kernel that keeps every SM loading, unlike one small
@@ -30,8 +31,6 @@ import pandas as pd
 from fp4lab.moe import presets, routing, stats
 
 BF16_BYTES = 2.0
-# one kernel launch inside a CUDA graph on the H200 (shared/H200.md: empty kernel, graph replay)
-GRAPH_LAUNCH_US = 1.3
 COMPARED_METHODS = {"loop-bf16": "loop", "grouped-bf16": "grouped", "padded-bf16": "padded"}
 
 
@@ -44,6 +43,7 @@ class DenseCurve:
     m: np.ndarray
     us: np.ndarray
     device_bandwidth: float | None = None  # bytes per microsecond, the run's measured copy ceiling
+    launch_us: float = 0.0                 # the run's measured launch floor (0 when not measured)
 
     @classmethod
     def from_rows(cls, rows: pd.DataFrame, n: int, k: int) -> "DenseCurve":
@@ -90,7 +90,7 @@ def predict_loop_us(curve: DenseCurve, loads) -> float:
 def _one_kernel_us(curve: DenseCurve, loads: np.ndarray, bandwidth: float) -> float:
     stream = curve.bytes_moved(loads).sum() / bandwidth
     compute = 2.0 * loads.sum() * curve.n * curve.k / curve.best_flop_rate()
-    return float(max(stream, compute) + GRAPH_LAUNCH_US)
+    return float(max(stream, compute) + curve.launch_us)
 
 
 def predict_grouped_us(curve: DenseCurve, loads) -> float:
@@ -107,14 +107,15 @@ PREDICT = {"loop": predict_loop_us, "grouped": predict_grouped_us, "padded": pre
 
 
 def dense_curves(moe_rows: pd.DataFrame, model: presets.ModelPreset,
-                 device_bandwidth_tbps: float | None = None) -> dict[str, DenseCurve]:
-    """{gemm: DenseCurve} from the `dense-bf16` rows of a moe table (with the run's measured copy
-    bandwidth in TB/s, when it has one, for the padded model)."""
+                 device_bandwidth_tbps: float | None = None,
+                 launch_us: float | None = None) -> dict[str, DenseCurve]:
+    """{gemm: DenseCurve} from the `dense-bf16` rows of a moe table, with the run's measured copy
+    bandwidth (TB/s, for the padded model) and launch floor (us), when it has them."""
     dense = moe_rows[moe_rows["method"] == "dense-bf16"]
     bandwidth = device_bandwidth_tbps * 1e6 if device_bandwidth_tbps else None  # TB/s -> B/us
-    return {gemm: dataclasses.replace(DenseCurve.from_rows(dense, n, k), device_bandwidth=bandwidth)
+    return {gemm: dataclasses.replace(DenseCurve.from_rows(dense, n, k), device_bandwidth=bandwidth,
+                                      launch_us=float(launch_us or 0.0))
             for gemm, (n, k) in model.gemm_shapes().items()}
-
 
 
 def compare_with_measured(moe_rows: pd.DataFrame, curves: dict[str, DenseCurve]) -> pd.DataFrame:

@@ -34,10 +34,6 @@ class ModelPreset:
         return {"gate_up": (2 * self.moe_intermediate, self.hidden),
                 "down": (self.hidden, self.moe_intermediate)}
 
-    def expert_weight_bytes(self, bytes_per_value: float = 2.0) -> float:
-        """Bytes of one routed expert's weights (gate_up + down), bf16 by default."""
-        return sum(n * k for n, k in self.gemm_shapes().values()) * bytes_per_value
-
 
 _HF = "Hugging Face config.json / transformers defaults, as tabulated in docs/REFERENCES.md"
 

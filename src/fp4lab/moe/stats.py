@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-EP_DEGREES = (1, 2, 4, 8)
-
 
 def expert_load_stats(loads: np.ndarray) -> dict[str, float]:
     """Statistics over steps of the per-expert token counts `loads: [S, E]`."""

@@ -1,24 +1,63 @@
-"""One look for every figure: seaborn's whitegrid, readable sizes, a caption line for provenance."""
+"""One look for every figure: readable at the book's page width (about 8 inches: text of 9 pt
+and more at its rendered size), a palette that never repeats a colour inside a figure, one legend
+per figure. The caption (provenance) is the page's, under the figure. Plots draw frames they
+are given: no I/O, no analysis."""
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
-import seaborn as sns
+import matplotlib
 
-FIGSIZE = (8.0, 4.5)
+matplotlib.use("Agg")  # no display: figures are rendered into the page, never shown in a window
+
+import matplotlib.pyplot as plt  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+PAGE_WIDTH_IN = 8.0
+DPI = 110
+BASE_FONT_PT = 10
 
 
 def apply_style() -> None:
-    sns.set_theme(style="whitegrid", context="notebook")
+    sns.set_theme(style="whitegrid", context="notebook", rc={
+        "font.size": BASE_FONT_PT, "axes.titlesize": BASE_FONT_PT + 1, "axes.labelsize": BASE_FONT_PT,
+        "xtick.labelsize": BASE_FONT_PT - 1, "ytick.labelsize": BASE_FONT_PT - 1,
+        "legend.fontsize": BASE_FONT_PT - 1, "figure.dpi": DPI, "savefig.dpi": DPI})
 
 
-def new_axes(figsize: tuple[float, float] = FIGSIZE, ncols: int = 1):
+def palette(names) -> dict[str, tuple]:
+    """A distinct colour per name (husl beyond 10 names, so no two lines share one)."""
+    names = list(dict.fromkeys(names))
+    colours = sns.color_palette("tab10" if len(names) <= 10 else "husl", len(names))
+    return dict(zip(names, colours))
+
+
+def new_figure(nrows: int = 1, ncols: int = 1, height_in: float | None = None, **kwargs):
+    """A figure of the page's width: (fig, axes) with axes always a 2-D array."""
     apply_style()
-    fig, axes = plt.subplots(1, ncols, figsize=(figsize[0] * (1 if ncols == 1 else 0.6 * ncols), figsize[1]),
-                             constrained_layout=True)
+    height = height_in or (3.4 if nrows == 1 else 2.9 * nrows)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(PAGE_WIDTH_IN, height), squeeze=False,
+                             constrained_layout=True, **kwargs)
     return fig, axes
 
 
-def caption(fig, text: str) -> None:
-    """Provenance under the figure: which run, GPU, conditions."""
-    fig.text(0.0, -0.02, text, ha="left", va="top", fontsize=8, color="0.35", wrap=True)
+def grid_shape(panels: int, max_columns: int = 2) -> tuple[int, int]:
+    columns = min(max_columns, max(1, panels))
+    return -(-panels // columns), columns
+
+
+def hide_unused(axes, used: int) -> None:
+    for ax in axes.flat[used:]:
+        ax.set_visible(False)
+
+
+def figure_legend(fig, axes, title: str | None = None, columns: int = 3) -> None:
+    """One legend for the whole figure, below the panels, covering every line drawn."""
+    handles, labels = {}, []
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if label not in handles and not label.startswith("_"):
+                handles[label] = handle
+                labels.append(label)
+    if handles:
+        fig.legend([handles[label] for label in labels], labels, loc="outside lower center",
+                   ncols=min(columns, len(labels)), title=title, frameon=False)

@@ -1,54 +1,63 @@
-"""Figures of chapter 04: speed by M against the reference run, the layer against its floors."""
+"""Chapter 04's figures: the diagnosed layer against its floors, every path at decode, and what
+concurrency buys per token."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
-from fp4lab.plots.common import caption, new_axes
+from fp4lab.plots.common import new_figure, palette
 
 
-def plot_speed_by_m(gemm: pd.DataFrame, backend: str, run_label: str,
-                    reference: pd.DataFrame | None = None, reference_label: str = "reference"):
-    """TFLOPS against M (log-log) per weight shape; the reference run dashed beside this one."""
-    fig, ax = new_axes()
-    for frame, label, style in ((gemm, run_label, "-o"), (reference, reference_label, "--s")):
-        if frame is None or not len(frame):
-            continue
-        ok = frame[(frame["status"] == "ok") & (frame["backend"] == backend)]
-        for (n, k), shape in ok.groupby(["n", "k"]):
-            curve = shape.groupby("m")["tflops"].median()
-            ax.plot(curve.index, curve.values, style, label=f"{label}: {n}x{k}", markersize=4)
-    ax.set(xscale="log", yscale="log", xlabel="M (tokens in the GEMM)", ylabel="TFLOPS",
-           title=f"{backend}: GEMM speed by M")
-    ax.legend(fontsize=8)
-    caption(fig, f"correct points only (status ok); run {run_label}")
-    return fig
-
-
-def plot_layer_breakdown(breakdown: dict, run_label: str):
-    """One MoE layer at decode: the loop's measured time against the launch, memory, compute floors."""
-    fig, ax = new_axes((8.0, 3.0))
-    weights = breakdown.get("weight_dtype") or "unknown-dtype"
-    bars = {"measured loop": (breakdown["loop_us"], "C3"), "launch floor": (breakdown["launch_floor_us"], "C0"),
-            f"weight-read floor ({weights})": (breakdown["memory_floor_us"], "C1"),
-            "compute floor": (breakdown["compute_floor_us"], "C2")}
-    if weights != "fp4":  # the what-if: the same weights stored as FP4, read at the same bandwidth
-        bars[f"what if: {breakdown['fmt']} weight read"] = (breakdown["fp4_read_floor_us"], "C4")
-    bars = {name: bar for name, bar in bars.items() if pd.notna(bar[0])}
-    ax.barh(list(bars), [value for value, _ in bars.values()], color=[color for _, color in bars.values()])
+def layer_against_floors(path: dict, fp4_floor_us: float | None):
+    """One MoE layer at decode: the diagnosed path's measured time beside its three floors and the
+    FP4 what-if (the same experts' weights stored as FP4, read at the measured bandwidth)."""
+    bars = {f"measured: {path['path']}": path["layer_us"], "launch floor": path["launch_floor_us"],
+            f"weight-read floor ({path['weight_dtype']} weights)": path["memory_floor_us"],
+            f"compute floor ({path['math_dtype']} peak)": path["compute_floor_us"]}
+    if path["weight_dtype"] != "fp4" and fp4_floor_us:
+        bars["what if: FP4 weight read"] = fp4_floor_us
+    bars = {name: value for name, value in bars.items() if value is not None and np.isfinite(value)}
+    colours = palette(list(bars))
+    fig, axes = new_figure(height_in=0.45 * len(bars) + 1.2)
+    ax = axes[0, 0]
+    names = list(bars)
+    ax.barh(names, [bars[n] / 1000 for n in names], color=[colours[n] for n in names])
+    for y, name in enumerate(names):
+        ax.text(bars[name] / 1000, y, f" {bars[name] / 1000:.2f} ms", va="center", fontsize=9)
     ax.invert_yaxis()
-    ax.set(xlabel="microseconds per MoE layer",
-           title=f"batch {breakdown['batch']}: {breakdown['active_experts']:.0f} experts x "
-                 f"{breakdown['mean_m']:.1f} tokens ({breakdown['backend']})")
-    caption(fig, f"run {run_label}; {breakdown['shape_note']}; ceilings: {breakdown['ceilings_source']}")
+    ax.set(xlabel="milliseconds per MoE layer")
+    ax.set_xlim(0, 1.18 * max(bars.values()) / 1000)
     return fig
 
 
-def plot_concurrency(concurrency: pd.DataFrame, run_label: str):
-    """MoE GEMM time per token and layer as the decode batch grows."""
-    fig, ax = new_axes((8.0, 3.5))
-    ax.plot(concurrency["batch"], concurrency["us_per_token"], "-o")
-    ax.set(xscale="log", xlabel="decode batch (concurrent requests)", ylabel="us per token per layer",
-           title="what concurrency buys")
-    caption(fig, f"run {run_label}; GEMM times from the sweep, tokens per expert from the routing model")
+def paths(frame: pd.DataFrame):
+    """Every measured path's layer time at decode, the diagnosed one first, with its weight-read floor."""
+    frame = frame.head(12)
+    colours = palette(sorted(frame["weight_dtype"].unique()))
+    fig, axes = new_figure(height_in=0.32 * len(frame) + 1.3)
+    ax = axes[0, 0]
+    y = np.arange(len(frame))
+    ax.barh(y, frame["layer_us"] / 1000, color=[colours[d] for d in frame["weight_dtype"]])
+    ax.scatter(frame["memory_floor_us"] / 1000, y, marker="|", s=200, color="black", zorder=3,
+               label="its weight-read floor")
+    ax.set_yticks(y, [f"{p} ({s})" for p, s in zip(frame["path"], frame["source"])])
+    ax.invert_yaxis()
+    ax.set(xlabel="milliseconds per MoE layer", xscale="log")
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=colours[d], label=f"{d} weights") for d in colours]
+    ax.legend(handles=handles + [ax.collections[0]], loc="lower right", frameon=True)
+    return fig
+
+
+def concurrency(table: pd.DataFrame, now: int):
+    """GEMM time per token per layer as the decode batch grows (the concurrency lever)."""
+    fig, axes = new_figure(height_in=3.0)
+    ax = axes[0, 0]
+    ax.plot(table["batch"], table["us_per_token"], "-o", ms=4, color=palette(["curve"])["curve"])
+    ax.axvline(now, color="0.4", ls="--", lw=1)
+    ax.annotate(f"B={now} now", (now, table["us_per_token"].max()), xytext=(4, 0),
+                textcoords="offset points", fontsize=9, va="top")
+    ax.set(xscale="log", yscale="log", xlabel="decode batch B", ylabel="us per token per layer")
     return fig

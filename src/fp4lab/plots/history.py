@@ -1,20 +1,27 @@
-"""Figures of chapter 05: how each point's time moved between two runs."""
+"""Chapter 05's figure: how each point's time moved between two runs."""
 
 from __future__ import annotations
 
-from fp4lab.plots.common import caption, new_axes
+import pandas as pd
+
+from fp4lab.plots.common import figure_legend, new_figure, palette
 
 
-def plot_time_ratios(comparison):
-    """Time now / time then per point against M, one colour per backend; the regression line dashed."""
-    fig, ax = new_axes()
-    for backend, rows in comparison.ratios.groupby("backend"):
-        ax.scatter(rows["m"], rows["time_ratio"], label=backend, s=18)
-    ax.axhline(1.0, color="0.4", linewidth=1)
-    ax.axhline(1 + comparison.threshold, color="C3", linestyle="--", linewidth=1,
-               label=f"regression: {comparison.threshold:.0%} slower")
-    ax.set(xscale="log", xlabel="M", ylabel="time now / time then",
-           title=f"{comparison.run_id} vs {comparison.other_kind} {comparison.other_id}")
-    ax.legend(fontsize=8)
-    caption(fig, comparison.label + "; correct points in both runs, joined on backend, fmt, m, n, k")
+def time_ratios(ratios: pd.DataFrame, threshold: float | None):
+    """Time now / time then per point against M, one colour per backend; above the dashed line a
+    point is slower than the threshold (filled: also beyond the measurement spread)."""
+    fig, axes = new_figure(height_in=3.6)
+    ax = axes[0, 0]
+    colours = palette(sorted(ratios["backend"].unique()))
+    for backend, rows in ratios.groupby("backend"):
+        beyond = rows[rows["beyond_spread"]]
+        within = rows[~rows["beyond_spread"]]
+        ax.scatter(beyond["m"], beyond["time_ratio"], s=22, color=colours[backend], label=backend)
+        ax.scatter(within["m"], within["time_ratio"], s=22, facecolors="none", edgecolors=colours[backend])
+    ax.axhline(1.0, color="0.4", lw=1)
+    if threshold:
+        ax.axhline(1 + threshold, color="firebrick", ls="--", lw=1, label=f"{threshold:.0%} slower")
+    ax.set(xscale="log", yscale="log", xlabel="M (tokens)", ylabel="time now / time then")
+    ax.set_xscale("log", base=2)
+    figure_legend(fig, axes, title="filled: slower beyond the p20-p80 spread; hollow: within it", columns=4)
     return fig

@@ -1,77 +1,76 @@
-"""Chapter 03 figures: tokens per expert, mean vs busiest, achieved TFLOPS, model vs measurement."""
+"""Chapter 03's figures: tokens per expert, mean vs busiest, each method's layer time against
+the decode batch, the layer model against measurement, and predicted utilization."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import seaborn as sns
 
-from fp4lab.plots.common import caption, new_axes
-
-
-def tokens_histogram(loads_by_batch: dict[int, np.ndarray], note: str):
-    """Distribution of tokens per expert per step, one curve per batch size."""
-    fig, ax = new_axes()
-    for batch, loads in loads_by_batch.items():
-        values = loads.ravel()
-        ax.hist(values, bins=np.arange(values.max() + 2) - 0.5, histtype="step", density=True,
-                label=f"B={batch}: mean {values.mean():.1f}, busiest {loads.max(axis=1).mean():.1f}")
-    ax.set(xlabel="tokens routed to one expert in one decode step", ylabel="fraction of (expert, step)")
-    ax.legend(fontsize=8)
-    caption(fig, note)
-    return fig
+from fp4lab.plots.common import figure_legend, new_figure, palette
 
 
-def mean_vs_busiest(table: pd.DataFrame, note: str):
-    """Mean expert, p99 and busiest expert (mean over steps) against concurrency."""
-    fig, ax = new_axes()
+def loads(loads_by_batch: dict[int, np.ndarray], table: pd.DataFrame):
+    """Left: distribution of tokens per expert per step, one curve per batch. Right: the mean
+    expert, the p99 and the busiest (mean over steps) against the batch."""
+    fig, axes = new_figure(1, 2, height_in=3.6)
+    hist_ax, trend_ax = axes[0]
+    colours = palette([f"B={b}" for b in loads_by_batch])
+    for batch, batch_loads in loads_by_batch.items():
+        values = batch_loads.ravel()
+        hist_ax.hist(values, bins=np.arange(values.max() + 2) - 0.5, histtype="step", density=True,
+                     color=colours[f"B={batch}"], label=f"B={batch}")
+    hist_ax.set(xlabel="tokens one expert gets in one step", ylabel="share of (expert, step)")
     per_batch = table.drop_duplicates("batch")
-    for column, label in (("mean_tokens_per_expert", "mean expert"),
-                          ("p99_tokens_per_expert", "p99 expert"),
-                          ("mean_max_tokens_per_expert", "busiest expert (mean over steps)")):
-        ax.plot(per_batch["batch"], per_batch[column], marker="o", label=label)
-    ax.set(xscale="log", yscale="log", xlabel="concurrency B (tokens per decode step)",
-           ylabel="tokens per expert")
-    ax.legend()
-    caption(fig, note)
+    trend = palette(["mean expert", "p99 expert", "busiest expert"])
+    for column, label in (("mean_tokens_per_expert", "mean expert"), ("p99_tokens_per_expert", "p99 expert"),
+                          ("mean_max_tokens_per_expert", "busiest expert")):
+        trend_ax.plot(per_batch["batch"], per_batch[column], "-o", ms=3, color=trend[label], label=label)
+    trend_ax.set(xscale="log", yscale="log", xlabel="decode batch B (tokens per step)", ylabel="tokens per expert")
+    figure_legend(fig, axes, columns=4)
     return fig
 
 
-def tflops_vs_batch(rows: pd.DataFrame, peak_tflops: float | None, note: str):
-    """Achieved TFLOPS (useful FLOPs) per method against concurrency, one panel per GEMM."""
-    ok = rows[(rows["status"] == "ok") & rows["batch"].notna()]
-    gemms = list(dict.fromkeys(ok["gemm"]))
-    fig, axes = new_axes(ncols=max(1, len(gemms)))
-    axes = np.atleast_1d(axes)
-    for ax, gemm in zip(axes, gemms):
-        sns.lineplot(data=ok[(ok["gemm"] == gemm) & (ok["ep"] == ok["ep"].min())], x="batch", y="tflops",
-                     hue="method", marker="o", ax=ax)
-        ax.set(xscale="log", title=gemm, xlabel="concurrency B", ylabel="achieved TFLOPS")
-        if peak_tflops:
-            secondary = ax.secondary_yaxis("right", functions=(lambda t: 100 * t / peak_tflops,
-                                                                lambda p: p * peak_tflops / 100))
-            secondary.set_ylabel("% of bf16 peak")
-    caption(fig, note)
+def layer_time_by_batch(layers: pd.DataFrame):
+    """Each method's layer time (routed experts of one MoE layer, one device) against B."""
+    fig, axes = new_figure(height_in=3.8)
+    ax = axes[0, 0]
+    labels = layers.assign(label=layers["method"] + layers["fmt"].map(lambda f: f" ({f})" if isinstance(f, str) else ""))
+    colours = palette(sorted(labels["label"].unique()))
+    for label, rows in labels.sort_values("batch").groupby("label"):
+        ax.plot(rows["batch"], rows["layer_us"] / 1000, "-o", ms=3, color=colours[label], label=label)
+    ax.set(xscale="log", yscale="log", xlabel="decode batch B", ylabel="layer time (ms)")
+    ax.set_xscale("log", base=2)
+    figure_legend(fig, axes, columns=3)
     return fig
 
 
-def model_vs_measured(compared: pd.DataFrame, note: str):
-    """Layer-model error against the measured rows, per method and batch."""
-    fig, ax = new_axes()
-    sns.barplot(data=compared.astype({"batch": int}), x="batch", y="error_pct", hue="method", ax=ax)
-    ax.axhspan(-15, 15, color="0.9", zorder=0)
-    ax.set(xlabel="concurrency B", ylabel="(predicted - measured) / measured, %")
-    caption(fig, note)
+def model_vs_measured(compared: pd.DataFrame):
+    """The layer model's error against each measured point, per method and batch."""
+    fig, axes = new_figure(height_in=3.4)
+    ax = axes[0, 0]
+    colours = palette(sorted(compared["method"].unique()))
+    batches = sorted(compared["batch"].dropna().unique())
+    width = 0.8 / max(1, len(colours))
+    for offset, (method, rows) in enumerate(compared.groupby("method")):
+        means = rows.groupby("batch")["error_pct"].mean().reindex(batches)
+        ax.bar(np.arange(len(batches)) + (offset - (len(colours) - 1) / 2) * width, means, width,
+               color=colours[method], label=method)
+    ax.axhspan(-15, 15, color="0.92", zorder=0, label="within 15%")
+    ax.set_xticks(np.arange(len(batches)), [str(int(b)) for b in batches])
+    ax.set(xlabel="decode batch B", ylabel="(model - measured) / measured (%)")
+    figure_legend(fig, axes, columns=4)
     return fig
 
 
-def utilization_vs_batch(table: pd.DataFrame, target: float, note: str):
-    """Predicted utilization of the busiest rank, per EP degree, against concurrency."""
-    fig, ax = new_axes()
-    sns.lineplot(data=table, x="batch", y="grouped_utilization", hue="ep", marker="o", ax=ax,
-                 palette="viridis")
-    ax.axhline(target, color="0.3", linestyle="--", label=f"target {target:.0%}")
-    ax.set(xscale="log", xlabel="concurrency B", ylabel="predicted utilization (grouped, bf16)")
-    ax.legend(title="EP degree")
-    caption(fig, note)
+def utilization(table: pd.DataFrame, target: float):
+    """Predicted utilization of the busiest rank (grouped kernel, bf16) per EP degree against B."""
+    fig, axes = new_figure(height_in=3.4)
+    ax = axes[0, 0]
+    colours = palette([f"EP={int(ep)}" for ep in sorted(table["ep"].unique())])
+    for ep, rows in table.groupby("ep"):
+        ax.plot(rows["batch"], 100 * rows["grouped_utilization"], "-o", ms=3, color=colours[f"EP={int(ep)}"],
+                label=f"EP={int(ep)}")
+    ax.axhline(100 * target, color="0.3", ls="--", lw=1, label=f"target {target:.0%}")
+    ax.set(xscale="log", xlabel="decode batch B", ylabel="predicted utilization (% of bf16 peak)")
+    figure_legend(fig, axes, columns=5)
     return fig

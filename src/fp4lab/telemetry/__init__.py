@@ -5,9 +5,8 @@
         window = telemetry.measure_energy_window(graph.replay, min_seconds=0.5)
     run.append_rows("telemetry", sampler.frame.to_dict("records"))
 
-Modules: nvml (reading one GPU, refused fields, bit decoding), sampler (the thread),
-energy (windows and the idle baseline), load (a steady GEMM load to watch), summary (run tables
-and findings for chapter 02).
+Modules: sampler (the thread), energy (windows and the idle baseline), load (a steady GEMM load
+to watch). NVML itself is read through fp4lab.nvml's one reader.
 """
 
 from fp4lab.telemetry.energy import (EnergyWindowConfig, measure_energy_window, measure_idle_power,

@@ -139,8 +139,11 @@ class MoeMethod(Runnable):
 
     kind: str = "gemm"
     formats: tuple[str, ...] = ()            # layer methods: FP4 formats of the weights taken
+    gemm_backend: str | None = None          # a loop method: the GEMM backend it calls per expert
 
-    def prepare(self, problem) -> MoeCall:
+    def prepare(self, problem, fmt: str | None = None) -> MoeCall:
+        """Build the call for `problem`. GEMM methods that read FP4 weights quantize the
+        problem's bf16 weights to `fmt`; layer methods take the format of the problem's weights."""
         raise NotImplementedError
 
     def unavailable_here(self, device: str) -> None:

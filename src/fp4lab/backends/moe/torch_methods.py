@@ -30,11 +30,11 @@ def _empty_rows(problem: ExpertProblem) -> torch.Tensor:
 
 
 class LoopBf16(MoeMethod):
-    name, library = "loop-bf16", "torch"
+    name, library, gemm_backend = "loop-bf16", "torch", "torch-bf16"
     weight_dtype, act_dtype = "bf16", "bf16"
     what = "one torch.mm per active expert"
 
-    def prepare(self, problem: ExpertProblem) -> MoeCall:
+    def prepare(self, problem: ExpertProblem, fmt: str | None = None) -> MoeCall:
         segments = [(e, int(s), int(s + problem.loads[e]))
                     for e, s in zip(range(len(problem.loads)), problem.starts) if problem.loads[e] > 0]
 
@@ -63,7 +63,7 @@ class GroupedBf16(MoeMethod):
             return f"torch {torch.__version__} has no torch._grouped_mm"
         return None
 
-    def prepare(self, problem: ExpertProblem) -> MoeCall:
+    def prepare(self, problem: ExpertProblem, fmt: str | None = None) -> MoeCall:
         reason = self.runtime_reason()
         if reason:
             raise MethodUnavailable(reason)
@@ -84,7 +84,7 @@ class PaddedBf16(MoeMethod):
     weight_dtype, act_dtype = "bf16", "bf16"
     what = "every expert padded to the busiest one's load, one torch.bmm"
 
-    def prepare(self, problem: ExpertProblem) -> MoeCall:
+    def prepare(self, problem: ExpertProblem, fmt: str | None = None) -> MoeCall:
         experts, longest, k = len(problem.loads), int(problem.loads.max()), problem.a.shape[1]
         a_padded = torch.zeros(experts, longest, k, dtype=torch.bfloat16, device=problem.a.device)  # [E, L, K]
         row_index = []                                   # where each token row sits in [E * L]
@@ -119,7 +119,7 @@ class GroupedFp8(MoeMethod):
     requires = Requirements(min_capability=FP8_MIN_CAPABILITY, unit="FP8 tensor cores")
     what = "torch._scaled_grouped_mm on e4m3 operands, row-wise scales"
 
-    def prepare(self, problem: ExpertProblem) -> MoeCall:
+    def prepare(self, problem: ExpertProblem, fmt: str | None = None) -> MoeCall:
         if not hasattr(torch, "_scaled_grouped_mm"):
             raise MethodUnavailable(f"torch {torch.__version__} has no torch._scaled_grouped_mm")
         a_fp8, a_scale = fp8_rowwise(problem.a)              # [T, K], [T]
@@ -144,9 +144,9 @@ class GroupedFp8(MoeMethod):
 class LoopTritonW4A16(MoeMethod):
     """fp4lab's FP4 weight-only GEMM (the dense backend), once per active expert."""
 
-    name, library = "loop-triton-w4a16", "triton"
+    name, library, gemm_backend = "loop-triton-w4a16", "triton", "triton-w4a16"
     weight_dtype, act_dtype = "fp4", "bf16"
-    fmt = "nvfp4"
+    formats = ("nvfp4", "mxfp4")
 
     @property
     def requires(self):
@@ -154,19 +154,18 @@ class LoopTritonW4A16(MoeMethod):
 
         return backends.get("triton-w4a16").requires
 
-    @property
-    def what(self):
-        return f"one triton-w4a16 ({self.fmt}) call per active expert"
+    what = "one triton-w4a16 call per active expert"
 
-    def prepare(self, problem: ExpertProblem) -> MoeCall:
+    def prepare(self, problem: ExpertProblem, fmt: str | None = None) -> MoeCall:
         from fp4lab import backends, formats
 
+        fmt = fmt or "nvfp4"
         backend = backends.get("triton-w4a16")
         device = problem.device
         self.unavailable_here(device)
         parts, ref_w = [], []                      # one Prepared per active expert, in row order
         for e, start in zip(range(len(problem.loads)), problem.starts):
-            weights = formats.quantize(problem.w[e], self.fmt)
+            weights = formats.quantize(problem.w[e], fmt)
             ref_w.append(formats.dequantize(weights))
             if problem.loads[e]:
                 rows = problem.a[start:start + int(problem.loads[e])]
@@ -177,11 +176,11 @@ class LoopTritonW4A16(MoeMethod):
             return lambda: [call() for call in calls]
 
         n, k = problem.w.shape[1:]
-        per_expert = n * k // 2 + n * k // formats.BLOCK_SIZE[self.fmt]
+        per_expert = n * k // 2 + n * k // formats.BLOCK_SIZE[fmt]
         return bound_call(build, tuple(part.args for part in parts), None,
                           ref_a=torch.cat([part.ref_a for part in parts]), ref_w=torch.stack(ref_w),
-                          tolerance_key=self.fmt, weight_bytes=len(parts) * per_expert,
-                          to_rows=torch.cat, note=f"{len(parts)} triton-w4a16 calls ({self.fmt})")
+                          tolerance_key=fmt, weight_bytes=len(parts) * per_expert,
+                          to_rows=torch.cat, note=f"{len(parts)} triton-w4a16 calls ({fmt})")
 
 
 class LayerLoopBf16(MoeMethod):
@@ -194,7 +193,7 @@ class LayerLoopBf16(MoeMethod):
     weight_dtype, act_dtype = "bf16", "bf16"
     what = "per-expert torch.mm loop over dequantized bf16 weights, SiLU*up, weighted scatter-add"
 
-    def prepare(self, problem) -> MoeCall:
+    def prepare(self, problem, fmt: str | None = None) -> MoeCall:
         from fp4lab.formats import dequantize
 
         ids = problem.topk_ids.long()                                               # [T, k]

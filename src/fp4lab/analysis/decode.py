@@ -1,0 +1,432 @@
+"""The diagnosis: what bounds one MoE layer at decode on the GPU a run measured, by how much,
+and what would change it. Chapter 04, the book's front page and the share file all read this.
+
+Every number comes from the run (gemm, moe, telemetry rows and the ceilings in run.json) and the
+routing model of `fp4lab.moe`; nothing is typed in. A *path* is one way to run the layer's routed
+experts at the decode batch B on one device, with its measured (or, for a GEMM backend, built from
+measured GEMM times) layer time:
+- each MoE method of the MoE sweep (loop, grouped, padded, FP8 grouped, FP4 layer methods): the
+  measured layer time at the batch nearest B;
+- each GEMM backend of the GEMM sweep run as a loop of per-expert GEMMs: active experts x (gate_up
+  + down time at the mean tokens per expert, interpolated over the measured M).
+Each path has three floors: launches (kernels per layer x the measured launch floor), reading the
+active experts' weights once in the bytes the path reads (at the measured copy bandwidth), and the
+arithmetic at the peak of its math dtype. The diagnosed path is the fastest (or the one named);
+its largest floor is the verdict, unless the GPU sits at its power limit at the decode point.
+
+A CPU run is a smoke run: it checks the pipeline and issues no GPU verdict.
+Shape legend: `B` decode batch, `E` routed experts, `k` top-k, `P` EP degree, `m` tokens per expert.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from fp4lab import params, profiles, roofline
+from fp4lab.analysis import gemm as gemm_analysis
+from fp4lab.analysis import moe as moe_analysis
+from fp4lab.analysis import power as power_analysis
+from fp4lab.analysis.run import RunView, view
+from fp4lab.errors import ParameterError
+from fp4lab.moe import presets
+from fp4lab.results import RunDir
+
+SAME_SPEED_WITHIN = 0.05
+TABLE_SOURCES = {"gemm": "the GEMM sweep (chapter 01)", "moe": "the MoE sweep (chapter 03)",
+                 "telemetry": "power and clocks (chapter 02)"}
+
+
+@dataclass(frozen=True)
+class DiagnosisConfig:
+    preset: str = "glm-5"
+    decode_batch: int = 512            # B: concurrent decode requests, one token each
+    backend: str = "auto"              # the path to diagnose; auto: the fastest at decode
+    routing: str = "uniform"
+    steps: int = 64                    # routing steps drawn for the load statistics
+    seed: int = 0
+    power_bound_fraction: float = 0.9  # decode-point power over the limit that counts as power-bound
+    ep_degrees: tuple[int, ...] = (1, 2, 4, 8)
+
+    @classmethod
+    def from_profile(cls, profile: str, **overrides) -> "DiagnosisConfig":
+        values = {**profiles.section(profiles.resolve(profile), "diagnosis"),
+                  **{k: v for k, v in overrides.items() if v is not None}}
+        return cls(**values).check()
+
+    def check(self) -> "DiagnosisConfig":
+        from fp4lab.moe import routing
+
+        try:
+            presets.get(params.check_text("preset", self.preset, allow_empty=False))
+            routing.parse_routing(params.check_text("routing", self.routing, allow_empty=False))
+        except ParameterError:
+            raise
+        except ValueError as exc:
+            raise ParameterError(str(exc)) from None
+        return dataclasses.replace(
+            self, decode_batch=params.check_int("decode_batch", self.decode_batch, 1, 1 << 20),
+            backend=params.check_text("backend", self.backend, allow_empty=False),
+            steps=params.check_int("steps", self.steps, 1, 100_000),
+            seed=params.check_int("seed", self.seed, 0),
+            power_bound_fraction=params.check_float("power_bound_fraction", self.power_bound_fraction,
+                                                    0, 1, strict_minimum=True),
+            ep_degrees=params.check_int_list("ep_degrees", list(self.ep_degrees)))
+
+
+@dataclass
+class Diagnosis:
+    config: DiagnosisConfig
+    view: RunView
+    gemm: gemm_analysis.GemmResults | None
+    moe: moe_analysis.MoeResults | None
+    power: power_analysis.RunPower | None
+    load: dict[str, Any]
+    paths: pd.DataFrame                          # every path at decode, fastest first, with floors
+    chosen: dict[str, Any] | None                # the diagnosed path (a row of `paths`)
+    chosen_reason: str
+    verdict: dict[str, Any] | None
+    decode_power: dict[str, Any] | None
+    seed_backend: str | None
+    seed: pd.DataFrame
+    fp4: dict[str, Any] | None
+    levers: pd.DataFrame
+    concurrency: pd.DataFrame
+    ep: pd.DataFrame
+    graphs: pd.DataFrame
+    gate: pd.DataFrame
+    missing: list[str] = field(default_factory=list)
+
+    @property
+    def smoke(self) -> bool:
+        return self.view.is_smoke
+
+    @property
+    def bandwidth_tbps(self) -> float | None:
+        return self.gemm.bandwidth_tbps if self.gemm else None
+
+
+# -- the GEMM backends as loops ---------------------------------------------------------------------
+
+def measured_shape(rows: pd.DataFrame, n: int, k: int) -> tuple[int, int, bool]:
+    """(n, k) when `rows` measured it, else the measured shape closest in weight size."""
+    shapes = rows[["n", "k"]].drop_duplicates()
+    if ((shapes["n"] == n) & (shapes["k"] == k)).any():
+        return n, k, True
+    nearest = (np.log(shapes["n"].astype(float) * shapes["k"].astype(float)) - np.log(n * k)).abs().idxmin()
+    return int(shapes.loc[nearest, "n"]), int(shapes.loc[nearest, "k"]), False
+
+
+def gemm_time_at(ok: pd.DataFrame, backend: str, n: int, k: int, m: float) -> dict[str, Any] | None:
+    """The measured GEMM time of `backend` at (n, k) and M = m, linear between measured Ms
+    (nvfp4 rows when the backend measured both formats); nearest M outside the measured range."""
+    rows = ok[ok["backend"] == backend]
+    if (rows["fmt"] == "nvfp4").any():
+        rows = rows[rows["fmt"] == "nvfp4"]
+    if not len(rows):
+        return None
+    sn, sk, exact = measured_shape(rows, n, k)
+    curve = rows[(rows["n"] == sn) & (rows["k"] == sk)].groupby("m")["median_us"].median().sort_index()
+    return {"us": float(np.interp(m, curve.index.to_numpy(float), curve.to_numpy(float))),
+            "n": sn, "k": sk, "exact": exact,
+            "inside": bool(curve.index.min() <= m <= curve.index.max())}
+
+
+def loop_layer_us(ok: pd.DataFrame, backend: str, model: presets.ModelPreset, load: dict) -> dict | None:
+    """One layer as a loop of `backend`'s GEMMs: active experts x (gate_up + down at mean m)."""
+    times = {}
+    for name, (n, k) in model.gemm_shapes().items():
+        times[name] = gemm_time_at(ok, backend, n, k, max(load["mean_m"], 1.0))
+        if times[name] is None:
+            return None
+    notes = [f"nearest measured shape {t['n']}x{t['k']} for {name}" for name, t in times.items() if not t["exact"]]
+    return {"layer_us": load["active_experts"] * sum(t["us"] for t in times.values()),
+            "shape_note": "; ".join(notes), "exact": all(t["exact"] for t in times.values())}
+
+
+# -- every path at decode ---------------------------------------------------------------------------
+
+def _floors(weight_dtype: str, math_dtype: str, weight_bytes: float, kernels: float, flops: float,
+            gemm: gemm_analysis.GemmResults | None) -> dict[str, float]:
+    basis = (gemm.measured or gemm.spec) if gemm else None
+    bandwidth = gemm.bandwidth_tbps if gemm else None
+    peak = (basis.peak_tflops.get(math_dtype) if basis else None) if math_dtype else None
+    launch = gemm.launch_us if gemm else None
+    return {"launch_floor_us": kernels * launch if launch else np.nan,
+            "memory_floor_us": weight_bytes / (bandwidth * 1e6) if bandwidth else np.nan,
+            "compute_floor_us": flops / (peak * 1e6) if peak else np.nan}
+
+
+def expert_weight_bytes(model: presets.ModelPreset, dtype: str, fmt: str = "nvfp4") -> float:
+    """Bytes of one expert's gate_up and down weights stored as `dtype`."""
+    return float(sum(roofline.operand_bytes(n, k, dtype, fmt) for n, k in model.gemm_shapes().values()))
+
+
+def layer_flops(model: presets.ModelPreset, batch: int) -> float:
+    """Useful FLOPs of one layer's routed experts at decode batch B: 2 x B x k x values per expert."""
+    return 2.0 * batch * model.top_k * sum(n * k for n, k in model.gemm_shapes().values())
+
+
+def decode_paths(gemm: gemm_analysis.GemmResults | None, moe: moe_analysis.MoeResults | None,
+                 model: presets.ModelPreset, load: dict, config: DiagnosisConfig) -> pd.DataFrame:
+    """Every way this run measured to run the layer at decode, fastest first, with floors."""
+    rows = []
+    active, flops = load["active_experts"], layer_flops(model, load["batch"])
+    measured_loops = set()
+    if moe is not None:
+        # loops of a GEMM backend that the MoE sweep timed itself
+        measured_loops = set(moe.ok[moe.ok["batch"].notna()]["gemm_backend"].dropna())
+        for r in moe_analysis.layer_times(moe, config.decode_batch, config.routing).itertuples(index=False):
+            method_rows = moe.ok[(moe.ok["method"] == r.method)]
+            math = method_rows["math_dtype"].iloc[0]
+            kernels = 2 * active if str(r.method).startswith("loop") else 2
+            rows.append({"path": r.method, "source": "MoE sweep", "kind": r.kind, "fmt": r.fmt,
+                         "weight_dtype": r.weight_dtype, "math_dtype": math, "batch": int(r.batch),
+                         "layer_us": r.layer_us, "weight_bytes": r.weight_bytes, "kernels": kernels,
+                         "note": f"measured at B={int(r.batch)}",
+                         **_floors(r.weight_dtype, math, r.weight_bytes, kernels, flops, gemm)})
+    if gemm is not None and model.scaled is False:
+        ok = gemm.ok
+        for backend, group in ok.groupby("backend"):
+            if backend in measured_loops:
+                continue              # the MoE sweep measured this loop: measurement over model
+            loop = loop_layer_us(ok, backend, model, load)
+            if loop is None:
+                continue
+            weight, math = group["weight_dtype"].iloc[0], group["math_dtype"].iloc[0]
+            weight_bytes = active * expert_weight_bytes(model, weight)
+            rows.append({"path": f"{backend} loop", "source": "GEMM sweep", "kind": "gemm-loop",
+                         "fmt": "nvfp4" if weight in ("fp4",) else None, "weight_dtype": weight,
+                         "math_dtype": math, "batch": load["batch"], "layer_us": loop["layer_us"],
+                         "weight_bytes": weight_bytes, "kernels": 2 * active, "backend": backend,
+                         "note": "built from GEMM times at the mean expert load" +
+                                 (f" ({loop['shape_note']})" if loop["shape_note"] else ""),
+                         **_floors(weight, math, weight_bytes, 2 * active, flops, gemm)})
+    frame = pd.DataFrame(rows)
+    return frame.sort_values("layer_us").reset_index(drop=True) if len(frame) else frame
+
+
+def fastest_gemm_backend(gemm: gemm_analysis.GemmResults | None, model: presets.ModelPreset,
+                         load: dict) -> str | None:
+    """The GEMM backend whose loop runs the layer fastest at decode: the one whose seed table,
+    power and concurrency the diagnosis reads."""
+    if gemm is None or model.scaled or not len(gemm.ok):
+        return None
+    times = {backend: loop["layer_us"] for backend in gemm.ok["backend"].unique()
+             if (loop := loop_layer_us(gemm.ok, backend, model, load)) is not None}
+    return min(times, key=times.get) if times else None
+
+
+def choose(paths: pd.DataFrame, wanted: str) -> tuple[dict | None, str]:
+    """The path to diagnose and why: the named one, else the fastest."""
+    if not len(paths):
+        return None, "no path measured the layer at decode, so none is diagnosed"
+    if wanted != "auto":
+        named = paths[(paths["path"] == wanted) | (paths.get("backend") == wanted)]
+        if not len(named):
+            raise ParameterError(f"backend={wanted!r}: no measured path of that name at decode; measured: "
+                                 f"{', '.join(paths['path'])}")
+        return named.iloc[0].to_dict(), "the backend parameter names it"
+    best = paths.iloc[0].to_dict()
+    return best, "it runs the layer fastest of the paths this run measured"
+
+
+def verdict(path: dict, power: dict | None, config: DiagnosisConfig) -> dict[str, Any]:
+    """Power-bound when the GPU sits at its limit at the decode point, else the largest floor;
+    `explained` is that floor's share of the measured layer time."""
+    if power and power["fraction"] >= config.power_bound_fraction:
+        return {"verdict": "power-bound", "floor": None, "floor_us": np.nan, "explained": np.nan}
+    floors = {name: path[f"{name}_floor_us"] for name in ("launch", "memory", "compute")
+              if np.isfinite(path.get(f"{name}_floor_us", np.nan))}
+    if not floors:
+        return {"verdict": "unclassified", "floor": None, "floor_us": np.nan, "explained": np.nan}
+    name = max(floors, key=floors.get)
+    explained = floors[name] / path["layer_us"]
+    return {"verdict": f"{name}-bound", "floor": name, "floor_us": floors[name],
+            "explained": explained, "reliable": explained <= 1 + SAME_SPEED_WITHIN}
+
+
+# -- power at the decode point ----------------------------------------------------------------------
+
+def decode_m_values(measured, mean_m: float, busiest_m: float) -> list[int]:
+    """The measured Ms a decode step runs at: those in [mean, busiest], else the one nearest the mean."""
+    measured = np.sort(np.asarray(measured, dtype=float))
+    inside = measured[(measured >= mean_m) & (measured <= busiest_m)]
+    return [int(m) for m in inside] if len(inside) else [int(measured[np.abs(measured - mean_m).argmin()])]
+
+
+def decode_power(power: power_analysis.RunPower | None, backend: str | None, model: presets.ModelPreset,
+                 load: dict) -> dict[str, Any] | None:
+    """The backend's energy-window power at the expert shapes and the decode Ms, against the limit."""
+    if power is None or backend is None or not power.power_limit_w or not len(power.points):
+        return None
+    points = power.points[power.points["backend"] == backend]
+    if not len(points):
+        return None
+    picked, m_values = [], set()
+    for n, k in model.gemm_shapes().values():
+        sn, sk, _ = measured_shape(points, n, k)
+        shape = points[(points["n"] == sn) & (points["k"] == sk)]
+        at = decode_m_values(shape["m"].unique(), load["mean_m"], load["busiest_m"])
+        picked.append(shape[shape["m"].isin(at)])
+        m_values.update(at)
+    chosen = pd.concat(picked)
+    watts = float(chosen["avg_power_w"].median())
+    return {"backend": backend, "avg_power_w": watts, "power_limit_w": float(power.power_limit_w),
+            "fraction": watts / float(power.power_limit_w), "m_values": sorted(m_values),
+            "points": len(chosen)}
+
+
+# -- levers -----------------------------------------------------------------------------------------
+
+def fp4_lever(paths: pd.DataFrame, model: presets.ModelPreset, load: dict,
+              bandwidth: float | None) -> dict[str, Any] | None:
+    """The fastest measured FP4-weight path against its read floor and the best bf16 and fp8 paths."""
+    if not len(paths):
+        return None
+    floor = load["active_experts"] * expert_weight_bytes(model, "fp4") / (bandwidth * 1e6) if bandwidth else np.nan
+    fp4 = paths[paths["weight_dtype"] == "fp4"]
+    best = {dtype: paths[paths["weight_dtype"] == dtype].iloc[0].to_dict()
+            for dtype in ("bf16", "fp8") if (paths["weight_dtype"] == dtype).any()}
+    return {"floor_us": floor, "best": fp4.iloc[0].to_dict() if len(fp4) else None,
+            "bf16": best.get("bf16"), "fp8": best.get("fp8")}
+
+
+def what_if_concurrency(gemm, backend: str | None, model, config: DiagnosisConfig,
+                        factors=(0.25, 0.5, 1, 2, 4)) -> pd.DataFrame:
+    """Layer time and time per token as the decode batch changes (GEMM times, routing model)."""
+    if gemm is None or backend is None:
+        return pd.DataFrame()
+    rows = []
+    for factor in factors:
+        batch = max(1, int(round(config.decode_batch * factor)))
+        load = moe_analysis.tokens_per_expert(model, batch, config.routing, config.steps, config.seed)
+        loop = loop_layer_us(gemm.ok, backend, model, load)
+        if loop:
+            rows.append({"batch": batch, "mean_m": load["mean_m"], "busiest_m": load["busiest_m"],
+                         "active_experts": load["active_experts"], "layer_us": loop["layer_us"],
+                         "us_per_token": loop["layer_us"] / batch})
+    return pd.DataFrame(rows)
+
+
+def what_if_ep(gemm, backend: str | None, model, config: DiagnosisConfig) -> pd.DataFrame:
+    """Expert parallelism as the seed meant it: P GPUs each bring B tokens, the router sends them
+    to the rank holding their experts, so each rank's E/P experts see P x the tokens. The busiest
+    rank's layer time per degree P (GEMM times, routing model; communication not included) and
+    the GPU time per token, against one GPU serving B alone."""
+    if gemm is None or backend is None:
+        return pd.DataFrame()
+    rows = []
+    for ep in config.ep_degrees:
+        if model.experts % ep:
+            continue
+        load = moe_analysis.tokens_per_expert(model, ep * config.decode_batch, config.routing,
+                                              config.steps, config.seed, ep)
+        loop = loop_layer_us(gemm.ok, backend, model, load)
+        if loop:
+            rows.append({"ep": ep, "tokens_per_step": ep * config.decode_batch,
+                         "active_experts": load["active_experts"], "mean_m": load["mean_m"],
+                         "layer_us": loop["layer_us"], "us_per_token": loop["layer_us"] / config.decode_batch})
+    return pd.DataFrame(rows)
+
+
+def what_if_graphs(gemm) -> pd.DataFrame:
+    """Points measured both with and without CUDA-graph replay: the speed-up graphs give."""
+    if gemm is None or not len(gemm.ok):
+        return pd.DataFrame()
+    ok = gemm.ok.dropna(subset=["graph"])
+    both = ok.pivot_table(index=["backend", "fmt", "m", "n", "k"], columns="graph", values="median_us",
+                          aggfunc="median")
+    if True not in both.columns or False not in both.columns:
+        return pd.DataFrame()
+    both = both.dropna().rename(columns={True: "graph_us", False: "eager_us"}).reset_index()
+    both["speedup"] = both["eager_us"] / both["graph_us"]
+    return both
+
+
+def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurrency: pd.DataFrame,
+           ep: pd.DataFrame, graphs: pd.DataFrame, batch: int) -> pd.DataFrame:
+    """Each measured way to a faster layer, with its gain (time now / time with it), largest first."""
+    rows = []
+    if chosen is not None and len(d_paths):
+        loop = d_paths[d_paths["path"] == "loop-bf16"]
+        if len(loop) and chosen["path"] != "loop-bf16":
+            rows.append({"lever": f"{chosen['path']} instead of a loop of bf16 GEMMs",
+                         "gain": float(loop["layer_us"].iloc[0]) / chosen["layer_us"],
+                         "basis": "measured (MoE sweep)", "now_us": float(loop["layer_us"].iloc[0]),
+                         "with_us": chosen["layer_us"]})
+        if fp4 and fp4.get("best") and fp4["best"]["path"] != chosen["path"]:
+            rows.append({"lever": f"FP4 weights through {fp4['best']['path']}",
+                         "gain": chosen["layer_us"] / fp4["best"]["layer_us"],
+                         "basis": f"measured ({fp4['best']['source']})", "now_us": chosen["layer_us"],
+                         "with_us": fp4["best"]["layer_us"]})
+    if len(concurrency) > 1:
+        now = concurrency.iloc[(concurrency["batch"] - batch).abs().argmin()]
+        best = concurrency.iloc[concurrency["us_per_token"].argmin()]
+        if best["batch"] != now["batch"]:
+            rows.append({"lever": f"batch {int(best['batch'])} instead of {int(now['batch'])} (per token)",
+                         "gain": now["us_per_token"] / best["us_per_token"],
+                         "basis": "modelled from measured GEMM times", "now_us": now["us_per_token"],
+                         "with_us": best["us_per_token"]})
+    if len(ep) > 1:
+        first, last = ep.iloc[0], ep.iloc[-1]
+        rows.append({"lever": f"expert parallelism EP={int(last['ep'])}: each rank's experts see "
+                              f"{int(last['ep'])}x the tokens (per GPU, communication not included)",
+                     "gain": first["us_per_token"] / last["us_per_token"],
+                     "basis": "modelled from measured GEMM times", "now_us": first["us_per_token"],
+                     "with_us": last["us_per_token"]})
+    if len(graphs):
+        rows.append({"lever": "CUDA-graph replay instead of eager launches",
+                     "gain": float(graphs["speedup"].median()), "basis": "measured (GEMM sweep, median)",
+                     "now_us": float(graphs["eager_us"].median()), "with_us": float(graphs["graph_us"].median())})
+    frame = pd.DataFrame(rows, columns=["lever", "gain", "basis", "now_us", "with_us"])
+    return frame.sort_values("gain", ascending=False).reset_index(drop=True)
+
+
+# -- the whole diagnosis ----------------------------------------------------------------------------
+
+def gate_failures(gemm: gemm_analysis.GemmResults | None) -> pd.DataFrame:
+    columns = ["backend", "fmt", "points_failed", "points_total", "worst_rel_err", "example_error"]
+    if gemm is None or not len(gemm.frame):
+        return pd.DataFrame(columns=columns)
+    frame = gemm.frame
+    rows = []
+    for (backend, fmt), group in frame[frame["status"] == "wrong_result"].groupby(["backend", "fmt"]):
+        errors = group["error"].dropna()
+        rows.append({"backend": backend, "fmt": fmt, "points_failed": len(group),
+                     "points_total": int(((frame["backend"] == backend) & (frame["fmt"] == fmt)).sum()),
+                     "worst_rel_err": float(group["rel_err"].max()),
+                     "example_error": errors.iloc[0] if len(errors) else None})
+    return pd.DataFrame(rows, columns=columns)
+
+
+def diagnose(run_dir: str | RunDir, config: DiagnosisConfig) -> Diagnosis:
+    """Everything the diagnosis states, for one run folder."""
+    run_view = view(run_dir)
+    run = run_view.run
+    missing = [source for table, source in TABLE_SOURCES.items() if not run.has_table(table)]
+    gemm = gemm_analysis.gemm_results(run) if run.has_table("gemm") else None
+    moe = moe_analysis.moe_results(run, config.preset) if run.has_table("moe") else None
+    power = power_analysis.run_power(run) if run.has_table("gemm") or run.has_table("telemetry") else None
+    model = presets.get(config.preset)
+    load = moe_analysis.tokens_per_expert(model, config.decode_batch, config.routing, config.steps, config.seed)
+    paths = decode_paths(gemm, moe if moe is not None and not moe.model.scaled else None, model, load, config)
+    seed_backend = fastest_gemm_backend(gemm, model, load)
+    chosen, reason = choose(paths, config.backend)
+    power_now = decode_power(power, seed_backend, model, load)
+    concurrency = what_if_concurrency(gemm, seed_backend, model, config)
+    ep = what_if_ep(gemm, seed_backend, model, config)
+    graphs = what_if_graphs(gemm)
+    fp4 = fp4_lever(paths, model, load, gemm.bandwidth_tbps if gemm else None)
+    return Diagnosis(
+        config=config, view=run_view, gemm=gemm, moe=moe, power=power, load=load, paths=paths,
+        chosen=chosen, chosen_reason=reason,
+        verdict=verdict(chosen, power_now, config) if chosen and not run_view.is_smoke else None,
+        decode_power=power_now, seed_backend=seed_backend,
+        seed=gemm_analysis.seed_table(gemm, seed_backend) if seed_backend else pd.DataFrame(),
+        fp4=fp4, levers=levers(paths, chosen, fp4, concurrency, ep, graphs, config.decode_batch),
+        concurrency=concurrency, ep=ep, graphs=graphs, gate=gate_failures(gemm), missing=missing)

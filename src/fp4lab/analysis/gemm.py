@@ -1,0 +1,259 @@
+"""What the GEMM sweep measured, read: derived columns, the run's ceilings, and the tables the
+book states (availability, the seed-style table, every 4-bit method at decode).
+
+The rows hold raw times and the dtypes they were measured with; everything else is computed here,
+once, from the run's own ceilings:
+- `measured` ceilings: the run's probes (a device copy for bandwidth, a large GEMM per dtype, an
+  empty kernel's graph replay for the launch floor), each peak raised to the best correct point of
+  its math dtype in the same run (a sweep point can beat the 8192^3 probe; no point may sit above
+  100% of the measured peak). The raise is reported, never written back;
+- `spec` ceilings: the device's spec sheet, when it has one.
+"% of peak" always names its peak: `pct_peak_spec` or `pct_peak_measured`.
+
+Shape legend: M tokens, N output features, K reduction dim; a[M, K] @ w[N, K]^T.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from fp4lab import roofline
+from fp4lab.analysis.run import RunView, view
+from fp4lab.dtypes import WEIGHT_LABELS
+from fp4lab.results import RunDir
+
+STATUSES = ("ok", "wrong_result", "unavailable", "error", "oom", "timeout")
+BASELINE = "torch-bf16"                # cuBLAS bf16: the yardstick every 4-bit method is set against
+FOUR_BIT = ("fp4", "int4")             # weight dtypes that move ~0.5 B per weight
+
+
+@dataclass
+class GemmResults:
+    view: RunView
+    frame: pd.DataFrame                          # every row, with the derived columns
+    measured: roofline.Ceilings | None
+    spec: roofline.Ceilings | None
+    raised: dict[str, str] = field(default_factory=dict)   # dtype -> which point raised its peak
+
+    @property
+    def ok(self) -> pd.DataFrame:
+        return self.frame[self.frame["status"] == "ok"]
+
+    @property
+    def bandwidth_tbps(self) -> float | None:
+        """The run's measured copy bandwidth, else the spec sheet's."""
+        for ceilings in (self.measured, self.spec):
+            if ceilings is not None and ceilings.bandwidth_tbps:
+                return float(ceilings.bandwidth_tbps)
+        return None
+
+    @property
+    def launch_us(self) -> float | None:
+        return float(self.measured.launch_us) if self.measured and self.measured.launch_us else None
+
+    def caption(self, what: str = "") -> str:
+        config = ((self.view.info.get("sweep") or {}).get("config") or {})
+        timer = config.get("timer") or {}
+        conditions = ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in timer.items()
+                               if name in ("cold_l2", "use_graph", "repeats"))
+        return self.view.caption(what) + (f"; timer: {conditions}" if conditions else "")
+
+
+# -- ceilings -------------------------------------------------------------------------------------
+
+def stored_ceilings(info: dict[str, Any]) -> tuple[roofline.Ceilings | None, roofline.Ceilings | None]:
+    """(measured, spec) as the sweep stored them in run.json, None where absent."""
+    stored = (info.get("sweep") or {}).get("ceilings") or {}
+    found = []
+    for source in ("measured", "spec"):
+        values = stored.get(source)
+        found.append(roofline.Ceilings(**values) if isinstance(values, dict) and values.get("bandwidth_tbps")
+                     else None)
+    return found[0], found[1]
+
+
+def raise_peaks(measured: roofline.Ceilings | None, frame: pd.DataFrame) -> tuple[roofline.Ceilings | None, dict]:
+    """The measured ceilings with each peak raised to the best correct point of its math dtype."""
+    if measured is None:
+        return None, {}
+    peaks, raised = dict(measured.peak_tflops), {}
+    ok = frame[(frame["status"] == "ok") & frame["tflops"].notna()]
+    for dtype, rows in ok.groupby("math_dtype"):
+        best = rows.loc[rows["tflops"].idxmax()]
+        probe = peaks.get(dtype)
+        if probe is not None and best["tflops"] > probe:
+            peaks[dtype] = float(best["tflops"])
+            raised[dtype] = (f"raised from the probe's {probe:.1f} to {best['tflops']:.1f} TFLOP/s by "
+                             f"{best['backend']} {best['fmt']} M={best['m']} {best['n']}x{best['k']}, "
+                             f"the best correct {dtype} point of the run")
+    return dataclasses.replace(measured, peak_tflops=peaks), raised
+
+
+# -- derived columns ------------------------------------------------------------------------------
+
+def _bytes_and_flops(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    moved, flops = [], []
+    for row in frame.itertuples(index=False):
+        if pd.isna(row.weight_dtype) or pd.isna(row.m):
+            moved.append(np.nan)
+            flops.append(np.nan)
+            continue
+        moved.append(roofline.gemm_bytes(int(row.m), int(row.n), int(row.k), row.weight_dtype, row.fmt,
+                                         row.act_dtype))
+        flops.append(roofline.gemm_flops(int(row.m), int(row.n), int(row.k)))
+    return np.asarray(moved, dtype=float), np.asarray(flops, dtype=float)
+
+
+def derive(frame: pd.DataFrame, measured: roofline.Ceilings | None,
+           spec: roofline.Ceilings | None) -> pd.DataFrame:
+    """Add bytes, flops, tflops, tbps, % of the measured and spec peaks and bandwidth, the
+    floors against the measured (else spec) ceilings, `bound`, and tflops_per_w."""
+    frame = frame.copy()
+    frame["bytes"], frame["flops"] = _bytes_and_flops(frame)
+    seconds = frame["median_us"] * 1e-6
+    frame["tflops"] = frame["flops"] / seconds / 1e12
+    frame["tbps"] = frame["bytes"] / seconds / 1e12
+    frame["tflops_per_w"] = frame["flops"] / frame["energy_per_call_j"] / 1e12
+    for source, ceilings in (("measured", measured), ("spec", spec)):
+        peaks = frame["math_dtype"].map(lambda dtype: (ceilings.peak_tflops.get(dtype) if ceilings else None))
+        frame[f"pct_peak_{source}"] = 100 * frame["tflops"] / pd.to_numeric(peaks, errors="coerce")
+        bandwidth = ceilings.bandwidth_tbps if ceilings and ceilings.bandwidth_tbps else np.nan
+        frame[f"pct_bandwidth_{source}"] = 100 * frame["tbps"] / bandwidth
+    basis = measured or spec
+    frame["memory_floor_us"] = frame["bytes"] / (basis.bandwidth_tbps * 1e6) if basis else np.nan
+    peak = frame["math_dtype"].map(lambda dtype: basis.peak_tflops.get(dtype) if basis else None)
+    frame["compute_floor_us"] = frame["flops"] / (pd.to_numeric(peak, errors="coerce") * 1e6)
+    frame["launch_floor_us"] = basis.launch_us if basis and basis.launch_us else np.nan
+    floors = frame[["launch_floor_us", "memory_floor_us", "compute_floor_us"]].astype(float)
+    largest = floors.fillna(-np.inf).idxmax(axis=1).str.replace("_floor_us", "", regex=False)
+    frame["bound"] = largest.where(floors.notna().any(axis=1))
+    return frame
+
+
+def gemm_results(run_dir: str | RunDir) -> GemmResults:
+    """The run's gemm table, derived, with its ceilings."""
+    run_view = view(run_dir)
+    frame = run_view.run.read_table("gemm")
+    measured, spec = stored_ceilings(run_view.info)
+    first = derive(frame, measured, spec)                 # tflops for finding the best points
+    measured, raised = raise_peaks(measured, first)
+    return GemmResults(run_view, derive(frame, measured, spec) if raised else first, measured, spec, raised)
+
+
+# -- tables ---------------------------------------------------------------------------------------
+
+def availability(results: GemmResults) -> pd.DataFrame:
+    """One row per backend: points per status, and the first reason of each failing status."""
+    frame = results.frame
+    if not len(frame):
+        return pd.DataFrame(columns=["backend", "weights", *STATUSES, "why not"])
+    rows = []
+    for backend, group in frame.groupby("backend", sort=False):
+        counts = group["status"].value_counts()
+        failing = group[group["status"] != "ok"]
+        reasons = failing.groupby("status")["error"].first()
+        rows.append({"backend": backend, "weights": weight_label(group["weight_dtype"].iloc[0]),
+                     **{status: int(counts.get(status, 0)) for status in STATUSES},
+                     "why not": "; ".join(f"{status}: {reason}" for status, reason in reasons.items()
+                                          if isinstance(reason, str)) or None})
+    table = pd.DataFrame(rows)
+    shown = [status for status in STATUSES if table[status].sum() > 0]
+    return table[["backend", "weights", *shown, "why not"]]
+
+
+def weight_label(dtype) -> str:
+    return WEIGHT_LABELS.get(dtype, str(dtype)) if isinstance(dtype, str) else "—"
+
+
+def peak_basis(results: GemmResults) -> str:
+    """Which peak the book's "% of peak" uses for this run: "spec" where the device has a sheet."""
+    return "spec" if results.spec is not None else "measured"
+
+
+def seed_table(results: GemmResults, backend: str) -> pd.DataFrame:
+    """The seed's table for one backend: per M, the TFLOP/s range over the swept shapes, the %
+    of the spec peak and of the measured peak, and the regime the roofline assigns."""
+    ok = results.ok[results.ok["backend"] == backend]
+    rows = []
+    for m, group in ok.groupby("m"):
+        rows.append({"M": int(m), "TFLOP/s min": group["tflops"].min(), "TFLOP/s max": group["tflops"].max(),
+                     "% of spec peak": group["pct_peak_spec"].max(),
+                     "% of measured peak": group["pct_peak_measured"].max(),
+                     "regime": ", ".join(sorted(set(group["bound"].dropna()))) or None})
+    return pd.DataFrame(rows, columns=["M", "TFLOP/s min", "TFLOP/s max", "% of spec peak",
+                                       "% of measured peak", "regime"])
+
+
+def four_bit_points(results: GemmResults) -> pd.DataFrame:
+    """Every correct point of a 4-bit-weight backend and of the bf16 baseline, with the FP4
+    weight-read floor of its shape at the run's bandwidth (the limit line)."""
+    ok = results.ok
+    chosen = ok[ok["weight_dtype"].isin(FOUR_BIT) | (ok["backend"] == BASELINE)].copy()
+    bandwidth = results.bandwidth_tbps
+    chosen["fp4_floor_us"] = [
+        roofline.gemm_bytes(int(r.m), int(r.n), int(r.k), "fp4", r.fmt, "bf16") / (bandwidth * 1e6)
+        if bandwidth else np.nan for r in chosen.itertuples(index=False)]
+    return chosen
+
+
+def fastest_fp4(results: GemmResults) -> pd.DataFrame:
+    """Per format, shape and M: the fastest correct 4-bit method, the bf16 baseline, the FP4
+    read floor, the speed-up over bf16 and the share of the floor reached."""
+    points = four_bit_points(results)
+    rows = []
+    for (fmt, n, k, m), group in points.groupby(["fmt", "n", "k", "m"]):
+        four = group[group["weight_dtype"].isin(FOUR_BIT)]
+        base = group[group["backend"] == BASELINE]
+        if not len(four):
+            continue
+        best = four.loc[four["median_us"].idxmin()]
+        base_us = float(base["median_us"].iloc[0]) if len(base) else np.nan
+        rows.append({"fmt": fmt, "n": int(n), "k": int(k), "m": int(m), "backend": best["backend"],
+                     "weights": weight_label(best["weight_dtype"]), "us": float(best["median_us"]),
+                     "bf16_us": base_us, "speedup_vs_bf16": base_us / float(best["median_us"]),
+                     "floor_us": float(best["fp4_floor_us"]),
+                     "pct_of_floor": 100 * float(best["fp4_floor_us"]) / float(best["median_us"])})
+    return pd.DataFrame(rows, columns=["fmt", "n", "k", "m", "backend", "weights", "us", "bf16_us",
+                                       "speedup_vs_bf16", "floor_us", "pct_of_floor"])
+
+
+def fastest_fp4_per_m(results: GemmResults) -> pd.DataFrame:
+    """Per M: which 4-bit method is fastest on the most (format, shape) cases, and its median
+    speed-up over bf16 there (the book's "fastest FP4 path per M")."""
+    table = fastest_fp4(results)
+    rows = []
+    for m, group in table.groupby("m"):
+        winner = group["backend"].value_counts().idxmax()
+        mine = group[group["backend"] == winner]
+        rows.append({"m": int(m), "backend": winner, "cases won": f"{len(mine)} of {len(group)}",
+                     "median speed-up vs bf16": float(mine["speedup_vs_bf16"].median()),
+                     "median % of FP4 floor": float(mine["pct_of_floor"].median())})
+    return pd.DataFrame(rows, columns=["m", "backend", "cases won", "median speed-up vs bf16",
+                                       "median % of FP4 floor"])
+
+
+def headline(results: GemmResults) -> dict[str, Any]:
+    """The numbers chapter 01's findings are built from."""
+    ok = results.ok
+    frame = results.frame
+    statuses = frame.groupby("status")["backend"].unique().to_dict() if len(frame) else {}
+    found: dict[str, Any] = {
+        "backends_ok": sorted(ok["backend"].unique()),
+        "backends_unavailable": sorted(set(statuses.get("unavailable", [])) - set(ok["backend"])),
+        "failures": frame[frame["status"].isin(["wrong_result", "error", "oom", "timeout"])]
+        .groupby(["backend", "status"]).size().to_dict(),
+        "bandwidth_tbps": results.bandwidth_tbps, "launch_us": results.launch_us,
+        "raised": results.raised, "basis": peak_basis(results),
+    }
+    if not len(ok):
+        return found
+    best = ok.loc[ok["tflops"].idxmax()]
+    smallest = ok[ok["m"] == ok["m"].min()]
+    quickest = smallest.loc[smallest["tbps"].idxmax()]
+    found.update(best=best.to_dict(), smallest=quickest.to_dict())
+    return found

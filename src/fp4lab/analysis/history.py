@@ -1,0 +1,153 @@
+"""Run history: which runs exist, and what changed between two of them, with a noise model.
+
+Two runs are compared point by point on the GEMM sweep's correct rows, joined on
+(backend, fmt, m, n, k). `time_ratio` = this run's median time / the other's: above 1 is slower now.
+
+When is a slower point a regression? Timing noise is real, so a point is flagged only when it is
+slower by more than the threshold AND by more than the spread of the two measurements: its p20
+now is above its p80 then (the interquartile-ish ranges do not overlap). On a CPU (a smoke run
+on a shared machine) single points move by several times between identical runs, so the judge
+is per backend instead: a backend regresses when the geometric mean of its points' ratios exceeds
+CPU_BACKEND_THRESHOLD and most of its points got slower. Runs on different GPUs are compared
+too, but labelled: their ratios measure hardware, not software.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from fp4lab.results import REFERENCE_ROOT, RunDir, list_runs
+
+POINT_KEY = ["backend", "fmt", "m", "n", "k"]
+DEFAULT_THRESHOLD = 0.10
+CPU_BACKEND_THRESHOLD = 1.5     # a CPU backend must be 1.5x slower overall to count (2x is flagged)
+CPU_MAJORITY = 0.75             # ... with at least this share of its points slower
+
+
+def index_runs(runs_dir: str | os.PathLike, reference_root: str | os.PathLike = REFERENCE_ROOT) -> pd.DataFrame:
+    """Every run folder, local and reference, oldest first, with `kind` saying which."""
+    local, reference = list_runs(runs_dir), list_runs(reference_root)
+    local.insert(1, "kind", "local")
+    reference.insert(1, "kind", "reference")
+    frames = [f for f in (local, reference) if len(f)]
+    if not frames:
+        return local
+    return pd.concat(frames, ignore_index=True).sort_values("run_id").reset_index(drop=True)
+
+
+def previous_run(run_dir: str | os.PathLike, runs_dir: str | os.PathLike) -> Path | None:
+    """The latest local run created before this one that has GEMM rows."""
+    run_dir = Path(run_dir).resolve()
+    mine = RunDir.open(run_dir).run_json().get("created") or ""
+    earlier = []
+    for path in list_runs(runs_dir)["path"]:
+        path = Path(path).resolve()
+        if path == run_dir or not RunDir(path).has_table("gemm"):
+            continue
+        created = RunDir(path).run_json().get("created") or ""
+        if created < mine or (created == mine and path.name < run_dir.name):
+            earlier.append((created, path.name, path))
+    return max(earlier)[2] if earlier else None
+
+
+def _ok_points(run: RunDir) -> pd.DataFrame:
+    columns = POINT_KEY + ["median_us", "p20_us", "p80_us"]
+    if not run.has_table("gemm"):
+        return pd.DataFrame(columns=columns)
+    gemm = run.read_table("gemm")
+    ok = gemm[gemm["status"] == "ok"]
+    return ok.groupby(POINT_KEY, as_index=False)[["median_us", "p20_us", "p80_us"]].median()
+
+
+def point_ratios(current: RunDir, other: RunDir) -> pd.DataFrame:
+    """Points correct in both runs: now/before times and spreads, `time_ratio`, `beyond_spread`."""
+    now, before = _ok_points(current), _ok_points(other)
+    joined = now.merge(before, on=POINT_KEY, suffixes=("_now", "_before"))
+    joined = joined.rename(columns={"median_us_now": "now_us", "median_us_before": "before_us"})
+    joined["time_ratio"] = joined["now_us"] / joined["before_us"]
+    # slower beyond the spread: the fast end of now is above the slow end of then
+    p20_now = joined["p20_us_now"].fillna(joined["now_us"])
+    p80_before = joined["p80_us_before"].fillna(joined["before_us"])
+    joined["beyond_spread"] = p20_now > p80_before
+    return joined.sort_values(POINT_KEY).reset_index(drop=True)
+
+
+def point_regressions(ratios: pd.DataFrame, threshold: float) -> pd.DataFrame:
+    """GPU runs: points slower than the threshold and beyond the spread, worst first."""
+    slower = ratios[(ratios["time_ratio"] > 1 + threshold) & ratios["beyond_spread"]]
+    return slower.sort_values("time_ratio", ascending=False).reset_index(drop=True)
+
+
+def backend_regressions(ratios: pd.DataFrame) -> pd.DataFrame:
+    """CPU runs: backends whose points got slower overall (geometric mean) and mostly."""
+    rows = []
+    for backend, group in ratios.groupby("backend"):
+        geomean = float(np.exp(np.log(group["time_ratio"]).mean()))
+        share = float((group["time_ratio"] > 1).mean())
+        if geomean > CPU_BACKEND_THRESHOLD and share >= CPU_MAJORITY:
+            rows.append({"backend": backend, "points": len(group), "geomean_ratio": geomean,
+                         "share_slower": share})
+    return pd.DataFrame(rows, columns=["backend", "points", "geomean_ratio", "share_slower"])
+
+
+def provenance_fields(run_json: dict[str, Any]) -> dict[str, Any]:
+    """The flat facts a number depends on: GPU, driver, CUDA, library versions, fp4lab commit."""
+    prov = run_json.get("provenance") or {}
+    device = prov.get("device") or {}
+    capability = device.get("compute_capability")
+    fields = {"device": device.get("name"),
+              "compute capability": ".".join(map(str, capability)) if isinstance(capability, list) else capability,
+              "driver": device.get("driver"), "CUDA": prov.get("cuda"), "python": prov.get("python"),
+              "fp4lab commit": prov.get("fp4lab_git_sha"), "profile": (run_json.get("report") or {}).get("profile")}
+    fields.update(prov.get("versions") or {})
+    return fields
+
+
+def version_changes(current: dict[str, Any], other: dict[str, Any]) -> pd.DataFrame:
+    now, before = provenance_fields(current), provenance_fields(other)
+    rows = [{"field": name, "before": before.get(name), "now": now.get(name)}
+            for name in dict.fromkeys([*before, *now]) if before.get(name) != now.get(name)]
+    return pd.DataFrame(rows, columns=["field", "before", "now"])
+
+
+@dataclass
+class Comparison:
+    run_id: str
+    other_id: str
+    other_kind: str                 # "previous" | "reference"
+    same_device: bool
+    devices: tuple[Any, Any]        # (now, other)
+    on_cpu: bool                    # judged per backend (CPU noise) instead of per point
+    ratios: pd.DataFrame
+    regressions: pd.DataFrame       # points (GPU) or backends (CPU)
+    changes: pd.DataFrame
+    threshold: float
+
+    @property
+    def judged(self) -> str:
+        if self.on_cpu:
+            return (f"per backend (CPU timing noise): geometric-mean slowdown over "
+                    f"{CPU_BACKEND_THRESHOLD:g}x with {CPU_MAJORITY:.0%} of its points slower")
+        return f"per point: over {self.threshold:.0%} slower and beyond the p20-p80 spread of both runs"
+
+
+def compare(run_dir, other_dir, other_kind: str = "previous", threshold: float = DEFAULT_THRESHOLD) -> Comparison:
+    current, other = RunDir.open(run_dir), RunDir.open(other_dir)
+    ratios = point_ratios(current, other)
+    now, then = provenance_fields(current.run_json()), provenance_fields(other.run_json())
+    on_cpu = (current.run_json().get("provenance") or {}).get("device", {}).get("kind") != "cuda"
+    regressed = backend_regressions(ratios) if on_cpu else point_regressions(ratios, threshold)
+    return Comparison(current.run_id, other.run_id, other_kind, now["device"] == then["device"],
+                      (now["device"], then["device"]), on_cpu, ratios, regressed,
+                      version_changes(current.run_json(), other.run_json()), threshold)
+
+
+def median_ratio(comparison: Comparison) -> float:
+    return float(comparison.ratios["time_ratio"].median()) if len(comparison.ratios) else math.nan

@@ -1,0 +1,175 @@
+"""What the MoE sweep measured, read: routing statistics, each method's layer time at a decode
+batch (the one number chapters 03 and 04 both state), and the layer model against measurement.
+
+Shape legend: `B` decode batch, `S` routing steps, `E` routed experts, `k` top-k, `P` EP degree.
+A method's *layer time* at batch B is the time of one MoE layer's routed experts on one device
+(EP 1): gate_up + down for GEMM methods, the one measured call for layer methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from fp4lab.analysis.gemm import stored_ceilings
+from fp4lab.analysis.run import RunView, view
+from fp4lab.moe import layer_model, presets, routing, stats
+from fp4lab.results import RunDir
+
+BASELINE = "loop-bf16"          # the naive path: one torch.mm per active expert
+
+
+@dataclass
+class MoeResults:
+    view: RunView
+    frame: pd.DataFrame                 # this preset's rows (its CPU stand-in's on a smoke run)
+    model: presets.ModelPreset          # the preset as measured (scaled on a CPU smoke run)
+
+    @property
+    def ok(self) -> pd.DataFrame:
+        return self.frame[self.frame["status"] == "ok"]
+
+    @property
+    def routing_models(self) -> list[str]:
+        return sorted(self.frame["routing"].dropna().unique())
+
+    def caption(self, what: str = "") -> str:
+        scaled = "; a scaled-down CPU stand-in: its times say nothing about the model" if self.model.scaled else ""
+        return self.view.caption(what) + f"; {self.model.name}{scaled}"
+
+
+def moe_results(run_dir: str | RunDir, preset: str) -> MoeResults:
+    """The run's moe rows of `preset` (or of its scaled CPU stand-in, whichever the run holds),
+    with tflops and tbps derived."""
+    run_view = view(run_dir)
+    frame = run_view.run.read_table("moe")
+    model = presets.get(preset)
+    scaled = presets.scaled_down(model)
+    if len(frame) and not (frame["preset"] == model.key).any() and (frame["preset"] == scaled.key).any():
+        model = scaled
+    frame = frame[frame["preset"] == model.key].copy()
+    seconds = frame["median_us"] * 1e-6
+    frame["tflops"] = frame["flops"] / seconds / 1e12
+    frame["tbps"] = frame["bytes_moved"] / seconds / 1e12
+    return MoeResults(run_view, frame, model)
+
+
+# -- routing statistics (the model, no measurement) ------------------------------------------------
+
+def routing_table(model: presets.ModelPreset, batch_sizes, routing_spec: str, ep_degrees, steps: int,
+                  seed: int = 0) -> tuple[pd.DataFrame, dict[int, np.ndarray]]:
+    """One row per (B, P) of tokens-per-expert statistics, and the loads [S, E] per batch."""
+    rows, loads_by_batch = [], {}
+    for batch in batch_sizes:
+        loads = routing.expert_loads(routing_spec, model.experts, model.top_k, batch, steps, seed)  # [S, E]
+        loads_by_batch[batch] = loads
+        expert = stats.expert_load_stats(loads)
+        for ep in ep_degrees:
+            if model.experts % ep == 0:
+                rows.append({"batch": batch, **expert, **stats.ep_stats(loads, ep)})
+    return pd.DataFrame(rows), loads_by_batch
+
+
+def tokens_per_expert(model: presets.ModelPreset, batch: int, routing_spec: str, steps: int,
+                      seed: int = 0, ep: int = 1) -> dict[str, float]:
+    """At decode batch B: mean and busiest tokens per expert (mean over steps), active experts;
+    with EP > 1, those of the busiest rank."""
+    loads = routing.expert_loads(routing_spec, model.experts, model.top_k, batch, steps, seed)   # [S, E]
+    summary = stats.expert_load_stats(loads)
+    result = {"batch": batch, "experts": model.experts, "top_k": model.top_k, "ep": ep,
+              "mean_m": summary["mean_tokens_per_expert"],
+              "busiest_m": summary["mean_max_tokens_per_expert"],
+              "active_experts": model.experts - summary["mean_idle_experts"],
+              "closed_form_mean": batch * model.top_k / model.experts}
+    if ep > 1:
+        rank = stats.ep_stats(loads, ep)
+        active = rank["mean_active_experts_busiest_rank"]
+        # the busiest rank sets the step: its tokens spread over its own active experts
+        result.update(active_experts=active, busiest_m=rank["mean_max_tokens_per_expert_busiest_rank"],
+                      mean_m=rank["mean_max_tokens_per_rank"] / max(active, 1.0))
+    return result
+
+
+# -- layer time per method --------------------------------------------------------------------------
+
+def nearest_batch(results: MoeResults, batch: int) -> int | None:
+    measured = results.ok["batch"].dropna()
+    if not len(measured):
+        return None
+    values = np.sort(measured.unique().astype(int))
+    return int(values[np.abs(values - batch).argmin()])
+
+
+def layer_times(results: MoeResults, batch: int, routing_spec: str | None = None) -> pd.DataFrame:
+    """Each method's measured layer time at the measured batch nearest `batch` on one device,
+    fastest first: layer_us, the weights it read and their read floor, and `speedup_vs_loop`
+    (the loop of bf16 GEMMs' time over this method's: above 1 is faster than the loop)."""
+    columns = ["method", "kind", "fmt", "weight_dtype", "batch", "layer_us", "weight_bytes",
+               "speedup_vs_loop"]
+    ok = results.ok
+    ok = ok[ok["batch"].notna() & (ok["ep"].fillna(1) == 1)]
+    if routing_spec:
+        ok = ok[ok["routing"] == routing_spec]
+    at = nearest_batch(MoeResults(results.view, ok, results.model), batch) if len(ok) else None
+    if at is None:
+        return pd.DataFrame(columns=columns)
+    ok = ok[ok["batch"] == at]
+    rows = []
+    for (method, fmt), group in ok.groupby(["method", ok["fmt"].fillna("")], sort=False):
+        if group["kind"].iloc[0] == "gemm" and set(group["gemm"]) != {"gate_up", "down"}:
+            continue                          # half a layer is not a layer time
+        rows.append({"method": method, "kind": group["kind"].iloc[0], "fmt": fmt or None,
+                     "weight_dtype": group["weight_dtype"].iloc[0], "batch": at,
+                     "layer_us": float(group["median_us"].sum()),
+                     "weight_bytes": float(group["weight_bytes"].sum())})
+    table = pd.DataFrame(rows, columns=columns[:-1])
+    if not len(table):
+        return pd.DataFrame(columns=columns)
+    loop = table[table["method"] == BASELINE]["layer_us"]
+    table["speedup_vs_loop"] = float(loop.min()) / table["layer_us"] if len(loop) else np.nan
+    return table.sort_values("layer_us").reset_index(drop=True)
+
+
+def layer_times_by_batch(results: MoeResults, routing_spec: str | None = None) -> pd.DataFrame:
+    """`layer_times` at every measured batch."""
+    batches = sorted(results.ok["batch"].dropna().unique().astype(int))
+    frames = [layer_times(results, batch, routing_spec) for batch in batches]
+    frames = [frame for frame in frames if len(frame)]
+    return pd.concat(frames, ignore_index=True) if frames else layer_times(results, 0)
+
+
+def read_floor_us(weight_bytes: float, bandwidth_tbps: float | None) -> float:
+    return weight_bytes / (bandwidth_tbps * 1e6) if bandwidth_tbps else np.nan
+
+
+# -- the layer model --------------------------------------------------------------------------------
+
+def model_curves(results: MoeResults) -> dict[str, layer_model.DenseCurve] | None:
+    """The dense curves of this run (None when the run has no dense-curve rows)."""
+    measured, _ = stored_ceilings(results.view.info)
+    dense = results.ok[results.ok["method"] == "dense-bf16"]
+    try:
+        return layer_model.dense_curves(dense, results.model,
+                                        measured.bandwidth_tbps if measured else None,
+                                        measured.launch_us if measured else None)
+    except ValueError:
+        return None
+
+
+def model_vs_measured(results: MoeResults) -> pd.DataFrame:
+    curves = model_curves(results)
+    if curves is None:
+        return pd.DataFrame(columns=["batch", "ep", "gemm", "method", "model", "measured_us",
+                                     "predicted_us", "error_pct"])
+    return layer_model.compare_with_measured(results.ok, curves)
+
+
+def model_error(compared: pd.DataFrame) -> pd.DataFrame:
+    """Mean |error| of the layer model per method."""
+    if not len(compared):
+        return pd.DataFrame(columns=["method", "mean_abs_error_pct", "points"])
+    grouped = compared.groupby("method")["error_pct"]
+    return pd.DataFrame({"mean_abs_error_pct": grouped.apply(lambda e: e.abs().mean()),
+                         "points": grouped.size()}).reset_index()

@@ -1,0 +1,218 @@
+"""The book: executed chapters of one run (and of the reference run, as a second part) plus a
+front page that is the diagnosis, built by Jupyter Book 1 into static HTML.
+
+The front page answers the book's question above the fold: the device and run, the verdict in one
+sentence with its numbers, the seed-style table of the diagnosed backend, tokens per expert,
+power against the limit, and the three largest measured levers. When the local run is a CPU smoke
+run, the front page leads with the newest GPU run on record and labels the smoke run as a check
+of the pipeline.
+
+Each build stages its own copy of the sources (`book/_stage/<run-id>/`) and publishes to
+`book/_build/html` under a lock, so two reports never mix runs in one book: the second waits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from fp4lab import text
+from fp4lab.results import REPO_ROOT, RunDir
+
+BOOK_DIR = REPO_ROOT / "book"
+PUBLISHED = BOOK_DIR / "_build" / "html"
+HIDE_TAGS = {"parameters": ["parameters", "remove-cell"], "injected-parameters": ["injected-parameters", "remove-cell"]}
+
+
+@dataclass
+class BookResult:
+    status: str            # "ok" | "warnings" | "failed" | "skipped"
+    seconds: float
+    html: str | None
+    warnings: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+@contextlib.contextmanager
+def book_lock() -> Iterator[None]:
+    """One build of the book at a time (a second report waits here, then builds its own)."""
+    (BOOK_DIR / "_build").mkdir(parents=True, exist_ok=True)
+    with open(BOOK_DIR / "_build" / ".lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def hide_code(notebook_path: Path, target: Path) -> None:
+    """Copy an executed notebook for the book: code cells hidden (the parameters and papermill's
+    injected parameters removed), so pages show prose, tables and figures, not code."""
+    import nbformat
+
+    book = nbformat.read(str(notebook_path), as_version=4)
+    for cell in book.cells:
+        if cell.cell_type != "code":
+            continue
+        tags = list(cell.metadata.get("tags", []))
+        for marker, wanted in HIDE_TAGS.items():
+            if marker in tags:
+                tags = list(dict.fromkeys(tags + wanted))
+        if "remove-cell" not in tags and "remove-input" not in tags:
+            tags.append("remove-input")
+        cell.metadata["tags"] = tags
+    nbformat.write(book, str(target))
+
+
+def stage(run: RunDir, chapters: list[dict[str, Any]], reference: RunDir | None, front_md: str) -> Path:
+    """A fresh copy of the book sources with this run's chapters, the reference's, the front page."""
+    staged = BOOK_DIR / "_stage" / run.run_id
+    if staged.exists():
+        shutil.rmtree(staged)
+    staged.mkdir(parents=True)
+    for name in ("_config.yml", "intro.md", "_static"):
+        source = BOOK_DIR / name
+        if source.is_dir():
+            shutil.copytree(source, staged / name)
+        elif source.exists():
+            shutil.copy2(source, staged / name)
+    (staged / "chapters").mkdir()
+    local = []
+    for chapter in chapters:
+        executed = Path(chapter["notebook"])
+        if executed.exists():
+            hide_code(executed, staged / "chapters" / executed.name)
+            local.append(executed.stem)
+    references = []
+    if reference is not None:
+        (staged / "chapters" / "reference").mkdir()
+        for executed in sorted((reference.path / "notebooks").glob("*.ipynb")):
+            hide_code(executed, staged / "chapters" / "reference" / executed.name)
+            references.append(executed.stem)
+    (staged / "chapters" / "front.md").write_text(front_md)
+    write_toc(staged, local, references, run, reference)
+    return staged
+
+
+def write_toc(staged: Path, local: list[str], references: list[str], run: RunDir,
+              reference: RunDir | None) -> None:
+    """The toc of the chapters actually executed; the reference run's as a second part, numbered
+    the same way (the notebooks carry their numbers in their titles)."""
+    from fp4lab.results import device_label
+
+    lines = ["format: jb-book", "root: intro", "parts:",
+             f"  - caption: {json.dumps('This run: ' + run.run_id + ' (' + device_label(run.run_json()) + ')')}",
+             "    chapters:"]
+    lines += [f"      - file: chapters/{stem}" for stem in local]
+    if references:
+        caption = f"Reference run: {reference.run_id} ({device_label(reference.run_json())})"
+        lines += [f"  - caption: {json.dumps(caption)}", "    chapters:"]
+        lines += [f"      - file: chapters/reference/{stem}" for stem in references]
+    (staged / "_toc.yml").write_text("\n".join(lines) + "\n")
+
+
+def build(staged: Path) -> BookResult:
+    """`jupyter-book build` of the staged sources (no execution), then publish to book/_build/html.
+    Warnings are collected and fail the build (the book is the product)."""
+    command = [_jupyter_book(), "build", str(staged), "--keep-going", "--warningiserror"]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    seconds = round(time.perf_counter() - started, 2)
+    log = done.stdout + done.stderr
+    warnings = [_one_line(line, 300) for line in log.splitlines() if "WARNING" in line]
+    built = staged / "_build" / "html"
+    if done.returncode != 0 or not (built / "index.html").exists():
+        return BookResult("failed", seconds, None, warnings, f"jupyter-book exit {done.returncode}: {_cause(log)}")
+    if PUBLISHED.exists():
+        shutil.rmtree(PUBLISHED)
+    shutil.copytree(built, PUBLISHED)
+    shutil.rmtree(staged)
+    return BookResult("warnings" if warnings else "ok", seconds, str(PUBLISHED / "index.html"), warnings)
+
+
+def _jupyter_book() -> str:
+    beside = Path(sys.executable).parent / "jupyter-book"
+    found = str(beside) if beside.exists() else shutil.which("jupyter-book")
+    if not found:
+        raise FileNotFoundError("jupyter-book is not installed: run `make setup` (it needs jupyter-book<2)")
+    return found
+
+
+def _one_line(line: str, limit: int = 400) -> str:
+    line = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", line).split())
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def _cause(log: str) -> str:
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in log.splitlines()]
+    causes = [line for line in lines if re.search(r"error|exception", line, re.IGNORECASE)
+              and not line.startswith(("Traceback", "The above", "File "))]
+    return " | ".join(dict.fromkeys(causes[-3:])) or "jupyter-book printed nothing"
+
+
+# -- the front page -------------------------------------------------------------------------------
+
+def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> str:
+    """Markdown of the front page (included by intro.md): the diagnosis first, then the runs."""
+    from fp4lab.analysis import decode
+    from fp4lab.chapters import ch04_diagnosis as words
+    from fp4lab.plots.tables import Col, html_table
+
+    lines = []
+    local_is_gpu = bool(report.get("gpu"))
+    if leading is not None:
+        config = decode.DiagnosisConfig.from_profile(report.get("profile") or "full")
+        d = decode.diagnose(leading, config)
+        if not local_is_gpu:
+            lines += [f"**The diagnosis below is of the newest GPU run on record, {text.code(leading.run_id)}, "
+                      f"measured on {text.md(d.view.device)} ({text.md(d.view.created[:10])})**; this machine's run "
+                      f"{text.code(run.run_id)} is a CPU smoke run: a check of the pipeline, not a measurement of a GPU.", ""]
+        lines += ["```{raw} html", words.verdict_box(d), "```", ""]
+        facts = [words.load_sentence(d)]
+        facts += [line for line in (words.power_sentence(d), words.fp4_sentence(d)) if line]
+        levers = words.lever_lines(d, top=3)
+        if levers:
+            facts.append("The three largest measured levers: " + "; ".join(levers) + ".")
+        lines += [f"- {line}" for line in facts] + [""]
+        if len(d.seed):
+            seed = html_table(d.seed, [Col("M", "M (tokens)", "int"), Col("TFLOP/s max", "TFLOP/s", "sig"),
+                                       Col("% of spec peak", "% of spec peak", "pct"),
+                                       Col("% of measured peak", "% of measured peak", "pct"),
+                                       Col("regime", "regime")],
+                              caption=d.gemm.caption(f"{d.seed_backend} at the swept shapes: the seed's table for this GPU"))
+            lines += ["```{raw} html", f"<details><summary>The seed's table for {text.html(d.view.device)} "
+                      f"({text.html(d.seed_backend)})</summary>{seed}</details>", "```", ""]
+    else:
+        lines += ["No GPU run is on record yet: run `make report` on a GPU box for a diagnosis.", ""]
+    lines += run_summary(run, report)
+    return "\n".join(lines) + "\n"
+
+
+def run_summary(run: RunDir, report: dict[str, Any]) -> list[str]:
+    chapters = report.get("chapters", [])
+    failed = [c for c in chapters if c["status"] != "ok"]
+    lines = ["## This run", ""]
+    if failed:
+        items = "".join(f"<li><b>{text.html(c['chapter'])}</b>: {text.html(c['error'] or 'unknown error')}</li>"
+                        for c in failed)
+        lines += ["```{raw} html", f'<div class="fp4lab-danger" style="background:#fdeded;border-left:5px solid #c00;'
+                  f'padding:0.5em 1em"><p><b>{len(failed)} of {len(chapters)} chapters failed</b>; their pages show how '
+                  f"far they got and the error.</p><ul>{items}</ul></div>", "```", ""]
+    kind = "GPU run" if report.get("gpu") else "CPU smoke run (a check of the pipeline)"
+    lines += [f"Run {text.code(run.run_id)}: {kind}, profile {text.md(report.get('profile'))}, started "
+              f"{text.md(report.get('started'))}; reference run "
+              f"{text.code(Path(report['reference_dir']).name) if report.get('reference_dir') else 'none'}.", "",
+              "| chapter | status | seconds |", "|---|---|---:|"]
+    for c in chapters:
+        mark = "ok" if c["status"] == "ok" else "**failed**"
+        lines.append(f"| {{doc}}`{text.md(c['title'])} <chapters/{c['chapter']}>` | {mark} | {c['seconds']:.1f} |")
+    return lines + [""]

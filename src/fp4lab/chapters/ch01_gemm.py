@@ -1,0 +1,169 @@
+"""Chapter 01, the FP4 GEMM sweep: every backend across batch sizes M against the GPU's ceilings,
+every 4-bit method against the FP4 read floor and cuBLAS bf16, and the seed's table for this GPU.
+
+The chapter measures into the run folder whatever points of its grid the run lacks (a rerun or a
+resumed run measures nothing twice), then reads the run through fp4lab.analysis.gemm.
+"""
+
+from __future__ import annotations
+
+from fp4lab import text
+from fp4lab.analysis import gemm as analysis
+from fp4lab.chapters.context import Context, open_context, parameters_block
+from fp4lab.plots import gemm as figures
+from fp4lab.plots.tables import Col, html_table
+from fp4lab.references import SEED_SOURCE, seed_sm120_table
+from fp4lab.sweep.config import GemmSweep
+
+TITLE = "01 · How fast do FP4 GEMMs run, and against what ceiling?"
+AVAILABILITY = [Col("backend", "backend"), Col("weights", "weights"), Col("ok", "ok", "int"),
+                Col("wrong_result", "wrong result", "int"), Col("unavailable", "unavailable", "int"),
+                Col("error", "error", "int"), Col("oom", "out of memory", "int"),
+                Col("timeout", "timeout", "int"), Col("why not", "why not (first reason)")]
+SEED = [Col("M", "M (tokens)", "int"), Col("TFLOP/s min", "TFLOP/s (min over shapes)", "sig"),
+        Col("TFLOP/s max", "TFLOP/s (max)", "sig"), Col("% of spec peak", "% of spec peak", "pct"),
+        Col("% of measured peak", "% of measured peak", "pct"), Col("regime", "regime (largest floor)")]
+FASTEST = [Col("m", "M (tokens)", "int"), Col("backend", "fastest 4-bit method"),
+           Col("cases won", "cases won (format x shape)"),
+           Col("median speed-up vs bf16", "speed-up vs cuBLAS bf16 (median)", "ratio"),
+           Col("median % of FP4 floor", "% of the FP4 read floor reached (median)", "pct")]
+PUBLISHED = [Col("M", "M (tokens)"), Col("TFLOP/s", "TFLOP/s"), Col("% of ~2000 TOPS", "% of ~2000 TOPS"),
+             Col("regime (as the seed read it)", "regime (as the seed read it)")]
+
+
+def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", device: str = "auto", *,
+          backends=None, fmts=None, m_values=None, preset=None, shapes=None, repeats=None,
+          energy_window_s=None, measure: bool = True):
+    """Check the parameters, measure what the run lacks, and fill the page."""
+    knobs = dict(backends=backends, fmts=fmts, m_values=m_values, preset=preset, shapes=shapes,
+                 repeats=repeats, energy_window_s=energy_window_s)
+    context = open_context(TITLE, run_dir, reference_dir, profile, device, **knobs)
+    config = GemmSweep.from_profile(
+        context.profile, context.device, preset=preset,
+        **{name: value for name, value in knobs.items() if name not in ("preset", "repeats")},
+        **({"timer": {"repeats": repeats}} if repeats is not None else {}))
+    if measure and context.measures_here:
+        from fp4lab.sweep.gemm import run_sweep
+
+        measured = run_sweep(config, context.run, command="notebook 01_fp4_gemm_sweep")
+        context.parameters.append(("points measured now", measured))
+    parameters_block(context)
+    fill(context)
+    return context.page
+
+
+def fill(context: Context) -> None:
+    page = context.page
+    results = analysis.gemm_results(context.run)
+    reference = (analysis.gemm_results(context.reference.run) if context.reference
+                 and context.reference.run.has_table("gemm") else None)
+    if not len(results.frame):
+        page.note("availability", "This run holds no GEMM rows: the sweep did not run.", "warning")
+        return
+    page.html("availability", html_table(analysis.availability(results), AVAILABILITY,
+                                         caption=results.caption("points per backend and status")))
+    _speed(page, results, reference, context)
+    _four_bit(page, results, reference)
+    _roofline(page, results)
+    _seed(page, results, reference)
+    page.bullets("findings", findings(results, reference))
+
+
+def _label(results: analysis.GemmResults) -> str:
+    return f"{results.view.device} ({results.view.run_id})"
+
+
+def _speed(page, results, reference, context: Context) -> None:
+    runs = {_label(results): results.ok}
+    shared = reference is not None and len(reference.ok) and bool(
+        set(zip(results.ok["n"], results.ok["k"])) & set(zip(reference.ok["n"], reference.ok["k"])))
+    if shared:
+        runs[_label(reference)] = reference.ok
+    if len(results.ok):
+        page.figure("speed", figures.speed_by_m(runs), results.caption(
+            "TFLOP/s of every correct point" + ("; the reference run dashed on the shapes both measured" if shared else "")))
+    if reference is not None and not shared and len(reference.ok):
+        page.prose("speed", f"The reference run measured other shapes; its own speeds, on "
+                            f"{text.md(reference.view.device)}:")
+        page.figure("speed", figures.speed_by_m({_label(reference): reference.ok}),
+                    reference.caption("TFLOP/s of every correct point"))
+
+
+def _four_bit(page, results, reference) -> None:
+    for which in (results, reference):
+        if which is None:
+            continue
+        points = analysis.four_bit_points(which)
+        if not (points["weight_dtype"].isin(analysis.FOUR_BIT)).any():
+            continue
+        page.figure("fourbit", figures.four_bit_vs_floor(points), which.caption(
+            "every 4-bit-weight method and cuBLAS bf16 against the FP4 weight-read floor at the "
+            "run's measured bandwidth"))
+        page.html("fourbit", html_table(analysis.fastest_fp4_per_m(which), FASTEST,
+                                        caption=which.caption("the fastest 4-bit method per M")))
+
+
+def _roofline(page, results) -> None:
+    roofs = {source: (c.bandwidth_tbps, c.peak_tflops) for source, c in
+             (("measured", results.measured), ("spec", results.spec)) if c is not None}
+    if len(results.ok):
+        page.figure("roofline", figures.roofline(results.ok, roofs), results.caption(
+            "solid roofs: ceilings measured in this run; dotted: the spec sheet"))
+
+
+def seed_backend(results: analysis.GemmResults) -> str | None:
+    """The backend whose seed table the chapter shows: the fastest at the smallest M measured."""
+    ok = results.ok
+    if not len(ok):
+        return None
+    smallest = ok[ok["m"] == ok["m"].min()]
+    return str(smallest.groupby("backend")["median_us"].median().idxmin())
+
+
+def _seed(page, results, reference) -> None:
+    for which in (results, reference):
+        backend = seed_backend(which) if which is not None else None
+        if backend:
+            page.html("seed", html_table(analysis.seed_table(which, backend), SEED, caption=which.caption(
+                f"{backend}, the fastest backend at the smallest M; ranges span the weight shapes")))
+    page.html("seed", html_table(seed_sm120_table(), PUBLISHED, caption="Published: " + SEED_SOURCE))
+
+
+def findings(results: analysis.GemmResults, reference: analysis.GemmResults | None) -> list[str]:
+    numbers = analysis.headline(results)
+    device = text.md(results.view.device)
+    lines = [f"On {device}, {text.count(len(numbers['backends_ok']), 'backend')} ran correctly "
+             f"({text.md(text.join(numbers['backends_ok']))}) and "
+             f"{text.count(len(numbers['backends_unavailable']), 'backend')} could not run here "
+             "(the table above gives each reason)."]
+    if "best" in numbers:
+        best, small = numbers["best"], numbers["smallest"]
+        basis = numbers["basis"]
+        lines.append(f"At M={small['m']} the fastest reader of the weights is {text.md(small['backend'])} on "
+                     f"{small['n']}x{small['k']} {text.md(small['fmt'])}: {text.sig(small['tbps'])} TB/s "
+                     f"({text.pct(small[f'pct_bandwidth_{basis}'])} of the {basis} bandwidth), "
+                     f"{text.sig(small['tflops'])} TFLOP/s.")
+        lines.append(f"The fastest point is {text.md(best['backend'])} at M={best['m']} on {best['n']}x{best['k']}: "
+                     f"{text.sig(best['tflops'], 4)} TFLOP/s, {text.pct(best['pct_peak_spec'])} of the spec "
+                     f"{text.md(best['math_dtype'])} peak and {text.pct(best['pct_peak_measured'])} of the measured one.")
+    fastest = analysis.fastest_fp4(results)
+    if len(fastest):
+        small = fastest[fastest["m"] == fastest["m"].min()]
+        best = small.loc[small["speedup_vs_bf16"].idxmax()]
+        lines.append(f"4-bit weights at M={best['m']}: the best case is {text.md(best['backend'])} on "
+                     f"{best['n']}x{best['k']} {text.md(best['fmt'])} at {text.us(best['us'])}, "
+                     f"{text.as_fast(best['us'], best['bf16_us'])} cuBLAS bf16 ({text.us(best['bf16_us'])}); "
+                     f"the FP4 read floor there is {text.us(best['floor_us'])}, so it reaches "
+                     f"{text.pct(best['pct_of_floor'])} of it.")
+    for dtype, how in numbers["raised"].items():
+        lines.append(f"The measured {text.md(dtype)} peak was {text.md(how)}.")
+    if numbers["failures"]:
+        lines.append("Points that failed: " + text.md(", ".join(
+            f"{backend} {status} x{count}" for (backend, status), count in numbers["failures"].items())) + ".")
+    if reference is not None and "best" in analysis.headline(reference):
+        ref = analysis.headline(reference)
+        lines.append(f"On the reference {text.md(reference.view.device)}, the fastest point is "
+                     f"{text.md(ref['best']['backend'])} at {text.sig(ref['best']['tflops'], 4)} TFLOP/s "
+                     f"(M={ref['best']['m']}) and the fastest reader at M={ref['smallest']['m']} moves "
+                     f"{text.sig(ref['smallest']['tbps'])} TB/s.")
+    return lines

@@ -1,0 +1,130 @@
+"""Chapter 02, power and clocks: what the GPU draws and how fast it clocks while the sweep runs,
+against its limit; power and TFLOPS/W per point; the throttle reasons NVML reports.
+
+When a GPU run holds no telemetry (a sweep run without the sampler), the chapter samples a steady
+bf16 GEMM load itself into the run folder. A CPU run has no GPU telemetry: the page says so and
+points to the reference part instead of repeating its figures.
+"""
+
+from __future__ import annotations
+
+from fp4lab import params, text
+from fp4lab.analysis import power as analysis
+from fp4lab.chapters.context import Context, open_context, parameters_block
+from fp4lab.plots import power as figures
+from fp4lab.plots.tables import Col, html_table
+from fp4lab.references import SEED_POWER
+
+TITLE = "02 · Power, clocks and energy"
+MAX_DURATION_S = 600.0
+PER_GPU = [Col("gpu_index", "GPU", "int"), Col("points", "points at M <= 64", "int"),
+           Col("median_power_w", "median power (W)", "sig"), Col("median_tflops", "median TFLOP/s", "sig")]
+
+
+def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", device: str = "auto", *,
+          sample_rate_hz=None, duration_s=None):
+    from fp4lab import profiles
+
+    context = open_context(TITLE, run_dir, reference_dir, profile, device,
+                           sample_rate_hz=sample_rate_hz, duration_s=duration_s)
+    section = profiles.section(context.profile, "power")
+    rate = params.check_float("sample_rate_hz", section["sample_rate_hz"] if sample_rate_hz is None
+                              else sample_rate_hz, 0, 1000, strict_minimum=True)
+    seconds = params.check_float("duration_s", section["duration_s"] if duration_s is None else duration_s,
+                                 0, MAX_DURATION_S, strict_minimum=True)
+    sampled = sample_if_missing(context, rate, seconds)
+    parameters_block(context)
+    fill(context, sampled)
+    return context.page
+
+
+def sample_if_missing(context: Context, rate_hz: float, seconds: float) -> str:
+    """Sample a steady load into a GPU run that has no telemetry; a sentence on the source."""
+    run = context.run
+    if run.has_table("telemetry") or context.device == "cpu":
+        return ""
+    from fp4lab.telemetry.load import sample_steady_load
+
+    import torch
+
+    index = torch.device(context.device).index or 0
+    frame, meta = sample_steady_load(seconds, rate_hz, device_index=index)
+    if not len(frame):
+        return f"No telemetry could be sampled: {meta.get('reason')}."
+    with run.lock("notebook 02_power_clocks"):
+        run.write_table("telemetry", frame)
+        run.update_run_json("telemetry", meta)
+    return (f"The run had no telemetry, so this chapter sampled {text.sig(seconds)} s of a steady bf16 "
+            f"GEMM load ({text.sig(meta['load_tflops'])} TFLOP/s) at {text.sig(rate_hz)} Hz.")
+
+
+def fill(context: Context, sampled: str) -> None:
+    page = context.page
+    power = analysis.run_power(context.run)
+    if sampled:
+        page.prose("source", sampled)
+    if not power.has_telemetry and not len(power.points):
+        reason = power.meta.get("reason") or "this run was measured without a GPU"
+        page.note("source", f"No GPU telemetry in this run ({reason}). The reference part of the book "
+                            "holds the GPU's power chapter; its key numbers are below.", "note")
+        if context.reference is not None:
+            page.bullets("findings", findings(analysis.run_power(context.reference.run)))
+        return
+    if power.has_telemetry:
+        page.figure("timeline", figures.timeline(power.telemetry, power.points, power.power_limit_w),
+                    power.caption("shaded spans: the sweep's energy windows, coloured by backend"))
+        counts = analysis.reason_counts(power.telemetry["throttle_reasons"])
+        total = int(power.telemetry["throttle_reasons"].notna().sum())
+        if total:
+            shares = {name: count / total for name, count in sorted(counts.items(), key=lambda kv: -kv[1])}
+            page.figure("throttle", figures.throttle_reasons(shares, analysis.BENIGN_REASONS),
+                        power.caption("clocks-event reasons; grey: idle or none, red: throttling"))
+    if len(power.points):
+        page.figure("points", figures.per_point(power.points, power.power_limit_w),
+                    power.caption("one energy window (aligned to the NVML energy counter) per point"))
+        per_gpu = analysis.per_gpu(power)
+        if len(per_gpu) > 1:
+            page.html("points", html_table(per_gpu, PER_GPU, caption=power.caption("per GPU at decode M")))
+    page.bullets("findings", findings(power))
+
+
+def _of_limit(watts, limit) -> str:
+    return f" ({text.pct(100 * watts / limit)} of its {text.sig(limit)} W limit)" if limit and watts else ""
+
+
+def findings(power: analysis.RunPower) -> list[str]:
+    lines = []
+    timeline = analysis.timeline_numbers(power)
+    device = text.md(power.view.device)
+    if timeline:
+        lines.append(f"On {device}, over {text.sig(timeline['seconds'])} s sampled ({timeline['samples']} "
+                     f"samples), instant power ranged {text.sig(timeline['instant_min_w'])}-"
+                     f"{text.sig(timeline['instant_max_w'])} W{_of_limit(timeline['instant_max_w'], power.power_limit_w)}, "
+                     f"while the ~1 s averaged reading peaked at {text.sig(timeline['average_max_w'])} W: "
+                     "the averaged reading lags every burst.")
+        if timeline["busy_samples"]:
+            lines.append(f"Under load (GPU utilisation above {analysis.BUSY_UTIL_PCT}%, {timeline['busy_samples']} "
+                         f"samples) the SM clock had a median of {text.sig(timeline['busy_clock_median_mhz'], 4)} MHz "
+                         f"(range {text.sig(timeline['busy_clock_min_mhz'], 4)}-{text.sig(timeline['busy_clock_max_mhz'], 4)} MHz).")
+        if timeline["throttling"]:
+            lines.append("Clocks were held back by " + text.join(
+                f"{text.md(name)} in {text.pct(100 * share)}" for name, share in timeline["throttling"].items())
+                + f" of {timeline['readings']} readings.")
+        elif timeline["readings"]:
+            lines.append(f"No throttling reason appeared in {timeline['readings']} readings.")
+    points = analysis.point_numbers(power)
+    if points:
+        if points["small_w"] is not None:
+            seed = SEED_POWER["watts"] / SEED_POWER["tdp_w"]
+            lines.append(f"At decode sizes (M <= {points['small_m']}) the GPU draws {text.sig(points['small_w'])} W "
+                         f"(median of {points['small_points']} windows){_of_limit(points['small_w'], power.power_limit_w)}; "
+                         f"the seed's GPUs drew {SEED_POWER['watts']} W of {SEED_POWER['tdp_w']} W "
+                         f"({text.pct(100 * seed)}) at decode.")
+        lines.append(f"At M = {points['largest_m']} it draws {text.sig(points['largest_w'])} W"
+                     f"{_of_limit(points['largest_w'], power.power_limit_w)}.")
+        if "best" in points:
+            best = points["best"]
+            lines.append(f"The most efficient point is {text.md(best['backend'])} at M = {best['m']} on "
+                         f"{best['n']}x{best['k']}: {text.sig(best['tflops_per_w'])} TFLOPS/W; the least "
+                         f"efficient reaches {text.sig(points['least_tflops_per_w'])} TFLOPS/W.")
+    return lines

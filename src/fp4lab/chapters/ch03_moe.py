@@ -1,0 +1,158 @@
+"""Chapter 03, MoE expert scatter: how routing scatters a decode batch over the experts (mean
+and busiest expert), what each MoE method takes for one layer at those loads, and how well a
+model built from one expert's dense GEMM curve predicts it.
+
+On a GPU the chapter measures the real preset; on a CPU a scaled-down stand-in (its rows say
+`scaled`; its times say nothing about the model). A run is shown as measured, whatever machine
+renders it. The layer times at the decode batch are the ones chapter 04 diagnoses (one function,
+fp4lab.analysis.moe.layer_times, computes both).
+"""
+
+from __future__ import annotations
+
+from fp4lab import params, profiles, text
+from fp4lab.analysis import moe as analysis
+from fp4lab.chapters.context import Context, open_context, parameters_block
+from fp4lab.moe import layer_model, presets
+from fp4lab.plots import moe as figures
+from fp4lab.plots.tables import Col, html_table
+from fp4lab.sweep.config import MoeSweep
+
+TITLE = "03 · MoE expert scatter: tokens per expert and what they cost"
+STATS = [Col("batch", "B (tokens per step)", "int"), Col("ep", "EP degree", "int"),
+         Col("mean_tokens_per_expert", "mean tokens per expert", "sig"),
+         Col("mean_max_tokens_per_expert", "busiest expert (mean over steps)", "sig"),
+         Col("busiest_over_mean", "busiest / mean", "ratio"),
+         Col("mean_idle_experts", "idle experts per step", "sig"),
+         Col("mean_max_tokens_per_rank", "busiest rank's tokens", "sig"),
+         Col("rank_max_over_mean", "busiest rank / mean rank", "ratio")]
+LAYERS = [Col("method", "method"), Col("fmt", "weights format"), Col("weight_dtype", "weights read as"),
+          Col("layer_us", "layer time", "us"), Col("speedup_vs_loop", "speed-up vs loop of bf16 GEMMs", "ratio"),
+          Col("read_floor_us", "its weight-read floor", "us"), Col("pct_of_floor", "% of that floor reached", "pct")]
+UNAVAILABLE = [Col("method", "method"), Col("status", "status"), Col("error", "why")]
+ERRORS = [Col("method", "method"), Col("mean_abs_error_pct", "mean |error| (%)", "sig2"), Col("points", "points", "int")]
+NEEDED = [Col("ep", "EP degree", "int"), Col("batch_needed", "smallest B reaching the target", "int"),
+          Col("best_utilization", "best predicted utilization", "pct")]
+
+
+def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", device: str = "auto", *,
+          preset=None, routing=None, batch_sizes=None, ep_degrees=None, fmts=None, methods=None,
+          steps=None, repeats=None, target_utilization=None, decode_batch=None, measure=None):
+    knobs = dict(preset=preset, routing=routing, batch_sizes=batch_sizes, ep_degrees=ep_degrees,
+                 fmts=fmts, methods=methods, steps=steps, repeats=repeats,
+                 target_utilization=target_utilization, decode_batch=decode_batch, measure=measure)
+    context = open_context(TITLE, run_dir, reference_dir, profile, device, **knobs)
+    section = profiles.section(context.profile, "moe")
+    measure = params.check_bool("measure", section["measure"] if measure is None else measure)
+    target = params.check_float("target_utilization", section["target_utilization"]
+                                if target_utilization is None else target_utilization, 0, 1, strict_minimum=True)
+    decode_batch = params.check_int("decode_batch", profiles.section(context.profile, "diagnosis")["decode_batch"]
+                                    if decode_batch is None else decode_batch)
+    config = MoeSweep.from_profile(
+        context.profile, context.device, preset=preset, routing=routing, batch_sizes=batch_sizes,
+        ep_degrees=ep_degrees, fmts=fmts, methods=methods, steps=steps,
+        timer={"repeats": repeats} if repeats is not None else None)
+    if measure and context.measures_here:
+        from fp4lab.sweep.moe import run_sweep
+
+        context.parameters.append(("points measured now", run_sweep(config, context.run,
+                                                                    command="notebook 03_moe_expert_scatter")))
+    parameters_block(context)
+    fill(context, config, target, decode_batch)
+    return context.page
+
+
+def fill(context: Context, config: MoeSweep, target: float, decode_batch: int) -> None:
+    page = context.page
+    model = presets.get(config.preset)
+    table, loads = analysis.routing_table(model, config.batch_sizes, config.routing, config.ep_degrees,
+                                          config.steps, config.seed)
+    routing_note = f"{model.name}, E={model.experts}, top-{model.top_k}, {config.routing} routing, {config.steps} steps"
+    page.figure("loads", figures.loads(loads, table), f"routing model (no measurement): {routing_note}")
+    page.html("loads", html_table(table, STATS, caption=f"routing model: {routing_note}"))
+    results = analysis.moe_results(context.run, config.preset)
+    if not len(results.frame):
+        page.note("measured", "This run holds no MoE rows for this preset (measure is off, or the sweep "
+                              "did not run).", "warning")
+        page.bullets("findings", routing_findings(model, decode_batch, config))
+        return
+    layers = analysis.layer_times_by_batch(results, config.routing)
+    if len(layers):
+        page.figure("measured", figures.layer_time_by_batch(layers), results.caption(
+            "one MoE layer's routed experts on one device (EP 1), every correct method"))
+    at = decorated(results, decode_batch, config.routing)
+    if len(at):
+        page.html("measured", html_table(at, LAYERS, caption=results.caption(
+            f"at B={int(at['batch'].iloc[0])}, the measured batch nearest the decode batch {decode_batch}")))
+    failed = results.frame[results.frame["status"] != "ok"].drop_duplicates("method")
+    if len(failed):
+        page.html("measured", html_table(failed, UNAVAILABLE, caption="methods that did not run here"))
+    compared = analysis.model_vs_measured(results)
+    if len(compared):
+        page.figure("model", figures.model_vs_measured(compared), results.caption(
+            "layer model (from one expert's dense curve) against each measured point"))
+        page.html("model", html_table(analysis.model_error(compared), ERRORS))
+    _utilization(page, results, config, target)
+    if context.reference is not None and context.reference.run.has_table("moe"):
+        reference = analysis.moe_results(context.reference.run, config.preset)
+        ref_at = decorated(reference, decode_batch, config.routing)
+        if len(ref_at):
+            page.html("reference", html_table(ref_at, LAYERS, caption=reference.caption(
+                f"the reference run at B={int(ref_at['batch'].iloc[0])}")))
+    page.bullets("findings", routing_findings(model, decode_batch, config) + measured_findings(results, at))
+
+
+def decorated(results: analysis.MoeResults, batch: int, routing: str):
+    """layer_times at `batch` with each method's weight-read floor at the run's bandwidth."""
+    from fp4lab.analysis.gemm import stored_ceilings
+
+    at = analysis.layer_times(results, batch, routing)
+    measured, spec = stored_ceilings(results.view.info)
+    bandwidth = (measured or spec).bandwidth_tbps if (measured or spec) else None
+    at["read_floor_us"] = [analysis.read_floor_us(b, bandwidth) for b in at["weight_bytes"]]
+    at["pct_of_floor"] = 100 * at["read_floor_us"] / at["layer_us"]
+    return at
+
+
+def _utilization(page, results: analysis.MoeResults, config: MoeSweep, target: float) -> None:
+    from fp4lab import hardware
+
+    curves = analysis.model_curves(results)
+    spec = hardware.SPECS.get(results.view.device_key or "")
+    peak = spec.peak_tflops.get("bf16") if spec else None
+    if curves is None or not peak:
+        return
+    layer = layer_model.layer_table(results.model, curves, config.batch_sizes, config.ep_degrees,
+                                    config.routing, min(config.steps, 16), config.seed, peak_tflops=peak)
+    page.figure("utilization", figures.utilization(layer, target), results.caption(
+        f"predicted by the layer model; % of the spec bf16 peak ({peak:g} TFLOP/s)"))
+    page.html("utilization", html_table(layer_model.concurrency_for_utilization(layer, target), NEEDED))
+
+
+def routing_findings(model, decode_batch: int, config: MoeSweep) -> list[str]:
+    load = analysis.tokens_per_expert(model, decode_batch, config.routing, config.steps, config.seed)
+    return [f"At a decode batch of {decode_batch} ({text.md(config.routing)} routing) the mean "
+            f"{text.md(model.name)} expert gets {text.sig(load['mean_m'])} tokens "
+            f"(B x k / E = {text.sig(load['closed_form_mean'])}), but the busiest gets "
+            f"{text.sig(load['busiest_m'])} on average: the busiest expert sets the step time."]
+
+
+def measured_findings(results: analysis.MoeResults, at) -> list[str]:
+    if not len(at):
+        return []
+    best = at.iloc[0]
+    scaled = " (the scaled CPU stand-in: a pipeline check, not the model)" if results.model.scaled else ""
+    lines = [f"At B={int(best['batch'])} the fastest method is {text.md(best['method'])} at "
+             f"{text.us(best['layer_us'])} per layer{scaled}, "
+             f"{text.ratio(best['speedup_vs_loop'])} as fast as the loop of bf16 GEMMs."]
+    grouped = at[at["method"] == "grouped-bf16"]
+    if len(grouped):
+        lines.append(f"One grouped bf16 call is {text.ratio(grouped['speedup_vs_loop'].iloc[0])} as fast as the "
+                     f"loop at B={int(best['batch'])}.")
+    fp4 = at[at["weight_dtype"] == "fp4"]
+    if len(fp4):
+        row = fp4.iloc[0]
+        lines.append(f"The fastest FP4-weight method is {text.md(row['method'])} ({text.md(row['fmt'])}) at "
+                     f"{text.us(row['layer_us'])}: {text.pct(row['pct_of_floor'])} of its weight-read floor "
+                     f"({text.us(row['read_floor_us'])}).")
+    return lines

@@ -1,0 +1,196 @@
+"""Chapter 04, the diagnosis: what bounds one MoE layer at decode on the GPU the run measured, by
+how much, and what would change it. The sentences here are also the book's front page and the
+share file (fp4lab.report), so the three never state one number two ways: every number comes
+from fp4lab.analysis.decode.
+"""
+
+from __future__ import annotations
+
+from fp4lab import text
+from fp4lab.analysis import decode
+from fp4lab.chapters.context import Context, open_context, parameters_block
+from fp4lab.plots import diagnosis as figures
+from fp4lab.plots.tables import Col, html_table
+
+TITLE = "04 · Diagnosis: what holds FP4 MoE decode back on this GPU"
+SEED = [Col("M", "M (tokens)", "int"), Col("TFLOP/s max", "TFLOP/s (best shape)", "sig"),
+        Col("% of spec peak", "% of spec peak", "pct"), Col("% of measured peak", "% of measured peak", "pct"),
+        Col("regime", "regime")]
+PATHS = [Col("path", "path"), Col("source", "measured by"), Col("weight_dtype", "weights read as"),
+         Col("layer_us", "layer time", "us"), Col("launch_floor_us", "launch floor", "us"),
+         Col("memory_floor_us", "weight-read floor", "us"), Col("compute_floor_us", "compute floor", "us"),
+         Col("note", "how")]
+LEVERS = [Col("lever", "lever"), Col("gain", "gain (time now / with it)", "ratio"),
+          Col("now_us", "now", "us"), Col("with_us", "with it", "us"), Col("basis", "basis")]
+GATE = [Col("backend", "backend"), Col("fmt", "format"), Col("points_failed", "points failed", "int"),
+        Col("points_total", "of", "int"), Col("worst_rel_err", "worst relative error", "sig2"),
+        Col("example_error", "the gate's message")]
+CONCURRENCY = [Col("batch", "B", "int"), Col("mean_m", "mean tokens per expert", "sig"),
+               Col("busiest_m", "busiest expert", "sig"), Col("layer_us", "layer time", "us"),
+               Col("us_per_token", "us per token per layer", "sig")]
+
+
+def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", device: str = "auto", *,
+          preset=None, decode_batch=None, backend=None, routing=None, steps=None):
+    context = open_context(TITLE, run_dir, reference_dir, profile, device, preset=preset,
+                           decode_batch=decode_batch, backend=backend, routing=routing, steps=steps)
+    config = decode.DiagnosisConfig.from_profile(context.profile, preset=preset, decode_batch=decode_batch,
+                                                 backend=backend, routing=routing, steps=steps)
+    parameters_block(context)
+    diagnosis = decode.diagnose(context.run, config)
+    fill(context, diagnosis)
+    return context.page
+
+
+# -- the sentences (front page, chapter, share file) ------------------------------------------------
+
+def layer_words(d: decode.Diagnosis) -> str:
+    from fp4lab.moe import presets
+
+    return f"one {text.md(presets.get(d.config.preset).name)} MoE layer at a decode batch of {d.config.decode_batch}"
+
+
+def verdict_sentence(d: decode.Diagnosis) -> str:
+    """The verdict in one sentence with its numbers."""
+    if d.smoke:
+        return smoke_sentence(d)
+    if d.chosen is None or d.verdict is None:
+        return f"No verdict for {text.md(d.view.device)}: " + text.md(d.chosen_reason) + "."
+    path, v = d.chosen, d.verdict
+    head = (f"On {text.md(d.view.device)}, {layer_words(d)} is **{v['verdict']}**: its fastest measured "
+            f"path, {text.md(path['path'])}, takes {text.us(path['layer_us'])}")
+    if v["verdict"] == "power-bound":
+        p = d.decode_power
+        return head + (f", and at the decode point the GPU draws {text.sig(p['avg_power_w'])} W, "
+                       f"{text.pct(100 * p['fraction'])} of its {text.sig(p['power_limit_w'])} W limit.")
+    meaning = {"memory": f"reading the active experts' {text.md(path['weight_dtype'])} weights once at the "
+                         f"measured {text.sig(d.bandwidth_tbps)} TB/s",
+               "launch": f"launching its {int(path['kernels'])} kernels at the measured launch floor",
+               "compute": f"the arithmetic at the {text.md(path['math_dtype'])} peak"}[v["floor"]]
+    tail = (f"; {meaning} takes {text.us(v['floor_us'])}, {text.pct(100 * v['explained'])} of the layer, "
+            "and the rest is kernel time above every floor.")
+    if not v.get("reliable", True):
+        tail += (" That floor is longer than the layer itself: the ceilings do not describe this device, "
+                 "so the verdict is unreliable.")
+    return head + tail
+
+
+def smoke_sentence(d: decode.Diagnosis) -> str:
+    gemm = len(d.gemm.ok) if d.gemm else 0
+    moe = len(d.moe.ok) if d.moe else 0
+    return (f"This is a CPU smoke run on {text.md(d.view.device)}: it checked the pipeline ({gemm} GEMM points "
+            f"and {moe} MoE points passed the correctness gate and were timed, and every chapter rendered). "
+            "It measures no GPU, so it issues no verdict.")
+
+
+def load_sentence(d: decode.Diagnosis) -> str:
+    load = d.load
+    return (f"At B={d.config.decode_batch} ({text.md(d.config.routing)} routing) each of "
+            f"{text.sig(load['active_experts'])} active experts gets {text.sig(load['mean_m'])} tokens on "
+            f"average and the busiest {text.sig(load['busiest_m'])}: every expert GEMM is a decode-sized "
+            "GEMM, a weight read.")
+
+
+def power_sentence(d: decode.Diagnosis) -> str | None:
+    p = d.decode_power
+    if not p or (d.verdict and d.verdict["verdict"] == "power-bound"):
+        return None
+    return (f"Power does not limit decode: at the decode point (M = {text.join(p['m_values'])} on the expert "
+            f"shapes) {text.md(p['backend'])}'s GEMMs drew {text.sig(p['avg_power_w'])} W, the median of "
+            f"{p['points']} energy windows, {text.pct(100 * p['fraction'])} of the {text.sig(p['power_limit_w'])} W limit.")
+
+
+def fp4_sentence(d: decode.Diagnosis) -> str | None:
+    """The FP4 lever as measured: the fastest FP4-weight path against its floor and the bf16/fp8 paths."""
+    fp4 = d.fp4
+    if not fp4 or d.smoke:
+        return None
+    floor = fp4["floor_us"]
+    line = f"FP4 weights: reading the active experts' NVFP4 weights once takes {text.us(floor)} (the limit line)"
+    best = fp4.get("best")
+    if best is None:
+        return line + "; no FP4-weight path ran correctly here."
+    line += (f"; the fastest FP4-weight path measured, {text.md(best['path'])}, takes {text.us(best['layer_us'])}, "
+             f"{text.ratio(best['layer_us'] / floor)} that floor")
+    for dtype in ("bf16", "fp8"):
+        other = fp4.get(dtype)
+        if other is not None:
+            line += f"; it is {text.as_fast(best['layer_us'], other['layer_us'])} the best {dtype} path ({text.md(other['path'])}, {text.us(other['layer_us'])})"
+    native = (d.view.info.get("provenance") or {}).get("device", {}).get("native_fp4")
+    if isinstance(native, list) and not native:
+        line += f". {text.md(d.view.device)} has no FP4 tensor cores: FP4 runs there as weight-only kernels"
+    return line + "."
+
+
+def lever_lines(d: decode.Diagnosis, top: int | None = None) -> list[str]:
+    levers = d.levers[d.levers["gain"] > 1 + decode.SAME_SPEED_WITHIN]
+    rows = levers.head(top) if top else levers
+    return [f"{text.md(r.lever)}: {text.ratio(r.gain)} ({text.md(r.basis)}; {text.us(r.now_us)} -> {text.us(r.with_us)})"
+            for r in rows.itertuples(index=False)]
+
+
+def findings(d: decode.Diagnosis) -> list[str]:
+    lines = [verdict_sentence(d)]
+    if d.smoke:
+        return lines + [line for line in gap_lines(d)]
+    lines.append(load_sentence(d))
+    lines += [line for line in (power_sentence(d), fp4_sentence(d)) if line]
+    if d.chosen is not None:
+        lines.append(f"The diagnosed path is {text.md(d.chosen['path'])} because {text.md(d.chosen_reason)}.")
+    levers = lever_lines(d)
+    if levers:
+        lines.append("What would make it faster, largest gain first: " + "; ".join(levers) + ".")
+    return lines + gap_lines(d)
+
+
+def gap_lines(d: decode.Diagnosis) -> list[str]:
+    lines = [f"This run has no rows from {text.md(source)}: what depends on it is left out." for source in d.missing]
+    if len(d.gate):
+        lines.append(f"{text.count(len(d.gate), 'backend/format pair')} failed the correctness gate and are "
+                     "excluded: " + text.md(", ".join(f"{r.backend} ({r.fmt})" for r in d.gate.itertuples())) + ".")
+    return lines
+
+
+# -- the page --------------------------------------------------------------------------------------
+
+def fill(context: Context, d: decode.Diagnosis) -> None:
+    page = context.page
+    page.html("verdict", verdict_box(d))
+    if len(d.gate):
+        page.html("gate", html_table(d.gate, GATE, caption="these points are excluded from every number below"))
+    else:
+        total = d.gemm.frame["backend"].nunique() if d.gemm is not None else 0
+        ran = len(d.gemm.ok["backend"].unique()) if d.gemm is not None else 0
+        page.prose("gate", f"No point failed the correctness gate ({ran} of {total} backends ran here).")
+    if d.smoke:
+        page.bullets("findings", findings(d))
+        return
+    if len(d.seed):
+        page.html("seed", html_table(d.seed, SEED, caption=d.gemm.caption(
+            f"{d.seed_backend}, the fastest GEMM backend at the expert shapes; the seed's table for this GPU")))
+    if d.chosen is not None:
+        page.figure("breakdown", figures.layer_against_floors(d.chosen, d.fp4["floor_us"] if d.fp4 else None),
+                    d.view.caption(f"{d.config.preset}, B={d.config.decode_batch}; floors from the run's measured ceilings"))
+        page.prose("breakdown", load_sentence(d))
+    if len(d.paths):
+        page.figure("paths", figures.paths(d.paths), d.view.caption("every path at decode; bars: layer time, "
+                                                                     "ticks: its weight-read floor"))
+        page.html("paths", html_table(d.paths, PATHS))
+    page.bullets("power", [line for line in (power_sentence(d), fp4_sentence(d)) if line])
+    if len(d.levers):
+        page.html("levers", html_table(d.levers, LEVERS, caption=d.view.caption("largest gain first")))
+    if len(d.concurrency) > 1:
+        page.figure("concurrency", figures.concurrency(d.concurrency, d.config.decode_batch),
+                    d.view.caption(f"{d.seed_backend} GEMM times, tokens per expert from the routing model"))
+    if context.reference is not None and context.reference.run.has_table("gemm"):
+        reference = decode.diagnose(context.reference.run, d.config)
+        page.prose("reference", f"Reference run {text.code(reference.view.run_id)}: " + verdict_sentence(reference))
+    page.bullets("findings", findings(d))
+
+
+def verdict_box(d: decode.Diagnosis) -> str:
+    """The verdict as the first thing on the page (and on the front page)."""
+    from fp4lab.chapters.page import note_html
+
+    title = "CPU smoke run: no GPU verdict" if d.smoke else f"Verdict for {d.view.device}"
+    return note_html(verdict_sentence(d), "smoke" if d.smoke else "note", title, markdown=True)

@@ -1,0 +1,104 @@
+"""Chapter 05, history: this run against the previous local run and the reference runs, point by
+point, with a noise model (fp4lab.analysis.history), and what changed in between."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fp4lab import params, profiles, text
+from fp4lab.analysis import history as analysis
+from fp4lab.chapters.context import Context, open_context, parameters_block
+from fp4lab.plots.history import time_ratios
+from fp4lab.plots.tables import Col, html_table
+from fp4lab.results import REFERENCE_ROOT, find_run_dirs
+
+TITLE = "05 · History: what changed since the last run"
+INDEX = [Col("run_id", "run"), Col("kind", "kind"), Col("device", "device"), Col("created", "created"),
+         Col("profile", "profile"), Col("tables", "tables"), Col("fp4lab_git_sha", "fp4lab commit")]
+POINTS = [Col("backend", "backend"), Col("fmt", "format"), Col("m", "M", "int"), Col("n", "N", "int"),
+          Col("k", "K", "int"), Col("before_us", "then", "us"), Col("now_us", "now", "us"),
+          Col("time_ratio", "now / then", "ratio")]
+BACKENDS = [Col("backend", "backend"), Col("points", "points", "int"),
+            Col("geomean_ratio", "now / then (geometric mean)", "ratio"), Col("share_slower", "share of points slower", "pct")]
+CHANGES = [Col("field", "what"), Col("before", "then"), Col("now", "now")]
+
+
+def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", device: str = "auto", *,
+          regression_threshold=None, runs_dir: str = ""):
+    context = open_context(TITLE, run_dir, reference_dir, profile, device,
+                           regression_threshold=regression_threshold)
+    threshold = params.check_float("regression_threshold", profiles.section(context.profile, "history")[
+        "regression_threshold"] if regression_threshold is None else regression_threshold, 0, 10, strict_minimum=True)
+    params.check_text("runs_dir", runs_dir)
+    parameters_block(context)
+    fill(context, threshold, Path(runs_dir) if runs_dir else context.run.path.parent, reference_dir)
+    return context.page
+
+
+def compared_references(context: Context, reference_dir: str) -> list[Path]:
+    """"" = every committed reference run (but this one), "none" = none, else the one given."""
+    if reference_dir:
+        return [context.reference.run.path] if context.reference else []
+    return [path for path in find_run_dirs(REFERENCE_ROOT) if path.resolve() != context.run.path.resolve()]
+
+
+def fill(context: Context, threshold: float, runs_dir: Path, reference_dir: str = "") -> None:
+    page = context.page
+    references = compared_references(context, reference_dir)
+    index = analysis.index_runs(runs_dir)
+    page.html("index", html_table(index, INDEX, caption="local runs and the committed reference runs"))
+    comparisons = []
+    previous = analysis.previous_run(context.run.path, runs_dir)
+    if previous is None:
+        page.prose("previous", "This is the first local run with GEMM rows: nothing earlier to compare with.")
+    else:
+        comparisons.append(analysis.compare(context.run.path, previous, "previous", threshold))
+        show(page, "previous", comparisons[-1])
+    for path in references:
+        comparisons.append(analysis.compare(context.run.path, path, "reference", threshold))
+        show(page, "reference", comparisons[-1])
+    page.bullets("findings", findings(index, comparisons))
+
+
+def show(page, section: str, c: analysis.Comparison) -> None:
+    page.bullets(section, summary(c))
+    if len(c.ratios):
+        page.figure(section, time_ratios(c.ratios, None if c.on_cpu else c.threshold),
+                    f"run {c.run_id} against {c.other_kind} run {c.other_id}; judged {c.judged}")
+    if len(c.regressions):
+        columns = BACKENDS if c.on_cpu else POINTS
+        page.html(section, html_table(c.regressions.head(20), columns,
+                                      caption=f"the worst {min(20, len(c.regressions))} of {len(c.regressions)}"))
+    if len(c.changes):
+        page.html(section, html_table(c.changes, CHANGES, caption="what changed between the two runs"))
+
+
+def summary(c: analysis.Comparison) -> list[str]:
+    label = (f"the same device ({text.md(c.devices[0])}): the ratios show software and conditions" if c.same_device
+             else f"different devices ({text.md(c.devices[0])} now, {text.md(c.devices[1])} then): the ratios compare hardware")
+    lines = [f"Against {c.other_kind} run {text.code(c.other_id)}: {label}."]
+    if not len(c.ratios):
+        return lines + ["No point was measured correctly in both runs, so no ratio can be computed."]
+    lines.append(f"{text.count(len(c.ratios), 'point')} measured correctly in both; the median point takes "
+                 f"{text.ratio(analysis.median_ratio(c))} the time it took then.")
+    if not c.same_device:
+        return lines
+    noun = "backend" if c.on_cpu else "point"
+    if len(c.regressions):
+        lines.append(f"{text.count(len(c.regressions), noun)} regressed, judged {text.md(c.judged)}.")
+    else:
+        lines.append(f"No {noun} regressed, judged {text.md(c.judged)}.")
+    return lines
+
+
+def findings(index, comparisons: list[analysis.Comparison]) -> list[str]:
+    kinds = index["kind"].value_counts() if len(index) else {}
+    lines = [f"{text.count(len(index), 'run')} on record ({int(kinds.get('local', 0))} local, "
+             f"{int(kinds.get('reference', 0))} reference); this run was compared with {len(comparisons)}."]
+    same = [c for c in comparisons if c.same_device]
+    if same:
+        flagged = sum(len(c.regressions) for c in same)
+        lines.append(f"On the same device, {flagged} regression{'s' if flagged != 1 else ''} flagged.")
+    else:
+        lines.append("No earlier run on this device: no regression can be judged yet.")
+    return lines

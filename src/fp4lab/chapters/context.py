@@ -1,0 +1,99 @@
+"""What every chapter takes and checks once: the run folder, the reference run shown beside it,
+the profile and the device; and the page it fills.
+
+`run_dir` "" is the default run folder `runs/lab` (under the repository, wherever the notebook
+runs), so chapters explored by hand in JupyterLab chain: 01 measures into it, 04 diagnoses it.
+`reference_dir` "" is the newest committed reference run, "none" none, else a run folder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fp4lab import params, profiles
+from fp4lab.analysis.run import RunView, view
+from fp4lab.chapters.page import Page, collect_warnings
+from fp4lab.errors import ParameterError
+from fp4lab.results import NO_REFERENCE, REPO_ROOT, RUNS_ROOT, RunDir, open_or_create, reference_run
+
+LAB_RUN = RUNS_ROOT / "lab"
+
+
+@dataclass
+class Context:
+    run: RunDir
+    reference: RunView | None
+    profile: str
+    device: str                      # resolved: "cpu", "cuda" or "cuda:N"
+    page: Page
+    parameters: list[tuple[str, Any]] = field(default_factory=list)
+
+    @property
+    def view(self) -> RunView:
+        return view(self.run)
+
+    @property
+    def measures_here(self) -> bool:
+        """Whether this machine may add measurements to the run: a new run, or one measured on
+        the same kind of device. A GPU run rendered on a CPU (or the reverse) is shown as it was
+        measured and never added to."""
+        if "provenance" not in self.run.run_json():
+            return True
+        return self.view.is_gpu == (self.device != "cpu")
+
+    def shown_path(self, path) -> str:
+        """A path as a page may show it: relative to the repository, never absolute."""
+        path = Path(path).resolve()
+        try:
+            return str(path.relative_to(REPO_ROOT))
+        except ValueError:
+            return path.name
+
+
+def open_context(title: str, run_dir: str = "", reference_dir: str = "", profile: str = "auto",
+                 device: str = "auto", **knobs: Any) -> Context:
+    """Check the four parameters every chapter takes, open (or create) the run folder, find the
+    reference run, and start the page. `knobs` are the chapter's own parameters, listed on it."""
+    from fp4lab import hardware
+
+    params.check_text("run_dir", run_dir)
+    params.check_text("reference_dir", reference_dir)
+    params.check_text("device", device)
+    if profile != "auto":
+        profiles.check(params.check_text("profile", profile))
+    try:
+        device = hardware.resolve_device(device)
+    except ValueError as exc:
+        raise ParameterError(str(exc)) from None
+    profile = profiles.resolve(profile, device != "cpu")
+    run = open_or_create(run_dir or LAB_RUN)
+    reference_path = reference_run(reference_dir, table=None if reference_dir else "gemm")
+    if reference_path is not None and Path(reference_path).resolve() == run.path.resolve():
+        reference_path = None                # a reference run's own pages show no other reference
+    reference = view(reference_path) if reference_path is not None else None
+    recorded = "provenance" in run.run_json()
+    page = Page(title, smoke=not view(run).is_gpu if recorded else device == "cpu")
+    collect_warnings(page)
+    context = Context(run, reference, profile, device, page)
+    context.parameters = [("run", run.run_id), ("reference run", reference.run_id if reference else NO_REFERENCE),
+                          ("profile", profile), ("device", device),
+                          *((name, value) for name, value in knobs.items())]
+    return context
+
+
+def parameters_block(context: Context) -> None:
+    """The page's parameters, once, as a small name/value table a reader may expand."""
+    from fp4lab.plots.tables import key_values
+
+    table = key_values([(name, _shown(value)) for name, value in context.parameters])
+    context.page.html("parameters", f"<details><summary>Parameters of this page</summary>{table}</details>")
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_shown(item) for item in value) or "(all)"
+    if value is None:
+        return "(profile default)"
+    return str(value)

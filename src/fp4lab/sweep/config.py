@@ -1,0 +1,227 @@
+"""The two sweeps, declared as data: the GEMM grid and the MoE grid, their defaults from a profile.
+
+A config is built once (`from_profile` lays the given values over the profile's section), checked
+once (`check`: every field, the backend and method names, the timer settings), stored in run.json
+(`as_dict`) and rebuilt from there to resume (`from_dict`). A value of None keeps the profile's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from fp4lab import params, profiles
+from fp4lab.bench import TimerConfig
+from fp4lab.errors import ParameterError
+from fp4lab.formats import BLOCK_SIZE
+
+FORMATS = tuple(BLOCK_SIZE)
+DEVICES = ("auto", "cpu", "cuda")
+GEMMS = ("gate_up", "down")
+DENSE_M_VALUES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+def _overlay(section: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """The section with every override that is not None laid over it (timer settings merge)."""
+    values = dict(section)
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key == "timer" and isinstance(value, dict):
+            value = {**values.get("timer", {}), **value}
+        values[key] = value
+    return values
+
+
+def check_device(device: str) -> str:
+    """"auto", "cpu", "cuda" or "cuda:N"; a GPU asked for must be there."""
+    from fp4lab import hardware
+
+    params.check_text("device", device)
+    try:
+        hardware.resolve_device(device)
+    except ValueError as exc:
+        raise ParameterError(str(exc)) from None
+    return device
+
+
+def preset_shapes(name: str) -> tuple[tuple[int, int], ...]:
+    """The expert GEMM shapes (N, K) of a model preset."""
+    from fp4lab.moe import presets
+
+    try:
+        model = presets.get(name)
+    except ValueError as exc:
+        raise ParameterError(f"preset: {exc}") from None
+    return tuple(tuple(shape) for shape in model.gemm_shapes().values())
+
+
+@dataclass(frozen=True)
+class GemmSweep:
+    """The GEMM grid: backends x formats x weight shapes (N, K) x M, and how each point is timed."""
+
+    backends: tuple[str, ...]          # empty: every registered backend
+    fmts: tuple[str, ...]
+    m_values: tuple[int, ...]
+    shapes: tuple[tuple[int, int], ...]
+    timer: TimerConfig
+    energy_window_s: float             # 0: no energy window per point
+    telemetry_hz: float
+    point_timeout_s: float             # a point that takes longer becomes a `timeout` row
+    device: str = "auto"
+    profile: str = "smoke"
+    seed: int = 0
+
+    @classmethod
+    def from_profile(cls, profile: str = "auto", device: str = "auto", preset: str | None = None,
+                     **overrides: Any) -> "GemmSweep":
+        """The profile's `gemm` section with `overrides` laid over it; `preset` adds a model's
+        expert shapes to the shapes. Checked."""
+        profile = profiles.resolve(profile, _has_cuda(device))
+        values = _overlay(profiles.section(profile, "gemm"), overrides)
+        profile_preset = values.pop("preset", "")
+        preset = profile_preset if preset is None else preset
+        shapes = params.check_shapes("shapes", values.pop("shapes"))
+        if preset:
+            shapes = tuple(dict.fromkeys(shapes + preset_shapes(params.check_text("preset", preset))))
+        return cls.from_dict({**values, "shapes": shapes, "device": device, "profile": profile})
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "GemmSweep":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ParameterError(f"gemm sweep: unknown setting {unknown[0]!r} (known: {', '.join(sorted(names))})")
+        config = cls(**{**values, "timer": TimerConfig.from_dict(values.get("timer", {}))})
+        return config.check()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "timer": self.timer.as_dict()}
+
+    def check(self) -> "GemmSweep":
+        from fp4lab.sweep.registry import backend_names
+
+        known = backend_names()
+        fmts = params.check_text_list("fmts", list(self.fmts), FORMATS, allow_empty=False)
+        shapes = params.check_shapes("shapes", [list(s) for s in self.shapes])
+        if not shapes:
+            raise ParameterError("shapes=[]: give at least one [N, K] weight shape")
+        for n, k in shapes:
+            for fmt in fmts:
+                if k % BLOCK_SIZE[fmt]:
+                    raise ParameterError(f"shapes: K={k} of {n}x{k} is not a multiple of the {fmt} "
+                                         f"block size ({BLOCK_SIZE[fmt]})")
+        return dataclasses.replace(
+            self,
+            backends=params.check_text_list("backends", list(self.backends), known),
+            fmts=fmts, shapes=shapes,
+            m_values=params.check_int_list("m_values", list(self.m_values)),
+            energy_window_s=params.check_float("energy_window_s", self.energy_window_s, 0, 60),
+            telemetry_hz=params.check_float("telemetry_hz", self.telemetry_hz, 0, 1000, strict_minimum=True),
+            point_timeout_s=params.check_float("point_timeout_s", self.point_timeout_s, 0, 86400,
+                                               strict_minimum=True),
+            device=check_device(self.device),
+            profile=profiles.check(self.profile),
+            seed=params.check_int("seed", self.seed, minimum=0))
+
+    @property
+    def backend_names(self) -> tuple[str, ...]:
+        from fp4lab.sweep.registry import backend_names
+
+        return self.backends or tuple(backend_names())
+
+
+@dataclass(frozen=True)
+class MoeSweep:
+    """The MoE grid: every MoE method at the routed loads of each decode batch and EP degree,
+    plus one expert's dense curve (the layer model's input)."""
+
+    preset: str
+    batch_sizes: tuple[int, ...]
+    routing: str
+    ep_degrees: tuple[int, ...]
+    fmts: tuple[str, ...]              # FP4 formats of the FP4 and layer methods
+    methods: tuple[str, ...]           # empty: every registered MoE method
+    steps: int                         # routing steps drawn; the typical one is timed
+    timer: TimerConfig
+    point_timeout_s: float
+    scaled: bool = False               # a tiny stand-in preset (the CPU smoke run): rows say so
+    gemms: tuple[str, ...] = GEMMS
+    dense_m_values: tuple[int, ...] = DENSE_M_VALUES
+    device: str = "auto"
+    profile: str = "smoke"
+    seed: int = 0
+
+    @classmethod
+    def from_profile(cls, profile: str = "auto", device: str = "auto", **overrides: Any) -> "MoeSweep":
+        """The profile's `moe` section with `overrides` over it; on a CPU the preset is scaled down
+        (seconds, not hours) unless `scaled` is given."""
+        has_cuda = _has_cuda(device)
+        profile = profiles.resolve(profile, has_cuda)
+        values = _overlay(profiles.section(profile, "moe"), overrides)
+        for chapter_only in ("measure", "target_utilization"):
+            values.pop(chapter_only, None)
+        values.setdefault("scaled", not has_cuda or device == "cpu")
+        return cls.from_dict({**values, "device": device, "profile": profile})
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "MoeSweep":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ParameterError(f"moe sweep: unknown setting {unknown[0]!r} (known: {', '.join(sorted(names))})")
+        return cls(**{**values, "timer": TimerConfig.from_dict(values.get("timer", {}))}).check()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "timer": self.timer.as_dict()}
+
+    def model(self):
+        from fp4lab.moe import presets
+
+        model = presets.get(self.preset)
+        return presets.scaled_down(model) if self.scaled else model
+
+    def check(self) -> "MoeSweep":
+        from fp4lab.moe import presets, routing
+        from fp4lab.sweep.registry import moe_method_names
+
+        try:
+            model = presets.get(params.check_text("preset", self.preset, allow_empty=False))
+            routing.parse_routing(params.check_text("routing", self.routing, allow_empty=False))
+        except ParameterError:
+            raise
+        except ValueError as exc:
+            raise ParameterError(str(exc)) from None
+        ep_degrees = params.check_int_list("ep_degrees", list(self.ep_degrees))
+        experts = (presets.scaled_down(model) if self.scaled else model).experts
+        for ep in ep_degrees:
+            if experts % ep:
+                raise ParameterError(f"ep_degrees: {experts} experts do not split evenly over {ep} ranks")
+        return dataclasses.replace(
+            self,
+            batch_sizes=params.check_int_list("batch_sizes", list(self.batch_sizes)),
+            ep_degrees=ep_degrees,
+            fmts=params.check_text_list("fmts", list(self.fmts), FORMATS, allow_empty=False),
+            methods=params.check_text_list("methods", list(self.methods), moe_method_names()),
+            gemms=params.check_text_list("gemms", list(self.gemms), GEMMS, allow_empty=False),
+            dense_m_values=params.check_int_list("dense_m_values", list(self.dense_m_values)),
+            steps=params.check_int("steps", self.steps, 1, 100_000),
+            scaled=params.check_bool("scaled", self.scaled),
+            point_timeout_s=params.check_float("point_timeout_s", self.point_timeout_s, 0, 86400,
+                                               strict_minimum=True),
+            device=check_device(self.device),
+            profile=profiles.check(self.profile),
+            seed=params.check_int("seed", self.seed, minimum=0))
+
+    @property
+    def method_names(self) -> tuple[str, ...]:
+        from fp4lab.sweep.registry import moe_method_names
+
+        return self.methods or tuple(moe_method_names())
+
+
+def _has_cuda(device: str) -> bool:
+    import torch
+
+    return device != "cpu" and torch.cuda.is_available()

@@ -1,0 +1,283 @@
+"""The GEMM sweep: backends x formats x shapes x M, one tidy row per point.
+
+Parent (`run_sweep`): plans the grid, records points that cannot run here as `unavailable` at once,
+measures the ceilings once, then hands each backend's points to a worker (fp4lab.sweep.runner).
+Worker (`measure_job`): per point, inputs -> prepare -> correctness gate -> timer -> energy window.
+Rows hold what was measured; TFLOP/s, % of peak and the bound are derived when read
+(fp4lab.analysis.gemm), so no file is rewritten at the end.
+
+Point legend: `fmt` FP4 format, `N` output features, `K` reduction dim, `M` tokens; the GEMM is
+a[M, K] bf16 @ w[N, K]^T with w quantized to `fmt`.
+"""
+
+from __future__ import annotations
+
+import collections
+import zlib
+from typing import Any
+
+from fp4lab import schema
+from fp4lab.results import RunDir, provenance, utc_now
+from fp4lab.sweep import runner
+from fp4lab.sweep.config import GemmSweep
+from fp4lab.sweep.plan import GemmPoint, gemm_points
+from fp4lab.sweep.registry import backend
+
+FAILED = ("error", "oom", "timeout")      # statuses `retry_failed` measures again
+LOG_HEADER = (f"{'backend':<19} {'fmt':<5} {'M':>6} {'N':>6} {'K':>6} {'status':<12} "
+              f"{'median_us':>10} {'TFLOP/s':>8} {'TB/s':>6} {'rel_err':>8}")
+
+
+# -- worker side ----------------------------------------------------------------------------------
+
+def stable_seed(*parts: Any) -> int:
+    """A seed that is the same in every process (hash() of a str is salted per process)."""
+    return zlib.crc32(repr(parts).encode())
+
+
+def make_activations(m: int, k: int, seed: int, device: str):
+    """a: [M, K] bf16, standard normal, seeded by (seed, M, K) so every backend sees the same."""
+    import torch
+
+    generator = torch.Generator(device=device).manual_seed(stable_seed(seed, "a", m, k))
+    return torch.randn(m, k, generator=generator, device=device).to(torch.bfloat16)
+
+
+def make_weights(fmt: str, n: int, k: int, seed: int, device: str):
+    """w: [N, K] standard normal, quantized to `fmt` (once per shape; reused across M)."""
+    import torch
+
+    from fp4lab.formats import quantize
+
+    generator = torch.Generator(device=device).manual_seed(stable_seed(seed, "w", fmt, n, k))
+    return quantize(torch.randn(n, k, generator=generator, device=device), fmt)
+
+
+def device_facts(device: str) -> dict[str, Any]:
+    """device, gpu_index, pci_bus_id of the device a worker measures on."""
+    import torch
+
+    from fp4lab import nvml
+
+    if not device.startswith("cuda"):
+        return {"device": "cpu", "gpu_index": None, "pci_bus_id": None}
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    return {"device": "cuda", "gpu_index": index, "pci_bus_id": nvml.pci_bus_id(index)}
+
+
+def point_row(run_id: str, point: GemmPoint, impl, status: str, error: str | None = None,
+              facts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A gemm row of `point` with its identity, the backend's dtypes and the device's facts."""
+    described = impl.describe() if impl is not None else {}
+    return schema.blank_row("gemm", run_id=run_id, **point.identity(), **described,
+                            status=status, error=error, **(facts or {}))
+
+
+def timing_columns(timing) -> dict[str, Any]:
+    return {"median_us": timing.median_us, "p20_us": timing.p20_us, "p80_us": timing.p80_us,
+            "samples": timing.n, "graph": timing.graph, "cold_l2": timing.cold_l2,
+            "copies": timing.copies, "calls_per_sample": timing.calls_per_sample,
+            "timer_note": timing.note or None, "sm_clock_mhz": timing.sm_clock_mhz}
+
+
+def energy_columns(call, seconds: float, device_index: int) -> dict[str, Any]:
+    """Power and energy per call over a counter-aligned window (None values without NVML)."""
+    from fp4lab.telemetry import measure_energy_window
+
+    window = measure_energy_window(call, seconds, device_index=device_index)
+    return {"avg_power_w": window.get("avg_power_w"), "energy_per_call_j": window.get("energy_per_call_j"),
+            "window_sm_clock_mhz": window.get("sm_clock_mhz"),
+            "throttle_reasons": window.get("throttle_reasons"),
+            "window_start_s": window.get("window_start_s"), "window_end_s": window.get("window_end_s")}
+
+
+def tolerance_for(impl, fmt: str) -> float:
+    """The gate's tolerance: keyed by the weights' format, else by the math dtype."""
+    from fp4lab.correctness import TOLERANCE
+
+    for key in (fmt, impl.math_dtype):
+        if key in TOLERANCE:
+            return TOLERANCE[key]
+    raise ValueError(f"no correctness tolerance for {fmt!r} or math dtype {impl.math_dtype!r}")
+
+
+def measure_point(point: GemmPoint, impl, weights, job: dict[str, Any], timer, facts) -> dict:
+    """One row: the gate first (wrong_result rows carry rel_err and no time), then the timer."""
+    from fp4lab import bench
+    from fp4lab.correctness import check_backend
+
+    device = job["device"]
+    a = make_activations(point.m, point.k, job["seed"], device)
+    prepared = impl.prepare(a, weights, device)
+    row = point_row(job["run_id"], point, impl, "ok", facts=facts)
+    row["compile_s"] = prepared.info.get("compile_s")
+    gate = check_backend(prepared, tolerance_for(impl, point.fmt))
+    row["rel_err"] = gate.rel_err
+    if not gate.ok:
+        row.update(status=gate.status, error=gate.message)
+        return row
+    timing = bench.time_call(prepared.make_call, prepared.args, prepared.out, timer, device)
+    row.update(timing_columns(timing))
+    if job["energy_window_s"] > 0 and facts["gpu_index"] is not None:
+        row.update(energy_columns(prepared.call, job["energy_window_s"], facts["gpu_index"]))
+    return row
+
+
+def failed_row(job: dict[str, Any], point: GemmPoint, impl, exc: Exception, facts) -> dict:
+    import torch
+
+    from fp4lab.sweep.worker import first_line
+
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        torch.cuda.empty_cache()
+        return point_row(job["run_id"], point, impl, "oom", first_line(exc), facts)
+    return point_row(job["run_id"], point, impl, "error", first_line(exc), facts)
+
+
+def measure_job(job: dict[str, Any], send) -> None:
+    """Worker: measure one backend's points (see fp4lab.sweep.runner for the protocol)."""
+    from fp4lab import bench
+    from fp4lab.bench import TimerConfig
+
+    impl = backend(job["group"])
+    available, reason = impl.availability(job["device"])        # imports the package, once
+    if not available:
+        send("unavailable", reason=reason)
+        return
+    timer = TimerConfig.from_dict(job["timer"])
+    facts = device_facts(job["device"])
+    if facts["device"] == "cuda":
+        bench.warm_up_clocks(job["device"], timer)
+    send("ready")
+    cached_key, weights = None, None
+    for identity in job["points"]:
+        point = GemmPoint(**identity)
+        send("start", point=identity)
+        try:
+            if cached_key != (point.fmt, point.n, point.k):
+                cached_key, weights = None, None          # free the previous shape's weights first
+                weights = make_weights(point.fmt, point.n, point.k, job["seed"], job["device"])
+                cached_key = (point.fmt, point.n, point.k)
+            row = measure_point(point, impl, weights, job, timer, facts)
+        except Exception as exc:  # noqa: BLE001 - any failure of one point becomes its row
+            row = failed_row(job, point, impl, exc, facts)
+        send("row", point=identity, row=row)
+
+
+# -- parent side ----------------------------------------------------------------------------------
+
+def format_point_line(row: dict[str, Any]) -> str:
+    """One fixed-width line per measured point (the columns of LOG_HEADER)."""
+    from fp4lab import roofline
+    from fp4lab.text import sig
+
+    tflops = tbps = None
+    if row.get("median_us") and row.get("weight_dtype"):
+        flops = roofline.gemm_flops(row["m"], row["n"], row["k"])
+        moved = roofline.gemm_bytes(row["m"], row["n"], row["k"], row["weight_dtype"], row["fmt"],
+                                    row["act_dtype"])
+        tflops, tbps = flops / row["median_us"] / 1e6, moved / row["median_us"] / 1e6
+    return (f"{row['backend']:<19.19} {row['fmt']:<5} {row['m']:>6} {row['n']:>6} {row['k']:>6} "
+            f"{row['status']:<12} {sig(row.get('median_us'), 4):>10} {sig(tflops):>8} {sig(tbps):>6} "
+            f"{sig(row.get('rel_err'), 2):>8}")
+
+
+def _static_reason(impl, fmt: str, device: str) -> str | None:
+    """Why `impl` cannot measure `fmt` here, by its rules alone (the worker checks the import)."""
+    available, reason = impl.availability(device, import_check=False)
+    if not available:
+        return reason
+    if fmt not in impl.formats:
+        return f"{impl.name} does not take {fmt} weights (takes {', '.join(impl.formats)})"
+    return None
+
+
+def todo_points(config: GemmSweep, run: RunDir, gpu_index, retry_failed: bool) -> list[GemmPoint]:
+    if retry_failed:
+        failed = run.row_keys("gemm", FAILED)
+        run.drop_rows("gemm", failed)
+    done = run.row_keys("gemm")
+    return [p for p in gemm_points(config) if p.key(gpu_index) not in done]
+
+
+def run_sweep(config: GemmSweep, run: RunDir, *, retry_failed: bool = False, progress: bool = True,
+              command: str | None = None) -> int:
+    """Measure every point of `config` not yet in the run (a rerun or resume measures only what
+    is missing); returns how many points were measured now. Holds the run folder's lock."""
+    from fp4lab import hardware
+    from fp4lab.progress import Progress
+
+    device = hardware.resolve_device(config.device)
+    facts = device_facts(device)
+    with run.lock(command), runner.signals_as_interrupt():
+        todo = todo_points(config, run, facts["gpu_index"], retry_failed)
+        stored = run.run_json().get("sweep") or {}
+        if "provenance" not in run.run_json():
+            run.update_run_json(None, {"provenance": provenance(command, device)})
+        run.update_run_json("sweep", {
+            "config": config.as_dict(), "device": device, "command": command,
+            "started": stored.get("started") or utc_now(),
+            "resumed": stored.get("resumed", []) + ([utc_now()] if stored else []),
+            "status": "running"})
+        bar = Progress(len(todo), f"gemm {run.run_id}", header=LOG_HEADER) if progress else None
+
+        def record(row: dict[str, Any]) -> None:
+            run.append_rows("gemm", [row])
+            if bar:
+                bar.update(format_point_line(row))
+
+        groups: dict[str, list[GemmPoint]] = collections.defaultdict(list)
+        for point in todo:
+            impl = backend(point.backend)
+            reason = _static_reason(impl, point.fmt, device)
+            if reason:
+                record(point_row(run.run_id, point, impl, "unavailable", reason, facts))
+            else:
+                groups[point.backend].append(point)
+
+        status, sampler = "interrupted", None
+        try:
+            if groups:
+                runner.ensure_ceilings(run, device, run.path / "logs")
+                sampler = _start_sampler(config.telemetry_hz, facts["gpu_index"])
+            job = {"kind": "gemm", "run_id": run.run_id, "device": device, "seed": config.seed,
+                   "timer": config.timer.as_dict(), "energy_window_s": config.energy_window_s}
+            for name, points in groups.items():
+                runner.measure_group(
+                    name, points, job, run.path / "logs" / f"{name}.log", record,
+                    lambda point, status, error: point_row(run.run_id, point, backend(point.backend),
+                                                           status, error, facts),
+                    config.point_timeout_s)
+            status = "complete"
+        finally:
+            if bar:
+                bar.close()
+            if sampler is not None:
+                save_telemetry(run, sampler)
+            run.update_run_json("sweep", {"ended": utc_now(), "status": status})
+    return len(todo)
+
+
+def _start_sampler(rate_hz: float, gpu_index: int | None):
+    from fp4lab.telemetry import Sampler
+
+    if gpu_index is None:
+        return None
+    sampler = Sampler(rate_hz, gpu_index)
+    if not sampler.available:
+        return None
+    return sampler.start()
+
+
+def save_telemetry(run: RunDir, sampler) -> None:
+    """The sampler's frame joins the run's telemetry table (a resumed run keeps earlier samples)."""
+    import pandas as pd
+
+    frame = sampler.stop()
+    run.update_run_json("telemetry", sampler.metadata())
+    if frame is None or not len(frame):
+        return
+    if run.has_table("telemetry"):
+        frame = pd.concat([run.read_table("telemetry"), frame], ignore_index=True)
+    run.write_table("telemetry", frame)

@@ -1,0 +1,288 @@
+"""The MoE sweep: every MoE method at the routed loads of each decode batch, one row per point.
+
+GEMM methods time one expert GEMM (gate_up or down) over all experts of the busiest EP rank of a
+typical routing step; layer methods time the whole routed MLP on FP4 weights at EP 1; the dense
+curve is one expert's bf16 GEMM at M = 1 .. 512 (the layer model's input). Every method runs in
+its own worker (fp4lab.sweep.runner): crash isolation, per-point timeouts and resume as in the GEMM
+sweep; a rerun of the same run id measures only the points it lacks.
+
+Weights of a GLM-5 layer (19 GB bf16, 5.4 GB NVFP4) dwarf the 60 MB L2, so they are naturally
+cold; small problems (scaled CPU presets, the dense curve) rotate copies instead.
+
+Shape legend: `S` routing steps, `T` tokens, `k` top-k, `E` experts, `P` EP degree, `N`, `K` one
+expert GEMM, `H` hidden, `I` moe_intermediate.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from fp4lab import schema
+from fp4lab.results import RunDir, provenance, utc_now
+from fp4lab.sweep import runner
+from fp4lab.sweep.config import MoeSweep
+from fp4lab.sweep.gemm import device_facts, timing_columns
+from fp4lab.sweep.plan import DENSE_METHOD, MoePoint, moe_points
+from fp4lab.sweep.registry import moe_method, moe_method_names
+
+FAILED = ("error", "oom", "timeout")
+NATURALLY_COLD_L2_MULTIPLE = 4      # weights this many L2s large are cold without copies
+
+
+def step_routing(config: MoeSweep, model, batch: int, ep: int) -> tuple[np.ndarray, int, np.ndarray]:
+    """The typical routing step at batch B: (loads [E/P] of its busiest EP rank, that rank,
+    expert ids [T, k] of the step)."""
+    from fp4lab.moe import routing, stats
+
+    ids = routing.sample_expert_ids(config.routing, model.experts, model.top_k, batch,
+                                    config.steps, config.seed)                       # [S, T, k]
+    loads = routing.tokens_per_expert(ids, model.experts)                            # [S, E]
+    step = stats.representative_step(loads)
+    per_rank = loads[step].reshape(ep, -1)                                           # [P, E/P]
+    rank = int(per_rank.sum(axis=1).argmax())
+    return per_rank[rank], rank, ids[step]
+
+
+def method_kinds() -> dict[str, tuple[str, str]]:
+    kinds = {name: (moe_method(name).kind, moe_method(name).weight_dtype) for name in moe_method_names()}
+    kinds[DENSE_METHOD] = ("dense", "bf16")
+    return kinds
+
+
+def point_row(run_id: str, config: MoeSweep, point: MoePoint, status: str, error: str | None,
+              facts: dict[str, Any]) -> dict[str, Any]:
+    """A moe row of `point` with the model's facts and the method's dtypes."""
+    model = config.model()
+    method = moe_method("loop-bf16" if point.method == DENSE_METHOD else point.method)
+    kind = "dense" if point.method == DENSE_METHOD else method.kind
+    if point.gemm == "layer":
+        n, k = model.hidden, model.moe_intermediate
+    else:
+        n, k = model.gemm_shapes()[point.gemm]
+    return schema.blank_row(
+        "moe", run_id=run_id, preset=model.key, scaled=model.scaled, method=point.method, kind=kind,
+        library=method.library, gemm_backend=method.gemm_backend, gemm=point.gemm, fmt=point.fmt, **_dtypes(method, point),
+        batch=point.batch, m=point.m, routing=config.routing, ep=point.ep, top_k=model.top_k,
+        total_experts=model.experts, n=n, k=k, status=status, error=error, **facts)
+
+
+def _dtypes(method, point: MoePoint) -> dict[str, str]:
+    described = method.describe()
+    return {key: described[key] for key in ("weight_dtype", "act_dtype", "math_dtype")}
+
+
+# -- worker side ----------------------------------------------------------------------------------
+
+class ProblemCache:
+    """The weights a worker reuses across its points: bf16 [E, N, K] per GEMM, FP4 (w13, w2) per
+    format; one entry at a time, so a GLM-5 layer's weights are held once."""
+
+    def __init__(self, config: MoeSweep, device: str):
+        self.config, self.device, self.key, self.value = config, device, None, None
+
+    def get(self, key: tuple, build):
+        if key != self.key:
+            self.key, self.value = None, None        # free the previous weights first
+            self.value, self.key = build(), key
+        return self.value
+
+
+def build_problem(config: MoeSweep, model, point: MoePoint, cache: ProblemCache, device: str):
+    """(problem, extra row facts) for one point."""
+    from fp4lab.backends.moe import base
+
+    if point.gemm == "layer":
+        _, _, ids = step_routing(config, model, point.batch, 1)
+        weights = cache.get(("layer", point.fmt), lambda: (
+            base.quantized_expert_weights(model.experts, 2 * model.moe_intermediate, model.hidden,
+                                          point.fmt, device, config.seed),
+            base.quantized_expert_weights(model.experts, model.hidden, model.moe_intermediate,
+                                          point.fmt, device, config.seed + 1)))
+        problem = base.make_layer_problem(ids, model.experts, model.hidden, model.moe_intermediate,
+                                          point.fmt, device, config.seed, weights=weights)
+        return problem, {"ep_rank": 0, "experts": model.experts}
+    n, k = model.gemm_shapes()[point.gemm]
+    if point.method == DENSE_METHOD:
+        w = cache.get(("dense", point.gemm), lambda: base.expert_bf16_weights(1, n, k, device, config.seed))
+        return base.make_expert_problem(np.array([point.m]), n, k, device, config.seed, w=w), \
+            {"ep_rank": 0, "experts": 1}
+    loads, rank, _ = step_routing(config, model, point.batch, point.ep)
+    weights = cache.get(("gemm", point.gemm), lambda: base.expert_bf16_weights(
+        model.experts, n, k, device, config.seed))
+    per_rank = model.experts // point.ep
+    problem = base.make_expert_problem(loads, n, k, device, config.seed,
+                                       w=weights[rank * per_rank:(rank + 1) * per_rank])
+    return problem, {"ep_rank": rank, "experts": per_rank}
+
+
+def problem_facts(problem, call, point: MoePoint, model) -> dict[str, Any]:
+    """Tokens, loads, FLOPs and bytes of one point (useful FLOPs only: padding not credited)."""
+    loads = np.asarray(problem.loads)
+    active = loads[loads > 0]
+    if point.gemm == "layer":
+        tokens = int(problem.x.shape[0])
+        per_token = 2 * model.top_k * (2 * model.moe_intermediate * model.hidden
+                                       + model.hidden * model.moe_intermediate)
+        flops, moved = float(tokens * per_token), call.weight_bytes + tokens * model.hidden * 2 * 2
+    else:
+        tokens = int(loads.sum())
+        n, k = problem.w.shape[1:]
+        flops, moved = 2.0 * tokens * n * k, call.weight_bytes + tokens * (k + n) * 2
+    return {"tokens": tokens, "max_tokens": int(loads.max()), "mean_tokens": float(loads.mean()),
+            "active_experts": int(len(active)), "loads": loads.tolist(),
+            "weight_bytes": float(call.weight_bytes), "flops": flops, "bytes_moved": float(moved),
+            "note": call.note or None}
+
+
+def timer_for(timer, weight_bytes: float, device: str):
+    """The sweep's timer, without copies when the weights alone overflow the L2 many times."""
+    import torch
+
+    if device.startswith("cuda"):
+        l2 = torch.cuda.get_device_properties(device).L2_cache_size
+        if weight_bytes > NATURALLY_COLD_L2_MULTIPLE * l2:
+            return dataclasses.replace(timer, cold_l2=False), "weights larger than 4x L2: cold without copies"
+    return timer, None
+
+
+def measure_point(point: MoePoint, config: MoeSweep, cache: ProblemCache, timer, facts, job) -> dict:
+    from fp4lab import bench
+    from fp4lab.backends.moe import check_call
+
+    model, device = config.model(), job["device"]
+    row = point_row(job["run_id"], config, point, "ok", None, facts)
+    method = moe_method("loop-bf16" if point.method == DENSE_METHOD else point.method)
+    problem, extra = build_problem(config, model, point, cache, device)
+    call = method.prepare(problem, point.fmt)
+    row.update(extra, **problem_facts(problem, call, point, model))
+    gate = check_call(call, problem)
+    row["rel_err"] = gate.rel_err
+    if not gate.ok:
+        row.update(status=gate.status, error=gate.message)
+        return row
+    point_timer, cold_note = timer_for(timer, call.weight_bytes, device)
+    if not call.graph:
+        point_timer = dataclasses.replace(point_timer, use_graph=False)
+    timing = bench.time_call(call.make_call, call.args, call.out, point_timer, device)
+    row.update(timing_columns(timing))
+    row["timer_note"] = "; ".join(filter(None, [row["timer_note"], cold_note])) or None
+    return row
+
+
+def measure_job(job: dict[str, Any], send) -> None:
+    """Worker: measure one MoE method's points (see fp4lab.sweep.runner for the protocol)."""
+    import torch
+
+    from fp4lab import bench
+    from fp4lab.backends.moe import MethodUnavailable
+    from fp4lab.bench import TimerConfig
+    from fp4lab.sweep.worker import first_line
+
+    config = MoeSweep.from_dict(job["config"])
+    method = moe_method("loop-bf16" if job["group"] == DENSE_METHOD else job["group"])
+    available, reason = method.availability(job["device"])
+    if not available:
+        send("unavailable", reason=reason)
+        return
+    timer = TimerConfig.from_dict(job["config"]["timer"])
+    facts = device_facts(job["device"])
+    if facts["device"] == "cuda":
+        bench.warm_up_clocks(job["device"], timer)
+    send("ready")
+    cache = ProblemCache(config, job["device"])
+    for identity in job["points"]:
+        point = MoePoint(**identity)
+        send("start", point=identity)
+        try:
+            row = measure_point(point, config, cache, timer, facts, job)
+        except MethodUnavailable as exc:
+            row = point_row(job["run_id"], config, point, "unavailable", str(exc), facts)
+        except torch.cuda.OutOfMemoryError as exc:
+            torch.cuda.empty_cache()
+            row = point_row(job["run_id"], config, point, "oom", first_line(exc), facts)
+        except Exception as exc:  # noqa: BLE001 - any failure of one point becomes its row
+            row = point_row(job["run_id"], config, point, "error", first_line(exc), facts)
+        send("row", point=identity, row=row)
+
+
+# -- parent side ----------------------------------------------------------------------------------
+
+def format_point_line(row: dict[str, Any]) -> str:
+    """One fixed-width line per measured point."""
+    from fp4lab.text import sig
+
+    where = f"B={row['batch']}" if row.get("batch") is not None else f"m={row.get('m')}"
+    head = (f"{row['preset']:<14.14} {row['method']:<20.20} {row['gemm']:<7} {str(row.get('fmt') or ''):<5} "
+            f"{where:<7} ep={row['ep']:<2} {row['status']:<12}")
+    if row["status"] != "ok":
+        return head + " " + str(row.get("error") or "")[:90]
+    return head + f" {sig(row['median_us'], 4):>9} us  rel_err {sig(row.get('rel_err'), 2)}"
+
+
+def _static_reason(point: MoePoint, device: str) -> str | None:
+    if point.method == DENSE_METHOD:
+        return None
+    method = moe_method(point.method)
+    available, reason = method.availability(device, import_check=False)
+    if not available:
+        return reason
+    if point.fmt and method.formats and point.fmt not in method.formats:
+        return f"{method.name} does not take {point.fmt} weights (takes {', '.join(method.formats)})"
+    return None
+
+
+def run_sweep(config: MoeSweep, run: RunDir, *, retry_failed: bool = False, progress: bool = True,
+              command: str | None = None) -> int:
+    """Measure every point of `config` the run does not hold yet; returns how many were measured.
+    Holds the run folder's lock; rows land in `moe.jsonl` as they are measured."""
+    from fp4lab import hardware
+    from fp4lab.progress import Progress
+
+    device = hardware.resolve_device(config.device)
+    facts = device_facts(device)
+    model = config.model()
+    with run.lock(command), runner.signals_as_interrupt():
+        if retry_failed:
+            run.drop_rows("moe", run.row_keys("moe", FAILED))
+        done = run.row_keys("moe")
+        todo = [p for p in moe_points(config, method_kinds())
+                if p.key(facts["gpu_index"], model.key, config.routing) not in done]
+        if "provenance" not in run.run_json():
+            run.update_run_json(None, {"provenance": provenance(command, device)})
+        stored = run.run_json().get("moe") or {}
+        run.update_run_json("moe", {"config": config.as_dict(), "model": dataclasses.asdict(model),
+                                    "started": stored.get("started") or utc_now(), "status": "running"})
+        bar = Progress(len(todo), f"moe {model.key}") if progress else None
+
+        def record(row: dict[str, Any]) -> None:
+            run.append_rows("moe", [row])
+            if bar:
+                bar.update(format_point_line(row))
+
+        groups: dict[str, list[MoePoint]] = collections.defaultdict(list)
+        for point in todo:
+            reason = _static_reason(point, device)
+            if reason:
+                record(point_row(run.run_id, config, point, "unavailable", reason, facts))
+            else:
+                groups[point.method].append(point)
+        status = "interrupted"
+        try:
+            if groups:
+                runner.ensure_ceilings(run, device, run.path / "logs")
+            job = {"kind": "moe", "run_id": run.run_id, "device": device, "config": config.as_dict()}
+            for name, points in groups.items():
+                runner.measure_group(
+                    name, points, job, run.path / "logs" / f"moe-{name}.log", record,
+                    lambda point, status, error: point_row(run.run_id, config, point, status, error, facts),
+                    config.point_timeout_s)
+            status = "complete"
+        finally:
+            if bar:
+                bar.close()
+            run.update_run_json("moe", {"ended": utc_now(), "status": status})
+    return len(todo)

@@ -1,0 +1,95 @@
+"""The points of a sweep, in the order they are measured, and the worker group each runs in.
+
+Point legend (GEMM): `fmt` FP4 format, `n` output features, `k` reduction dim, `m` tokens; the
+GEMM is a[m, k] @ w[n, k]^T. (MoE): `gemm` gate_up, down or layer; `batch` the decode batch B;
+`ep` the expert-parallel degree; `m` a dense-curve point's tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from fp4lab import schema
+
+DENSE_METHOD = "dense-bf16"   # one expert's GEMM at M = dense_m_values: the layer model's curve
+
+
+@dataclass(frozen=True)
+class GemmPoint:
+    backend: str
+    fmt: str
+    n: int
+    k: int
+    m: int
+
+    table = "gemm"
+
+    @property
+    def group(self) -> str:
+        return self.backend
+
+    def key(self, gpu_index: int | None) -> tuple:
+        return schema.GEMM.row_key({**dataclasses.asdict(self), "gpu_index": gpu_index})
+
+    def identity(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def label(self) -> str:
+        return f"{self.backend} {self.fmt} M={self.m} {self.n}x{self.k}"
+
+
+@dataclass(frozen=True)
+class MoePoint:
+    method: str
+    gemm: str                  # gate_up | down | layer
+    fmt: str | None            # FP4 methods' weight format; None for bf16/fp8 methods
+    batch: int | None          # None for a dense-curve point
+    ep: int
+    m: int | None              # a dense-curve point's tokens
+
+    table = "moe"
+
+    @property
+    def group(self) -> str:
+        return self.method
+
+    def key(self, gpu_index: int | None, preset: str, routing: str) -> tuple:
+        return schema.MOE.row_key({**dataclasses.asdict(self), "gpu_index": gpu_index,
+                                   "preset": preset, "routing": routing})
+
+    def identity(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def label(self) -> str:
+        where = f"B={self.batch}" if self.batch is not None else f"m={self.m}"
+        return f"{self.method} {self.gemm} {self.fmt or ''} {where} ep={self.ep}".replace("  ", " ")
+
+
+def gemm_points(config) -> list[GemmPoint]:
+    """Per backend, per format, per shape, M ascending (weights quantized once per shape)."""
+    return [GemmPoint(backend, fmt, n, k, m)
+            for backend in config.backend_names for fmt in config.fmts
+            for (n, k) in config.shapes for m in sorted(config.m_values)]
+
+
+def moe_points(config, method_kinds: dict[str, tuple[str, str]]) -> list[MoePoint]:
+    """Per method: GEMM methods over (gemm, batch, ep), FP4 ones per format; layer methods over
+    (format, batch) at EP 1; then one expert's dense curve per gemm.
+
+    `method_kinds` maps a method name to (kind, weight_dtype)."""
+    points = []
+    for method in config.method_names:
+        kind, weight_dtype = method_kinds[method]
+        fmts = config.fmts if weight_dtype in ("fp4", "int4") or kind == "layer" else (None,)
+        if kind == "layer":
+            points += [MoePoint(method, "layer", fmt, batch, 1, None)
+                       for fmt in fmts for batch in config.batch_sizes]
+        else:
+            points += [MoePoint(method, gemm, fmt, batch, ep, None)
+                       for gemm in config.gemms for fmt in fmts
+                       for batch in config.batch_sizes for ep in config.ep_degrees]
+    points += [MoePoint(DENSE_METHOD, gemm, None, None, 1, m)
+               for gemm in config.gemms for m in config.dense_m_values]
+    return points

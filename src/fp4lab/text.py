@@ -1,0 +1,117 @@
+"""Words and numbers as the book prints them: escaping of data strings, and number formats.
+
+Every string that comes from data (a backend name in a row, an error message, a run id, a model
+name, a parameter value) is escaped with `md()` before it enters Markdown and with `html()` before
+it enters HTML: a run folder somebody sent you is data, never markup (a backend named
+`<img src=x onerror=...>` prints as those characters).
+
+Numbers: `sig()` gives significant digits without exponents for everyday magnitudes, `us()` a
+time with its unit (us below 1 ms, ms above), `pct()` a percentage, `count()` a count with its noun.
+"""
+
+from __future__ import annotations
+
+import html as _html
+import math
+import re
+
+MISSING = "—"
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~$&])")
+
+
+def md(value) -> str:
+    """`value` as plain text inside Markdown: no emphasis, code, links, tables, HTML or math."""
+    text = " ".join(str(value).split())              # no line breaks: a value is one line
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
+
+
+def markdown_to_html(markdown: str) -> str:
+    """Inline Markdown (as `md()` escapes data in it) to HTML; raw HTML in it is not passed
+    through, so escaped or not, a data string can never become live markup."""
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark", {"html": False}).renderInline(markdown)
+
+
+def html(value) -> str:
+    """`value` as plain text inside HTML (quotes escaped too: safe in attributes)."""
+    return _html.escape(str(value), quote=True)
+
+
+def code(value) -> str:
+    """`value` as inline code in Markdown, whatever it holds (backticks, HTML: code is literal)."""
+    text = " ".join(str(value).split())
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def is_missing(value) -> bool:
+    if value is None:
+        return True
+    try:
+        return bool(value != value)                   # NaN and pandas NA
+    except (TypeError, ValueError):
+        return False
+
+
+def sig(value, digits: int = 3) -> str:
+    """`digits` significant digits, no exponent from 1e-4 to 1e9, integers kept whole:
+    sig(0.00123) '0.00123', sig(1013.4) '1013', sig(2.0) '2.0' (digits 2), sig(None) '—'."""
+    if is_missing(value):
+        return MISSING
+    value = float(value)
+    if not math.isfinite(value):
+        return MISSING
+    if value == 0:
+        return "0"
+    magnitude = math.floor(math.log10(abs(value)))
+    if magnitude >= digits - 1:
+        return f"{round(value):,}".replace(",", "")
+    if magnitude < -4:
+        return f"{value:.{digits - 1}e}"
+    decimals = digits - 1 - magnitude
+    return f"{value:.{decimals}f}"
+
+
+def us(value, digits: int = 3) -> str:
+    """A time given in microseconds: '9.46 us', '1.28 ms', '—'."""
+    if is_missing(value):
+        return MISSING
+    if abs(float(value)) >= 1000:
+        return f"{sig(float(value) / 1000, digits)} ms"
+    return f"{sig(value, digits)} us"
+
+
+def pct(value, digits: int = 2) -> str:
+    """A percentage given in percent: '43%', '0.12%', '—'."""
+    if is_missing(value):
+        return MISSING
+    return f"{sig(value, digits)}%"
+
+
+def ratio(value, digits: int = 2) -> str:
+    """'2.1x', '0.84x'."""
+    return MISSING if is_missing(value) else f"{sig(value, digits)}x"
+
+
+def count(number: int, noun: str, plural: str | None = None) -> str:
+    """'1 run', '2 runs', '3 backends'."""
+    return f"{number} {noun if number == 1 else plural or noun + 's'}"
+
+
+def join(items, last: str = "and") -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    items = [str(item) for item in items]
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + f" {last} " + items[-1]
+
+
+def as_fast(fast_us: float, slow_us: float, within: float = 0.05) -> str:
+    """How `fast_us` compares with `slow_us`: '2.1x as fast as', 'about as fast as',
+    '0.80x as fast as' (slower)."""
+    speedup = slow_us / fast_us
+    if abs(speedup - 1) <= within:
+        return "about as fast as"
+    return f"{sig(speedup, 2)}x as fast as"
