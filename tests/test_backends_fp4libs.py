@@ -284,3 +284,25 @@ def test_tinygemm_without_the_torch_op_says_so(monkeypatch):
     monkeypatch.delattr(torch, "_weight_int4pack_mm_for_cpu", raising=False)
     available, reason = backends.get("tinygemm-int4").availability("cpu")
     assert not available and reason == f"torch {torch.__version__} has no torch._weight_int4pack_mm_for_cpu"
+
+
+# --- the real libraries, where a GPU and the packages are there (pytest -m cuda) ---------------
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name,fmt", [("humming-w4a16", "nvfp4"), ("humming-w4a16", "mxfp4"),
+                                      ("humming-w4a4", "nvfp4"), ("gemlite-w4a16", "mxfp4"),
+                                      ("gemlite-w4a16", "nvfp4"), ("tinygemm-int4", "nvfp4")])
+def test_real_library_on_the_gpu_passes_the_gate(name, fmt):
+    backend = backends.get(name)
+    available, reason = backend.availability("cuda")
+    if not available:
+        pytest.skip(reason)
+    a, w = operands(16, 512, 1024, fmt)
+    try:
+        prepared = backend.prepare(a.cuda(), w.to("cuda"), "cuda")
+    except gemlite_backend.LibraryCompileError as exc:   # gemlite nvfp4 on sm_90, as measured
+        assert len(str(exc).splitlines()) == 1
+        pytest.skip(str(exc))
+    result = gate(prepared, "bf16" if backend.weight_dtype == "int4" else fmt)
+    assert result.ok, result.message

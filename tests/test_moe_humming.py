@@ -189,3 +189,18 @@ def test_the_layer_gate_catches_a_kernel_that_drops_the_global_scale(fake_hum):
 def test_wrong_format_names_the_parameter(fake_hum):
     with pytest.raises(ValueError, match="takes formats \\['nvfp4'\\], not fmt='mxfp4'"):
         moe_methods.get("humming-w4a4-moe").prepare(small_layer("mxfp4"))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["humming-moe-grouped", "humming-moe-indexed"])
+def test_real_humming_layer_on_the_gpu_passes_the_gate(name):
+    method = moe_methods.get(name)
+    available, reason = method.availability("cuda")
+    if not available:
+        pytest.skip(reason)
+    ids = topk_ids(64, 16, 4).numpy()
+    problem = base.make_layer_problem(ids, 16, hidden=512, intermediate=256, fmt="nvfp4",
+                                      device="cuda")
+    gate = moe_methods.check_call(method.prepare(problem), problem)
+    assert gate.ok, gate.message
