@@ -32,6 +32,7 @@ Shape legend: see `fp4lab.backends.moe.base`; `R` = T*k routed rows, `P` padded 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -107,7 +108,7 @@ class LayerGemms:
 
     gate_up: HummingGemm       # w13 [E, 2I, H]
     down: HummingGemm          # w2 [E, H, I]
-    transform: object = None   # reference_transform (W4A4), else None
+    transform: Callable[[str, torch.Tensor], torch.Tensor] | None = None   # W4A4's reference_transform
 
 
 class HummingMoeLayer(MoeMethod):
