@@ -10,7 +10,10 @@ from fp4lab.backends.base import Backend, Prepared
 from fp4lab.hardware import resolve_device
 from fp4lab.backends.emulated import Emulated
 from fp4lab.backends.flashinfer import VARIANTS as FLASHINFER_VARIANTS, FlashInferMmFp4
+from fp4lab.backends.gemlite import GemliteW4A16
+from fp4lab.backends.humming import HummingW4A4, HummingW4A16
 from fp4lab.backends.sglang import SglCutlass
+from fp4lab.backends.tinygemm import TinygemmInt4
 from fp4lab.backends.torch_native import TorchBf16, TorchFp4, TorchFp8
 from fp4lab.backends.triton_w4a16 import TritonW4A16
 
@@ -26,6 +29,7 @@ REGISTRY: dict[str, Backend] = {
         *(FlashInferMmFp4(name) for name in FLASHINFER_VARIANTS),
         SglCutlass(),
         TritonW4A16(),
+        HummingW4A16(), HummingW4A4(), GemliteW4A16(), TinygemmInt4(),
     )
 }
 
