@@ -47,7 +47,7 @@ os.environ.setdefault("HUMMING_CACHE_DIR", str(ROOT / ".devbuild" / "humming-cac
 
 import torch  # noqa: E402
 
-from fp4lab import bench, correctness, formats, hardware, roofline  # noqa: E402
+from fp4lab import bench, ceilings, correctness, formats, hardware  # noqa: E402
 from fp4lab.backends import get as get_backend  # noqa: E402
 from fp4lab.backends import moe as moe_methods  # noqa: E402
 from fp4lab.backends.moe import base as moe_base  # noqa: E402
@@ -421,8 +421,8 @@ def main(argv=None) -> int:
     device = hardware.resolve_device(args.device)
     cases = plan(parts, parse_shapes(args.shapes), parse_ints(args.m, "--m"),
                  parse_ints(args.batches, "--batches"), args.models.split(","))
-    probes = roofline.CeilingProbes.cpu() if device == "cpu" else roofline.CeilingProbes.cuda_quick()
-    bandwidth, how = roofline.measure_copy_tbps(bench.torch_device(device), probes)
+    probes = ceilings.CeilingProbes.cpu() if device == "cpu" else ceilings.CeilingProbes.cuda_quick()
+    bandwidth, how = ceilings.measure_copy_tbps(bench.torch_device(device), probes)
     meta = {"command": " ".join(sys.argv), "parts": parts, "budget_s": args.budget_s,
             "timer": dataclasses.asdict(TIMER), "copy_tbps": bandwidth, "copy_how": how,
             "device": hardware.detect(device).as_dict(), "versions": versions(),

@@ -27,8 +27,8 @@ from typing import Any
 from fp4lab import profiles
 from fp4lab.book import BookResult
 from fp4lab.progress import PROGRESS_ENV
-from fp4lab.results import (MEASUREMENTS_ROOT, REFERENCE_ROOT, REPO_ROOT, RUNS_ROOT, RunDir, latest_gpu_run,
-                            new_run_id, reference_run, utc_now)
+from fp4lab.results import (REFERENCE_ROOT, REPO_ROOT, RUNS_ROOT, RunDir, latest_gpu_run, new_run_id,
+                            reference_run, utc_now)
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 KERNEL_NAME = "fp4lab"
@@ -234,7 +234,7 @@ def run_report(profile: str = "auto", run_id: str | None = None, runs_dir: str |
         book_result = BookResult("skipped", 0.0, None)
         if build:
             with book.book_lock():
-                leading = run if cuda else latest_gpu_run(runs_dir, REFERENCE_ROOT, MEASUREMENTS_ROOT)
+                leading = run if cuda else latest_gpu_run(runs_dir, REFERENCE_ROOT)
                 staged = book.stage(run, report["chapters"], RunDir(reference) if reference else None,
                                     book.front_page(run, report, RunDir(leading) if leading else None))
                 try:

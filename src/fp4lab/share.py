@@ -9,7 +9,6 @@ profile at the top and stands alone (it refers to no chapter it does not contain
 from __future__ import annotations
 
 import base64
-import io
 import os
 from pathlib import Path
 
@@ -31,7 +30,7 @@ def pick_run(run_id: str | None, runs_dir: str | os.PathLike) -> RunDir:
             if (root / run_id / "run.json").is_file():
                 return RunDir.open(root / run_id)
         raise ParameterError(f"run_id={run_id!r}: no such run under {runs_dir} or the committed results")
-    leading = latest_gpu_run(*roots)
+    leading = latest_gpu_run(runs_dir, REFERENCE_ROOT)
     if leading is not None:
         return RunDir.open(leading)
     runs = find_run_dirs(runs_dir)
@@ -41,12 +40,9 @@ def pick_run(run_id: str | None, runs_dir: str | os.PathLike) -> RunDir:
 
 
 def figure_png(fig) -> str:
-    import matplotlib.pyplot as plt
+    from fp4lab.chapters.page import png
 
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", bbox_inches="tight")
-    plt.close(fig)
-    return base64.b64encode(buffer.getvalue()).decode()
+    return base64.b64encode(png(fig)).decode()
 
 
 def share_html(run: RunDir, profile: str = "full") -> str:

@@ -63,7 +63,7 @@ def fill(context: Context) -> None:
     page.html("availability", html_table(analysis.availability(results), AVAILABILITY,
                                          caption=results.caption("points per backend and status")))
     _speed(page, results, reference, context)
-    _four_bit(page, results, reference)
+    _four_bit(page, results)
     _roofline(page, results)
     _seed(page, results, reference)
     page.bullets("findings", findings(results, reference))
@@ -83,24 +83,20 @@ def _speed(page, results, reference, context: Context) -> None:
         page.figure("speed", figures.speed_by_m(runs), results.caption(
             "TFLOP/s of every correct point" + ("; the reference run dashed on the shapes both measured" if shared else "")))
     if reference is not None and not shared and len(reference.ok):
-        page.prose("speed", f"The reference run measured other shapes; its own speeds, on "
-                            f"{text.md(reference.view.device)}:")
-        page.figure("speed", figures.speed_by_m({_label(reference): reference.ok}),
-                    reference.caption("TFLOP/s of every correct point"))
+        page.prose("speed", f"The reference run ({text.md(reference.view.device)}) measured other shapes; "
+                            "its own chapter 01, in the book's second part, shows them.")
 
 
-def _four_bit(page, results, reference) -> None:
-    for which in (results, reference):
-        if which is None:
-            continue
-        points = analysis.four_bit_points(which)
-        if not (points["weight_dtype"].isin(analysis.FOUR_BIT)).any():
-            continue
-        page.figure("fourbit", figures.four_bit_vs_floor(points), which.caption(
-            "every 4-bit-weight method and cuBLAS bf16 against the FP4 weight-read floor at the "
-            "run's measured bandwidth"))
-        page.html("fourbit", html_table(analysis.fastest_fp4_per_m(which), FASTEST,
-                                        caption=which.caption("the fastest 4-bit method per M")))
+def _four_bit(page, results) -> None:
+    points = analysis.four_bit_points(results)
+    if not (points["weight_dtype"].isin(analysis.FOUR_BIT)).any():
+        page.prose("fourbit", "No method reading 4-bit weights ran correctly in this run.")
+        return
+    page.figure("fourbit", figures.four_bit_vs_floor(points), results.caption(
+        "every 4-bit-weight method and cuBLAS bf16 against the FP4 weight-read floor at the "
+        "run's measured bandwidth"))
+    page.html("fourbit", html_table(analysis.fastest_fp4_per_m(results), FASTEST,
+                                    caption=results.caption("the fastest 4-bit method per M")))
 
 
 def _roofline(page, results) -> None:

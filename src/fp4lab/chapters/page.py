@@ -65,7 +65,7 @@ class Page:
 
     def show(self, section: str) -> None:
         """Display one section in the notebook (the cell's only output)."""
-        from IPython.display import HTML, Markdown, display
+        from IPython.display import HTML, Image, Markdown, display
 
         if section == "banner":
             if self.smoke:
@@ -80,10 +80,7 @@ class Page:
             elif block.kind == "html":
                 display(HTML(block.payload))
             else:
-                display(block.payload)
-                import matplotlib.pyplot as plt
-
-                plt.close(block.payload)
+                display(Image(data=png(block.payload), format="png"))
                 if block.caption:
                     display(HTML(f'<p class="fp4lab-caption" style="font-size:0.8em;color:#555;'
                                  f'margin-top:0">{text.html(block.caption)}</p>'))
@@ -93,6 +90,15 @@ class Page:
             items = "".join(f"<li>{text.html(note)}</li>" for note in dict.fromkeys(self.notes))
             display(HTML(f'<details class="fp4lab-notes"><summary>{len(set(self.notes))} notes from this '
                          f"run (warnings raised while the chapter ran)</summary><ul>{items}</ul></details>"))
+
+
+def png(fig) -> bytes:
+    """A figure rendered as PNG bytes (figures are not pyplot's: they show only where shown)."""
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", bbox_inches="tight")
+    return buffer.getvalue()
 
 
 class NoteCollector(logging.Handler):

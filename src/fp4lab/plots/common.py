@@ -5,12 +5,8 @@ are given: no I/O, no analysis."""
 
 from __future__ import annotations
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display: figures are rendered into the page, never shown in a window
-
-import matplotlib.pyplot as plt  # noqa: E402
-import seaborn as sns  # noqa: E402
+import seaborn as sns
+from matplotlib.figure import Figure
 
 PAGE_WIDTH_IN = 8.0
 DPI = 110
@@ -32,11 +28,12 @@ def palette(names) -> dict[str, tuple]:
 
 
 def new_figure(nrows: int = 1, ncols: int = 1, height_in: float | None = None, **kwargs):
-    """A figure of the page's width: (fig, axes) with axes always a 2-D array."""
+    """A figure of the page's width: (fig, axes) with axes always a 2-D array. The figure is not
+    registered with pyplot, so it appears on a page only where the page shows it."""
     apply_style()
     height = height_in or (3.4 if nrows == 1 else 2.9 * nrows)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(PAGE_WIDTH_IN, height), squeeze=False,
-                             constrained_layout=True, **kwargs)
+    fig = Figure(figsize=(PAGE_WIDTH_IN, height), layout="constrained", dpi=DPI)
+    axes = fig.subplots(nrows, ncols, squeeze=False, **kwargs)
     return fig, axes
 
 
@@ -50,9 +47,29 @@ def hide_unused(axes, used: int) -> None:
         ax.set_visible(False)
 
 
-def figure_legend(fig, axes, title: str | None = None, columns: int = 3) -> None:
+def tokens_axis(ax) -> None:
+    """A log2 axis of token counts labelled 1, 2, 4, ... (not 2^n)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(LogLocator(base=2))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}" if value < 1e5 else f"{value:.0e}"))
+
+
+def marker_handles(markers: dict[str, str]) -> list:
+    """Legend entries for what a marker shape means (black, no line)."""
+    from matplotlib.lines import Line2D
+
+    return [Line2D([], [], color="0.2", marker=marker, linestyle="none", label=label)
+            for label, marker in markers.items()]
+
+
+def figure_legend(fig, axes, title: str | None = None, columns: int = 3, extra: list | None = None) -> None:
     """One legend for the whole figure, below the panels, covering every line drawn."""
     handles, labels = {}, []
+    for handle in extra or []:
+        handles[handle.get_label()] = handle
+        labels.append(handle.get_label())
     for ax in axes.flat:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             if label not in handles and not label.startswith("_"):

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fp4lab.plots.common import figure_legend, grid_shape, hide_unused, new_figure, palette
+from fp4lab.plots.common import (figure_legend, grid_shape, hide_unused, marker_handles, new_figure, palette,
+                                 tokens_axis)
 
 
 def _shapes(frame: pd.DataFrame) -> list[tuple[int, int]]:
@@ -39,15 +40,15 @@ def speed_by_m(runs: dict[str, pd.DataFrame], metric: str = "tflops", ylabel: st
                         marker="o" if fmt == "nvfp4" else "s", markersize=3.5, linewidth=1.4,
                         alpha=1.0 if styles[label] == "-" else 0.7,
                         label=f"{backend} ({label})" if len(frames) > 1 else backend)
-        ax.set(xscale="log", yscale="log", title=f"N={n}, K={k}")
-        ax.set_xscale("log", base=2)
+        ax.set(yscale="log", title=f"N={n}, K={k}")
+        tokens_axis(ax)
     for ax in axes[-1]:
         ax.set_xlabel("M (tokens)")
     for ax in axes[:, 0]:
         ax.set_ylabel(ylabel)
     hide_unused(axes, len(shapes))
-    figure_legend(fig, axes, title="o nvfp4 weights, s mxfp4 weights" + (
-        "; solid: " + ", dashed: ".join(frames) if len(frames) > 1 else ""))
+    styles_note = ("solid: " + ", dashed: ".join(frames)) if len(frames) > 1 else None
+    figure_legend(fig, axes, title=styles_note, extra=marker_handles({"nvfp4 weights": "o", "mxfp4 weights": "s"}))
     return fig
 
 
@@ -68,8 +69,8 @@ def four_bit_vs_floor(points: pd.DataFrame, baseline: str = "torch-bf16"):
         floor = shape.groupby("m")["fp4_floor_us"].first().sort_index()
         ax.plot(floor.index, floor.values, "--", color="black", linewidth=1.2,
                 label="FP4 weight-read floor (measured bandwidth)")
-        ax.set(xscale="log", yscale="log", title=f"{fmt}, N={n}, K={k}")
-        ax.set_xscale("log", base=2)
+        ax.set(yscale="log", title=f"{fmt}, N={n}, K={k}")
+        tokens_axis(ax)
     for ax in axes[-1]:
         ax.set_xlabel("M (tokens)")
     for ax in axes[:, 0]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fp4lab.plots.common import figure_legend, new_figure, palette
+from fp4lab.plots.common import figure_legend, new_figure, palette, tokens_axis
 
 
 def loads(loads_by_batch: dict[int, np.ndarray], table: pd.DataFrame):
@@ -38,8 +38,8 @@ def layer_time_by_batch(layers: pd.DataFrame):
     colours = palette(sorted(labels["label"].unique()))
     for label, rows in labels.sort_values("batch").groupby("label"):
         ax.plot(rows["batch"], rows["layer_us"] / 1000, "-o", ms=3, color=colours[label], label=label)
-    ax.set(xscale="log", yscale="log", xlabel="decode batch B", ylabel="layer time (ms)")
-    ax.set_xscale("log", base=2)
+    ax.set(yscale="log", xlabel="decode batch B", ylabel="layer time (ms)")
+    tokens_axis(ax)
     figure_legend(fig, axes, columns=3)
     return fig
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fp4lab.plots.common import figure_legend, new_figure, palette
+from fp4lab.plots.common import figure_legend, new_figure, palette, tokens_axis
 
 
 def _seconds(frame: pd.DataFrame, t0: float) -> pd.Series:
@@ -61,7 +61,7 @@ def per_point(points: pd.DataFrame, limit_w: float | None):
         power_ax.axhline(limit_w, color="firebrick", ls="--", lw=1.2, label=f"limit {limit_w:.0f} W")
         power_ax.set_ylim(0, 1.12 * max(limit_w, points["avg_power_w"].max()))
     for ax in (power_ax, efficiency_ax):
-        ax.set_xscale("log", base=2)
+        tokens_axis(ax)
         ax.set_xlabel("M (tokens)")
     power_ax.set(ylabel="average power in the window (W)")
     efficiency_ax.set(ylabel="TFLOPS per watt", yscale="log")

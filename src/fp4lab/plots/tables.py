@@ -16,8 +16,11 @@ import pandas as pd
 from fp4lab import text
 
 BOX_STYLE = "overflow-x:auto;max-width:100%;margin:0.5em 0 1em 0"
-TABLE_STYLE = "border-collapse:collapse;font-size:0.85em;white-space:nowrap"
-CELL_STYLE = "padding:2px 8px;border-bottom:1px solid #ddd"
+TABLE_STYLE = "border-collapse:collapse;font-size:0.85em"
+CELL_STYLE = "padding:2px 8px;border-bottom:1px solid #ddd;vertical-align:top"
+NUMBER_STYLE = "white-space:nowrap"
+TEXT_STYLE = "white-space:normal;min-width:6em;max-width:36em"
+HEADER_STYLE = "white-space:normal;min-width:4em;max-width:12em"
 
 
 def integer(value) -> str:
@@ -51,18 +54,22 @@ def html_table(frame: pd.DataFrame, columns: list[Col], caption: str = "", empty
     when the frame has no rows."""
     if not len(frame):
         return f"<p><em>{text.html(empty or 'No rows.')}</em></p>"
-    head = "".join(f'<th style="{CELL_STYLE};text-align:{_align(c)}">{text.html(c.header)}</th>'
+    head = "".join(f'<th style="{CELL_STYLE};{HEADER_STYLE};text-align:{_align(c)}">{text.html(c.header)}</th>'
                    for c in columns)
     body = []
     for _, row in frame.iterrows():
         cells = "".join(
-            f'<td style="{CELL_STYLE};text-align:{_align(c)}">{text.html(FORMATS[c.format](row.get(c.source)))}</td>'
-            for c in columns)
+            f'<td style="{CELL_STYLE};{_wrap(c)};text-align:{_align(c)}">'
+            f'{text.html(FORMATS[c.format](row.get(c.source)))}</td>' for c in columns)
         body.append(f"<tr>{cells}</tr>")
     caption_html = (f'<caption style="caption-side:bottom;text-align:left;font-size:0.8em;color:#555">'
                     f"{text.html(caption)}</caption>") if caption else ""
     return (f'<div class="fp4lab-table" style="{BOX_STYLE}"><table style="{TABLE_STYLE}">{caption_html}'
             f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>")
+
+
+def _wrap(column: Col) -> str:
+    return TEXT_STYLE if column.format == "text" else NUMBER_STYLE
 
 
 def _align(column: Col) -> str:
