@@ -47,7 +47,7 @@ os.environ.setdefault("HUMMING_CACHE_DIR", str(ROOT / ".devbuild" / "humming-cac
 
 import torch  # noqa: E402
 
-from fp4lab import bench, ceilings, correctness, formats, hardware  # noqa: E402
+from fp4lab import bench, ceilings, correctness, formats, hardware, roofline  # noqa: E402
 from fp4lab.backends import get as get_backend  # noqa: E402
 from fp4lab.backends import moe as moe_methods  # noqa: E402
 from fp4lab.backends.moe import base as moe_base  # noqa: E402

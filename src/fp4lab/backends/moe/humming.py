@@ -120,7 +120,7 @@ class HummingMoeLayer(MoeMethod):
     requires = REQUIRES_W4A16
     layout = ""
 
-    def prepare(self, problem: LayerProblem) -> MoeCall:
+    def prepare(self, problem: LayerProblem, fmt: str | None = None) -> MoeCall:
         self.check_problem(problem)
         gemms = self.load(problem)
         build, args, out = self.layer_call(problem, gemms)
