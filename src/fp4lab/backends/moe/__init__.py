@@ -9,6 +9,7 @@ from __future__ import annotations
 from fp4lab.backends.moe.base import (
     ExpertProblem, LayerProblem, MethodUnavailable, MoeCall, MoeMethod, check_call,
 )
+from fp4lab.backends.moe.blackwell import FlashInferCutlassMoe, FlashInferTrtllmMoe, SglFp4GroupMm
 from fp4lab.backends.moe.torch_methods import (
     GroupedBf16, GroupedFp8, LayerLoopBf16, LoopBf16, LoopTritonW4A16, PaddedBf16,
 )
@@ -25,6 +26,9 @@ REGISTRY: dict[str, MoeMethod] = {
         GroupedFp8(),
         LoopTritonW4A16(),
         LayerLoopBf16(),
+        SglFp4GroupMm(),
+        FlashInferCutlassMoe(),
+        FlashInferTrtllmMoe(),
     )
 }
 
