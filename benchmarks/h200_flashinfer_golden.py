@@ -12,8 +12,8 @@ nvfp4 and mxfp4, linear and 128x4-swizzled scale layouts):
 - `block_scale_interleave` (the 128x4 swizzle) of linear scale bytes: its host implementation
   and, on a GPU, its CUDA kernel;
 - `e2m1_and_ufp8sf_scale_to_float` (its host decoder) of random packed bytes and scale bytes;
-- `fp4_quantize` of bf16 inputs (nvfp4: sf_vec_size 16, e4m3 scales, the global encode scale
-  448*6/amax; mxfp4: 32, ue8m0). Its kernel body is compiled for __CUDA_ARCH__ >= 1000 only
+- `fp4_quantize` (nvfp4: sf_vec_size 16, e4m3 scales, the global encode scale 448*6/amax) and
+  `mxfp4_quantize` (block 32, ue8m0 scales, which calls the same kernel) of bf16 inputs. Its kernel body is compiled for __CUDA_ARCH__ >= 1000 only
   (csrc/nv_internal/tensorrt_llm/kernels/quantization.cuh, quantize_with_block_size): on sm_90 it
   launches and writes nothing. So every result is first decoded by FlashInfer's own host decoder
   and kept as a golden only when it reproduces its input to FP4 accuracy; otherwise the case is
@@ -112,10 +112,11 @@ def parent(args) -> int:
         log(args.out, f"child: {line}")
     meta_path = os.path.join(args.out, META)
     meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {"cases": []}
-    meta["status"] = status if meta.get("status") != "complete" or status != "complete" else "complete"
+    if meta.get("status") != "complete" or status != "complete":   # the child's word and its exit agree
+        meta["status"] = status if status != "complete" else f"child left status {meta.get('status')}"
     json.dump(meta, open(meta_path, "w"), indent=1)
     log(args.out, summary(meta, time.time() - started))
-    return 0 if status == "complete" else 1
+    return 0 if meta["status"] == "complete" else 1
 
 
 # -- child: the FlashInfer calls --------------------------------------------------------------------
@@ -229,10 +230,13 @@ def quantize_cases(recorder, module, flashinfer, rng) -> None:
                     gs = None
                     if fmt == "nvfp4":
                         gs = torch.tensor([448.0 * 6.0], dtype=torch.float32) / x.float().abs().amax()
-                    options = {"nvfp4_4over6": None} if fmt == "nvfp4" else {}
-                    packed, scales = flashinfer.fp4_quantize(
-                        x.cuda(), gs.cuda() if gs is not None else None, spec["sf_vec"], spec["ue8m0"],
-                        swizzled, **options)
+                    if fmt == "nvfp4":
+                        packed, scales = flashinfer.fp4_quantize(
+                            x.cuda(), gs.cuda(), spec["sf_vec"], spec["ue8m0"], swizzled,
+                            nvfp4_4over6=None)
+                    else:
+                        layout = flashinfer.SfLayout.layout_128x4 if swizzled else flashinfer.SfLayout.layout_linear
+                        packed, scales = flashinfer.mxfp4_quantize(x.cuda(), sfLayout=layout)
                     torch.cuda.synchronize()
                     packed = packed.view(torch.uint8).cpu().contiguous()
                     scales = scales.view(torch.uint8).cpu().contiguous()
