@@ -116,7 +116,8 @@ def pack(wheel: str, out_dir: str) -> str:
         text = io.StringIO()
         csv.writer(text, lineterminator="\n").writerows(rows + [[record_name, "", ""]])
         out.writestr(record_name, text.getvalue())
-    print(f"pack_flashinfer: kept {len(rows)} files ({len(closure)} of csrc), dropped {dropped} -> {out_path}")
+    print(f"pack_flashinfer: kept {len(rows)} files ({len(closure)} of csrc), dropped {dropped}"
+          f" -> {out_path}")
     return out_path
 
 

@@ -250,7 +250,8 @@ def format_rows(rows: list[dict]) -> str:
         def shown(value, fmt=""):
             return "-" if value is None else format(value, fmt)
         fits = "-" if row["fits"] is None else ("yes" if row["fits"] else "NO")
-        lines.append(f"{row['gpu']:<13} {row['kind']:<5} {row['tile'] + ('*' if row['seed'] else ''):<12} "
+        tile = row["tile"] + ("*" if row["seed"] else "")
+        lines.append(f"{row['gpu']:<13} {row['kind']:<5} {tile:<12} "
                      f"{shown(row['k_values']):>4} {'yes' if row['listed'] else 'no':<6} "
                      f"{shown(row['stages']):>6} {shown(row['smem_kb'], '.1f'):>8} "
                      f"{row['limit_kb']:>8.1f} {fits:<4}  {row['reason']}")

@@ -56,7 +56,8 @@ class Measured:
     def __post_init__(self):
         if self.gpu not in SPECS:
             raise ValueError(f"measured gpu {self.gpu!r} is not on the sheet; valid: {', '.join(SPECS)}")
-        if not (isinstance(self.layer_us, (int, float)) and np.isfinite(self.layer_us) and self.layer_us > 0):
+        number = isinstance(self.layer_us, (int, float)) and np.isfinite(self.layer_us)
+        if not (number and self.layer_us > 0):
             raise ValueError(f"measured layer_us must be a positive number, got {self.layer_us!r}")
         if self.launch_us is not None and not self.launch_us > 0:
             raise ValueError(f"measured launch_us must be positive, got {self.launch_us!r}")

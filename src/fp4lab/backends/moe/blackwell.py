@@ -198,6 +198,17 @@ def per_expert_global(q: QuantizedTensor) -> torch.Tensor:
     return q.global_scale.float().reshape(-1).expand(q.shape[0]).contiguous()
 
 
+def layer_call(problem: LayerProblem, build, args: tuple, scales: dict[str, torch.Tensor]) -> MoeCall:
+    """A layer method's MoeCall: a bf16 [T, H] output the kernel writes (the gate poisons it) and
+    the reference quantizing activations with the kernel's scales."""
+    out = torch.empty(problem.x.shape[0], problem.hidden, dtype=torch.bfloat16,
+                      device=problem.x.device)                                      # [T, H]
+    return bound_call(build, args, out, tolerance_key="nvfp4", weight_bytes=layer_weight_bytes(problem),
+                      reference_transform=activation_transform(scales),
+                      note=f"a1 {scales['input'].item():.4g}, a2 {scales['intermediate'].item():.4g} "
+                           f"(calibrated)")
+
+
 def check_layer(problem, method: MoeMethod) -> None:
     if not isinstance(problem, LayerProblem):
         raise MethodUnavailable(f"{method.name}: a layer method takes a LayerProblem, "
@@ -228,7 +239,8 @@ class FlashInferCutlassMoe(Fp4MoeMethod):
             a1, swizzled_int32(w13.scales), (1.0 / (a1 * per_expert_global(w13))).float(),
             a2, swizzled_int32(w2.scales), (1.0 / (a2 * per_expert_global(w2))).float(),
         ]
-        weights = (w13.packed.view(torch.long), w2.packed.view(torch.long))      # [E, 2I, H/16], [E, H, I/16]
+        # packed bytes as int64, as the kernel takes them: [E, 2I, H/16], [E, H, I/16]
+        weights = (w13.packed.view(torch.long), w2.packed.view(torch.long))
 
         def build(args, out):
             x, ids, route_weights, fc1, fc2 = args
@@ -241,13 +253,8 @@ class FlashInferCutlassMoe(Fp4MoeMethod):
                 return out
             return call
 
-        out = torch.empty(problem.x.shape[0], problem.hidden, dtype=torch.bfloat16,
-                          device=problem.x.device)                                  # [T, H]
         args = (problem.x, problem.topk_ids, problem.topk_weights, *weights)
-        return bound_call(build, args, out, tolerance_key="nvfp4",
-                          weight_bytes=layer_weight_bytes(problem),
-                          reference_transform=activation_transform(scales),
-                          note=f"a1 {a1.item():.4g}, a2 {a2.item():.4g} (calibrated)")
+        return layer_call(problem, build, args, scales)
 
 
 def swizzled_int32(scales: torch.Tensor) -> torch.Tensor:
@@ -298,13 +305,8 @@ class FlashInferTrtllmMoe(Fp4MoeMethod):
                 return out
             return call
 
-        out = torch.empty(problem.x.shape[0], problem.hidden, dtype=torch.bfloat16,
-                          device=problem.x.device)                                  # [T, H]
         args = (x_q.packed, x_q.scales, problem.topk_ids, problem.topk_weights)
-        return bound_call(build, args, out, tolerance_key="nvfp4",
-                          weight_bytes=layer_weight_bytes(problem),
-                          reference_transform=activation_transform(scales),
-                          note=f"a1 {a1.item():.4g}, a2 {a2.item():.4g} (calibrated)")
+        return layer_call(problem, build, args, scales)
 
 
 def trtllm_weights(q: QuantizedTensor, flashinfer, gated: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -315,7 +317,8 @@ def trtllm_weights(q: QuantizedTensor, flashinfer, gated: bool) -> tuple[torch.T
     for e in range(experts):
         w, s = q.packed[e], q.scales[e].view(torch.uint8)                          # [N, K/2], [N, K/16]
         if gated:
-            w, s = flashinfer.reorder_rows_for_gated_act_gemm(w), flashinfer.reorder_rows_for_gated_act_gemm(s)
+            w = flashinfer.reorder_rows_for_gated_act_gemm(w)
+            s = flashinfer.reorder_rows_for_gated_act_gemm(s)
         packed.append(flashinfer.shuffle_matrix_a(w.contiguous(), TRTLLM_EPILOGUE_TILE_M))
         shuffled = flashinfer.shuffle_matrix_sf_a(s.contiguous(), TRTLLM_EPILOGUE_TILE_M)
         if shuffled.numel() != rows * (k // 16):
@@ -348,7 +351,7 @@ class SglFp4GroupMm(Fp4MoeMethod):
         experts, n, k = problem.w.shape
         params = group_mm_params(problem.loads, problem.starts, blockscale_starts, n, k, device)
         alphas = (1.0 / (a_gs * per_expert_global(w_q))).float()                    # [E]
-        b_blockscale = formats.swizzle_scales(w_q.scales)                           # [E, N_pad, K/16 pad]
+        b_blockscale = formats.swizzle_scales(w_q.scales)                  # [E, N_pad, K/16 pad]
 
         def build(args, out):
             a_packed, a_scales, b_packed, b_scales, alpha = args
