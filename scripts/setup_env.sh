@@ -11,7 +11,8 @@
 #                    PyTorch index of the newest CUDA build the driver supports, TORCH_CUDA_BUILDS)
 #   SETUP_DEVICE     auto (default: a GPU box when nvidia-smi lists a GPU) | cpu | cuda
 #   NVIDIA_SMI       the nvidia-smi to ask (default: the one on PATH)
-#   PIP_FIND_LINKS / PIP_NO_INDEX   read by pip itself: offline installs from a wheel folder
+#   PIP_FIND_LINKS / PIP_NO_INDEX   read by pip itself: offline installs from a wheel folder (which
+#                    must hold the project's dependencies; setuptools too unless PYTHON has it)
 #
 # What it decides:
 #   CPU machine   a plain venv, TORCH_SPEC, then the project with its test extra (as always).
@@ -154,7 +155,14 @@ fi
 echo "torch==$torch_version" > "$CONSTRAINTS"
 
 # -- the project, then the GPU extra one package at a time ------------------------------------------
-pip install -c "$CONSTRAINTS" -e ".[test]"
+if [ -n "${PIP_NO_INDEX:-}" ]; then
+    # Offline, pip's isolated build environment could find no setuptools: build the editable
+    # install with the venv's own (the system's over a container, else one from PIP_FIND_LINKS).
+    pip install -c "$CONSTRAINTS" "setuptools>=68"
+    pip install -c "$CONSTRAINTS" --no-build-isolation -e ".[test]"
+else
+    pip install -c "$CONSTRAINTS" -e ".[test]"
+fi
 if [ -n "$gpu_name" ]; then
     # the `gpu = [...]` list of pyproject.toml's optional-dependencies
     gpu_packages=$(sed -n 's/^gpu *= *\[\(.*\)\].*/\1/p' pyproject.toml | tr ',' '\n' | tr -d ' "')

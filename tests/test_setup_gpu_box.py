@@ -219,7 +219,12 @@ def test_the_stamp_reruns_setup_only_when_spec_index_or_pyproject_change(cpu_box
 def test_offline_installs_reach_pip_through_its_own_variables(cpu_box):
     result = cpu_box.setup(TORCH_SPEC_ORIGIN="file", PIP_NO_INDEX="1", PIP_FIND_LINKS="/wheels")
     assert result.returncode == 0, result.stderr
-    assert all(call.endswith("[PIP_NO_INDEX=1]") for call in cpu_box.pip_installs())
+    installs = cpu_box.pip_installs()
+    assert all(call.endswith("[PIP_NO_INDEX=1]") for call in installs)
+    # no index for an isolated build environment: the editable install builds with the venv's
+    setuptools = next(i for i, call in enumerate(installs) if "setuptools>=68" in call)
+    project = next(i for i, call in enumerate(installs) if "-e .[test]" in call)
+    assert setuptools < project and "--no-build-isolation" in installs[project]
 
 
 def test_bad_setup_device_is_one_line_naming_it(cpu_box):
