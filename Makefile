@@ -5,30 +5,37 @@
 #   make lab       JupyterLab with the fp4lab kernel
 #   make browser-check  open the built book in headless Chromium (installs Debian's chromium)
 #   make clean     remove the venv and build outputs (runs/ and results/ are kept: they are data)
-# Knobs: REPORT_PROFILE=auto|smoke|full  RUN_ID=<id>  RUNS_DIR=runs  TORCH_SPEC=torch==2.13.0
+# Knobs: REPORT_PROFILE=auto|smoke|full  RUN_ID=<id>  RUNS_DIR=runs
+# Setup knobs (scripts/setup_env.sh says what each decides; changing one re-runs setup):
+#   TORCH_SPEC=torch==2.13.0  the torch to install (a CPU machine takes the local CPU wheel)
+#   TORCH_INDEX_URL=<url>     where torch comes from (GPU box default: the PyTorch index of the
+#                             newest CUDA build the driver supports; a container's CUDA torch is
+#                             reused as it is unless TORCH_SPEC or TORCH_INDEX_URL is given)
+#   SETUP_DEVICE=auto|cpu|cuda  auto: a GPU box when nvidia-smi lists a GPU
+#   offline: PIP_NO_INDEX=1 PIP_FIND_LINKS=<wheel folder> (read by pip)
 
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX_URL ?=
+SETUP_DEVICE ?= auto
 REPORT_PROFILE ?= auto
 RUN_ID ?=
 RUNS_DIR ?= runs
 PIP := $(BIN)/python -m pip -q --disable-pip-version-check
 STAMP := $(VENV)/.fp4lab-installed
 
-.PHONY: setup test report share lab browser-check clean
+.PHONY: setup test report share lab browser-check clean FORCE
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
-	@echo "==> setting up $(VENV) (first use only)"
-	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --upgrade pip
-	$(PIP) install "$(TORCH_SPEC)"
-	$(PIP) install -e ".[test]"
-	$(BIN)/python -m ipykernel install --sys-prefix --name fp4lab --display-name "Python (fp4lab)" >/dev/null
-	@touch $@
+# Always asks the script, which returns at once when the stamp matches the settings.
+$(STAMP): FORCE
+	@PYTHON="$(PYTHON)" VENV="$(VENV)" TORCH_SPEC="$(TORCH_SPEC)" TORCH_SPEC_ORIGIN="$(origin TORCH_SPEC)" \
+		TORCH_INDEX_URL="$(TORCH_INDEX_URL)" SETUP_DEVICE="$(SETUP_DEVICE)" bash scripts/setup_env.sh
+
+FORCE:
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -9,6 +9,7 @@ from __future__ import annotations
 from fp4lab.backends.moe.base import (
     ExpertProblem, LayerProblem, MethodUnavailable, MoeCall, MoeMethod, check_call,
 )
+from fp4lab.backends.moe.blackwell import FlashInferCutlassMoe, FlashInferTrtllmMoe, SglFp4GroupMm
 from fp4lab.backends.moe.humming import HummingMoeGrouped, HummingMoeIndexed, HummingW4A4Moe
 from fp4lab.backends.moe.torch_methods import (
     GroupedBf16, GroupedFp8, LayerLoopBf16, LoopBf16, LoopTritonW4A16, PaddedBf16,
@@ -27,6 +28,9 @@ REGISTRY: dict[str, MoeMethod] = {
         LoopTritonW4A16(),
         LayerLoopBf16(),
         HummingMoeGrouped(), HummingMoeIndexed(), HummingW4A4Moe(),
+        SglFp4GroupMm(),
+        FlashInferCutlassMoe(),
+        FlashInferTrtllmMoe(),
     )
 }
 
