@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "fp4lab.moe.cli",
     "fp4lab.report",
     "fp4lab.results",
+    "fp4lab.comm.cli",
 )
 
 
