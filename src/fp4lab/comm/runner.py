@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import re
 import socket
 import threading
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from fp4lab import bench, hardware
 from fp4lab.comm import collectives, nccl_env, rows, topology
 from fp4lab.comm.faults import Fault
 from fp4lab.comm.plan import CommPlan, CommPoint
-from fp4lab.comm.watchdog import EXIT_FAILED, Stopper, Watchdog, describe_ranks, read_heartbeats
+from fp4lab.comm.watchdog import EXIT_FAILED, Watchdog, describe_ranks, read_heartbeats
 from fp4lab.errors import UsageError
 from fp4lab.results import RunDir, new_run_id, provenance, utc_now
 
@@ -77,8 +78,11 @@ def timer_config(plan: CommPlan) -> bench.TimerConfig:
 
 
 def one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200] if text else ''}".rstrip(": ")
+    """`Type: first line` of an exception, without gloo's `[.../pair.cc:553]` source prefix."""
+    lines = str(exc).strip().splitlines()
+    text = re.sub(r"^\[[^\]]*\]\s*", "", lines[0]) if lines else ""
+    text = re.sub(r"\. This is typically caused by.*$", "", text)   # gloo's advice after a crash
+    return f"{type(exc).__name__}: {text[:200]}".rstrip(": ")
 
 
 class PeerFailure(Exception):
@@ -160,12 +164,11 @@ class RankLoop:
         self.points = plan.points(info.world)
         self.timer = timer_config(plan)
         self.current: CommPoint | None = None
-        self.stopper = Stopper(info.rank, self._record_failure if recorder else None)
         self.watchdog = Watchdog(run_path / "logs", info.rank, info.world, plan.point_timeout_s,
-                                 self.stopper, self._describe)
+                                 self._describe, self._record_failure if recorder else None)
 
     # -- failure reports ------------------------------------------------------------------------
-    def _describe(self, point_index: int, headline: str) -> str:
+    def _describe(self, headline: str) -> str:
         ranks = describe_ranks(read_heartbeats(self.run_path / "logs", self.info.world),
                                self.info.world)
         kept = (f"{self.recorder.rows} rows kept in {self.run_path / 'comm.parquet'}"
@@ -191,10 +194,9 @@ class RankLoop:
             self.watchdog.enter(len(self.points), "finish", "finish", arm=True)
             self.control.exchange(None)
         except PeerFailure as exc:
-            index, label, _ = self.watchdog.current
-            self.stopper.stop("error", self._describe(
-                index, f"point {index} ({label}): the ranks could not exchange results ({exc})"),
-                EXIT_FAILED)
+            beat = self.watchdog.beat
+            self.watchdog.stop("error", f"point {beat.point} ({beat.label}): the ranks could not "
+                                        f"exchange results ({exc})", EXIT_FAILED)
         if self.recorder:
             self.recorder.finish()
             done = self.recorder.run.read_rows("comm")

@@ -3,18 +3,19 @@
 Every rank writes a small heartbeat file (`<run>/logs/comm-rank<R>.json`: pid, host, the point
 and phase it is in) whenever it enters a phase. A watchdog thread on every rank gives each point
 `timeout_s` to finish (measure and exchange results); past that, or when the process receives
-SIGTERM/SIGINT (torchrun stops every rank once one fails), it stops the rank through its
-`Stopper`, which records the failure (rank 0: a row for the point in flight and run.json) and
-exits. The thread acts even while the main thread is blocked inside a collective or a CUDA
+SIGTERM/SIGINT (torchrun stops every rank once one fails), it stops the rank (`Watchdog.stop`,
+also called by the main thread when results cannot be exchanged): heartbeat marked with why,
+failure recorded (rank 0: a row for the point in flight and run.json), exit. The thread acts even while the main thread is blocked inside a collective or a CUDA
 synchronize: signals reach it through `signal.set_wakeup_fd`, not through a Python handler.
 
-Heartbeats name the culprit in the message: a rank whose process is gone exited; a rank still
-inside an earlier phase than the others is stuck there. They are read from the local disk, so
+Heartbeats name the culprit in the message: a rank whose process is gone without having
+stopped itself died; a rank still inside an earlier phase than the others is stuck there. They are read from the local disk, so
 ranks on another node show as "no heartbeat here".
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import select
@@ -46,6 +47,7 @@ class Heartbeat:
     label: str
     phase: str            # one of PHASES
     since: float          # epoch seconds the phase began
+    stopped: str = ""     # why the rank stopped itself ("" while it runs, or when it died)
 
 
 def heartbeat_path(folder: Path, rank: int) -> Path:
@@ -81,62 +83,48 @@ def process_alive(beat: Heartbeat) -> bool | None:
 
 
 def describe_ranks(beats: dict[int, Heartbeat], world: int, now: float | None = None) -> str:
-    """Which ranks exited, which are stuck behind the others, in one sentence."""
+    """Which ranks died, which are stuck behind the others, in one sentence. A rank that died
+    without stopping itself is the culprit; ranks that stopped themselves (their heartbeat says
+    why) are named only when there is no culprit."""
     now = time.time() if now is None else now
-    parts, missing = [], [r for r in range(world) if r not in beats]
     alive = {rank: process_alive(beat) for rank, beat in beats.items()}
-    for rank, beat in sorted(beats.items()):
-        if alive[rank] is False:
-            parts.append(f"rank {rank} (pid {beat.pid}) exited during point {beat.point} "
-                         f"({beat.label}, {beat.phase})")
+    gone = {rank: beat for rank, beat in beats.items() if alive[rank] is False}
     running = {rank: beat for rank, beat in beats.items() if alive[rank] is not False}
+    parts = [f"rank {rank} (pid {beat.pid}) exited during point {beat.point} ({beat.label}, "
+             f"{beat.phase}) without saying why"
+             for rank, beat in sorted(gone.items()) if not beat.stopped]
     if running:
         furthest = max(beat.step for beat in running.values())
-        behind = {r: b for r, b in running.items() if b.step < furthest}
-        for rank, beat in sorted(behind.items()):
-            parts.append(f"rank {rank} is stuck in point {beat.point} ({beat.label}, "
-                         f"{beat.phase}) for {now - beat.since:.1f} s")
-        if not behind and not parts and len(running) == world:
-            beat = next(iter(running.values()))
-            parts.append(f"every rank is inside point {beat.point} ({beat.label}, {beat.phase})")
+        parts += [f"rank {rank} is stuck in point {beat.point} ({beat.label}, {beat.phase}) "
+                  f"for {now - beat.since:.1f} s"
+                  for rank, beat in sorted(running.items()) if beat.step < furthest]
+    if not parts:
+        parts = [f"rank {rank} stopped: {beat.stopped}" for rank, beat in sorted(beats.items())
+                 if beat.stopped]
+    if not parts and len(running) == world:
+        beat = next(iter(running.values()))
+        parts.append(f"every rank is inside point {beat.point} ({beat.label}, {beat.phase})")
+    missing = [rank for rank in range(world) if rank not in beats]
     if missing:
         parts.append(f"no heartbeat here from rank(s) {', '.join(map(str, missing))}")
-    return "; ".join(parts) or "every rank reported progress"
-
-
-class Stopper:
-    """The one way a rank stops early: record why (once, whichever thread gets here first),
-    say it on stderr, exit without running teardown that could wait on a dead peer."""
-
-    def __init__(self, rank: int, record: Callable[[str, str], None] | None = None):
-        self.rank = rank
-        self.record = record            # (status, message) -> None; rank 0 writes the run folder
-        self._once = threading.Lock()
-
-    def stop(self, status: str, message: str, code: int) -> None:
-        self._once.acquire()            # a second caller waits here until the first exits
-        try:
-            if self.record is not None:
-                self.record(status, message)
-        except Exception as exc:  # noqa: BLE001 - the exit must happen whatever the disk says
-            print(f"fp4lab comm: rank {self.rank}: could not record the failure: {exc}",
-                  file=sys.stderr)
-        print(f"fp4lab comm: rank {self.rank}: {message}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(code)
+    return "; ".join(parts) or "no rank reported a problem"
 
 
 class Watchdog:
-    """Per-rank deadline and signal watch; `enter(point, label, phase)` from the main thread."""
+    """A rank's deadline, signal watch and way out; `enter(point, label, phase)` from the main
+    thread, `stop(status, headline, code)` from any thread."""
 
-    def __init__(self, folder: Path, rank: int, world: int, timeout_s: float, stopper: Stopper,
-                 describe: Callable[[int, str], str]):
+    def __init__(self, folder: Path, rank: int, world: int, timeout_s: float,
+                 describe: Callable[[str], str],
+                 record: Callable[[str, str], None] | None = None):
         self.folder, self.rank, self.world = Path(folder), rank, world
         self.timeout_s = timeout_s + (0.0 if rank == 0 else REPORTER_GRACE_S)
-        self.stopper, self.describe = stopper, describe
+        self.describe = describe        # headline -> the full message (which ranks, rows kept)
+        self.record = record            # (status, message) -> None; rank 0 writes the run folder
         self.deadline: float | None = None
-        self.step = 0
-        self.current = (-1, "", "start")
+        self.beat = Heartbeat(rank, os.getpid(), socket.gethostname(), 0, -1, "", "start",
+                              time.time())
+        self._once = threading.Lock()
         self._signal_read: int | None = None
         self._thread = threading.Thread(target=self._watch, name="fp4lab-comm-watchdog",
                                         daemon=True)
@@ -157,24 +145,35 @@ class Watchdog:
         measuring and its exchanges share one)."""
         if phase not in PHASES:
             raise ValueError(f"phase {phase!r}: not one of {', '.join(PHASES)}")
-        self.step += 1
-        self.current = (point, label, phase)
-        write_heartbeat(self.folder, Heartbeat(self.rank, os.getpid(), socket.gethostname(),
-                                               self.step, point, label, phase, time.time()))
+        self.beat = dataclasses.replace(self.beat, step=self.beat.step + 1, point=point,
+                                        label=label, phase=phase, since=time.time())
+        write_heartbeat(self.folder, self.beat)
         if arm:
             self.deadline = time.monotonic() + self.timeout_s
+
+    def stop(self, status: str, headline: str, code: int) -> None:
+        """Stop this rank: heartbeat marked, failure recorded (once, whichever thread comes
+        first), said on stderr, then exit without teardown that could wait on a dead peer."""
+        self._once.acquire()            # a second caller waits here until the first exits
+        try:
+            write_heartbeat(self.folder, dataclasses.replace(self.beat, stopped=headline))
+            message = self.describe(headline)
+            if self.record is not None:
+                self.record(status, message)
+        except Exception as exc:  # noqa: BLE001 - the exit must happen whatever the disk says
+            message = f"{headline} (and recording it failed: {exc})"
+        print(f"fp4lab comm: rank {self.rank}: {message}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(code)
 
     def _watch(self) -> None:
         while True:
             ready, _, _ = select.select([self._signal_read], [], [], 0.1)
             signum = os.read(self._signal_read, 1)[0] if ready else None
             if signum in WATCHED_SIGNALS:
-                name = signal.Signals(signum).name
-                self.stopper.stop("error", self.describe(
-                    self.current[0], f"stopped by {name} (torchrun stops every rank once one "
-                                     f"fails)"), 128 + signum)
+                self.stop("error", f"stopped by {signal.Signals(signum).name} (torchrun stops "
+                                   f"every rank once one fails)", 128 + signum)
             if self.deadline is not None and time.monotonic() > self.deadline:
-                point, label, phase = self.current
-                self.stopper.stop("timeout", self.describe(
-                    point, f"point {point} ({label}) did not finish within "
-                           f"{self.timeout_s:g} s"), EXIT_TIMEOUT)
+                beat = self.beat
+                self.stop("timeout", f"point {beat.point} ({beat.label}) did not finish within "
+                                     f"{self.timeout_s:g} s", EXIT_TIMEOUT)
