@@ -13,10 +13,12 @@ import time
 import pandas as pd
 import pytest
 
+from fp4lab.analysis import comm as analysis
 from fp4lab.comm import launch, ops
 from fp4lab.comm.faults import FAULT_EXIT_CODE
 from fp4lab.comm.nccl_env import MULTICAST_OFF
 from fp4lab.comm.plan import CommPlan
+from fp4lab.moe import presets
 from fp4lab.results import RunDir
 
 FAULT_ARGS = ["--device", "cpu", "--profile", "smoke", "--quiet", "--ops", "all_reduce",
@@ -56,6 +58,13 @@ def test_smoke_run_measures_every_op_with_sane_numbers(tmp_path):
     assert comm["environment"] == MULTICAST_OFF
     assert comm["topology"]["matrix"] is None and comm["topology"]["note"]
     assert [r["rank"] for r in comm["ranks"]] == [0, 1]
+    # the analysis reads the run as it is: every two-GPU layout gets a time from its rows
+    stand_in = presets.scaled_down(presets.get("glm-5"), experts=plan.experts, hidden=plan.hidden,
+                                   top_k=plan.top_k)
+    model = analysis.StepModel(stand_in, lambda n, k, m: 1.0, analysis.CommTable(table))
+    layouts = analysis.compare_layouts(model, 2, 4)
+    assert set(layouts["layout"]) == {"TP2", "TP1xPP2", "EP2"}
+    assert layouts["step_us"].notna().all() and (layouts["missing"] == "").all()
 
 
 def test_a_rank_that_exits_ends_the_run_with_the_rows_kept(tmp_path):

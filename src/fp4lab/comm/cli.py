@@ -146,8 +146,14 @@ def _cli_comm(args) -> int:
     if under_torchrun():
         from fp4lab.comm.runner import run_rank
 
-        return run_rank(plan, args.out, args.run_id, args.device, fault,
-                        progress=not args.quiet, command=sys.argv)
+        status = run_rank(plan, args.out, args.run_id, args.device, fault,
+                          progress=not args.quiet, command=sys.argv)
+        # A rank ends without interpreter teardown: gloo's worker threads can abort the process
+        # there (SIGABRT, "terminate called without an active exception"; pytorch PR#179291),
+        # after every row is written.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
     from fp4lab.comm.launch import launch
     from fp4lab.results import RunDir, new_run_id
 

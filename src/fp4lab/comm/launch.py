@@ -93,9 +93,13 @@ def verdict(returncode: int, run_path: Path, nproc: int, timed_out: bool = False
     run = RunDir.open(run_path)
     comm = run.run_json().get("comm", {})
     kept = len(run.read_rows("comm"))
-    if returncode == 0 and comm.get("status") == "complete" and not timed_out:
-        return LaunchResult(0, run_path, "complete",
-                            f"{kept} rows in {run_path / 'comm.parquet'}", kept)
+    if comm.get("status") == "complete":
+        # rank 0 marks the run complete once every row is written; a rank failing after that
+        # (at teardown) is said, but the measurement stands
+        after = "" if returncode == 0 else (f" (torchrun exited {returncode} after the run "
+                                            f"completed: a rank failed at teardown)")
+        return LaunchResult(returncode, run_path, "complete",
+                            f"{kept} rows in {run_path / 'comm.parquet'}{after}", kept)
     message = comm.get("failure") if comm.get("status") == "failed" else None
     if message is None:
         cause = (f"the run outlived its {timeout_s:g} s time limit" if timed_out else

@@ -192,13 +192,14 @@ class RankLoop:
             for point in self.points:
                 self._point(point)
             self.watchdog.enter(len(self.points), "finish", "finish", arm=True)
-            self.control.exchange(None)
+            if self.recorder:
+                self.recorder.finish()       # every row is written: the run is complete
+            self.control.exchange(None)      # no rank tears down while another still works
         except PeerFailure as exc:
             beat = self.watchdog.beat
             self.watchdog.stop("error", f"point {beat.point} ({beat.label}): the ranks could not "
                                         f"exchange results ({exc})", EXIT_FAILED)
         if self.recorder:
-            self.recorder.finish()
             done = self.recorder.run.read_rows("comm")
             print(rows.summary_table(done), flush=True)
             print(f"comm: {len(done)} rows in {self.run_path / 'comm.parquet'}", flush=True)
