@@ -229,6 +229,12 @@ def test_each_op_checks_then_runs(one_rank_group, op):
     assert prepared.nbytes == expected
 
 
+def test_gloo_cannot_ring_one_rank_and_says_so(one_rank_group):
+    point = CommPoint(0, "send_recv", 1, 4, "bf16")
+    with pytest.raises(collectives.Unavailable, match="gloo cannot send a message to its own"):
+        collectives.prepare(point, CommPlan.smoke(), one_rank_group, [0], 0, torch.device("cpu"))
+
+
 def test_an_all_to_all_that_delivers_nothing_is_caught(one_rank_group, monkeypatch):
     point = CommPoint(0, "all_to_all_dispatch", 1, 4, "bf16", "uniform")
     prepared = collectives.prepare(point, CommPlan.smoke(), one_rank_group, [0], 0,

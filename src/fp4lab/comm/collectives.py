@@ -23,6 +23,10 @@ from fp4lab.comm import ops, splits
 from fp4lab.comm.plan import CommPlan, CommPoint
 
 
+class Unavailable(Exception):
+    """The op cannot run here (the message is the reason in its row)."""
+
+
 @dataclass
 class PreparedOp:
     """A point ready to time: `make_call(args, None)` runs the op `calls` times back to back."""
@@ -124,6 +128,9 @@ def _all_to_all(point, plan, group, index, device) -> PreparedOp:
 # -- send / recv ring ---------------------------------------------------------------------------
 
 def _send_recv(point, plan, group, members, rank, device) -> PreparedOp:
+    if len(members) == 1 and dist.get_backend(group) == "gloo":
+        raise Unavailable("gloo cannot send a message to its own rank (a one-rank ring); "
+                          "NCCL can")
     index = members.index(rank)
     following, preceding = members[(index + 1) % len(members)], members[index - 1]
     message = torch.full((point.tokens, plan.hidden), float(index % 200 + 1),

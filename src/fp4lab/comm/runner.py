@@ -257,6 +257,8 @@ class RankLoop:
             return state, None
         try:
             return state, work()
+        except collectives.Unavailable as exc:
+            return {**state, "status": "unavailable", "error": str(exc)}, None
         except torch.cuda.OutOfMemoryError as exc:
             torch.cuda.empty_cache()
             return {**state, "status": "oom", "error": one_line(exc)}, None
