@@ -87,10 +87,12 @@ def block_pattern(source: int, destination: int) -> int:
 
 def _rows_filled(counts: np.ndarray, values: list[int], row_bytes: int,
                  device: torch.device) -> torch.Tensor:
-    """uint8 [sum(counts), row_bytes]: counts[i] rows of byte values[i], block after block."""
-    per_row = torch.repeat_interleave(torch.tensor(values, dtype=torch.uint8),
-                                      torch.as_tensor(counts, dtype=torch.int64))
-    return per_row[:, None].expand(-1, row_bytes).contiguous().to(device)
+    """uint8 [sum(counts), row_bytes]: counts[i] rows of byte values[i], block after block
+    (built on `device`: at 2048 tokens per rank a buffer is hundreds of MB)."""
+    per_row = torch.repeat_interleave(torch.tensor(values, dtype=torch.uint8, device=device),
+                                      torch.as_tensor(counts, dtype=torch.int64, device=device),
+                                      output_size=int(np.sum(counts)))
+    return per_row[:, None].expand(-1, row_bytes).contiguous()
 
 
 def _all_to_all(point, plan, group, index, device) -> PreparedOp:
