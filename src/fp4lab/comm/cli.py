@@ -168,9 +168,12 @@ def _cli_comm(args) -> int:
         raise UsageError(f"--world-sizes: {exc} (--nproc-per-node {nproc})") from None
     run_id = args.run_id or new_run_id(f"comm-{nproc}")
     try:
-        run_path = RunDir.create(args.out, run_id=run_id).path
+        run = RunDir.create(args.out, run_id=run_id)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if run.has_table("comm"):
+        raise UsageError(f"--run-id {run_id}: {run.path} already holds comm rows; use a new one")
+    run_path = run.path
     result = launch(nproc, worker_args(args, run_id), run_path, timeout_s=args.timeout)
     stream = sys.stdout if result.ok else sys.stderr
     print(f"fp4lab comm: {result.status}: {result.message}", file=stream)

@@ -38,6 +38,7 @@ from fp4lab.comm.watchdog import EXIT_FAILED, Watchdog, describe_ranks, read_hea
 from fp4lab.errors import UsageError
 from fp4lab.results import RunDir, new_run_id, provenance, utc_now
 
+
 @dataclass(frozen=True)
 class RankInfo:
     rank: int
@@ -127,6 +128,7 @@ class Recorder:
             self.rows += 1
 
     def fail(self, row: dict | None, message: str) -> None:
+        """Record why the run stopped; keeps the lock, since the process exits next."""
         if not self._lock.acquire(timeout=10) or self.finished:
             return
         if row is not None:
@@ -186,7 +188,9 @@ class RankLoop:
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> int:
         self.watchdog.start()
-        self.watchdog.enter(-1, "start", "start", arm=True)
+        # not armed: rank 0 may still be writing provenance; the control group's timeout and a
+        # dead peer's broken connection cover the start
+        self.watchdog.enter(-1, "start", "start")
         try:
             self.control.exchange(None)
             for point in self.points:
