@@ -192,6 +192,13 @@ def test_ranks_that_stopped_themselves_are_named_only_without_a_culprit():
                                         "rank 1 stopped: stopped by SIGTERM")
 
 
+def test_a_rank_that_lagged_is_named_even_once_it_stopped():
+    dead = _dead_pid()
+    beats = {0: _beat(0, 9, stopped="stopped by SIGTERM"),
+             1: _beat(1, 7, pid=dead, stopped="stopped by SIGTERM")}
+    assert describe_ranks(beats, 2).startswith("rank 1 was stuck in point 3")
+
+
 def test_missing_and_remote_heartbeats_are_said(tmp_path):
     write_heartbeat(tmp_path, _beat(0, 4))
     write_heartbeat(tmp_path, _beat(1, 4, host="elsewhere"))

@@ -88,8 +88,10 @@ def verdict(returncode: int, run_path: Path, nproc: int, timed_out: bool = False
             timeout_s: float | None = None) -> LaunchResult:
     """What the run folder says after torchrun ended; records the failure if no rank did."""
     if not (run_path / "run.json").is_file():
-        return LaunchResult(returncode, run_path, "failed",
-                            f"torchrun exited {returncode} before rank 0 created {run_path}", 0)
+        cause = (f"the run outlived its {timeout_s:g} s time limit" if timed_out else
+                 f"torchrun exited {returncode}")
+        return LaunchResult(returncode or 1, run_path, "failed",
+                            f"{cause} before rank 0 created {run_path}", 0)
     run = RunDir.open(run_path)
     comm = run.run_json().get("comm", {})
     kept = len(run.read_rows("comm"))

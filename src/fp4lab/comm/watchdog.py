@@ -84,25 +84,25 @@ def process_alive(beat: Heartbeat) -> bool | None:
 
 def describe_ranks(beats: dict[int, Heartbeat], world: int, now: float | None = None) -> str:
     """Which ranks died, which are stuck behind the others, in one sentence. A rank that died
-    without stopping itself is the culprit; ranks that stopped themselves (their heartbeat says
-    why) are named only when there is no culprit."""
+    without stopping itself is a culprit, and so is a rank behind the others (running, or
+    stopped by the same signal that stopped them); ranks that stopped themselves are named,
+    with why, only when there is no culprit."""
     now = time.time() if now is None else now
     alive = {rank: process_alive(beat) for rank, beat in beats.items()}
-    gone = {rank: beat for rank, beat in beats.items() if alive[rank] is False}
-    running = {rank: beat for rank, beat in beats.items() if alive[rank] is not False}
+    silent = {r: b for r, b in beats.items() if alive[r] is False and not b.stopped}
     parts = [f"rank {rank} (pid {beat.pid}) exited during point {beat.point} ({beat.label}, "
-             f"{beat.phase}) without saying why"
-             for rank, beat in sorted(gone.items()) if not beat.stopped]
-    if running:
-        furthest = max(beat.step for beat in running.values())
-        parts += [f"rank {rank} is stuck in point {beat.point} ({beat.label}, {beat.phase}) "
-                  f"for {now - beat.since:.1f} s"
-                  for rank, beat in sorted(running.items()) if beat.step < furthest]
+             f"{beat.phase}) without saying why" for rank, beat in sorted(silent.items())]
+    walking = {r: b for r, b in beats.items() if r not in silent}
+    if walking:
+        furthest = max(beat.step for beat in walking.values())
+        parts += [f"rank {rank} {'was' if beat.stopped else 'is'} stuck in point {beat.point} "
+                  f"({beat.label}, {beat.phase}) for {now - beat.since:.1f} s"
+                  for rank, beat in sorted(walking.items()) if beat.step < furthest]
     if not parts:
         parts = [f"rank {rank} stopped: {beat.stopped}" for rank, beat in sorted(beats.items())
                  if beat.stopped]
-    if not parts and len(running) == world:
-        beat = next(iter(running.values()))
+    if not parts and len(walking) == world:
+        beat = next(iter(walking.values()))
         parts.append(f"every rank is inside point {beat.point} ({beat.label}, {beat.phase})")
     missing = [rank for rank in range(world) if rank not in beats]
     if missing:
