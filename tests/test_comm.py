@@ -269,6 +269,7 @@ def test_an_all_reduce_that_does_not_sum_is_caught(one_rank_group, monkeypatch):
     (["--routing", "zipf:x"], "routings: routing 'zipf:x'"),
     (["--world-sizes", "4", "--nproc-per-node", "2"], "--world-sizes: world_sizes: \\[4\\]"),
     (["--timeout", "0"], "--timeout must be > 0"),
+    (["--device", "gpu"], "--device must be one of auto, cpu, cuda"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(argv, match, capsys, tmp_path):
     assert cli.main(["comm", "--device", "cpu", "--out", str(tmp_path), *argv]) == 2
@@ -288,3 +289,9 @@ def test_ranks_get_the_plan_the_launcher_parsed():
     plan = comm_cli.plan_from_args(args)
     assert plan.ops == ("all_to_all_dispatch", "all_to_all_combine") and not plan.use_graph
     assert again.run_id == "run-1"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without GPU")
+def test_asking_for_cuda_without_a_gpu_is_one_line(capsys, tmp_path):
+    assert cli.main(["comm", "--device", "cuda", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == "fp4lab: error: --device cuda: torch sees no CUDA GPU here"

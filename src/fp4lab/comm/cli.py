@@ -93,8 +93,22 @@ def resolve_profile(profile: str, device: str) -> str:
     return "full" if torch.cuda.is_available() else "smoke"
 
 
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def check_device(device: str) -> None:
+    if device not in DEVICES:
+        raise UsageError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: torch sees no CUDA GPU here")
+
+
 def plan_from_args(args) -> CommPlan:
     """The plan the flags describe (profile first, then preset sizes, then each flag)."""
+    check_device(args.device)
     profile = resolve_profile(args.profile, args.device)
     base = CommPlan.smoke() if profile == "smoke" else CommPlan.full()
     try:
