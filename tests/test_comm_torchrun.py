@@ -31,8 +31,9 @@ def _run_json(path):
 
 def test_smoke_run_measures_every_op_with_sane_numbers(tmp_path):
     run_dir = tmp_path / "runs" / "smoke-comm"
+    RunDir.create(run_dir.parent, run_id=run_dir.name).update_run_json("report", {"profile": "smoke"})
     started = time.monotonic()
-    result = launch.smoke_into(run_dir)
+    result = launch.smoke_into(run_dir)   # into the report's run folder, beside its other tables
     assert result.ok, result.output[-3000:]
     assert time.monotonic() - started < 60
     table = RunDir.open(run_dir).read_table("comm")
@@ -53,6 +54,7 @@ def test_smoke_run_measures_every_op_with_sane_numbers(tmp_path):
     a2a = table[table["op"].str.startswith("all_to_all")]
     even = a2a["tokens"] * plan.top_k * plan.hidden * a2a["dtype"].map(ops.ELEMENT_BYTES)
     assert (a2a["bytes"] >= even).all() and (a2a["imbalance"] >= 1).all()
+    assert _run_json(run_dir)["report"] == {"profile": "smoke"}     # the folder's other sections stay
     comm = _run_json(run_dir)["comm"]
     assert comm["status"] == "complete" and comm["world_size"] == 2 and comm["backend"] == "gloo"
     assert comm["environment"] == MULTICAST_OFF
