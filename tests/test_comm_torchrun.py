@@ -6,6 +6,8 @@ end in seconds with a clear message and the rows measured before kept.
 """
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -116,3 +118,38 @@ def test_the_launcher_time_limit_stops_a_stuck_run(tmp_path):
     assert not result.ok
     assert "stopped by SIGTERM" in result.message and "stuck in point 1" in result.message
     assert RunDir.open(run_path).read_table("comm")["status"].tolist()[0] == "ok"
+
+
+def test_interrupting_the_launcher_stops_its_ranks(tmp_path):
+    """Ctrl-C on `python -m fp4lab comm`: the ranks (in torchrun's own session) stop with it."""
+    command = [sys.executable, "-m", "fp4lab", "comm", "--nproc-per-node", "2", *FAULT_ARGS,
+               "--point-timeout", "120", "--fault", "1:1:hang", "--out", str(tmp_path),
+               "--run-id", "interrupted"]
+    launcher = subprocess.Popen(command, env=launch.launch_environment(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    heartbeat = tmp_path / "interrupted" / "logs" / "comm-rank1.json"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and '"point": 1' not in _text(heartbeat):
+        time.sleep(0.2)
+    launcher.send_signal(signal.SIGINT)
+    _, err = launcher.communicate(timeout=30)
+    assert launcher.returncode == 130 and "interrupted" in err
+    beats = [json.loads(p.read_text()) for p in heartbeat.parent.glob("comm-rank*.json")]
+    assert beats and all(not _alive(beat["pid"]) for beat in beats)
+    comm = _run_json(tmp_path / "interrupted")["comm"]
+    assert comm["status"] == "failed" and "stopped by SIGTERM" in comm["failure"]
+
+
+def _text(path):
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

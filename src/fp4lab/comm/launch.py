@@ -69,6 +69,11 @@ def launch(nproc: int, worker_args: list[str], run_path: Path, timeout_s: float 
     except subprocess.TimeoutExpired:
         timed_out = True
         out, err = _stop(process)
+    except BaseException:
+        # Ctrl-C or SIGTERM of the launcher: torchrun runs in its own session, so the terminal's
+        # signal never reaches it; the ranks must not outlive their launcher
+        _stop(process)
+        raise
     result = verdict(process.returncode, Path(run_path), nproc, timed_out, timeout_s)
     result.output = (out or "") + (err or "")
     return result
