@@ -16,7 +16,7 @@ from fp4lab.errors import ParameterError, UsageError
 
 GRID_FLAGS = ("backends", "format", "m", "shapes", "preset", "repeats", "energy_window", "profile",
               "run_id", "eager", "point_timeout")
-EXTRA_COMMANDS = ("fp4lab.gpus_cli",)   # modules with an `add_cli(subparsers)` of their own
+EXTRA_COMMANDS = ("fp4lab.gpus_cli", "fp4lab.comm.cli")   # modules with an `add_cli(subparsers)` of their own
 
 
 class _Parser(argparse.ArgumentParser):
