@@ -52,6 +52,7 @@ lab: $(STAMP)
 
 browser-check: $(STAMP)
 	@command -v chromedriver >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null)
+	$(PIP) install -e ".[browser]"
 	$(BIN)/python -m pytest -m browser tests/test_browser.py
 
 clean:

@@ -238,7 +238,7 @@ class RunDir:
         if not isinstance(data, dict):
             raise RunFolderError(f"{file}: expected a JSON object, found {type(data).__name__}")
         for key, value in data.items():
-            if key in ("provenance", "sweep", "moe", "report", "telemetry") and not isinstance(value, dict):
+            if key in ("provenance", "sweep", "moe", "report", "telemetry", "comm") and not isinstance(value, dict):
                 raise RunFolderError(f"{file}: section {key!r} must be an object, found "
                                      f"{type(value).__name__}")
         return data

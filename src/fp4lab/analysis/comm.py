@@ -114,7 +114,7 @@ class CommTable:
 
 
 def _int_or_none(value) -> int | None:
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) else int(value)
+    return None if pd.isna(value) else int(value)
 
 
 # -- layouts --------------------------------------------------------------------------------------

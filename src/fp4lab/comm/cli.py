@@ -188,7 +188,8 @@ def _cli_comm(args) -> int:
     if run.has_table("comm"):
         raise UsageError(f"--run-id {run_id}: {run.path} already holds comm rows; use a new one")
     run_path = run.path
-    result = launch(nproc, worker_args(args, run_id), run_path, timeout_s=args.timeout)
+    with run.lock("fp4lab comm"):               # the ranks inherit the right to write
+        result = launch(nproc, worker_args(args, run_id), run_path, timeout_s=args.timeout)
     stream = sys.stdout if result.ok else sys.stderr
     print(f"fp4lab comm: {result.status}: {result.message}", file=stream)
     return 0 if result.ok else 1

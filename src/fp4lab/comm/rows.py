@@ -13,38 +13,7 @@ from fp4lab import bench
 from fp4lab.comm import ops
 from fp4lab.comm.plan import CommPlan, CommPoint
 
-# (name, dtype, meaning): the comm table's columns, in the vocabulary of a schema declaration
-# (dtypes "str", "int", "float", "bool", "list"); a point is named by COMM_KEY.
-COMM_COLUMN_SPECS = [
-    ("run_id", "str", "the run folder's id"),
-    ("op", "str", "all_reduce | all_to_all_dispatch | all_to_all_combine | send_recv"),
-    ("world_size", "int", "ranks in the measured group (ranks 0..world_size-1)"),
-    ("tokens", "int", "all_reduce: TP batch; all-to-all: tokens per EP rank; send_recv: microbatch"),
-    ("dtype", "str", "bf16 | fp8 (e4m3, moved as its bytes); all_reduce and send_recv: bf16"),
-    ("routing", "str", "all-to-all: the routing model of the splits (uniform, zipf:S, trace:PATH)"),
-    ("hidden", "int", "H: elements per token row"),
-    ("top_k", "int", "all-to-all: k rows per token"),
-    ("experts", "int", "all-to-all: E routed experts, split contiguously over the ranks"),
-    ("preset", "str", "model preset the sizes come from ('' when given by hand)"),
-    ("bytes", "int", "nccl-tests' size: the per-rank buffer; uneven all-to-all: busiest rank's"),
-    ("imbalance", "float", "all-to-all: busiest rank's rows / mean rows per rank"),
-    ("status", "str", "ok | unavailable | wrong_result | oom | error | timeout"),
-    ("error", "str", "why the point is not ok, naming the rank"),
-    ("median_us", "float", "median over iterations of the slowest rank's time per op"),
-    ("p20_us", "float", "20th percentile of the same"),
-    ("p80_us", "float", "80th percentile of the same"),
-    ("algbw_gbps", "float", "bytes / median time, GB/s of 1e9 bytes"),
-    ("busbw_gbps", "float", "algbw x nccl-tests' factor (comm.ops.bus_factor)"),
-    ("graph", "bool", "every rank timed CUDA-graph replays (False: eager; see note)"),
-    ("backend", "str", "nccl | gloo"),
-    ("device", "str", "cuda | cpu"),
-    ("n", "int", "timed iterations"),
-    ("calls_per_sample", "int", "ops run back to back per timed iteration"),
-    ("rank_median_us", "list", "each member rank's own median, rank order"),
-    ("note", "str", "timer notes (graph capture failures, CPU timing)"),
-]
-COMM_COLUMNS = [name for name, _, _ in COMM_COLUMN_SPECS]
-COMM_KEY = ("op", "world_size", "tokens", "dtype", "routing", "hidden", "top_k", "experts")
+from fp4lab.schema import COMM_COLUMN_SPECS, COMM_COLUMNS, COMM_KEY  # noqa: F401 - the declared table
 # when ranks disagree, the row takes the most serious status
 STATUS_ORDER = ("ok", "unavailable", "wrong_result", "oom", "error", "timeout")
 

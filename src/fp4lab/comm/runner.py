@@ -19,6 +19,8 @@ the reason in run.json["comm"]["failure"] with the rows measured so far kept.
 
 from __future__ import annotations
 
+import contextlib
+
 import datetime as _dt
 import os
 import re
@@ -326,6 +328,7 @@ def run_rank(plan: CommPlan, runs_dir, run_id: str | None = None, device: str = 
         run = RunDir.open(run_path)
         describe_run(run, plan, info, ranks, env, command)
         recorder = Recorder(run)
-    status = RankLoop(plan, info, control, groups, run_path, recorder, fault, progress).run()
+    with (RunDir.open(run_path).lock("fp4lab comm rank 0") if info.rank == 0 else contextlib.nullcontext()):
+        status = RankLoop(plan, info, control, groups, run_path, recorder, fault, progress).run()
     dist.destroy_process_group()
     return status
