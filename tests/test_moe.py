@@ -1,6 +1,5 @@
 """MoE scatter: presets, routing models, trace replay, EP aggregation, bad input, grouped GEMMs."""
 
-import argparse
 import json
 import random
 
@@ -10,15 +9,13 @@ import pytest
 import torch
 
 from fp4lab.backends import moe as moe_methods
-from fp4lab.moe import cli as moe_cli
-from fp4lab.moe import grouped, layer_model, presets, routing, stats
+from fp4lab.backends.moe.base import make_expert_problem
+from fp4lab.cli import main as cli_main
+from fp4lab.moe import layer_model, presets, routing, stats
 
 
 def run_cli(argv, capsys):
-    parser = argparse.ArgumentParser()
-    moe_cli.add_cli(parser.add_subparsers())
-    args = parser.parse_args(argv)
-    code = args.func(args)
+    code = cli_main(argv)
     out = capsys.readouterr()
     return code, out.out, out.err
 
@@ -150,7 +147,7 @@ def test_cli_bad_input_is_one_line_exit_2(capsys):
 # --- grouped GEMMs on CPU (scaled preset) --------------------------------------------------------
 
 def test_loop_grouped_padded_agree():
-    problem = grouped.make_problem(np.array([3, 0, 5, 1]), n=32, k=64, device="cpu", seed=0)
+    problem = make_expert_problem(np.array([3, 0, 5, 1]), n=32, k=64, device="cpu", seed=0)
     outputs = {}
     for method in ("loop-bf16", "grouped-bf16", "padded-bf16"):
         prepared = moe_methods.get(method).prepare(problem)
@@ -162,44 +159,16 @@ def test_loop_grouped_padded_agree():
 
 
 def test_wrong_method_fails_the_gate():
-    problem = grouped.make_problem(np.array([2, 2]), n=16, k=32, device="cpu", seed=0)
+    problem = make_expert_problem(np.array([2, 2]), n=16, k=32, device="cpu", seed=0)
     prepared = moe_methods.get("loop-bf16").prepare(problem)
     original = prepared.call
     prepared.call = lambda: original().mul_(2.0)                             # a factor-2 bug
     assert moe_methods.check_call(prepared, problem).status == "wrong_result"
 
 
-def test_sweep_rows_on_cpu(tmp_path, monkeypatch):
-    from fp4lab import results
-
-    monkeypatch.setattr(results, "provenance", lambda *a, **k: {"test": True})
-    config = grouped.SweepConfig(preset="glm5", batch_sizes=(8,), scaled=True, steps=4, ep_degrees=(1, 2),
-                                 dense_m_values=(1, 8), timer_repeats=2, timer_warmup_s=0,
-                                 gemms=("down",))
-    run = results.RunDir.create(tmp_path, run_id="moe-test")
-    grouped.run_sweep(config, run, progress=False)
-    frame = run.read_table("moe")
-    batch_rows = frame[frame["batch"] == 8]
-    assert set(batch_rows["ep"]) == {1, 2} and batch_rows["scaled"].all()
-    for method in ("loop-bf16", "grouped-bf16", "padded-bf16"):
-        assert (batch_rows[batch_rows["method"] == method]["status"] == "ok").all()
-    fp8 = batch_rows[batch_rows["method"] == "grouped-fp8"]
-    assert (fp8["status"] == "unavailable").all() and fp8["error"].str.contains("GPU").all()
-    assert (frame[frame["method"] == "dense-bf16"]["m"].dropna().tolist()) == [1, 8]
-
-
-def test_sweep_config_rejects_bad_values():
-    with pytest.raises(ValueError, match="ep=3"):
-        grouped.SweepConfig(preset="glm5", ep_degrees=(3,)).validate()
-    with pytest.raises(ValueError, match="unknown methods"):
-        grouped.SweepConfig(methods=("magic",)).validate()
-    with pytest.raises(ValueError, match="batch_sizes"):
-        grouped.SweepConfig(batch_sizes=(0,)).validate()
-
-
 @pytest.mark.cuda
 def test_grouped_bf16_on_gpu():
-    problem = grouped.make_problem(np.array([5, 0, 17, 3]), n=256, k=512, device="cuda", seed=0)
+    problem = make_expert_problem(np.array([5, 0, 17, 3]), n=256, k=512, device="cuda", seed=0)
     for method in ("loop-bf16", "grouped-bf16", "padded-bf16"):
         prepared = moe_methods.get(method).prepare(problem)
         assert moe_methods.check_call(prepared, problem).ok
@@ -215,7 +184,7 @@ def test_layer_model_arithmetic():
     best_bw = max(2.0 * (100 * 100 + m * 200) / t for m, t in ((1, 10), (4, 20), (16, 40)))
     stream = (2.0 * (2 * 100 * 100 + 20 * 200)) / best_bw
     assert layer_model.predict_grouped_us(curve, [4, 0, 16]) == pytest.approx(
-        max(stream, 2 * 20 * 100 * 100 / (2 * 16 * 100 * 100 / 40)) + layer_model.GRAPH_LAUNCH_US)
+        max(stream, 2 * 20 * 100 * 100 / (2 * 16 * 100 * 100 / 40)) + curve.launch_us)
     measured = pd.DataFrame([{"method": "loop-bf16", "status": "ok", "gemm": "g", "batch": 1, "ep": 1,
                               "loads": [4, 0, 16], "median_us": 50.0}])
     compared = layer_model.compare_with_measured(measured, {"g": curve})
@@ -229,7 +198,7 @@ def test_padded_model_streams_at_the_device_bandwidth_when_the_run_measured_one(
     flops_us = 2 * 48 * 100 * 100 / (2 * 16 * 100 * 100 / 40)
     # without a device ceiling: the best bandwidth one expert's GEMM reached
     assert layer_model.predict_padded_us(curve, loads) == pytest.approx(
-        max(padded_bytes / curve.best_bandwidth(), flops_us) + layer_model.GRAPH_LAUNCH_US)
+        max(padded_bytes / curve.best_bandwidth(), flops_us) + curve.launch_us)
     # with the run's measured copy bandwidth (TB/s -> bytes/us), as dense_curves builds it
     rows = pd.DataFrame([{"method": "dense-bf16", "status": "ok", "n": n, "k": 100, "m": m, "median_us": t}
                          for n in (100, 200) for m, t in ((1, 10.0), (4, 20.0), (16, 40.0))])
@@ -239,10 +208,10 @@ def test_padded_model_streams_at_the_device_bandwidth_when_the_run_measured_one(
     fast = layer_model.dense_curves(rows, model, device_bandwidth_tbps=1.0)["down"]
     assert fast.device_bandwidth == 1e6
     assert layer_model.predict_padded_us(fast, loads) == pytest.approx(
-        max(padded_bytes / 1e6, flops_us) + layer_model.GRAPH_LAUNCH_US)
-    from fp4lab.roofline import measured_bandwidth_tbps
-    assert measured_bandwidth_tbps({"sweep": {"ceilings": {"measured": {"bandwidth_tbps": 4.2}}}}) == 4.2
-    assert measured_bandwidth_tbps({}) is None
+        max(padded_bytes / 1e6, flops_us) + fast.launch_us)
+    timed = layer_model.dense_curves(rows, model, device_bandwidth_tbps=1.0, launch_us=2.4)["down"]
+    assert layer_model.predict_padded_us(timed, loads) == pytest.approx(
+        max(padded_bytes / 1e6, flops_us) + 2.4)              # the run's measured launch floor
 
 
 def test_concurrency_for_utilization():
@@ -252,25 +221,3 @@ def test_concurrency_for_utilization():
     assert layer_model.concurrency_for_utilization(table, 0.9)["batch_needed"].iloc[0] is None
     with pytest.raises(ValueError, match="target utilization"):
         layer_model.concurrency_for_utilization(table, 1.5)
-
-
-def test_the_chapter_shows_what_the_run_holds_and_measures_only_when_it_holds_nothing(tmp_path, monkeypatch):
-    from fp4lab.moe import chapter
-    from fp4lab.results import RunDir
-
-    params = chapter.validate("glm-5", [8], "uniform", [1], 4, 0, True, 0.5, "cpu", 2)
-    measured = []
-    monkeypatch.setattr(chapter.grouped, "run_sweep", lambda config, run: measured.append(config) or
-                        run.append_rows("moe", [{"preset": params.measured_model.key, "batch": 8}]))
-    # a GPU run rendered on a CPU machine: its real-preset rows are shown, nothing is measured
-    gpu_run = RunDir.create(tmp_path, "gpu-run")
-    gpu_run.append_rows("moe", [{"preset": "glm-5", "batch": 512}])
-    rows, model = chapter.shown_rows(gpu_run, params)
-    assert model.key == "glm-5" and list(rows["batch"]) == [512] and not measured
-    # an empty run on CPU: the scaled stand-in is measured
-    rows, model = chapter.shown_rows(RunDir.create(tmp_path, "cpu-run"), params)
-    assert model.scaled and len(measured) == 1 and list(rows["batch"]) == [8]
-    # the peak comes from the device the run measured, not the machine reading it
-    gpu_run.update_run_json("provenance", {"device": {"name": "NVIDIA H200"}})
-    assert chapter.run_peak_bf16_tflops(gpu_run) == 989
-    assert chapter.run_peak_bf16_tflops(RunDir.open(tmp_path / "cpu-run")) is None

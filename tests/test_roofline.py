@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from fp4lab.roofline import (Ceilings, classify, floors, gemm_bytes, gemm_flops, math_dtype,
-                             measure_ceilings, spec_ceilings)
+                             spec_ceilings)
+from fp4lab.ceilings import measure_ceilings
 
 # an H200-like GPU with round numbers, so the floors can be checked by hand
 CEILINGS = Ceilings(bandwidth_tbps=4.0, peak_tflops={"fp4": None, "fp8": 1600.0, "bf16": 800.0},

@@ -46,7 +46,8 @@ PACKAGES = ("torch", "triton", "flashinfer-python", "sgl-kernel", "humming-kerne
             "nvidia-ml-py", "numpy", "pandas", "papermill", "jupyter-book")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-RUNS_ROOT = REPO_ROOT / "runs"                       # default for every command, wherever run from
+# the default runs folder of every command and chapter, wherever it is started from
+RUNS_ROOT = Path(os.environ.get("FP4LAB_RUNS_DIR") or REPO_ROOT / "runs")
 REFERENCE_ROOT = REPO_ROOT / "results" / "reference"
 MEASUREMENTS_ROOT = REPO_ROOT / "results" / "measurements"
 NO_REFERENCE = "none"  # reference_dir value that shows no reference run

@@ -1,0 +1,197 @@
+"""The GEMM and MoE sweeps on the one runner, with fake backends that misbehave (tests/fakes):
+every point one row; the gate first; a crash or a hang costs one point; unavailable points need no
+worker; a rerun, a resume or a second run of the same id measures nothing twice."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from fp4lab import schema
+from fp4lab.errors import ParameterError
+from fp4lab.results import RunDir
+from fp4lab.sweep import GemmSweep, MoeSweep
+from fp4lab.sweep import gemm as gemm_sweep
+from fp4lab.sweep import moe as moe_sweep
+
+FAST = {"repeats": 3, "warmup_s": 0.0, "cold_l2": False, "use_graph": False}
+
+
+def config(backends, m_values=(1, 4, 8), **overrides) -> GemmSweep:
+    return GemmSweep.from_profile("smoke", "cpu", backends=list(backends), fmts=["nvfp4"],
+                                  m_values=list(m_values), shapes=[[32, 64]], timer=FAST, **overrides)
+
+
+@pytest.fixture(scope="module")
+def mixed_run(tmp_path_factory):
+    """One sweep over a good, a wrong, a crashing and an unavailable backend (module-scoped:
+    worker start-up is most of its cost)."""
+    mp = pytest.MonkeyPatch()
+    import os
+
+    from conftest import TESTS_DIR
+
+    mp.setenv("FP4LAB_EXTRA_BACKENDS", "fakes.backends")
+    mp.setenv("PYTHONPATH", os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]))
+    from fp4lab.sweep.registry import load_extra_backends
+
+    load_extra_backends()
+    run = RunDir.create(tmp_path_factory.mktemp("runs"), run_id="mixed")
+    gemm_sweep.run_sweep(config(["fake-ok", "fake-wrong", "fake-crash", "fake-unavailable"]), run,
+                         progress=False)
+    yield run
+    mp.undo()
+
+
+def rows_of(run, backend):
+    frame = run.read_table("gemm")
+    return frame[frame["backend"] == backend].sort_values("m")
+
+
+def test_every_point_has_one_row_with_every_declared_column(mixed_run):
+    frame = mixed_run.read_table("gemm")
+    assert len(frame) == 4 * 3
+    assert list(frame.columns[:len(schema.GEMM.names)]) == schema.GEMM.names
+    assert len({schema.GEMM.row_key(row) for row in mixed_run.read_rows("gemm")}) == 12
+
+
+def test_good_backend_is_gated_then_timed(mixed_run):
+    ok = rows_of(mixed_run, "fake-ok")
+    assert (ok["status"] == "ok").all() and (ok["rel_err"] < 1e-2).all()
+    assert (ok["median_us"] > 0).all() and (ok["p20_us"] <= ok["median_us"]).all()
+    assert (ok["weight_dtype"] == "bf16").all() and (ok["device"] == "cpu").all()
+    assert not ok["graph"].any() and (ok["samples"] == 3).all()
+
+
+def test_wrong_result_has_rel_err_and_no_time(mixed_run):
+    wrong = rows_of(mixed_run, "fake-wrong")
+    assert (wrong["status"] == "wrong_result").all() and wrong["median_us"].isna().all()
+    assert (wrong["rel_err"] > 0.5).all() and wrong["error"].str.contains("wrong scale").all()
+
+
+def test_a_crashing_worker_costs_one_point(mixed_run):
+    from fakes.backends import CRASH_AT_M
+
+    crash = rows_of(mixed_run, "fake-crash")
+    dead = crash[crash["m"] == CRASH_AT_M]
+    assert dead["status"].tolist() == ["error"] and "fake-crash: dying" in dead["error"].iloc[0]
+    assert (crash[crash["m"] != CRASH_AT_M]["status"] == "ok").all()     # a fresh worker went on
+
+
+def test_unavailable_backend_needs_no_worker(mixed_run):
+    unavailable = rows_of(mixed_run, "fake-unavailable")
+    assert (unavailable["status"] == "unavailable").all()
+    assert unavailable["error"].str.contains("does not exist").all()
+    assert not (mixed_run.path / "logs" / "fake-unavailable.log").exists()
+
+
+def test_run_json_records_the_config_the_ceilings_and_the_end(mixed_run):
+    info = mixed_run.run_json()
+    sweep = info["sweep"]
+    assert sweep["status"] == "complete" and sweep["config"]["timer"]["repeats"] == 3
+    assert sweep["ceilings"]["measured"]["bandwidth_tbps"] > 0 and "device" in info["provenance"]
+
+
+def test_a_rerun_of_the_same_id_measures_nothing(mixed_run):
+    before = len(mixed_run.read_rows("gemm"))
+    measured = gemm_sweep.run_sweep(config(["fake-ok", "fake-wrong", "fake-crash", "fake-unavailable"]),
+                                    mixed_run, progress=False)
+    assert measured == 0 and len(mixed_run.read_rows("gemm")) == before
+
+
+def test_retry_failed_measures_error_rows_again(tmp_path, fake_backends_env):
+    from fakes.backends import CRASH_AT_M
+
+    run = RunDir.create(tmp_path, run_id="retry")
+    gemm_sweep.run_sweep(config(["fake-crash"]), run, progress=False)
+    assert gemm_sweep.run_sweep(config(["fake-crash"]), run, progress=False) == 0
+    assert gemm_sweep.run_sweep(config(["fake-crash"]), run, retry_failed=True, progress=False) == 1
+    frame = run.read_table("gemm")
+    assert len(frame) == 3 and frame[frame["m"] == CRASH_AT_M]["status"].tolist() == ["error"]
+
+
+def test_a_hung_point_becomes_a_timeout_row_and_the_sweep_goes_on(tmp_path, fake_backends_env):
+    from fakes.backends import CRASH_AT_M
+
+    run = RunDir.create(tmp_path, run_id="hang")
+    gemm_sweep.run_sweep(config(["fake-hang"], point_timeout_s=3.0), run, progress=False)
+    frame = run.read_table("gemm").sort_values("m")
+    hung = frame[frame["m"] == CRASH_AT_M]
+    assert hung["status"].tolist() == ["timeout"] and "point_timeout_s" in hung["error"].iloc[0]
+    assert (frame[frame["m"] != CRASH_AT_M]["status"] == "ok").all()
+
+
+def test_an_interrupted_sweep_keeps_its_rows_and_a_rerun_finishes(tmp_path, fake_backends_env):
+    from fakes.backends import CRASH_AT_M
+
+    from fp4lab.sweep.runner import Interrupted
+
+    run = RunDir.create(tmp_path, run_id="interrupt")
+    with pytest.raises(KeyboardInterrupt):
+        gemm_sweep.run_sweep(config(["fake-ok", "fake-interrupt"]), run, progress=False)
+    assert run.run_json()["sweep"]["status"] == "interrupted"
+    kept = run.read_table("gemm")
+    assert len(kept) == 3 + sum(m < CRASH_AT_M for m in (1, 4, 8))
+    assert issubclass(Interrupted, KeyboardInterrupt)
+
+
+def test_timer_typo_is_one_line_before_any_work(tmp_path):
+    with pytest.raises(ParameterError, match="timer: unknown setting 'coldl2'"):
+        GemmSweep.from_profile("smoke", "cpu", timer={"coldl2": False})
+
+
+@pytest.mark.parametrize("overrides, named", [
+    ({"fmts": ["fp3"]}, "fmts"), ({"m_values": [0]}, "m_values"), ({"m_values": []}, "m_values"),
+    ({"shapes": [[32, 30]]}, "block size"), ({"shapes": [[32]]}, "shapes"),
+    ({"backends": ["magic"]}, "backends"), ({"energy_window_s": -1}, "energy_window_s"),
+    ({"point_timeout_s": 0}, "point_timeout_s"), ({"telemetry_hz": float("nan")}, "telemetry_hz"),
+])
+def test_bad_config_names_the_field(overrides, named):
+    with pytest.raises(ParameterError, match=named):
+        GemmSweep.from_profile("smoke", "cpu", **overrides)
+
+
+def test_profiles_are_valid_grids():
+    assert GemmSweep.from_profile("smoke", "cpu").shapes == ((256, 512), (512, 256))
+    full = GemmSweep.from_profile("full", "cpu")
+    assert (6144, 2048) in full.shapes and full.m_values[-1] == 16384 and full.timer.cold_l2
+    stored = GemmSweep.from_dict(full.as_dict())
+    assert stored == full
+
+
+# -- the MoE sweep on the same runner ---------------------------------------------------------------
+
+def moe_config(methods, **overrides) -> MoeSweep:
+    values = {"batch_sizes": [8, 32], "ep_degrees": [1], "steps": 4, "timer": {"repeats": 2}, **overrides}
+    return MoeSweep.from_profile("smoke", "cpu", methods=list(methods), **values)
+
+
+def test_moe_sweep_rows_rerun_and_crash_isolation(tmp_path, fake_backends_env):
+    from fakes.backends import CRASH_AT_BATCH
+
+    run = RunDir.create(tmp_path, run_id="moe")
+    cfg = dataclasses.replace(moe_config(["loop-bf16", "layer-loop-bf16", "fake-moe-crash"]),
+                              dense_m_values=(1, 8))
+    measured = moe_sweep.run_sweep(cfg, run, progress=False)
+    frame = run.read_table("moe")
+    assert measured == len(frame) and frame["scaled"].all()
+    loop = frame[frame["method"] == "loop-bf16"]
+    assert len(loop) == 2 * 2 and (loop["status"] == "ok").all()          # 2 gemms x 2 batches
+    layer = frame[frame["method"] == "layer-loop-bf16"]
+    assert set(layer["gemm"]) == {"layer"} and (layer["status"] == "ok").all() and set(layer["fmt"]) == {"nvfp4"}
+    crash = frame[frame["method"] == "fake-moe-crash"]
+    assert (crash[crash["batch"] == CRASH_AT_BATCH]["status"] == "error").all()
+    assert (crash[crash["batch"] != CRASH_AT_BATCH]["status"] == "ok").all()
+    assert len(frame[frame["method"] == "dense-bf16"]) == 2 * 2
+    assert moe_sweep.run_sweep(cfg, run, progress=False) == 0             # a rerun appends nothing
+    assert len(run.read_table("moe")) == len(frame)
+
+
+def test_moe_config_checks():
+    with pytest.raises(ParameterError, match="ep_degrees"):
+        moe_config(["loop-bf16"], ep_degrees=[3], preset="glm-5")
+    with pytest.raises(ParameterError, match="methods"):
+        moe_config(["magic"])
+    with pytest.raises(ParameterError, match="batch_sizes"):
+        moe_config(["loop-bf16"], batch_sizes=[0])
