@@ -1,0 +1,169 @@
+"""The analysis layer on synthetic run folders whose numbers are known: derived columns, the
+measured peaks raised on read, the 4-bit tables, and the diagnosis (floors, verdict, power, paths,
+levers, what it cannot conclude)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fakes.runs import CPU, MEASURED, glm5_gemm_rows, gemm_row, make_run, moe_row
+
+from fp4lab import roofline
+from fp4lab.analysis import decode, gemm, moe
+from fp4lab.errors import ParameterError
+
+DECODE_MS = {1: 10.0, 8: 10.0, 16: 10.0, 32: 11.0, 64: 12.0}
+
+
+def run_with(tmp_path, rows, moe_rows=(), **kwargs):
+    run = make_run(tmp_path, **kwargs)
+    run.append_rows("gemm", rows)
+    if moe_rows:
+        run.append_rows("moe", moe_rows)
+    return run
+
+
+# -- gemm -------------------------------------------------------------------------------------------
+
+def test_derived_columns_by_hand(tmp_path):
+    run = run_with(tmp_path, [gemm_row("torch-bf16", 1, 8192, 8192, 40.0)])
+    row = gemm.gemm_results(run).ok.iloc[0]
+    moved = roofline.gemm_bytes(1, 8192, 8192, "bf16", "nvfp4", "bf16")
+    assert row["bytes"] == moved and row["tbps"] == pytest.approx(moved / 40e-6 / 1e12)
+    assert row["tflops"] == pytest.approx(2 * 8192 * 8192 / 40e-6 / 1e12)
+    assert row["pct_peak_measured"] == pytest.approx(100 * row["tflops"] / 800.0)
+    assert row["pct_peak_spec"] == pytest.approx(100 * row["tflops"] / 989.0)
+    assert row["bound"] == "memory" and row["memory_floor_us"] == pytest.approx(moved / 4e6)
+
+
+def test_a_point_faster_than_the_probe_raises_the_measured_peak_on_read(tmp_path):
+    # 2*4096^3 FLOPs in 150 us = 916 TFLOP/s, above the 800 TFLOP/s bf16 probe
+    run = run_with(tmp_path, [gemm_row("torch-bf16", 4096, 4096, 4096, 150.0),
+                              gemm_row("torch-bf16", 1, 4096, 4096, 10.0)])
+    results = gemm.gemm_results(run)
+    assert results.measured.peak_tflops["bf16"] == pytest.approx(2 * 4096 ** 3 / 150e-6 / 1e12)
+    assert "bf16" in results.raised and "M=4096" in results.raised["bf16"]
+    assert results.ok["pct_peak_measured"].max() == pytest.approx(100.0)
+    assert (run.path / "gemm.jsonl").read_text().count("\n") == 2      # nothing written back
+
+
+def test_availability_counts_and_first_reasons(tmp_path):
+    run = run_with(tmp_path, [gemm_row("torch-bf16", 1, 64, 64, 5.0),
+                              gemm_row("torch-fp4", 1, 64, 64, None, status="unavailable", error="needs sm_100"),
+                              gemm_row("torch-fp4", 2, 64, 64, None, status="unavailable", error="needs sm_100")])
+    table = gemm.availability(gemm.gemm_results(run)).set_index("backend")
+    assert table.loc["torch-fp4", "unavailable"] == 2 and table.loc["torch-bf16", "ok"] == 1
+    assert table.loc["torch-fp4", "why not"] == "unavailable: needs sm_100"
+
+
+def test_fastest_four_bit_method_against_bf16_and_the_floor(tmp_path):
+    rows = [gemm_row("torch-bf16", 1, 8192, 8192, 34.0), gemm_row("triton-w4a16", 1, 8192, 8192, 17.0),
+            gemm_row("emulated", 1, 8192, 8192, 900.0)]
+    table = gemm.fastest_fp4(gemm.gemm_results(run_with(tmp_path, rows)))
+    row = table.iloc[0]
+    floor = roofline.gemm_bytes(1, 8192, 8192, "fp4", "nvfp4", "bf16") / 4e6
+    assert row["backend"] == "triton-w4a16" and row["speedup_vs_bf16"] == pytest.approx(2.0)
+    assert row["floor_us"] == pytest.approx(floor) and row["pct_of_floor"] == pytest.approx(100 * floor / 17)
+
+
+# -- decode -----------------------------------------------------------------------------------------
+
+def test_memory_bound_verdict_counts_the_weights_the_path_reads(tmp_path):
+    run = run_with(tmp_path, glm5_gemm_rows("torch-bf16", DECODE_MS))
+    d = decode.diagnose(run, decode.DiagnosisConfig(steps=8))
+    path = d.chosen
+    experts = d.load["active_experts"]
+    bf16_bytes = experts * 2 * (4096 * 6144 + 6144 * 2048)
+    assert path["path"] == "torch-bf16 loop" and path["memory_floor_us"] == pytest.approx(bf16_bytes / 4e6)
+    assert path["layer_us"] == pytest.approx(experts * 2 * 10.0)            # 16 tokens/expert: 10 us each
+    assert path["launch_floor_us"] == pytest.approx(2 * experts * 2.0)
+    assert d.verdict["verdict"] == "memory-bound"
+    assert d.verdict["explained"] == pytest.approx(path["memory_floor_us"] / path["layer_us"])
+
+
+def test_launch_bound_when_every_gemm_costs_about_a_launch(tmp_path):
+    tiny = {m: 2.1 for m in DECODE_MS}
+    rows = [gemm_row("torch-bf16", m, n, k, us) for (n, k) in ((4096, 6144), (6144, 2048)) for m, us in tiny.items()]
+    run = run_with(tmp_path, rows, measured={**MEASURED, "bandwidth_tbps": 400.0})
+    d = decode.diagnose(run, decode.DiagnosisConfig(steps=8))
+    assert d.verdict["verdict"] == "launch-bound" and d.verdict["explained"] == pytest.approx(2.0 / 2.1)
+
+
+def test_power_bound_overrides_the_floors_and_is_judged_at_the_decode_point(tmp_path):
+    rows = [gemm_row("torch-bf16", m, n, k, 10.0, avg_power_w=680.0 if m <= 32 else 200.0)
+            for (n, k) in ((4096, 6144), (6144, 2048)) for m in DECODE_MS]
+    rows += [gemm_row("torch-bf16", 4096, 6144, 2048, 300.0, avg_power_w=699.0)]
+    d = decode.diagnose(run_with(tmp_path, rows), decode.DiagnosisConfig(steps=8))
+    assert d.decode_power["m_values"] == [16] and d.decode_power["avg_power_w"] == 680.0
+    assert d.verdict["verdict"] == "power-bound"
+    assert decode.decode_m_values([1, 8, 16, 32, 64], 16.0, 28.0) == [16]
+    assert decode.decode_m_values([1, 8, 64], 16.0, 28.0) == [8]
+
+
+def test_the_fastest_path_is_diagnosed_and_a_measured_loop_supersedes_the_built_one(tmp_path):
+    gemm_rows = glm5_gemm_rows("torch-bf16", DECODE_MS) + glm5_gemm_rows("torch-fp8", {m: 9.0 for m in DECODE_MS})
+    moe_rows = [moe_row(method, g, 512, us, gemm_backend=backend)
+                for method, us, backend in (("loop-bf16", 3000.0, "torch-bf16"), ("grouped-fp8", 1500.0, None))
+                for g in ("gate_up", "down")]
+    moe_rows = [r if r["method"] != "grouped-fp8" else {**r, "weight_dtype": "fp8", "math_dtype": "fp8",
+                                                         "act_dtype": "fp8"} for r in moe_rows]
+    d = decode.diagnose(run_with(tmp_path, gemm_rows, moe_rows), decode.DiagnosisConfig(steps=8))
+    paths = list(d.paths["path"])
+    assert paths[0] == "grouped-fp8" and d.chosen["layer_us"] == 3000.0
+    assert "torch-bf16 loop" not in paths and "loop-bf16" in paths and "torch-fp8 loop" in paths
+    lever = d.levers[d.levers["lever"].str.startswith("grouped-fp8")].iloc[0]
+    assert lever["gain"] == pytest.approx(6000.0 / 3000.0)
+    with pytest.raises(ParameterError, match="backend='magic'"):
+        decode.diagnose(run_with(tmp_path / "b", gemm_rows, moe_rows), decode.DiagnosisConfig(backend="magic"))
+
+
+def test_layer_times_are_the_one_number_both_moe_chapters_state(tmp_path):
+    moe_rows = [moe_row("loop-bf16", g, b, us, gemm_backend="torch-bf16") for b, us in ((256, 2000.0), (512, 3000.0))
+                for g in ("gate_up", "down")]
+    moe_rows += [moe_row("grouped-bf16", g, 512, 1000.0) for g in ("gate_up", "down")]
+    moe_rows += [moe_row("half-a-layer", "down", 512, 1.0)]
+    run = run_with(tmp_path, glm5_gemm_rows("torch-bf16", DECODE_MS), moe_rows)
+    table = moe.layer_times(moe.moe_results(run, "glm-5"), 600).set_index("method")
+    assert table.loc["grouped-bf16", "layer_us"] == 2000.0 and table.loc["grouped-bf16", "speedup_vs_loop"] == 3.0
+    assert "half-a-layer" not in table.index                    # a layer time needs both GEMMs
+    d = decode.diagnose(run, decode.DiagnosisConfig(steps=8, decode_batch=600))
+    diagnosed = d.paths.set_index("path")
+    assert diagnosed.loc["grouped-bf16", "layer_us"] == table.loc["grouped-bf16", "layer_us"]
+
+
+def test_a_floor_above_the_layer_marks_the_verdict_unreliable(tmp_path):
+    rows = glm5_gemm_rows("torch-bf16", {m: 0.01 for m in DECODE_MS})
+    d = decode.diagnose(run_with(tmp_path, rows), decode.DiagnosisConfig(steps=8))
+    assert d.verdict["reliable"] is False
+
+
+def test_missing_tables_are_named_and_a_smoke_run_issues_no_verdict(tmp_path):
+    run = run_with(tmp_path, [gemm_row("torch-bf16", 1, 256, 512, 40.0)], device=CPU)
+    d = decode.diagnose(run, decode.DiagnosisConfig(steps=8))
+    assert d.smoke and d.verdict is None
+    assert any("MoE sweep" in source for source in d.missing)
+
+
+def test_nearest_measured_shape_is_used_and_said(tmp_path):
+    rows = [gemm_row("torch-bf16", m, 4000, 6000, 10.0) for m in DECODE_MS] + \
+           [gemm_row("torch-bf16", m, 6144, 2048, 5.0) for m in DECODE_MS]
+    d = decode.diagnose(run_with(tmp_path, rows), decode.DiagnosisConfig(steps=8))
+    assert "nearest measured shape 4000x6000 for gate_up" in d.chosen["note"]
+
+
+@pytest.mark.parametrize("field, value, named", [
+    ("decode_batch", 0, "decode_batch"), ("steps", -1, "steps"), ("preset", "llama", "llama"),
+    ("routing", "gauss", "routing"), ("power_bound_fraction", 1.5, "power_bound_fraction"),
+    ("decode_batch", True, "decode_batch"), ("steps", float("nan"), "steps")])
+def test_bad_diagnosis_parameters_name_themselves(field, value, named):
+    with pytest.raises(ParameterError, match=named):
+        decode.DiagnosisConfig(**{field: value}).check()
+
+
+def test_expert_parallelism_aggregates_tokens_per_rank(tmp_path):
+    d = decode.diagnose(run_with(tmp_path, glm5_gemm_rows("torch-bf16", DECODE_MS)), decode.DiagnosisConfig(steps=8))
+    ep = d.ep.set_index("ep")
+    assert ep.loc[8, "tokens_per_step"] == 8 * 512 and ep.loc[8, "active_experts"] == pytest.approx(32.0)
+    assert ep.loc[8, "us_per_token"] < ep.loc[1, "us_per_token"] / 4
+    assert np.isfinite(d.levers["gain"]).all()
