@@ -25,9 +25,10 @@ the counter to zero for the next call (so a CUDA graph replays it with no memset
 
 `STAGE` (compile-time) leaves stages out, for the kernel anatomy (`anatomy_variants`):
   "full"      the GEMM;
-  "decode_x2" the GEMM with the weight decode done twice (the same values: what decode costs when
-              it is not hidden);
-  "decode"    loads and decode, no math: out[m, n] = sum_k w[n, k] + sum_k a[m, k];
+  "decode_x2" the GEMM with the weight decode done twice (two decodes added: twice the weights,
+              exact, halved in the epilogue): what decode costs when it is not hidden;
+  "decode"    loads and decode, no math: out[m, n] = sum_k w[n, k] + sum_k a[m, k] (one fp32 add
+              per weight and a row reduction are the cheapest consumer a check can read);
   "load"      loads only: out[m, n] = int32 sum of the code bytes and scale bytes of row n plus the
               bf16 bit patterns of activation row m (wrapping), so no load can be optimized away;
   "math"      the GEMM on pre-decoded bf16 weights [N, K] (4x the bytes: loads of bf16 + math).
@@ -130,7 +131,7 @@ def scaled_halves(packed, scale_bytes, salt, IS_NVFP4: tl.constexpr, SCALE_BLOCK
     bf16 [BN, KH] each, e2m1 * scale * 2^-WEIGHT_SHIFT.
 
     TWICE decodes a second time from `packed ^ salt` (salt = 0, unknown to the compiler) and
-    averages: the same values, twice the decode work.
+    returns the sum of both decodes: twice the weights (exact), twice the decode work.
     """
     GROUPS: tl.constexpr = KH // (SCALE_BLOCK // 2)
     scale = decode_scales_bf16(scale_bytes, IS_NVFP4)                      # [BN, GROUPS]
@@ -141,12 +142,15 @@ def scaled_halves(packed, scale_bytes, salt, IS_NVFP4: tl.constexpr, SCALE_BLOCK
     else:
         lo, hi = decode_bits(packed, scale)
     if TWICE:
+        # 2x the weights, exact; the epilogue halves the sum
         if DECODE == "ptx":
             lo2, hi2 = decode_ptx(packed ^ salt, scale)
-        else:
+            lo = lo + lo2                        # bf16x2 adds
+            hi = hi + hi2
+        else:  # in float32: the interpreter's bf16 arithmetic adds raw bits
             lo2, hi2 = decode_bits(packed ^ salt, scale)
-        lo = ((lo.to(tl.float32) + lo2.to(tl.float32)) * 0.5).to(tl.bfloat16)
-        hi = ((hi.to(tl.float32) + hi2.to(tl.float32)) * 0.5).to(tl.bfloat16)
+            lo = (lo.to(tl.float32) + lo2.to(tl.float32)).to(tl.bfloat16)
+            hi = (hi.to(tl.float32) + hi2.to(tl.float32)).to(tl.bfloat16)
     return lo, hi
 
 
@@ -289,7 +293,9 @@ def w4a16_kernel(
             tile = tl.trans(acc)
         else:
             tile = acc
-        if STAGE != "math":
+        if STAGE == "decode_x2":
+            tile = tile * (weight_factor(gs_ptr, IS_NVFP4) * 0.5)
+        elif STAGE != "math":
             tile = tile * weight_factor(gs_ptr, IS_NVFP4)
     if SPLIT_K > 1:
         # park this split's partial; the last split of the tile to arrive sums them all
