@@ -260,13 +260,15 @@ def test_splits_cover_k_and_none_is_empty(k, split, splits):
 def test_presets_from_json_round_trip(monkeypatch):
     tuned = TileConfig(block_m=16, block_n=64, block_k=256, split_k=4, swap_ab=True)
     large = TileConfig(block_m=128, block_n=128, block_k=128, num_warps=8)
-    rows = [{"n": 6144, "k": 2048, "m_max": None, "config": dataclasses.asdict(large)},
+    rows = [{"n": 6144, "k": 2048, "m_max": 256, "config": dataclasses.asdict(large)},
             {"n": 6144, "k": 2048, "m_max": 16, "config": dataclasses.asdict(tuned)}]
     presets = triton_w4a16.presets_from_json(json.loads(json.dumps(rows)))
-    assert presets == {(6144, 2048): ((16, tuned), (None, large))}
+    assert presets == {(6144, 2048): ((16, tuned), (256, large))}
     monkeypatch.setattr(triton_w4a16, "SHAPE_PRESETS", presets)
     assert choose_config(1, 6144, 2048, H200_SMS) == tuned
-    assert choose_config(4096, 6144, 2048, H200_SMS) == large
+    assert choose_config(17, 6144, 2048, H200_SMS) == large
+    # past the largest measured M: the generic presets
+    assert choose_config(4096, 6144, 2048, H200_SMS) == choose_config(4096, *UNTUNED_SHAPE)
     assert choose_config(1, *UNTUNED_SHAPE, H200_SMS) != tuned  # other shapes: generic presets
 
 

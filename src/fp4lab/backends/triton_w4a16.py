@@ -126,22 +126,23 @@ TILE_PRESETS = (
     (None, TileConfig(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3)),
 )
 
-# Tuned winners per weight shape (N, K), same form as TILE_PRESETS, used exactly as written
-# (split_k included). Filled from the `presets.json` that benchmarks/h200_kernels.py writes (nvfp4,
-# cold L2, CUDA graph, the fastest gated config per M); empty until that run has been made for this
-# kernel, so the generic presets serve every shape meanwhile.
+# Tuned winners per weight shape (N, K): (largest M covered, config), used exactly as written
+# (split_k included) for M up to the largest measured one; beyond it the generic presets. Filled
+# from the `presets.json` that benchmarks/h200_kernels.py writes (nvfp4, cold L2, CUDA graph, the
+# fastest gated config per measured M), via `presets_from_json`; empty until that run has been
+# made for this kernel, so the generic presets serve every shape meanwhile.
 SHAPE_PRESETS: dict[tuple[int, int], tuple[tuple[int | None, TileConfig], ...]] = {}
 
 CTAS_PER_SM_TARGET = 2             # memory-bound tiles: two in flight per SM hide load latency
 MIN_K_BLOCKS_PER_SPLIT = 2         # below this a split costs more in partial traffic than it saves
 
 
-def preset_for(m: int, presets) -> TileConfig:
-    """The first preset whose M bound covers `m`."""
+def preset_for(m: int, presets) -> TileConfig | None:
+    """The first preset whose M bound covers `m` (None when every bound is below m)."""
     for m_max, preset in presets:
         if m_max is None or m <= m_max:
             return preset
-    return presets[-1][1]
+    return None
 
 
 def auto_split_k(config: TileConfig, m: int, n: int, k: int, sm_count: int) -> TileConfig:
@@ -156,10 +157,11 @@ def auto_split_k(config: TileConfig, m: int, n: int, k: int, sm_count: int) -> T
 
 
 def choose_config(m: int, n: int, k: int, sm_count: int = 132) -> TileConfig:
-    """The tuned config for (N, K) when SHAPE_PRESETS has one, else the generic preset for M
-    with split-K when the [M, N] tiles leave SMs idle."""
-    if (n, k) in SHAPE_PRESETS:
-        return preset_for(m, SHAPE_PRESETS[(n, k)])
+    """The tuned config for (N, K) at M when SHAPE_PRESETS covers it (the smallest measured M at
+    or above m), else the generic preset for M with split-K when the tiles leave SMs idle."""
+    tuned = preset_for(m, SHAPE_PRESETS.get((n, k), ()))
+    if tuned is not None:
+        return tuned
     return auto_split_k(preset_for(m, TILE_PRESETS), m, n, k, sm_count)
 
 

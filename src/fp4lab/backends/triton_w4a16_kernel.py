@@ -180,20 +180,22 @@ def tile_dot(acc, w, a, SWAP_AB: tl.constexpr, DOT_IN_FP32: tl.constexpr):
     return acc
 
 
-@triton.jit
+# M, the split length and the split count vary per call: not specialized, so one compiled kernel
+# serves every M and split of a tile shape (the tuner compiles tile shapes, not points)
+@triton.jit(do_not_specialize=["M", "blocks_per_split", "splits"])
 def w4a16_kernel(
     a_ptr, w_ptr, s_ptr, gs_ptr, c_ptr, ws_ptr, count_ptr, salt_ptr,
-    M, N, K, blocks_per_split,
+    M, N, K, blocks_per_split, splits,
     stride_am, stride_wn, stride_sn, stride_cm,
     IS_NVFP4: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, MATH: tl.constexpr, SWAP_AB: tl.constexpr, STAGE: tl.constexpr,
+    SPLIT: tl.constexpr, MATH: tl.constexpr, SWAP_AB: tl.constexpr, STAGE: tl.constexpr,
     EVEN_K: tl.constexpr, DECODE: tl.constexpr, DOT_IN_FP32: tl.constexpr,
 ):
     """One [BM, BN] output tile over one K split (program_id(1)); see the module doc.
 
     salt_ptr: an int32 0 (read only in STAGE "decode_x2"); count_ptr: int32 [tiles], zero between
-    calls; ws_ptr: the partial tiles [SPLIT_K, M, N] in the accumulator's type.
+    calls; ws_ptr: the partial tiles [splits, M, N] in the accumulator's type; SPLIT: splits > 1.
 
     EVEN_K: K is a multiple of BK, so no load needs a K mask. In STAGE "math" `w_ptr` holds bf16
     weights [N, K] (stride_wn elements per row) and `s_ptr` is unused.
@@ -297,16 +299,16 @@ def w4a16_kernel(
             tile = tile * (weight_factor(gs_ptr, IS_NVFP4) * 0.5)
         elif STAGE != "math":
             tile = tile * weight_factor(gs_ptr, IS_NVFP4)
-    if SPLIT_K > 1:
+    if SPLIT:
         # park this split's partial; the last split of the tile to arrive sums them all
         partial = ws_ptr + offs_m[:, None] * N + offs_n[None, :]          # [BM, BN]
         c_mask = m_mask[:, None] & n_mask[None, :]
         tl.store(partial + pid_k * M * N, tile, mask=c_mask)
         tl.debug_barrier()   # every thread's partial is written before the release below
         arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
-        if arrived == SPLIT_K - 1:
+        if arrived == splits - 1:
             tile = tl.zeros_like(tile)
-            for split in tl.static_range(SPLIT_K):
+            for split in tl.range(0, splits):
                 tile += tl.load(partial + split * M * N, mask=c_mask, other=0,
                                 cache_modifier=".cg")                      # L2: other SMs wrote it
             tl.atomic_xchg(count_ptr + pid, 0)   # ready for the next call (graph replay)
@@ -346,16 +348,15 @@ class Launch:
         splits = config.splits(k)
         tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
         self.grid = (tiles, splits)
-        self.workspace = torch.empty(max(splits, 1) if splits > 1 else 1,
-                                     *((m, n) if splits > 1 else (1,)), dtype=acc_dtype,
-                                     device=device)                      # [splits, M, N]
+        shape = (splits, m, n) if splits > 1 else (1,)                    # [splits, M, N]
+        self.workspace = torch.empty(shape, dtype=acc_dtype, device=device)
         self.counts = torch.zeros(tiles, dtype=torch.int32, device=device)  # [tiles]
         self.salt = torch.zeros(1, dtype=torch.int32, device=device)
         is_nvfp4 = fmt == "nvfp4"
         self.constants = dict(
             IS_NVFP4=is_nvfp4, SCALE_BLOCK=NVFP4_SCALE_BLOCK if is_nvfp4 else MXFP4_SCALE_BLOCK,
             BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-            SPLIT_K=splits, MATH=config.math, SWAP_AB=config.swap_ab, STAGE=stage,
+            SPLIT=splits > 1, MATH=config.math, SWAP_AB=config.swap_ab, STAGE=stage,
             EVEN_K=k % config.block_k == 0,
             DECODE="bits" if INTERPRETED else config.decode, DOT_IN_FP32=INTERPRETED,
             num_warps=config.num_warps, num_stages=config.num_stages)
@@ -366,6 +367,6 @@ class Launch:
             raise ValueError(f"activations a must be contiguous along K, got strides {a.stride()}")
         w4a16_kernel[self.grid](
             a, w, scale_bytes, global_scale, out, self.workspace, self.counts, self.salt,
-            self.m, self.n, self.k, self.blocks_per_split,
+            self.m, self.n, self.k, self.blocks_per_split, self.grid[1],
             a.stride(0), w.stride(0), scale_bytes.stride(0), out.stride(0), **self.constants)
         return out
