@@ -81,10 +81,15 @@ def split_choices(config: TileConfig, point: Point, sms: int) -> list[int]:
 
 
 def candidates(point: Point, sms: int) -> list[TileConfig]:
-    """choose_config's pick first, then every tile shape at its split choices; no duplicates."""
-    grid = [choose_config(point.m, point.n, point.k, sms)]
+    """choose_config's pick first, then every tile shape at its split choices, then (M <= 16)
+    the pick with the plain-Triton decode: what the inline-PTX decode buys, measured, and a
+    winner even if the PTX decode failed the gate on this GPU. No duplicates."""
+    pick = choose_config(point.m, point.n, point.k, sms)
+    grid = [pick]
     for shape in tile_shapes(point.m):
         grid += [dataclasses.replace(shape, split_k=s) for s in split_choices(shape, point, sms)]
+    if point.m <= 16:
+        grid.append(dataclasses.replace(pick, decode="bits"))
     return list(dict.fromkeys(grid))
 
 
