@@ -129,3 +129,16 @@ def test_fused_moe_passes_the_layer_gate_in_the_interpreter():
                                                                     else 1 / 32))
         assert result["weight_bytes"] == pytest.approx(active * per_expert)
     assert max(r["loads"][1] for r in results) > 16       # one case needs several work items
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("decode", ["ptx", "bits"])
+def test_fused_moe_on_the_gpu(fmt, decode):
+    ids = skewed_ids(64, 16, 4, busy=1)                      # busy expert: 64 pairs, 4 tiles
+    problem = moe.base.make_layer_problem(ids, 16, 512, 256, fmt, "cuda")
+    call = moe.get("triton-w4a16-moe").prepare(problem, MoeTileConfig(decode=decode))
+    for _ in range(2):
+        gate = moe.check_call(call, problem)
+        assert gate.ok, gate.message
