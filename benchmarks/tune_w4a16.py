@@ -58,9 +58,12 @@ class Point:
 
 def tile_shapes(m: int) -> list[TileConfig]:
     """Tile shapes worth compiling for M's regime (split-K is added per point)."""
-    if m <= 16:   # the weight tile is the wgmma M side; M=1 also tries CUDA-core FMA
+    if m <= 16:   # the weight tile is the MMA's M side; M=1 also tries CUDA-core FMA
         shapes = [TileConfig(block_m=16, block_n=128, block_k=256, num_stages=3, swap_ab=True),
-                  TileConfig(block_m=16, block_n=64, block_k=256, num_stages=4, swap_ab=True)]
+                  TileConfig(block_m=16, block_n=64, block_k=256, num_stages=4, swap_ab=True),
+                  # 2 warps, mma.sync: many small tiles, little or no split-K to reduce
+                  TileConfig(block_m=16, block_n=32, block_k=256, num_warps=2, num_stages=4,
+                             swap_ab=True)]
         if m == 1:
             shapes.append(TileConfig(block_m=1, block_n=64, block_k=128, math="fma"))
         return shapes
@@ -87,7 +90,10 @@ def candidates(point: Point, sms: int) -> list[TileConfig]:
     pick = choose_config(point.m, point.n, point.k, sms)
     grid = [pick]
     for shape in tile_shapes(point.m):
-        grid += [dataclasses.replace(shape, split_k=s) for s in split_choices(shape, point, sms)]
+        splits = split_choices(shape, point, sms)
+        if shape.math == "fma":   # the CUDA-core path, for comparison: one split count
+            splits = splits[:1]
+        grid += [dataclasses.replace(shape, split_k=s) for s in splits]
     if point.m <= 16:
         grid.append(dataclasses.replace(pick, decode="bits"))
     return list(dict.fromkeys(grid))
