@@ -13,7 +13,7 @@ import torch
 
 from fp4lab.backends import moe
 from fp4lab.backends.moe.triton_fused import (
-    MoeTileConfig, TritonW4A16Moe, choose_moe_config, max_work_items, route,
+    MoeTileConfig, TritonW4A16Moe, choose_moe_config, max_work_items,
 )
 
 REPO = os.path.join(os.path.dirname(__file__), "..")
@@ -32,29 +32,6 @@ def test_registered_as_a_layer_method_for_both_formats():
     assert isinstance(method, TritonW4A16Moe) and "triton-w4a16-moe" in moe.names("layer")
     assert method.formats == ("nvfp4", "mxfp4") and method.weight_dtype == "fp4"
     assert "timed" in method.note
-
-
-def test_routing_lists_every_pair_once_busiest_expert_first():
-    ids = torch.tensor(skewed_ids(40, 8, 2, busy=5), dtype=torch.int32)          # [T, k]
-    block_m = 16
-    work_ids = torch.arange(max_work_items(ids.numel(), 8, block_m))
-    routing = route(ids, 8, block_m, work_ids)
-    flat = ids.reshape(-1)
-    sorted_experts = flat[routing.sorted_pairs.long()]
-    assert torch.equal(sorted_experts, torch.sort(flat).values)                   # sorted by expert
-    valid = routing.work_expert >= 0
-    assert valid.sum() < len(work_ids) and (routing.work_expert[~valid] == -1).all()
-    covered = []
-    for e, start, rows in zip(routing.work_expert[valid].tolist(),
-                              routing.work_start[valid].tolist(),
-                              routing.work_rows[valid].tolist()):
-        assert 1 <= rows <= block_m
-        assert (sorted_experts[start:start + rows] == e).all()
-        covered.extend(range(start, start + rows))
-    assert sorted(covered) == list(range(flat.numel()))                           # each pair once
-    # the busy expert (40 pairs: 3 tiles) comes first, idle experts get no work item
-    assert routing.work_expert[:3].tolist() == [5, 5, 5]
-    assert not set(routing.work_expert[valid].tolist()) & {6, 7}
 
 
 def test_work_item_bound_holds_for_any_loads():
@@ -80,10 +57,20 @@ def test_bad_moe_config_names_the_field(field, value):
 
 MOE_SCRIPT = r"""
 import json, sys, numpy as np, torch
-from fp4lab.backends.moe import base, get
-from fp4lab.backends.moe.triton_fused import MoeTileConfig
+from fp4lab.backends.moe import base, get, triton_fused_kernel
+from fp4lab.backends.moe.triton_fused import MoeTileConfig, RouteTables
 sys.path.insert(0, sys.argv[2])
 from test_triton_moe import skewed_ids
+
+# the route kernel alone, twice on the same tables (its cursor must be back at zero)
+ids = torch.tensor(skewed_ids(40, 8, 2, busy=5), dtype=torch.int32)
+tables = RouteTables.empty(ids.numel(), 8, 16, "cpu")
+for _ in range(2):
+    tables.sorted_pairs.fill_(-1)
+    triton_fused_kernel.launch_route(ids, 8, 16, tables)
+routing = {name: getattr(tables, name).tolist()
+           for name in ("sorted_pairs", "work_expert", "work_start", "work_rows", "cursor")}
+routing["ids"] = ids.reshape(-1).tolist()
 
 results = []
 for case in json.loads(sys.argv[1]):
@@ -94,7 +81,7 @@ for case in json.loads(sys.argv[1]):
     gates = [base.check_call(call, problem) for _ in range(2)]
     results.append({"ok": [g.ok for g in gates], "message": gates[0].message,
                     "loads": problem.loads.tolist(), "weight_bytes": call.weight_bytes})
-print(json.dumps(results))
+print(json.dumps({"routing": routing, "layers": results}))
 """
 
 # both formats; H and I tails shorter than BLOCK_K (EVEN_K off) and exact multiples; a busy expert
@@ -119,8 +106,8 @@ def test_fused_moe_passes_the_layer_gate_in_the_interpreter():
                           os.path.dirname(__file__)], env=env, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    results = json.loads(run.stdout.strip().splitlines()[-1])
-    for spec, result in zip(MOE_CASES, results):
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    for spec, result in zip(MOE_CASES, report["layers"]):
         assert result["ok"] == [True, True], (spec, result)
         loads = result["loads"]
         assert loads[-2:] == [0, 0] and max(loads) == spec["tokens"]
@@ -128,17 +115,29 @@ def test_fused_moe_passes_the_layer_gate_in_the_interpreter():
         per_expert = 3 * spec["hidden"] * spec["inter"] * (0.5 + (1 / 16 if spec["fmt"] == "nvfp4"
                                                                     else 1 / 32))
         assert result["weight_bytes"] == pytest.approx(active * per_expert)
-    assert max(r["loads"][1] for r in results) > 16       # one case needs several work items
+    assert max(r["loads"][1] for r in report["layers"]) > 16   # a case with several work items
+    check_routing(report["routing"], experts=8, block_m=16, busy=5)
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-@pytest.mark.parametrize("decode", ["ptx", "bits"])
-def test_fused_moe_on_the_gpu(fmt, decode):
-    ids = skewed_ids(64, 16, 4, busy=1)                      # busy expert: 64 pairs, 4 tiles
-    problem = moe.base.make_layer_problem(ids, 16, 512, 256, fmt, "cuda")
-    call = moe.get("triton-w4a16-moe").prepare(problem, MoeTileConfig(decode=decode))
-    for _ in range(2):
-        gate = moe.check_call(call, problem)
-        assert gate.ok, gate.message
+def check_routing(routing: dict, experts: int, block_m: int, busy: int) -> None:
+    """Every pair once, grouped by expert; work items cover each expert's pairs in tiles of at
+    most block_m, busiest expert first; idle experts have none; the cursor is back at zero."""
+    ids = routing["ids"]
+    order = routing["sorted_pairs"]
+    assert sorted(order) == list(range(len(ids)))                       # a permutation
+    grouped = [ids[p] for p in order]
+    assert grouped == sorted(grouped)                                   # by expert
+    items = [(e, s, r) for e, s, r in zip(routing["work_expert"], routing["work_start"],
+                                          routing["work_rows"]) if e >= 0]
+    assert all(e == -1 for e in routing["work_expert"][len(items):])    # padding at the end
+    covered = []
+    for e, start, rows in items:
+        assert 1 <= rows <= block_m and set(grouped[start:start + rows]) == {e}
+        covered.extend(range(start, start + rows))
+    assert sorted(covered) == list(range(len(ids)))                     # each pair once
+    loads = [ids.count(e) for e in range(experts)]
+    assert [e for e, _, _ in items][:3] == [busy] * 3                   # 40 pairs: 3 tiles, first
+    firsts = [e for i, (e, _, _) in enumerate(items) if i == 0 or items[i - 1][0] != e]
+    assert [loads[e] for e in firsts] == sorted((loads[e] for e in firsts), reverse=True)
+    assert not {e for e, _, _ in items} & {e for e in range(experts) if loads[e] == 0}
+    assert set(routing["cursor"]) == {0}

@@ -2,9 +2,9 @@
 
 gate_up and down each run over every active expert in ONE launch (`triton_fused_kernel`), the
 SiLU-and-multiply fused into gate_up's epilogue, the routing weights into down's. Per call (timed,
-as a server does it every step): the (token, slot) pairs are sorted by expert and the work list is
-built busiest expert first, in torch on the device (graph-capturable, ~20 small kernels); after
-down, torch sums each token's k weighted rows. FP4 weights are read once per (expert, pair tile):
+as a server does it every step): one single-CTA Triton kernel groups the (token, slot) pairs by
+expert and lists the work busiest expert first; after down, torch sums each token's k weighted
+rows. Four launches in all, graph-capturable. FP4 weights are read once per (expert, pair tile):
 a `MoeTileConfig.block_m` at least the busiest expert's load reads every expert's weights once.
 
 Shape legend: see `fp4lab.backends.moe.base` (`P` = T*k pairs, `W` work items).
@@ -73,40 +73,33 @@ def choose_moe_config(pairs: int, experts: int) -> MoeTileConfig:
 
 
 @dataclass
-class Routing:
-    """The per-call routing tables (int32 on the device)."""
+class RouteTables:
+    """The per-call routing tables (int32, on the device), written by the route kernel."""
 
-    sorted_pairs: torch.Tensor   # [P] pair ids p = t*k + j, sorted by expert (stable)
+    sorted_pairs: torch.Tensor   # [P] pair ids p = t*k + j, grouped by expert
     work_expert: torch.Tensor    # [W] expert of each work item, busiest first; -1 = no work
     work_start: torch.Tensor     # [W] first sorted position of the item's pairs
     work_rows: torch.Tensor      # [W] pairs in the item (<= block_m)
+    cursor: torch.Tensor         # [E'] next free position per expert: zero between calls
+    scratch: torch.Tensor        # [4, E'] the kernel's per-expert arrays
+
+    @classmethod
+    def empty(cls, pairs: int, experts: int, block_m: int, device) -> "RouteTables":
+        padded = 1 << max(experts - 1, 0).bit_length()                   # E' = next power of 2
+        work = max_work_items(pairs, experts, block_m)
+
+        def table(size):
+            return torch.empty(size, dtype=torch.int32, device=device)
+
+        return cls(sorted_pairs=table(pairs), work_expert=table(work), work_start=table(work),
+                   work_rows=table(work),
+                   cursor=torch.zeros(padded, dtype=torch.int32, device=device),
+                   scratch=table(4 * padded))
 
 
 def max_work_items(pairs: int, experts: int, block_m: int) -> int:
     """An upper bound on sum_e ceil(load_e / block_m) over any routing of `pairs` pairs."""
     return min(experts, pairs) + pairs // block_m
-
-
-def route(topk_ids: torch.Tensor, experts: int, block_m: int, work_ids: torch.Tensor) -> Routing:
-    """Sort the pairs by expert and list the work items, busiest expert first; no host sync
-    (CUDA-graph capturable). `work_ids` = arange(W) on the device."""
-    flat = topk_ids.reshape(-1).long()                                             # [P]
-    sorted_pairs = torch.argsort(flat, stable=True)                                # [P]
-    counts = torch.zeros(experts, dtype=torch.long, device=flat.device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))                            # [E]
-    starts = counts.cumsum(0) - counts                                             # [E]
-    tiles = (counts + block_m - 1) // block_m                                      # [E]
-    order = torch.argsort(counts, descending=True, stable=True)                    # [E]
-    tile_end = tiles[order].cumsum(0)                                              # [E]
-    slot = torch.searchsorted(tile_end, work_ids, right=True)                      # [W]
-    valid = slot < experts
-    expert = order[slot.clamp(max=experts - 1)]                                    # [W]
-    tile = work_ids - (tile_end[slot.clamp(max=experts - 1)] - tiles[expert])      # [W]
-    return Routing(
-        sorted_pairs=sorted_pairs.to(torch.int32),
-        work_expert=torch.where(valid, expert, torch.full_like(expert, -1)).to(torch.int32),
-        work_start=(starts[expert] + tile * block_m).to(torch.int32),
-        work_rows=(counts[expert] - tile * block_m).clamp(max=block_m).to(torch.int32))
 
 
 class TritonW4A16Moe(MoeMethod):
@@ -115,8 +108,8 @@ class TritonW4A16Moe(MoeMethod):
     weight_dtype, act_dtype = "fp4", "bf16"
     what = ("fused FP4 weight-only MoE: gate_up (+SiLU*up) and down (+routing weights) in one "
             "Triton launch each over all experts, busiest expert first")
-    note = ("routing (sort by expert, work list) is inside the timed call, in torch on the "
-            "device; top-k sum by torch.sum")
+    note = ("routing (group pairs by expert, work list: one Triton launch) is inside the timed "
+            "call; top-k sum by torch.sum")
 
     @property
     def requires(self):
@@ -146,7 +139,7 @@ class TritonW4A16Moe(MoeMethod):
         w2 = kernel_operands(problem.w2, str(device))                       # [E, H, I/2] ...
         if problem.w13.global_scale is None:   # mxfp4: one (never read) scale per expert
             w13.global_scale = w2.global_scale = torch.ones(experts, device=device)
-        work_ids = torch.arange(max_work_items(pairs, experts, config.block_m), device=device)
+        tables = RouteTables.empty(pairs, experts, config.block_m, device)
         act = torch.empty(pairs, inter, dtype=torch.bfloat16, device=device)    # [P, I]
         y = torch.empty(pairs, hidden, dtype=torch.bfloat16, device=device)     # [P, H]
         common = dict(top_k=top_k, fmt=problem.fmt, config=config, interpreted=INTERPRETED)
@@ -155,21 +148,22 @@ class TritonW4A16Moe(MoeMethod):
             x, topk_ids, topk_weights, w13_ops, w2_ops = args
 
             def call():
-                routing = route(topk_ids, experts, config.block_m, work_ids)
-                work = (routing.work_expert, routing.work_start, routing.work_rows)
+                kernel.launch_route(topk_ids, experts, config.block_m, tables)
+                work = (tables.work_expert, tables.work_start, tables.work_rows)
                 route_w = topk_weights.reshape(-1)                                  # [P]
                 kernel.launch(x, w13_ops.packed, w13_ops.scale_bytes, w13_ops.global_scale,
-                              act, routing.sorted_pairs, route_w, work, n=inter, k=hidden,
+                              act, tables.sorted_pairs, route_w, work, n=inter, k=hidden,
                               gate_up=True, **common)
                 kernel.launch(act, w2_ops.packed, w2_ops.scale_bytes, w2_ops.global_scale, y,
-                              routing.sorted_pairs, route_w, work, n=hidden, k=inter,
+                              tables.sorted_pairs, route_w, work, n=hidden, k=inter,
                               gate_up=False, **common)
                 return torch.sum(y.view(tokens, top_k, hidden), dim=1, dtype=torch.float32,
                                  out=out)
             return call
 
         out = torch.empty(tokens, hidden, dtype=torch.float32, device=device)      # [T, H]
-        args = (problem.x.contiguous(), problem.topk_ids, problem.topk_weights.float(), w13, w2)
+        args = (problem.x.contiguous(), problem.topk_ids.contiguous(),
+                problem.topk_weights.float().contiguous(), w13, w2)
         active = int((problem.loads > 0).sum())
         return bound_call(build, args, out, tolerance_key=problem.fmt,
                           weight_bytes=layer_weight_bytes(problem),

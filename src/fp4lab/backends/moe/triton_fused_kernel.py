@@ -129,6 +129,71 @@ def moe_gemm_kernel(
                      y.to(tl.bfloat16), mask=out_mask)
 
 
+@triton.jit
+def route_kernel(ids_ptr, P, W, cursor_ptr, scratch_ptr, sorted_ptr,
+                 work_expert_ptr, work_start_ptr, work_rows_ptr,
+                 E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
+                 BLOCK_W: tl.constexpr):
+    """The routing tables in one CTA, one launch: per-expert counts (histogram), where each
+    expert's pairs start (cumsum), the experts busiest first (sort), the work list, and every pair
+    placed at its expert's next free position (atomics on `cursor`, [E] int32, zero between
+    calls: reset here at the end). E: the expert count rounded up to a power of two. Within an
+    expert the pairs' order is the atomics' order, which changes no result: gate_up rows go to
+    sorted positions, down writes each pair's own row."""
+    experts = tl.arange(0, E)                                              # [E]
+    counts = tl.zeros((E,), dtype=tl.int32)
+    for p0 in range(0, P, BLOCK):
+        offs = p0 + tl.arange(0, BLOCK)
+        ids = tl.load(ids_ptr + offs, mask=offs < P, other=0)              # padding counts as 0
+        counts += tl.histogram(ids, E)
+        counts -= tl.where(experts == 0, tl.sum((offs >= P).to(tl.int32), axis=0), 0)
+    starts = tl.cumsum(counts, 0) - counts                                 # [E] by expert id
+    key = tl.sort((counts << 16) | (E - 1 - experts), descending=True)     # busiest, then low id
+    order = E - 1 - (key & 0xFFFF)                                         # [E] expert ids
+    tile_end = tl.cumsum(((key >> 16) + BLOCK_M - 1) // BLOCK_M, 0)       # [E] in that order
+    # [4, E] scratch: order, tile_end (busiest first), starts, counts (by expert id)
+    tl.store(scratch_ptr + experts, order)
+    tl.store(scratch_ptr + E + experts, tile_end)
+    tl.store(scratch_ptr + 2 * E + experts, starts)
+    tl.store(scratch_ptr + 3 * E + experts, counts)
+    tl.debug_barrier()
+    for w0 in range(0, W, BLOCK_W):
+        w = w0 + tl.arange(0, BLOCK_W)                                     # [BW] work items
+        slot = tl.sum((tile_end[None, :] <= w[:, None]).to(tl.int32), axis=1)
+        valid = slot < E
+        slot = tl.minimum(slot, E - 1)
+        e = tl.load(scratch_ptr + slot)
+        count = tl.load(scratch_ptr + 3 * E + e)
+        tile = w - (tl.load(scratch_ptr + E + slot) - (count + BLOCK_M - 1) // BLOCK_M)
+        in_range = w < W
+        tl.store(work_expert_ptr + w, tl.where(valid, e, -1), mask=in_range)
+        tl.store(work_start_ptr + w, tl.load(scratch_ptr + 2 * E + e) + tile * BLOCK_M,
+                 mask=in_range)
+        tl.store(work_rows_ptr + w, tl.minimum(count - tile * BLOCK_M, BLOCK_M), mask=in_range)
+    for p0 in range(0, P, BLOCK):
+        offs = p0 + tl.arange(0, BLOCK)
+        mask = offs < P
+        ids = tl.load(ids_ptr + offs, mask=mask, other=0)
+        slot = tl.atomic_add(cursor_ptr + ids, 1, mask=mask)               # old values: ranks
+        tl.store(sorted_ptr + tl.load(scratch_ptr + 2 * E + ids, mask=mask) + slot, offs,
+                 mask=mask)
+    tl.debug_barrier()                                                     # every rank taken
+    tl.store(cursor_ptr + experts, tl.zeros((E,), dtype=tl.int32))
+
+
+ROUTE_BLOCK = 1024
+ROUTE_BLOCK_W = 64
+
+
+def launch_route(topk_ids, experts: int, block_m: int, tables) -> None:
+    """Fill `tables` (a RouteTables: cursor, scratch, sorted_pairs, work_*) from topk_ids."""
+    padded = triton.next_power_of_2(experts)
+    route_kernel[(1,)](
+        topk_ids, topk_ids.numel(), tables.work_expert.shape[0], tables.cursor, tables.scratch,
+        tables.sorted_pairs, tables.work_expert, tables.work_start, tables.work_rows,
+        E=padded, BLOCK_M=block_m, BLOCK=ROUTE_BLOCK, BLOCK_W=ROUTE_BLOCK_W, num_warps=8)
+
+
 def launch(a, w_packed, w_scales, global_scales, out, sorted_pairs, route_w, work, *, n: int,
            k: int, top_k: int, gate_up: bool, fmt: str, config, interpreted: bool) -> None:
     """One MoE GEMM over every work item. `work` = (expert, start, rows) int32 [W] each;
