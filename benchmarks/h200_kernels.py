@@ -170,6 +170,13 @@ def phase_dense(run: Run, cache: dict) -> dict:
                                                                        run.device, run.timer))
                     if row and "median_us" in row:
                         timed.append(row)
+                if not timed and run.left_s() > 0:   # nothing passed: the plain-Triton decode
+                    config = dataclasses.replace(choose_config(m, n, k, sms), decode="bits")
+                    row = run.step("dense", {**dataclasses.asdict(point), "label": config.label()},
+                                   lambda: tune.measure_config(point, config, a, w, run.device,
+                                                               run.timer))
+                    if row and "median_us" in row:
+                        timed.append(row)
                 timed.sort(key=lambda r: r["median_us"])
                 if fmt == "nvfp4":
                     ranked[(n, k, m)] = [tune.TileConfig(**r["config"]) for r in timed]
