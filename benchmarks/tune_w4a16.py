@@ -70,8 +70,11 @@ def tile_shapes(m: int) -> list[TileConfig]:
     if m <= 64:
         return [TileConfig(block_m=64, block_n=128, block_k=128, swap_ab=True),
                 TileConfig(block_m=64, block_n=128, block_k=128)]
-    return [TileConfig(block_m=64, block_n=128, block_k=128),
-            TileConfig(block_m=128, block_n=128, block_k=128, num_warps=8)]
+    # prefill-sized M: each decoded weight should feed as many rows as possible (the decode is
+    # redone for every row tile), so the tiles are tall
+    return [TileConfig(block_m=128, block_n=128, block_k=128, num_warps=8),
+            TileConfig(block_m=128, block_n=256, block_k=64, num_warps=8),
+            TileConfig(block_m=256, block_n=128, block_k=64, num_warps=8)]
 
 
 def split_choices(config: TileConfig, point: Point, sms: int) -> list[int]:

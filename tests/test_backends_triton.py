@@ -227,7 +227,7 @@ def test_untuned_shape_is_not_in_the_shape_presets():
     assert UNTUNED_SHAPE not in triton_w4a16.SHAPE_PRESETS
 
 
-@pytest.mark.parametrize("m,block_m", [(1, 16), (16, 16), (17, 32), (64, 64), (200, 64),
+@pytest.mark.parametrize("m,block_m", [(1, 16), (16, 16), (17, 32), (64, 64), (100, 64), (200, 128),
                                        (4096, 128)])
 def test_tile_rows_follow_m(m, block_m):
     assert choose_config(m, *UNTUNED_SHAPE, H200_SMS).block_m == block_m

@@ -122,7 +122,7 @@ TILE_PRESETS = (
     (16, TileConfig(block_m=16, block_n=128, block_k=256, num_stages=3, swap_ab=True)),
     (32, TileConfig(block_m=32, block_n=128, block_k=256, num_stages=3, swap_ab=True)),
     (64, TileConfig(block_m=64, block_n=128, block_k=128, num_stages=3, swap_ab=True)),
-    (256, TileConfig(block_m=64, block_n=128, block_k=128, num_stages=3)),
+    (128, TileConfig(block_m=64, block_n=128, block_k=128, num_stages=3)),
     (None, TileConfig(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3)),
 )
 
