@@ -4,20 +4,24 @@ Imported only when the backend is prepared (importing triton costs seconds and n
 TRITON_INTERPRET=1). Shape legend: `M` activation rows, `N` weight rows, `K` reduction dimension,
 `S` the format's scale block (16 nvfp4, 32 mxfp4); `BM`, `BN`, `BK` the tile sizes, `KH` = BK/2
 bytes of a tile row. Packed weights are [N, K/2] uint8 as `fp4lab.formats` stores them (element 2j
-in the low nibble of byte j, 2j+1 in the high one), block scales [N, K/S] raw bytes (e4m3 nvfp4,
-e8m0 mxfp4).
+in the low nibble of byte j, 2j+1 in the high one); block scales [N, K/S] one byte each: e8m0 for
+mxfp4, and for nvfp4 the e4m3 scales re-encoded once at prepare as "e5m3" (see SCALE_EXP below).
 
 One kernel, two ways to do the math (`MATH`), one K loop:
   - "dot": bf16 tensor cores. At decode-sized M the weight tile is the MMA's M side (SWAP_AB:
-    out^T = W a^T), since wgmma needs >= 64 rows there and M gives only a few.
+    out^T = W a^T), since wgmma needs >= 64 rows there and M gives only a few: the padding of M
+    to 16 costs tensor-core cycles, which are not what limits a weight read.
   - "fma": CUDA cores, a broadcast multiply-add over [BM, BN, KH] with fp32 accumulators and one
-    reduction over K after the loop: no tensor-core tile padding at M = 1..4.
-The nibbles are never interleaved: the low nibbles of a [BN, KH] byte tile are the weights at even
-k and the high nibbles those at odd k, so the activations are split the same way (even and odd
-columns of the [BM, BK] tile, a register-level split) and each half multiplies its own half of the
-weights. Each code becomes fp16 bits with shifts and masks (read as fp16 a code is exactly its
-e2m1 value times 2^-14; code 1 lands on the fp16 subnormal 2^-15), one conversion to fp32, one
-multiply by its block scale decoded once per block (times 2^14).
+    reduction over K after the loop (BM may be 1).
+Where the time of a weight-only kernel goes, besides the bytes, is the per-weight decode, so:
+  - the nibbles are never interleaved: the low nibbles of a [BN, KH] byte tile are the weights at
+    even k and the high ones those at odd k, so the activations are split the same way (even and
+    odd columns of the [BM, BK] tile, a register-level split) and each half multiplies its own
+    half of the weights; the byte tile then reaches the MMA operand layout with no shuffle;
+  - a code becomes bf16 with no float work (`decode_ptx`: 9 instructions per 4 weights, the block
+    scale included, as one bf16x2 multiply per 2 weights); a block scale is one integer
+    multiply-add. The offline SASS count on sm_90 (triton 3.6) is ~4 instructions per weight in
+    the main loop at M <= 16, against ~17 for the fp16-convert decode this replaced.
 
 Split-K in one launch: each CTA of a split writes its float32 partial tile to a workspace and bumps
 the tile's counter; the CTA that arrives last sums the partials, writes the bf16 output and resets
