@@ -217,11 +217,10 @@ def moe_model(name: str, scaled: bool):
 
 
 def moe_candidates(pairs: int, experts: int) -> list[MoeTileConfig]:
-    """The preset's config, then the same with half or double the pair tile."""
+    """The preset's config, then the same with the neighbouring pair tile (16 <-> 32, 64 -> 32:
+    a taller one spills registers)."""
     pick = choose_moe_config(pairs, experts)
-    other = pick.block_m // 2 if pick.block_m == 32 else min(pick.block_m * 2, 128)
-    alt = dataclasses.replace(pick, block_m=max(other, 16),
-                              num_warps=8 if other >= 128 else pick.num_warps)
+    alt = dataclasses.replace(pick, block_m=32 if pick.block_m != 32 else 16)
     return list(dict.fromkeys([pick, alt]))
 
 

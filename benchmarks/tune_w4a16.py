@@ -59,7 +59,7 @@ class Point:
 def tile_shapes(m: int) -> list[TileConfig]:
     """Tile shapes worth compiling for M's regime (split-K is added per point)."""
     if m <= 16:   # the weight tile is the MMA's M side; M=1 also tries CUDA-core FMA
-        shapes = [TileConfig(block_m=16, block_n=128, block_k=256, num_stages=3, swap_ab=True),
+        shapes = [TileConfig(block_m=16, block_n=128, block_k=256, num_warps=8, swap_ab=True),
                   TileConfig(block_m=16, block_n=64, block_k=256, num_stages=4, swap_ab=True),
                   # 2 warps, mma.sync: many small tiles, little or no split-K to reduce
                   TileConfig(block_m=16, block_n=32, block_k=256, num_warps=2, num_stages=4,

@@ -117,10 +117,11 @@ def _is_int(value) -> bool:
 # --- presets: configuration as data --------------------------------------------------------------
 # Generic presets by the largest M each covers (None = any larger M), used for shapes the tuner
 # has not measured; `auto_split_k` adds split-K when the output tiles alone leave SMs idle.
-# Decode-sized M: the weight tile is the wgmma M side (swap_ab) and K is split over the SMs.
+# Decode-sized M: the weight tile is the wgmma M side (swap_ab) and K is split over the SMs;
+# 8 warps hold a 128 x 256 decoded tile in ~160 registers a thread (4 warps need 255 and spill).
 TILE_PRESETS = (
-    (16, TileConfig(block_m=16, block_n=128, block_k=256, num_stages=3, swap_ab=True)),
-    (32, TileConfig(block_m=32, block_n=128, block_k=256, num_stages=3, swap_ab=True)),
+    (16, TileConfig(block_m=16, block_n=128, block_k=256, num_warps=8, swap_ab=True)),
+    (32, TileConfig(block_m=32, block_n=128, block_k=256, num_warps=8, swap_ab=True)),
     (64, TileConfig(block_m=64, block_n=128, block_k=128, num_stages=3, swap_ab=True)),
     (128, TileConfig(block_m=64, block_n=128, block_k=128, num_stages=3)),
     (None, TileConfig(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3)),
