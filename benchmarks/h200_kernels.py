@@ -17,8 +17,9 @@ Every GEMM result is gated against float64 before it is timed; every time is `fp
 time_call` with TimerConfig(repeats=30, warmup_s=1.0): cold L2, CUDA-graph replay.
 
 Writes under --out: measurements.jsonl (one JSON object per measurement or skip, as it happens),
-presets.json (the winners in the form `triton_w4a16.presets_from_json` and MOE_PRESETS take),
-summary.txt (the table printed last). `--smoke` runs the same phases on tiny shapes (the CPU
+presets.json (the winners, rows that `triton_w4a16.presets_from_json` and
+`triton_fused.moe_presets_from_json` load), presets_snippet.py (the same as Python literals to
+paste as SHAPE_PRESETS / MOE_PRESETS), summary.txt (the table printed last). `--smoke` runs the same phases on tiny shapes (the CPU
 test, under TRITON_INTERPRET=1).
 """
 
@@ -296,11 +297,39 @@ def moe_row(run: Run, problem, config: MoeTileConfig) -> dict:
 # --- presets and summary -------------------------------------------------------------------------
 
 def write_presets(run: Run, dense: dict, moe: list[dict]) -> None:
+    """presets.json (rows: triton_w4a16.presets_from_json, triton_fused.moe_presets_from_json
+    load them) and presets_snippet.py (the same nvfp4 winners as Python to paste)."""
     rows = list(dense.values())
     presets = {"dense": {fmt: tune.presets_rows(rows, fmt) for fmt in FORMATS}, "moe": moe,
                "note": "dense[fmt] rows load with triton_w4a16.presets_from_json (nvfp4 is what "
-                       "SHAPE_PRESETS holds); moe rows: the fastest MoeTileConfig per point"}
+                       "SHAPE_PRESETS holds); moe rows with triton_fused.moe_presets_from_json"}
     (run.out / "presets.json").write_text(json.dumps(presets, indent=1, default=str))
+    (run.out / "presets_snippet.py").write_text(presets_snippet(presets))
+
+
+def presets_snippet(presets: dict) -> str:
+    """SHAPE_PRESETS and MOE_PRESETS as Python literals (nvfp4 winners), fields that differ from
+    the dataclass defaults only."""
+    from fp4lab.backends.moe.triton_fused import moe_presets_from_json
+    from fp4lab.backends.triton_w4a16 import presets_from_json
+
+    lines = ["# measured by benchmarks/h200_kernels.py; paste into triton_w4a16.py / "
+             "moe/triton_fused.py", "SHAPE_PRESETS = {"]
+    for shape, entries in presets_from_json(presets["dense"]["nvfp4"]).items():
+        lines.append(f"    {shape}: (")
+        lines += [f"        ({m_max}, {source(config)})," for m_max, config in entries]
+        lines.append("    ),")
+    lines += ["}", "MOE_PRESETS = ("]
+    lines += [f"    ({bound}, {source(config)})," for bound, config in
+              moe_presets_from_json(presets["moe"])]
+    return "\n".join(lines + [")", ""])
+
+
+def source(config) -> str:
+    """`Name(field=value, ...)` naming only the fields that differ from the defaults."""
+    fields = [f"{f.name}={getattr(config, f.name)!r}" for f in dataclasses.fields(config)
+              if f.default is dataclasses.MISSING or getattr(config, f.name) != f.default]
+    return f"{type(config).__name__}({', '.join(fields)})"
 
 
 def summary(run: Run) -> str:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fp4lab.backends import triton_w4a16
-from fp4lab.backends.moe.triton_fused import MoeTileConfig
+from fp4lab.backends.moe.triton_fused import MoeTileConfig, moe_presets_from_json
 from fp4lab.backends.triton_w4a16 import TileConfig, choose_config
 
 BENCH = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
@@ -98,6 +98,11 @@ def test_device_script_smoke_run_gates_every_row_and_writes_its_files(tmp_path):
     assert {(r["model"], r["fmt"]) for r in presets["moe"]} == {("glm-5-scaled", "nvfp4"),
                                                                   ("glm-5-scaled", "mxfp4")}
     assert all(MoeTileConfig(**r["config"]) for r in presets["moe"])
+    assert moe_presets_from_json(presets["moe"])[-1][0] is None       # the largest covers all
+    namespace = {"TileConfig": TileConfig, "MoeTileConfig": MoeTileConfig}
+    exec((tmp_path / "presets_snippet.py").read_text(), namespace)
+    assert namespace["SHAPE_PRESETS"] == triton_w4a16.presets_from_json(presets["dense"]["nvfp4"])
+    assert namespace["MOE_PRESETS"] == moe_presets_from_json(presets["moe"])
     assert run.stdout.strip().endswith((tmp_path / "summary.txt").read_text().strip())
     assert "rows by status: ok" in run.stdout
 

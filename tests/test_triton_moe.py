@@ -141,3 +141,13 @@ def check_routing(routing: dict, experts: int, block_m: int, busy: int) -> None:
     assert [loads[e] for e in firsts] == sorted((loads[e] for e in firsts), reverse=True)
     assert not {e for e, _, _ in items} & {e for e in range(experts) if loads[e] == 0}
     assert set(routing["cursor"]) == {0}
+
+
+def test_moe_presets_from_json_orders_by_mean_and_covers_every_batch():
+    from fp4lab.backends.moe.triton_fused import moe_presets_from_json
+
+    small, mid, big = (MoeTileConfig(block_m=m, block_k=128) for m in (16, 32, 64))
+    rows = [{"fmt": "nvfp4", "mean_pairs_per_expert": mean, "config": vars(c)}
+            for mean, c in ((16.0, mid), (2.0, small), (64.0, big), (16.0, small))]
+    rows.append({"fmt": "mxfp4", "mean_pairs_per_expert": 1.0, "config": vars(big)})
+    assert moe_presets_from_json(rows) == ((2.0, small), (16.0, mid), (None, big))

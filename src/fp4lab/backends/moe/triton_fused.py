@@ -65,6 +65,18 @@ MOE_PRESETS: tuple[tuple[float | None, MoeTileConfig], ...] = (
 )
 
 
+def moe_presets_from_json(rows: list[dict], fmt: str = "nvfp4") -> tuple:
+    """MOE_PRESETS from the `presets.json` "moe" rows the device script writes ({"fmt",
+    "mean_pairs_per_expert", "config"}, one per measured point): each measured mean covers the
+    means up to it, the largest any more (None); the first row wins at a repeated mean."""
+    by_mean: dict[float, MoeTileConfig] = {}
+    for row in rows:
+        if row["fmt"] == fmt:
+            by_mean.setdefault(float(row["mean_pairs_per_expert"]), config_from_dict(row["config"]))
+    means = sorted(by_mean)
+    return tuple((None if mean == means[-1] else mean, by_mean[mean]) for mean in means)
+
+
 def choose_moe_config(pairs: int, experts: int) -> MoeTileConfig:
     mean = pairs / experts
     for bound, config in MOE_PRESETS:
