@@ -1,4 +1,5 @@
-"""The two Triton kernels behind `triton-w4a16-moe`: one launch per expert GEMM over all experts.
+"""The Triton kernels behind `triton-w4a16-moe`: the routing tables, then one launch per expert
+GEMM over all experts.
 
 Imported only when the method is prepared (triton). They reuse the dense kernel's decode and dot
 (`fp4lab.backends.triton_w4a16_kernel`): FP4 weights [E, N, K/2] decoded in registers, bf16
@@ -8,10 +9,10 @@ sees few tokens at decode.
 Shape legend: `E` experts, `T` tokens, `k` top-k, `P` = T*k (token, slot) pairs, `H` hidden,
 `I` moe_intermediate, `W` work items; tiles `BM` pairs, `BN` weight rows, `BK` reduction.
 
-A work item is (expert, tile of up to BM of its pairs); the host lists them busiest expert first
-(`work_expert`, `work_start`, `work_rows`, padded with expert -1), and a CTA is (N tile, work item)
+A work item is (expert, tile of up to BM of its pairs); `route_kernel` lists them busiest expert
+first (`work_expert`, `work_start`, `work_rows`, padded with expert -1), and a CTA is (N tile, work item)
 with the N tiles fastest, so the busiest expert's tiles are dispatched first and do not become the
-tail. Pairs are sorted by expert (`sorted_pairs`: pair ids p = t*k + j), so an expert's rows are
+tail. Pairs are grouped by expert (`sorted_pairs`: pair ids p = t*k + j), so an expert's rows are
 contiguous in the intermediate activations.
   - gate_up: act[s] = silu(x[t] . gate_e) * (x[t] . up_e) for the pair at sorted position s
     (token t = p // k): two weight tiles (rows n of the gate half, I + n of the up half), two
