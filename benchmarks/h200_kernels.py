@@ -19,8 +19,8 @@ time_call` with TimerConfig(repeats=30, warmup_s=1.0): cold L2, CUDA-graph repla
 Writes under --out: measurements.jsonl (one JSON object per measurement or skip, as it happens),
 presets.json (the winners, rows that `triton_w4a16.presets_from_json` and
 `triton_fused.moe_presets_from_json` load), presets_snippet.py (the same as Python literals to
-paste as SHAPE_PRESETS / MOE_PRESETS), summary.txt (the table printed last). `--smoke` runs the same phases on tiny shapes (the CPU
-test, under TRITON_INTERPRET=1).
+paste as SHAPE_PRESETS / MOE_PRESETS), summary.txt (the table printed last). `--smoke` runs the
+same phases on tiny shapes (the CPU test, under TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations

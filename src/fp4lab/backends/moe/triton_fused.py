@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from fp4lab.backends.moe.base import LayerProblem, MoeCall, MoeMethod, bound_call, layer_weight_bytes
+from fp4lab.backends.moe.base import (
+    LayerProblem, MoeCall, MoeMethod, bound_call, layer_weight_bytes,
+)
 
 DECODES = ("ptx", "bits")
 
@@ -44,7 +46,8 @@ class MoeTileConfig:
                 raise ValueError(f"MoeTileConfig.{name} must be a power of two >= {least}, "
                                  f"got {value!r}")
         if self.num_warps not in (1, 2, 4, 8):
-            raise ValueError(f"MoeTileConfig.num_warps must be 1, 2, 4 or 8, got {self.num_warps!r}")
+            raise ValueError(f"MoeTileConfig.num_warps must be 1, 2, 4 or 8, "
+                             f"got {self.num_warps!r}")
         if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
             raise ValueError(f"MoeTileConfig.num_stages must be in 1..8, got {self.num_stages!r}")
         if self.decode not in DECODES:
