@@ -12,8 +12,8 @@ Shape legend: `E` experts, `T` tokens, `k` top-k, `P` = T*k (token, slot) pairs,
 A work item is (expert, tile of up to BM of its pairs); `route_kernel` lists them busiest expert
 first (`work_expert`, `work_start`, `work_rows`, padded with expert -1), and a CTA is (N tile,
 work item) with the N tiles fastest, so the busiest expert's tiles are dispatched first and do
-not become the tail. Pairs are grouped by expert (`sorted_pairs`: pair ids p = t*k + j), so an expert's rows are
-contiguous in the intermediate activations.
+not become the tail. Pairs are grouped by expert (`sorted_pairs`: pair ids p = t*k + j), so an
+expert's rows are contiguous in the intermediate activations.
   - gate_up: act[s] = silu(x[t] . gate_e) * (x[t] . up_e) for the pair at sorted position s
     (token t = p // k): two weight tiles (rows n of the gate half, I + n of the up half), two
     accumulators, the SiLU-and-multiply in the epilogue; bf16 out.
