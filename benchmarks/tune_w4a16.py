@@ -35,7 +35,7 @@ DEFAULT_SHAPES = "8192x8192,4096x6144,6144x2048"   # square, GLM-5 gate_up, GLM-
 DEFAULT_M = "1,4,16,64,256"
 DEFAULT_FORMATS = "nvfp4,mxfp4"
 SEED = 0
-CTAS_PER_SM_CHOICES = (2, 4)        # memory-bound tiles: 2-4 resident CTAs per SM hide latency
+CTAS_PER_SM_CHOICES = (1, 2, 4)     # whole waves of CTAs: 1, 2 or 4 per SM
 
 
 def device_timer() -> bench.TimerConfig:
@@ -78,11 +78,15 @@ def tile_shapes(m: int) -> list[TileConfig]:
 
 
 def split_choices(config: TileConfig, point: Point, sms: int) -> list[int]:
-    """Split counts that put about 2 and 4 CTAs per SM (1 when the tiles already do)."""
+    """Split counts that fill whole waves of 1, 2 or 4 CTAs per SM without spilling into a
+    mostly idle extra wave (so rounded down), at least 2 CTAs' worth of SMs busy; 1 when the
+    tiles alone do."""
     tiles = -(-point.m // config.block_m) * -(-point.n // config.block_n)
     k_blocks = -(-point.k // config.block_k)
     top = max(1, min(MAX_SPLIT_K, k_blocks // MIN_K_BLOCKS_PER_SPLIT))
-    splits = {min(top, max(1, round(per_sm * sms / tiles))) for per_sm in CTAS_PER_SM_CHOICES}
+    splits = {min(top, max(1, per_sm * sms // tiles)) for per_sm in CTAS_PER_SM_CHOICES}
+    if len(splits) > 2:       # keep the two fullest waves' worth
+        splits = set(sorted(splits)[1:])
     return sorted(splits)
 
 

@@ -152,7 +152,7 @@ def auto_split_k(config: TileConfig, m: int, n: int, k: int, sm_count: int) -> T
     if tiles >= CTAS_PER_SM_TARGET * sm_count:
         return dataclasses.replace(config, split_k=1)
     k_blocks = -(-k // config.block_k)
-    wanted = -(-CTAS_PER_SM_TARGET * sm_count // tiles)
+    wanted = CTAS_PER_SM_TARGET * sm_count // tiles    # rounded down: no mostly idle last wave
     split = max(1, min(wanted, k_blocks // MIN_K_BLOCKS_PER_SPLIT, MAX_SPLIT_K))
     return dataclasses.replace(config, split_k=split)
 
