@@ -289,7 +289,6 @@ def test_tinygemm_without_the_torch_op_says_so(monkeypatch):
 # --- the real libraries, where a GPU and the packages are there (pytest -m cuda) ---------------
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name,fmt", [("humming-w4a16", "nvfp4"), ("humming-w4a16", "mxfp4"),
                                       ("humming-w4a4", "nvfp4"), ("gemlite-w4a16", "mxfp4"),
                                       ("gemlite-w4a16", "nvfp4"), ("tinygemm-int4", "nvfp4")])

@@ -192,7 +192,6 @@ def test_wrong_format_names_the_parameter(fake_hum):
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", ["humming-moe-grouped", "humming-moe-indexed"])
 def test_real_humming_layer_on_the_gpu_passes_the_gate(name):
     method = moe_methods.get(name)

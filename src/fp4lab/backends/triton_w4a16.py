@@ -2,38 +2,58 @@
 
 This is the weight-only path that makes FP4 pay on Hopper, which has no FP4 tensor cores: at small
 M a GEMM is bound by reading the weights, and FP4 moves ~0.56 B per weight (0.5 B of codes plus a
-scale byte per 16) instead of bf16's 2. Tile shapes are configuration chosen from M, N, K and the
-SM count (`choose_config`), so the decode shapes still spread over every SM (split-K when the
-output tiles alone are too few). The kernels live in `triton_w4a16_kernel`.
-Shape legend: `M` activation rows, `N` weight rows, `K` reduction dimension.
+scale byte per 16) instead of bf16's 2. One kernel (`triton_w4a16_kernel`), one launch per call,
+configured by a `TileConfig` chosen per (N, K, M) from presets the tuner measured
+(`benchmarks/tune_w4a16.py`, `benchmarks/h200_kernels.py`); split-K sums its partials inside the
+same launch, so every call is one graph node.
+
+`anatomy_variants` prepares the same kernel with stages left out or doubled (loads only, decode
+without math, math on pre-decoded bf16, decode twice), each with the check that says what it
+computed, so a sweep can show where the time of an FP4 weight-only GEMM goes.
+Shape legend: `M` activation rows, `N` weight rows, `K` reduction dimension, `S` scale block.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
+from fp4lab import correctness
 from fp4lab.backends.base import (
-    BF16_MIN_CAPABILITY, OUTPUT_DTYPE, Backend, Requirements, prepared_from, resolve_device,
+    BF16_MIN_CAPABILITY, OUTPUT_DTYPE, Backend, Prepared, Requirements, prepared_from,
+    resolve_device,
 )
 
-MAX_SPLIT_K = 16
-MIN_K_BLOCKS_PER_SPLIT = 4         # below this a split costs more in partial traffic than it saves
-CTAS_PER_SM_TARGET = 2             # memory-bound tiles: two in flight per SM hide load latency
-MIN_BLOCK = 16                     # tl.dot needs every tile dimension >= 16
-MIN_BLOCK_K = 32                   # one whole mxfp4 scale block per K tile
-NUM_WARPS = (1, 2, 4, 8, 16)
-# The kernel decodes e8m0 scales as float32 2^(e-127) * 2^14 (see triton_w4a16_kernel), which
-# holds every scale up to 2^113: blocks whose largest weight exceeds 6 * 2^113.
-MAX_MXFP4_SCALE_BYTE = 240
+MIN_BLOCK_K = 64                   # >= 32 bytes per row of a tile: one 16-byte load pair, one
+                                   # whole mxfp4 scale block per half tile
+DOT_MIN_BLOCK = 16                 # tl.dot needs every tile dimension >= 16
+FMA_MAX_BLOCK_M = 16
+NUM_WARPS = (1, 2, 4, 8)
+MATHS = ("dot", "fma")
+DECODES = ("ptx", "bits")
+MAX_SPLIT_K = 32
+# Must match triton_w4a16_kernel (kept here so choosing a config and checking weights needs no
+# triton import): scales enter the kernel as bf16 * 2^SCALE_EXP.
+SCALE_EXP = 100
+E5M3_BIAS = 10
+MXFP4_MIN_SCALE_BYTE = 128 - SCALE_EXP
+MXFP4_MAX_SCALE_BYTE = 254 - SCALE_EXP
 
 
 @dataclass(frozen=True)
 class TileConfig:
-    """One launch configuration. `swap_ab` computes out^T = W @ a^T so the weight tile is the
-    dot's M side: wgmma needs >= 64 rows there, which a decode-sized M cannot give."""
+    """One launch configuration.
+
+    `math` "dot" runs bf16 tensor cores (`swap_ab` computes out^T = W a^T, so the weight tile is
+    the MMA's M side: wgmma needs >= 64 rows there, which a decode-sized M cannot give); "fma"
+    runs CUDA cores over [BM, BN, BK/2] (BM may be 1). `split_k` splits K over that many CTAs per
+    output tile, summed in the same launch. `decode` "ptx" decodes with inline PTX, "bits" with
+    plain Triton (the same values; the interpreter always runs "bits").
+    """
 
     block_m: int
     block_n: int
@@ -41,117 +61,123 @@ class TileConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
-    group_m: int = 8
+    math: str = "dot"
     swap_ab: bool = False
+    decode: str = "ptx"
 
     def __post_init__(self):
-        for name, least in (("block_m", MIN_BLOCK), ("block_n", MIN_BLOCK),
+        least_m = DOT_MIN_BLOCK if self.math == "dot" else 1
+        for name, least in (("block_m", least_m), ("block_n", DOT_MIN_BLOCK),
                             ("block_k", MIN_BLOCK_K)):
             value = getattr(self, name)
             if not _is_int(value) or value < least or value & (value - 1):
                 raise ValueError(f"TileConfig.{name} must be a power of two >= {least}, "
                                  f"got {value!r}")
-        for name in ("split_k", "num_stages", "group_m"):
+        if self.math == "fma" and self.block_m > FMA_MAX_BLOCK_M:
+            raise ValueError(f"TileConfig.block_m must be <= {FMA_MAX_BLOCK_M} with math='fma', "
+                             f"got {self.block_m}")
+        for name, top in (("split_k", MAX_SPLIT_K), ("num_stages", 8)):
             value = getattr(self, name)
-            if not _is_int(value) or value < 1:
-                raise ValueError(f"TileConfig.{name} must be an integer >= 1, got {value!r}")
+            if not _is_int(value) or not 1 <= value <= top:
+                raise ValueError(f"TileConfig.{name} must be an integer in 1..{top}, "
+                                 f"got {value!r}")
         if self.num_warps not in NUM_WARPS:
             raise ValueError(f"TileConfig.num_warps must be one of {NUM_WARPS}, "
                              f"got {self.num_warps!r}")
+        if self.math not in MATHS:
+            raise ValueError(f"TileConfig.math must be one of {MATHS}, got {self.math!r}")
         if not isinstance(self.swap_ab, bool):
             raise ValueError(f"TileConfig.swap_ab must be True or False, got {self.swap_ab!r}")
+        if self.decode not in DECODES:
+            raise ValueError(f"TileConfig.decode must be one of {DECODES}, got {self.decode!r}")
 
-    def k_per_split(self, k: int) -> int:
-        """K columns per split, a whole number of BLOCK_K."""
+    def blocks_per_split(self, k: int) -> int:
+        """BLOCK_K blocks of K each split covers (the last may cover fewer)."""
+        return -(-(-(-k // self.block_k)) // self.split_k)
+
+    def splits(self, k: int) -> int:
+        """How many splits really run at this K (no split is left empty)."""
         k_blocks = -(-k // self.block_k)
-        return -(-k_blocks // self.split_k) * self.block_k
+        return -(-k_blocks // self.blocks_per_split(k))
+
+    def ctas(self, m: int, n: int, k: int) -> int:
+        return -(-m // self.block_m) * -(-n // self.block_n) * self.splits(k)
 
     def label(self) -> str:
-        """Compact, e.g. "m16n64k128 s3 w4 st4 swap"."""
-        return (f"m{self.block_m}n{self.block_n}k{self.block_k} s{self.split_k} "
-                f"w{self.num_warps} st{self.num_stages}{' swap' if self.swap_ab else ''}")
+        """Compact, e.g. "dot m16n128k256 s4 w4 st3 swap ptx"."""
+        return (f"{self.math} m{self.block_m}n{self.block_n}k{self.block_k} s{self.split_k} "
+                f"w{self.num_warps} st{self.num_stages}{' swap' if self.swap_ab else ''} "
+                f"{self.decode}")
 
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-# Generic presets by the largest M each covers (None = any larger M); choose_config adds split-K
-# when the output tiles alone leave SMs idle. Small M: the weight tile is the wgmma M side
-# (swap_ab) and the K work is split; large M: big tiles so each decoded weight feeds many rows.
+# --- presets: configuration as data --------------------------------------------------------------
+# Generic presets by the largest M each covers (None = any larger M), used for shapes the tuner
+# has not measured; `auto_split_k` adds split-K when the output tiles alone leave SMs idle.
+# Decode-sized M: the weight tile is the wgmma M side (swap_ab) and K is split over the SMs;
+# 8 warps hold a 128 x 256 decoded tile in ~160 registers a thread (4 warps need 255 and spill).
 TILE_PRESETS = (
-    (16, TileConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4,
-                    swap_ab=True)),
-    (32, TileConfig(block_m=32, block_n=64, block_k=128, num_warps=4, num_stages=4,
-                    swap_ab=True)),
-    (64, TileConfig(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=4,
-                    swap_ab=True)),
-    (256, TileConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3)),
-    (None, TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)),
+    (16, TileConfig(block_m=16, block_n=128, block_k=256, num_warps=8, swap_ab=True)),
+    (32, TileConfig(block_m=32, block_n=128, block_k=256, num_warps=8, swap_ab=True)),
+    (64, TileConfig(block_m=64, block_n=128, block_k=128, num_stages=3, swap_ab=True)),
+    (128, TileConfig(block_m=64, block_n=128, block_k=128, num_stages=3)),
+    (None, TileConfig(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3)),
 )
 
-# Tuned winners per weight shape (N, K), same form as TILE_PRESETS, used exactly as written
-# (split_k included). Measured on the H200 by `benchmarks/tune_w4a16.py` (nvfp4, cold L2, CUDA
-# graph, the fastest gated config per M; its printed block pasted here). The decode-sized winners
-# there: 6144x2048 M=1 13.45 us, 4096x6144 M=1 19.6 us, 8192x8192 M=1 42.9 us.
-SHAPE_PRESETS: dict[tuple[int, int], tuple[tuple[int | None, TileConfig], ...]] = {
-    (6144, 2048): (   # GLM-5 down
-        (1, TileConfig(block_m=16, block_n=32, block_k=256, num_stages=4)),
-        (16, TileConfig(block_m=16, block_n=32, block_k=256, num_stages=4)),
-        (64, TileConfig(block_m=64, block_n=128, block_k=64, split_k=6)),
-        (256, TileConfig(block_m=128, block_n=128, block_k=64, split_k=3, num_warps=8)),
-        (1024, TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8)),
-        (4096, TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8)),
-        (None, TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8)),
-    ),
-    (4096, 6144): (   # GLM-5 gate_up
-        (1, TileConfig(block_m=16, block_n=32, block_k=256, split_k=3, num_stages=4)),
-        (16, TileConfig(block_m=16, block_n=32, block_k=256, split_k=3, num_stages=4)),
-        (64, TileConfig(block_m=64, block_n=128, block_k=128, split_k=9, swap_ab=True)),
-        (256, TileConfig(block_m=128, block_n=128, block_k=64, split_k=5, num_warps=8)),
-        (1024, TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8)),
-        (4096, TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8)),
-        (None, TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8)),
-    ),
-    (8192, 8192): (
-        (1, TileConfig(block_m=16, block_n=64, block_k=128, split_k=3, num_stages=4,
-                       swap_ab=True)),
-        (16, TileConfig(block_m=16, block_n=32, block_k=256, num_stages=4)),
-        (64, TileConfig(block_m=64, block_n=128, block_k=64, split_k=5)),
-        (256, TileConfig(block_m=128, block_n=128, block_k=64, split_k=3, num_warps=8)),
-        (1024, TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8)),
-        (4096, TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8)),
-        (None, TileConfig(block_m=128, block_n=128, block_k=64, num_warps=8)),
-    ),
-}
+# Tuned winners per weight shape (N, K): (largest M covered, config), used exactly as written
+# (split_k included) for M up to the largest measured one; beyond it the generic presets. Filled
+# from the `presets.json` that benchmarks/h200_kernels.py writes (nvfp4, cold L2, CUDA graph, the
+# fastest gated config per measured M), via `presets_from_json`; empty until that run has been
+# made for this kernel, so the generic presets serve every shape meanwhile.
+SHAPE_PRESETS: dict[tuple[int, int], tuple[tuple[int | None, TileConfig], ...]] = {}
+
+CTAS_PER_SM_TARGET = 2             # memory-bound tiles: two in flight per SM hide load latency
+MIN_K_BLOCKS_PER_SPLIT = 2         # below this a split costs more in partial traffic than it saves
 
 
-def preset_for(m: int, presets) -> TileConfig:
-    """The first preset whose M bound covers `m`."""
+def preset_for(m: int, presets) -> TileConfig | None:
+    """The first preset whose M bound covers `m` (None when every bound is below m)."""
     for m_max, preset in presets:
         if m_max is None or m <= m_max:
             return preset
-    return presets[-1][1]
+    return None
 
 
 def auto_split_k(config: TileConfig, m: int, n: int, k: int, sm_count: int) -> TileConfig:
     """`config` with split-K raised until about CTAS_PER_SM_TARGET CTAs per SM have work."""
     tiles = -(-m // config.block_m) * -(-n // config.block_n)
-    if tiles >= sm_count:
-        return config
+    if tiles >= CTAS_PER_SM_TARGET * sm_count:
+        return dataclasses.replace(config, split_k=1)
     k_blocks = -(-k // config.block_k)
-    wanted = -(-CTAS_PER_SM_TARGET * sm_count // tiles)
+    wanted = CTAS_PER_SM_TARGET * sm_count // tiles    # rounded down: no mostly idle last wave
     split = max(1, min(wanted, k_blocks // MIN_K_BLOCKS_PER_SPLIT, MAX_SPLIT_K))
     return dataclasses.replace(config, split_k=split)
 
 
 def choose_config(m: int, n: int, k: int, sm_count: int = 132) -> TileConfig:
-    """The tuned config for (N, K) when SHAPE_PRESETS has one, else the generic preset for M
-    with split-K when the [M, N] tiles leave SMs idle."""
-    if (n, k) in SHAPE_PRESETS:
-        return preset_for(m, SHAPE_PRESETS[(n, k)])
+    """The tuned config for (N, K) at M when SHAPE_PRESETS covers it (the smallest measured M at
+    or above m), else the generic preset for M with split-K when the tiles leave SMs idle."""
+    tuned = preset_for(m, SHAPE_PRESETS.get((n, k), ()))
+    if tuned is not None:
+        return tuned
     return auto_split_k(preset_for(m, TILE_PRESETS), m, n, k, sm_count)
 
+
+def presets_from_json(entries: list[dict]) -> dict[tuple[int, int], tuple]:
+    """SHAPE_PRESETS from the `presets.json` rows the device script writes: [{"n", "k", "m_max",
+    "config": {TileConfig fields}}, ...] (m_max null = any larger M)."""
+    by_shape: dict[tuple[int, int], list] = {}
+    for entry in entries:
+        by_shape.setdefault((int(entry["n"]), int(entry["k"])), []).append(
+            (entry["m_max"], TileConfig(**entry["config"])))
+    return {shape: tuple(sorted(rows, key=lambda r: math.inf if r[0] is None else r[0]))
+            for shape, rows in by_shape.items()}
+
+
+# --- the backend ---------------------------------------------------------------------------------
 
 class TritonW4A16(Backend):
     name = "triton-w4a16"
@@ -160,7 +186,8 @@ class TritonW4A16(Backend):
     weight_dtype, act_dtype = "fp4", "bf16"   # FP4 weights read, bf16 math
     requires = Requirements(min_capability=BF16_MIN_CAPABILITY, unit="bf16 tensor cores",
                             module="triton", pip_name="triton")
-    what = "FP4 weights decoded in registers, bf16 tensor-core math (weight-only)"
+    what = ("FP4 weights decoded in registers (inline PTX), bf16 tensor-core or CUDA-core math, "
+            "split-K in one launch (weight-only)")
 
     def capability_reason(self, capability):
         reason = super().capability_reason(capability)
@@ -168,48 +195,177 @@ class TritonW4A16(Backend):
             reason += " (the kernel is tested on the CPU with TRITON_INTERPRET=1)"
         return reason
 
-    def prepare(self, a, w, device, config: TileConfig | None = None):
+    def prepare(self, a, w, device, config: TileConfig | None = None) -> Prepared:
         """`device` may be "cpu" only under TRITON_INTERPRET=1 (the interpreter runs there)."""
-        from fp4lab import formats
-        from fp4lab.backends import triton_w4a16_kernel as kernel
+        return _prepare(self, a, w, device, config, stage="full")
 
-        self.check_inputs(a, w)
-        check_scale_range(w)
-        device = resolve_device(device)
-        w = w.to(device)
-        m, k = a.shape
-        n = w.shape[0]
-        if config is None:
-            config = choose_config(m, n, k, sm_count(device))
-        a_bf16 = a.to(device=device, dtype=torch.bfloat16).contiguous()  # [M, K]
-        scale_bytes = w.scales.contiguous().view(torch.uint8)            # [N, K/B] raw bytes
-        # mxfp4 has no global scale; the kernel never reads this one then
-        global_scale = (w.global_scale.float().reshape(1) if w.global_scale is not None
-                        else torch.ones(1, dtype=torch.float32, device=device))
-        out = torch.empty(m, n, dtype=OUTPUT_DTYPE, device=device)      # [M, N]
-        split = -(-k // config.k_per_split(k))
-        workspace = (torch.empty(split, m, n, dtype=torch.float32, device=device)
-                     if split > 1 else None)                            # [split, M, N]
 
-        def gemm(a_arg, packed, scales, gs, out_arg):
-            return kernel.w4a16_matmul(a_arg, packed, scales, gs, out_arg, workspace, config,
-                                       w.fmt)
+@dataclass
+class KernelOperands:
+    """What the kernel reads for one weight tensor, laid out once at prepare time."""
 
-        args = (a_bf16, w.packed.contiguous(), scale_bytes, global_scale)
-        return prepared_from(gemm, args, out, ref_a=a_bf16.float(), ref_w=formats.dequantize(w))
+    packed: torch.Tensor         # [N, K/2] uint8, as formats stores it
+    scale_bytes: torch.Tensor    # [N, K/S] uint8: e5m3 (nvfp4, re-encoded) or e8m0 (mxfp4)
+    global_scale: torch.Tensor   # [1] float32 encode scale (ones for mxfp4: never read)
+
+
+def kernel_operands(w, device: str) -> KernelOperands:
+    """The kernel's operands for `w` [N, K] (checked: mxfp4 scales in the exact range)."""
+    check_scale_range(w)
+    w = w.to(device)
+    scales = (e4m3_to_e5m3(w.scales) if w.fmt == "nvfp4"
+              else w.scales.contiguous().view(torch.uint8))
+    global_scale = (w.global_scale.float().reshape(-1) if w.global_scale is not None
+                    else torch.ones(1, dtype=torch.float32, device=device))
+    return KernelOperands(w.packed.contiguous(), scales.contiguous(), global_scale)
+
+
+def _prepare(backend: TritonW4A16, a, w, device, config: TileConfig | None, stage: str) -> Prepared:
+    from fp4lab import formats
+    from fp4lab.backends import triton_w4a16_kernel as kernel
+
+    backend.check_inputs(a, w)
+    device = resolve_device(device)
+    m, k = a.shape
+    n = w.shape[0]
+    config = config or choose_config(m, n, k, sm_count(device))
+    operands = kernel_operands(w, device)
+    a_bf16 = a.to(device=device, dtype=torch.bfloat16).contiguous()                # [M, K]
+    ref_w = formats.dequantize(w).to(device)                                        # [N, K]
+    out_dtype = {"load": torch.int32, "decode": torch.float32}.get(stage, OUTPUT_DTYPE)
+    out = torch.empty(m, n, dtype=out_dtype, device=device)                        # [M, N]
+    launch = kernel.Launch(m=m, n=n, k=k, fmt=w.fmt, config=config, stage=stage,
+                           device=device, acc_dtype=torch.int32 if stage == "load"
+                           else torch.float32)
+    if stage == "math":   # the same skeleton on pre-decoded bf16 weights [N, K]
+        weights = ref_w.to(torch.bfloat16).contiguous()
+        args = (a_bf16, weights, operands.scale_bytes, operands.global_scale)
+        ref_w = weights.float()
+    else:
+        args = (a_bf16, operands.packed, operands.scale_bytes, operands.global_scale)
+    return prepared_from(launch, args, out, ref_a=a_bf16.float(), ref_w=ref_w,
+                         info={"config": config.label(), "stage": stage})
+
+
+def e4m3_to_e5m3(scales: torch.Tensor) -> torch.Tensor:
+    """e4m3 block scales (positive) -> the kernel's unsigned e5m3 bytes EEEEEmmm, value
+    2^(E - E5M3_BIAS) (1 + m/8), zero -> 0: the same values, one byte each, but every e4m3
+    subnormal is a normal e5m3 number, so the kernel decodes a scale in one multiply-add."""
+    value = scales.float()                                                # exact
+    mantissa, exponent = torch.frexp(value)                               # value = m * 2^e
+    e5 = exponent + (E5M3_BIAS - 1)                                       # floor(log2) + bias
+    m3 = (mantissa * 16 - 8).round().to(torch.int32)                      # 3 stored bits
+    encoded = (e5.to(torch.int32) << 3) | m3
+    return torch.where(value > 0, encoded, torch.zeros_like(encoded)).to(torch.uint8)
 
 
 def check_scale_range(w) -> None:
-    """Raise a ValueError when an mxfp4 scale lies beyond what the kernel decodes exactly."""
+    """Raise a ValueError when an mxfp4 block with non-zero codes has a scale outside what the
+    kernel decodes exactly (2^-99 .. 2^27); all-zero blocks may have any scale."""
     if w.fmt != "mxfp4":
         return
-    largest = int(w.scales.max())
-    if largest > MAX_MXFP4_SCALE_BYTE:
-        raise ValueError(f"weights w hold an mxfp4 block scale 2^{largest - 127}; triton-w4a16 "
-                         f"decodes scales up to 2^{MAX_MXFP4_SCALE_BYTE - 127}")
+    codes = w.packed.reshape(*w.scales.shape, -1)                         # [.., K/32, 16]
+    used = w.scales[codes.ne(0).any(dim=-1)]
+    if used.numel() == 0:
+        return
+    low, high = int(used.min()), int(used.max())
+    if low < MXFP4_MIN_SCALE_BYTE or high > MXFP4_MAX_SCALE_BYTE:
+        raise ValueError(f"weights w hold mxfp4 block scales 2^{low - 127}..2^{high - 127}; "
+                         f"triton-w4a16 decodes 2^{MXFP4_MIN_SCALE_BYTE - 127}.."
+                         f"2^{MXFP4_MAX_SCALE_BYTE - 127}")
 
 
 def sm_count(device: str) -> int:
     if device.startswith("cuda") and torch.cuda.is_available():
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 132  # the interpreter on a CPU: plan as for the H200
+
+
+# --- kernel anatomy ------------------------------------------------------------------------------
+
+ANATOMY_STAGES = {
+    "load": "loads only: codes, scales and activations read, summed as integers (a checksum)",
+    "decode": "loads and decode, no math: row sums of the decoded weights and activations",
+    "math": "the GEMM on pre-decoded bf16 weights (reads 2 B per weight instead of 0.5625)",
+    "full": "the GEMM",
+    "decode_x2": "the GEMM with the weight decode done twice (same values)",
+}
+
+
+@dataclass
+class AnatomyVariant:
+    """One stage variant of the dense kernel at one point, ready to time, with its own check."""
+
+    stage: str
+    what: str
+    prepared: Prepared
+    weight_bytes: int                           # weight bytes one call reads
+    check: Callable[[], correctness.GateResult]
+
+
+def anatomy_variants(a, w, device, config: TileConfig | None = None,
+                     stages=tuple(ANATOMY_STAGES)) -> list[AnatomyVariant]:
+    """The dense kernel at a [M, K] x w [N, K] with `config` (default: choose_config's), once per
+    stage. "full", "decode_x2" and "math" pass the GEMM gate (float64 reference on the operands
+    they multiply); "load" must return the exact integer checksum of the bytes it read and
+    "decode" the row sums of the dequantized weights plus those of the activations."""
+    backend = TritonW4A16()
+    device = resolve_device(device)
+    config = config or choose_config(a.shape[0], w.shape[0], a.shape[1], sm_count(device))
+    variants = []
+    for stage in stages:
+        if stage not in ANATOMY_STAGES:
+            raise ValueError(f"anatomy stage {stage!r}: use one of {list(ANATOMY_STAGES)}")
+        prepared = _prepare(backend, a, w, device, config, stage)
+        weight_bytes = (2 * w.shape[0] * w.shape[1] if stage == "math" else w.nbytes)
+        variants.append(AnatomyVariant(stage, ANATOMY_STAGES[stage], prepared, weight_bytes,
+                                       _stage_check(stage, prepared, w.fmt)))
+    return variants
+
+
+def _stage_check(stage: str, prepared: Prepared, fmt: str) -> Callable[[], correctness.GateResult]:
+    if stage in ("full", "decode_x2", "math"):
+        return lambda: correctness.check_backend(prepared, correctness.TOLERANCE[fmt])
+    if stage == "load":
+        return lambda: _check_checksum(prepared)
+    return lambda: _check_row_sums(prepared)
+
+
+def _run(prepared: Prepared) -> torch.Tensor:
+    correctness.poison(prepared.out)
+    result = prepared.call()
+    if result.is_cuda:
+        torch.cuda.synchronize(result.device)
+    return result
+
+
+def expected_checksum(a_bf16: torch.Tensor, packed: torch.Tensor,
+                      scale_bytes: torch.Tensor) -> torch.Tensor:
+    """int32 [M, N]: what STAGE "load" returns, the wrapping int32 sum of row n's code and scale
+    bytes plus row m's bf16 bit patterns (read as unsigned 16-bit)."""
+    w_sum = packed.long().sum(dim=1) + scale_bytes.long().sum(dim=1)                    # [N]
+    a_sum = (a_bf16.view(torch.int16).long() & 0xFFFF).sum(dim=1)                       # [M]
+    total = (a_sum[:, None] + w_sum[None, :]) & 0xFFFFFFFF
+    return torch.where(total >= 2**31, total - 2**32, total).to(torch.int32)
+
+
+def _check_checksum(prepared: Prepared) -> correctness.GateResult:
+    a_bf16, packed, scale_bytes, _ = prepared.args
+    result = _run(prepared).cpu()
+    expected = expected_checksum(a_bf16.cpu(), packed.cpu(), scale_bytes.cpu())
+    wrong = int((result != expected).sum())
+    if wrong:
+        return correctness.GateResult("wrong_result", math.nan,
+                                      f"load checksum: {wrong} of {expected.numel()} sums differ")
+    return correctness.GateResult("ok", 0.0, "load checksum exact (int32 sums of every byte read)")
+
+
+def _check_row_sums(prepared: Prepared) -> correctness.GateResult:
+    result = _run(prepared)
+    reference = (prepared.ref_a.double().sum(dim=1)[:, None]
+                 + prepared.ref_w.double().sum(dim=1)[None, :])                          # [M, N]
+    return correctness.compare(result, reference, torch.linalg.vector_norm(reference).item(),
+                               ROW_SUM_TOLERANCE)
+
+
+ROW_SUM_TOLERANCE = 1e-4   # float32 sums of exact decoded values: ~K * 2^-24 at worst

@@ -1,219 +1,376 @@
-"""The Triton kernels behind `triton-w4a16`: FP4 weights decoded in registers, bf16 tensor cores.
+"""The Triton kernels behind `triton-w4a16`: FP4 weights read packed, decoded in registers.
 
 Imported only when the backend is prepared (importing triton costs seconds and needs a GPU or
 TRITON_INTERPRET=1). Shape legend: `M` activation rows, `N` weight rows, `K` reduction dimension,
-`S` the format's scale block (16 nvfp4, 32 mxfp4); `BM`, `BN`, `BK` the tile sizes. Packed weights
-are [N, K/2] uint8 (element 2i in the low nibble, 2i+1 in the high one), block scales [N, K/S] as
-raw bytes (e4m3 for nvfp4, e8m0 for mxfp4).
+`S` the format's scale block (16 nvfp4, 32 mxfp4); `BM`, `BN`, `BK` the tile sizes, `KH` = BK/2
+bytes of a tile row. Packed weights are [N, K/2] uint8 as `fp4lab.formats` stores them (element 2j
+in the low nibble of byte j, 2j+1 in the high one); block scales [N, K/S] one byte each: e8m0 for
+mxfp4, and for nvfp4 the e4m3 scales re-encoded once at prepare as "e5m3" (see SCALE_EXP below).
 
-Where the time goes in a weight-only kernel at small M is the decode, so it is kept to a handful
-of integer ops per weight and nothing per weight that a whole block shares:
-  - the two nibbles of a byte are interleaved into one [BN, BK] code tile, so ONE dot with
-    K = BK runs over contiguous [BM, BK] activations;
-  - each code becomes fp16 bits with two shifts and masks; read as fp16 the code is exactly its
-    e2m1 value times 2^-14 (code 1 lands on the fp16 subnormal 2^-15 = 0.5 * 2^-14), so no select
-    fixes the e = 0 case and no float chain runs per weight;
-  - the block scales are decoded once per [BN, BK/S] tile (bit tricks, no exp2), already times
-    2^14, and broadcast over their S weights: one fp16->fp32 convert, one multiply and one
-    convert to bf16 per weight remain. code x scale has <= 6 significant bits, exact in bf16.
-Not worth re-trying blindly: a conversion-free bf16 decode (codes and scales built as bf16 bits in
-16-bit integer ops, one bf16 multiply per weight, same weights bit for bit) was measured slower on
-the H200: 0.67x this decode's speed, geometric mean over 17 points (0.56x-0.82x), so it was
-removed (benchmarks/NOTES.md).
-SWAP_AB computes out^T = W @ a^T: the weight tile is the dot's left operand (M side, >= 64 rows
-on Hopper's wgmma) and the few activation rows its N side, which suits decode-sized M.
+One kernel, two ways to do the math (`MATH`), one K loop:
+  - "dot": bf16 tensor cores. At decode-sized M the weight tile is the MMA's M side (SWAP_AB:
+    out^T = W a^T), since wgmma needs >= 64 rows there and M gives only a few: the padding of M
+    to 16 costs tensor-core cycles, which are not what limits a weight read.
+  - "fma": CUDA cores, a broadcast multiply-add over [BM, BN, KH] with fp32 accumulators and one
+    reduction over K after the loop (BM may be 1).
+Where the time of a weight-only kernel goes, besides the bytes, is the per-weight decode, so:
+  - the nibbles are never interleaved: the low nibbles of a [BN, KH] byte tile are the weights at
+    even k and the high ones those at odd k, so the activations are split the same way (even and
+    odd columns of the [BM, BK] tile, a register-level split) and each half multiplies its own
+    half of the weights; the byte tile then reaches the MMA operand layout with no shuffle;
+  - a code becomes bf16 with no float work (`decode_ptx`: 9 instructions per 4 weights, the block
+    scale included, as one bf16x2 multiply per 2 weights); a block scale is one integer
+    multiply-add. The offline SASS count on sm_90 (triton 3.6) is ~4 instructions per weight in
+    the main loop at M <= 16, against ~17 for the fp16-convert decode this replaced.
+
+Split-K in one launch: each CTA of a split writes its float32 partial tile to a workspace and bumps
+the tile's counter; the CTA that arrives last sums the partials, writes the bf16 output and resets
+the counter to zero for the next call (so a CUDA graph replays it with no memset node).
+
+`STAGE` (compile-time) leaves stages out, for the kernel anatomy (`anatomy_variants`):
+  "full"      the GEMM;
+  "decode_x2" the GEMM with the weight decode done twice (two decodes added: twice the weights,
+              exact, halved in the epilogue): what decode costs when it is not hidden;
+  "decode"    loads and decode, no math: out[m, n] = sum_k w[n, k] + sum_k a[m, k] (one fp32 add
+              per weight and a row reduction are the cheapest consumer a check can read);
+  "load"      loads only: out[m, n] = int32 sum of the code bytes and scale bytes of row n plus the
+              bf16 bit patterns of activation row m (wrapping), so no load can be optimized away;
+  "math"      the GEMM on pre-decoded bf16 weights [N, K] (4x the bytes: loads of bf16 + math).
 """
 
 from __future__ import annotations
 
 import os
 
+import torch
 import triton
 import triton.language as tl
 
 NVFP4_SCALE_BLOCK = 16
 MXFP4_SCALE_BLOCK = 32
-
-
-@triton.jit
-def decode_e2m1_times_2pow_minus14(codes):
-    """e2m1 codes (uint8, 0..15) -> float32 value * 2^-14, via fp16 bits s.00ee.m00000000."""
-    codes16 = codes.to(tl.uint16)
-    bits = ((codes16 & 8) << 12) | ((codes16 & 7) << 9)
-    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def decode_scales_times_2pow14(scale_bytes, IS_NVFP4: tl.constexpr):
-    """Block-scale bytes [BN, BK/S] (uint8) -> float32 scale * 2^14, built as float32 bits."""
-    bits = scale_bytes.to(tl.int32)
-    if IS_NVFP4:
-        # e4m3 E.mmm normal: 2^(E-7) (1 + m/8) * 2^14 has fp32 exponent E + 134 and mantissa m
-        normal = (((bits & 0x7F) << 20) + (134 << 23)).to(tl.float32, bitcast=True)
-        subnormal = (bits & 7).to(tl.float32) * 32.0  # E = 0: m * 2^-9 * 2^14
-        return tl.where((bits & 0x78) == 0, subnormal, normal)
-    else:
-        # e8m0: 2^(e-127) * 2^14 has fp32 exponent e + 14: exact up to 2^113 (e = 240);
-        # prepare refuses larger scales (triton_w4a16.MAX_MXFP4_SCALE_BYTE)
-        return ((bits + 14) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def load_weight_tile(w_ptr, s_ptr, offs_n, n_mask, k0, k_bytes, k_scales, stride_wn, stride_sn,
-                     IS_NVFP4: tl.constexpr, SCALE_BLOCK: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    """The dequantized weight tile w[offs_n, k0:k0+BK] as bf16 [BN, BK] (zeros past N and K).
-
-    `k_bytes` = K/2 and `k_scales` = K/S come from the host so Triton sees their divisibility.
-    """
-    offs_byte = k0 // 2 + tl.arange(0, BLOCK_K // 2)                    # [BK/2]
-    offs_block = k0 // SCALE_BLOCK + tl.arange(0, BLOCK_K // SCALE_BLOCK)  # [BK/S]
-    byte_mask = n_mask[:, None]
-    scale_mask = n_mask[:, None]
-    if not EVEN_K:
-        byte_mask = byte_mask & (offs_byte < k_bytes)[None, :]
-        scale_mask = scale_mask & (offs_block < k_scales)[None, :]
-    packed = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_byte[None, :],
-                     mask=byte_mask, other=0)                            # [BN, BK/2]
-    codes = tl.interleave(packed & 15, packed >> 4)                      # [BN, BK] uint8
-    scale_bytes = tl.load(s_ptr + offs_n[:, None] * stride_sn + offs_block[None, :],
-                          mask=scale_mask, other=0)                      # [BN, BK/S]
-    scale = decode_scales_times_2pow14(scale_bytes, IS_NVFP4)            # [BN, BK/S]
-    values = decode_e2m1_times_2pow_minus14(codes)                       # [BN, BK]
-    values = tl.reshape(values, (BLOCK_N, BLOCK_K // SCALE_BLOCK, SCALE_BLOCK))
-    values = values * scale[:, :, None]                                  # [BN, BK/S, S]
-    return tl.reshape(values, (BLOCK_N, BLOCK_K)).to(tl.bfloat16)
-
-
-@triton.jit
-def w4a16_gemm_kernel(
-    a_ptr, w_ptr, s_ptr, gs_ptr, c_ptr,
-    M, N, K, k_bytes, k_scales, k_per_split,
-    stride_am, stride_wn, stride_sn, stride_cs, stride_cm, stride_cn,
-    IS_NVFP4: tl.constexpr, SCALE_BLOCK: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, EVEN_K: tl.constexpr,
-    WRITE_PARTIAL: tl.constexpr, DOT_IN_FP32: tl.constexpr,
-):
-    """One [BM, BN] output tile over one K split; activations are contiguous along K.
-
-    EVEN_K: K is a multiple of BK, so no load needs a K mask.
-    DOT_IN_FP32: under the interpreter (whose bf16 dot is wrong) the dot runs on the same bf16
-    values widened to float32.
-    WRITE_PARTIAL: store the float32 partial sum at c[pid_k] (split-K; a reduce kernel finishes);
-    else scale by the nvfp4 global decode scale and store bf16.
-    """
-    pid = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    # grouped ordering: GROUP_M row tiles share each weight tile while it is in L2
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    pids_per_group = GROUP_M * num_pid_n
-    first_m = (pid // pids_per_group) * GROUP_M
-    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % pids_per_group) % group_rows
-    pid_n = (pid % pids_per_group) // group_rows
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)        # [BM]
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)        # [BN]
-    offs_k = tl.arange(0, BLOCK_K)                          # [BK]
-    m_mask = offs_m < M
-    n_mask = offs_n < N
-
-    if SWAP_AB:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)   # out^T tile [BN, BM]
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)   # [BM, BN]
-    k_start = pid_k * k_per_split
-    k_end = tl.minimum(k_start + k_per_split, K)
-    for k0 in tl.range(k_start, k_end, BLOCK_K):
-        k_cols = k0 + offs_k
-        a_mask = m_mask[:, None]
-        if not EVEN_K:
-            a_mask = a_mask & (k_cols < K)[None, :]
-        a = tl.load(a_ptr + offs_m[:, None] * stride_am + k_cols[None, :], mask=a_mask,
-                    other=0.0)                                                  # [BM, BK]
-        w = load_weight_tile(w_ptr, s_ptr, offs_n, n_mask, k0, k_bytes, k_scales, stride_wn,
-                             stride_sn, IS_NVFP4, SCALE_BLOCK, BLOCK_N, BLOCK_K, EVEN_K)  # [BN, BK]
-        if DOT_IN_FP32:
-            # same bf16 values, exact fp32 products: what the tensor cores compute
-            a = a.to(tl.float32)
-            w = w.to(tl.float32)
-            if SWAP_AB:
-                acc += tl.dot(w, tl.trans(a), input_precision="ieee")
-            else:
-                acc += tl.dot(a, tl.trans(w), input_precision="ieee")
-        else:
-            if SWAP_AB:
-                acc += tl.dot(w, tl.trans(a))
-            else:
-                acc += tl.dot(a, tl.trans(w))
-
-    if SWAP_AB:
-        c_mask = n_mask[:, None] & m_mask[None, :]
-        c_offsets = offs_n[:, None] * stride_cn + offs_m[None, :] * stride_cm
-    else:
-        c_mask = m_mask[:, None] & n_mask[None, :]
-        c_offsets = offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    if WRITE_PARTIAL:
-        tl.store(c_ptr + pid_k * stride_cs + c_offsets, acc, mask=c_mask)
-    else:
-        if IS_NVFP4:
-            acc = acc / tl.load(gs_ptr)  # formats stores the encode scale: decode divides by it
-        tl.store(c_ptr + c_offsets, acc.to(tl.bfloat16), mask=c_mask)
-
-
-@triton.jit
-def split_k_reduce_kernel(p_ptr, gs_ptr, c_ptr, MN, SPLIT_K: tl.constexpr,
-                          IS_NVFP4: tl.constexpr, BLOCK: tl.constexpr):
-    """c[i] = sum_s p[s, i] (/ global scale) as bf16, over the flattened contiguous [M*N]."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < MN
-    total = tl.zeros((BLOCK,), dtype=tl.float32)
-    for split in tl.static_range(SPLIT_K):
-        total += tl.load(p_ptr + split * MN + offs, mask=mask, other=0.0)
-    if IS_NVFP4:
-        total = total / tl.load(gs_ptr)
-    tl.store(c_ptr + offs, total.to(tl.bfloat16), mask=mask)
-
-
-REDUCE_BLOCK = 1024
+STAGES = ("full", "decode_x2", "decode", "load", "math")
 # Triton's CPU interpreter multiplies bf16 dot operands as their raw uint16 bits (triton 3.9), so
 # under TRITON_INTERPRET=1 the dot runs on the same bf16-rounded values widened to fp32.
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def w4a16_matmul(a, packed, scale_bytes, global_scale, out, workspace, config, fmt: str):
-    """out[M, N] = a[M, K] @ dequant(packed, scales)[N, K]^T, launched with `config`.
+# Decoded weights carry a power-of-two bias: the kernel multiplies e2m1 * scale * 2^-WEIGHT_SHIFT
+# (exact in bf16: <= 6 significant bits, always a normal number) and the epilogue multiplies the
+# sum by 2^WEIGHT_SHIFT. The bias comes from the bit trick that makes a code a bf16 with no float
+# work: code bits s.ee.m placed at bf16 bits 15 and 8..6 read as e2m1 * 2^-126 (code 1 is the
+# bf16 subnormal 2^-127), so the scale enters as scale * 2^SCALE_EXP and 2^-126 * 2^SCALE_EXP =
+# 2^-WEIGHT_SHIFT. SCALE_EXP = 100 keeps every e4m3 scale and e8m0 scales 2^-99..2^27 in range.
+#
+# Scale bytes become that bf16 in ONE integer multiply-add, bf16 bits = byte * 2^M + C:
+#   - mxfp4 e8m0 byte e: 2^(e-127) * 2^100 has bf16 exponent e + 100: bits = e * 128 + 100 * 128;
+#   - nvfp4: prepare re-encodes each e4m3 scale (exactly) as an unsigned "e5m3" byte EEEEEmmm,
+#     value 2^(E-10) (1 + m/8): e4m3's normals and subnormals (2^-9 .. 448) are all normal there,
+#     so bits = byte * 16 + (217 << 7) (exponent E - 10 + 100 + 127). The byte count is the same.
+# A zero scale (E = 0 or e = 0) decodes to a tiny power of two instead of 0: harmless, since
+# formats writes all-zero codes in such a block.
+SCALE_EXP = 100
+WEIGHT_SHIFT = 126 - SCALE_EXP
+E5M3_BIAS = 10
+MXFP4_MIN_SCALE_BYTE = 128 - SCALE_EXP     # 2^-99: smaller ones would make subnormal weights
+MXFP4_MAX_SCALE_BYTE = 254 - SCALE_EXP     # 2^27: larger ones overflow bf16 times 2^SCALE_EXP
 
-    `a` must be contiguous along K (stride 1). `workspace` is float32 [split_k, M, N] when the
-    config splits K (else unused, may be None).
+
+@triton.jit
+def decode_scales_bf16(scale_bytes, IS_NVFP4: tl.constexpr):
+    """Block-scale bytes (e5m3 for nvfp4, see above; e8m0 for mxfp4) -> bf16 scale * 2^SCALE_EXP,
+    exact, in one integer multiply-add."""
+    if IS_NVFP4:
+        bits = scale_bytes.to(tl.int32) * 16 + (217 << 7)
+    else:
+        bits = scale_bytes.to(tl.int32) * 128 + (100 << 7)
+    return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def decode_bits(packed, scale):
+    """Bytes (uint8) and their block's bf16 scale * 2^SCALE_EXP -> (low nibble, high nibble) as
+    bf16 e2m1 * scale * 2^-WEIGHT_SHIFT, in plain Triton (what `decode_ptx` computes)."""
+    p = packed.to(tl.uint32)
+    lo = ((p & 0x08) << 12) | ((p & 0x07) << 9)       # fp16 bits: e2m1 * 2^-14
+    hi = ((p & 0x80) << 8) | ((p & 0x70) << 5)
+    factor = scale.to(tl.float32) * 2.0**-112         # 2^-14 * 2^SCALE_EXP * 2^-112 = 2^-26
+    lo = lo.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * factor
+    hi = hi.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * factor
+    return lo.to(tl.bfloat16), hi.to(tl.bfloat16)
+
+
+@triton.jit
+def decode_ptx(packed, scale):
+    """`decode_bits` in 9 instructions per 2 bytes (4 weights), two bytes per call (what the
+    tensor-core operand layout holds per register pair): the bytes are spread into the two 16-bit
+    lanes of a register (prmt), each nibble half is masked, one multiply moves sign and magnitude
+    into bf16 position at once (x * (2^12 + 2^6): the two copies do not overlap), one mask keeps
+    bits 15 and 8..6 of each lane, one bf16x2 multiply applies the two scales. The CPU
+    interpreter cannot run inline PTX: there `decode_bits` runs instead."""
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 z, x, lo, hi;
+        mov.b32 z, 0;
+        prmt.b32 x, $2, z, 0x4140;
+        and.b32 lo, x, 0x000F000F;
+        and.b32 hi, x, 0x00F000F0;
+        mul.lo.u32 lo, lo, 0x1040;
+        mul.lo.u32 hi, hi, 0x104;
+        and.b32 lo, lo, 0x81C081C0;
+        and.b32 hi, hi, 0x81C081C0;
+        mul.rn.bf16x2 $0, lo, $3;
+        mul.rn.bf16x2 $1, hi, $3;
+        }
+        """,
+        constraints="=r,=r,r,r",
+        args=[packed, scale], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
+
+
+@triton.jit
+def scaled_halves(packed, scale_bytes, salt, IS_NVFP4: tl.constexpr, SCALE_BLOCK: tl.constexpr,
+                  BLOCK_N: tl.constexpr, KH: tl.constexpr, TWICE: tl.constexpr,
+                  DECODE: tl.constexpr):
+    """Decoded weights of a byte tile [BN, KH] with its scales [BN, KH*2/S]: (even k, odd k) as
+    bf16 [BN, KH] each, e2m1 * scale * 2^-WEIGHT_SHIFT.
+
+    TWICE decodes a second time from `packed ^ salt` (salt = 0, unknown to the compiler) and
+    returns the sum of both decodes: twice the weights (exact), twice the decode work.
     """
-    m, k = a.shape
-    n = packed.shape[0]
-    if a.stride(1) != 1:
-        raise ValueError(f"activations a must be contiguous along K, got strides {a.stride()}")
-    is_nvfp4 = fmt == "nvfp4"
-    scale_block = NVFP4_SCALE_BLOCK if is_nvfp4 else MXFP4_SCALE_BLOCK
-    k_per_split = config.k_per_split(k)
-    split_k = triton.cdiv(k, k_per_split)
-    partial = split_k > 1
-    target = workspace if partial else out
-    grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), split_k)
-    w4a16_gemm_kernel[grid](
-        a, packed, scale_bytes, global_scale, target,
-        m, n, k, k // 2, k // scale_block, k_per_split,
-        a.stride(0), packed.stride(0), scale_bytes.stride(0),
-        target.stride(0) if partial else 0, target.stride(-2), target.stride(-1),
-        IS_NVFP4=is_nvfp4, SCALE_BLOCK=scale_block,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        GROUP_M=config.group_m, SWAP_AB=config.swap_ab, EVEN_K=k % config.block_k == 0,
-        WRITE_PARTIAL=partial,
-        DOT_IN_FP32=INTERPRETED, num_warps=config.num_warps, num_stages=config.num_stages,
-    )
-    if partial:
-        split_k_reduce_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
-            workspace, global_scale, out, m * n, SPLIT_K=split_k, IS_NVFP4=is_nvfp4,
-            BLOCK=REDUCE_BLOCK,
-        )
-    return out
+    GROUPS: tl.constexpr = KH // (SCALE_BLOCK // 2)
+    scale = decode_scales_bf16(scale_bytes, IS_NVFP4)                      # [BN, GROUPS]
+    scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, GROUPS, SCALE_BLOCK // 2)),
+                       (BLOCK_N, KH))                                      # [BN, KH]
+    if DECODE == "ptx":
+        lo, hi = decode_ptx(packed, scale)
+    else:
+        lo, hi = decode_bits(packed, scale)
+    if TWICE:
+        # 2x the weights, exact; the epilogue halves the sum
+        if DECODE == "ptx":
+            lo2, hi2 = decode_ptx(packed ^ salt, scale)
+            lo = lo + lo2                        # bf16x2 adds
+            hi = hi + hi2
+        else:  # in float32: the interpreter's bf16 arithmetic adds raw bits
+            lo2, hi2 = decode_bits(packed ^ salt, scale)
+            lo = (lo.to(tl.float32) + lo2.to(tl.float32)).to(tl.bfloat16)
+            hi = (hi.to(tl.float32) + hi2.to(tl.float32)).to(tl.bfloat16)
+    return lo, hi
+
+
+@triton.jit
+def even_odd(a, BLOCK_M: tl.constexpr, KH: tl.constexpr):
+    """[BM, 2*KH] -> (even columns, odd columns), [BM, KH] each."""
+    return tl.split(tl.reshape(a, (BLOCK_M, KH, 2)))
+
+
+@triton.jit
+def tile_dot(acc, w, a, SWAP_AB: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    """acc += w [BN, KH] . a [BM, KH]^T ([BN, BM] when SWAP_AB, else [BM, BN])."""
+    if DOT_IN_FP32:
+        # same bf16 values, exact fp32 products: what the tensor cores compute
+        w = w.to(tl.bfloat16).to(tl.float32)
+        a = a.to(tl.float32)
+        if SWAP_AB:
+            acc = tl.dot(w, tl.trans(a), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
+    else:
+        w = w.to(tl.bfloat16)
+        if SWAP_AB:
+            acc = tl.dot(w, tl.trans(a), acc)
+        else:
+            acc = tl.dot(a, tl.trans(w), acc)
+    return acc
+
+
+# M, the split length and the split count vary per call: not specialized, so one compiled kernel
+# serves every M and split of a tile shape (the tuner compiles tile shapes, not points)
+@triton.jit(do_not_specialize=["M", "blocks_per_split", "splits"])
+def w4a16_kernel(
+    a_ptr, w_ptr, s_ptr, gs_ptr, c_ptr, ws_ptr, count_ptr, salt_ptr,
+    M, N, K, blocks_per_split, splits,
+    stride_am, stride_wn, stride_sn, stride_cm,
+    IS_NVFP4: tl.constexpr, SCALE_BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr, MATH: tl.constexpr, SWAP_AB: tl.constexpr, STAGE: tl.constexpr,
+    EVEN_K: tl.constexpr, DECODE: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+):
+    """One [BM, BN] output tile over one K split (program_id(1)); see the module doc.
+
+    salt_ptr: an int32 0 (read only in STAGE "decode_x2"); count_ptr: int32 [tiles], zero between
+    calls; ws_ptr: the partial tiles [splits, M, N] in the accumulator's type; SPLIT: splits > 1.
+
+    EVEN_K: K is a multiple of BK, so no load needs a K mask. In STAGE "math" `w_ptr` holds bf16
+    weights [N, K] (stride_wn elements per row) and `s_ptr` is unused.
+    """
+    KH: tl.constexpr = BLOCK_K // 2
+    KS: tl.constexpr = BLOCK_K // SCALE_BLOCK
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    pid_m = pid % num_pid_m        # row tiles of one weight tile run side by side: W read once
+    pid_n = pid // num_pid_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)        # [BM]
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)        # [BN]
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    offs_j = tl.arange(0, KH)                               # [KH] bytes of a tile row
+    offs_b = tl.arange(0, KS)                               # [KS] scale blocks of a tile row
+    offs_k = tl.arange(0, BLOCK_K)                          # [BK]
+
+    CHECKSUM: tl.constexpr = STAGE == "load"
+    ROW_SUMS: tl.constexpr = STAGE == "decode"
+    if CHECKSUM:
+        acc_w = tl.zeros((BLOCK_N,), dtype=tl.int32)
+        acc_a = tl.zeros((BLOCK_M,), dtype=tl.int32)
+    elif ROW_SUMS:
+        acc_w = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        acc_a = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    elif MATH == "fma":
+        acc = tl.zeros((BLOCK_M, BLOCK_N, KH), dtype=tl.float32)
+    elif SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)   # out^T tile
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+    if STAGE == "decode_x2":
+        salt = tl.load(salt_ptr).to(tl.uint8)   # 0, but the compiler cannot know it
+    else:
+        salt = 0
+    # in whole BK blocks, so the compiler sees every tile start aligned (16-byte loads)
+    k_start = pid_k * blocks_per_split * BLOCK_K
+    k_end = tl.minimum(k_start + blocks_per_split * BLOCK_K, K)
+    for k0 in tl.range(k_start, k_end, BLOCK_K):
+        k_cols = k0 + offs_k                                                # [BK]
+        a_mask = m_mask[:, None]
+        if not EVEN_K:
+            a_mask = a_mask & (k_cols < K)[None, :]
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + k_cols[None, :], mask=a_mask,
+                    other=0.0)                                              # [BM, BK] bf16
+        if STAGE == "math":
+            w_mask = n_mask[:, None]
+            if not EVEN_K:
+                w_mask = w_mask & (k_cols < K)[None, :]
+            w = tl.load(w_ptr + offs_n[:, None] * stride_wn + k_cols[None, :], mask=w_mask,
+                        other=0.0)                                          # [BN, BK] bf16
+            w_even, w_odd = even_odd(w, BLOCK_N, KH)
+        else:
+            bytes_ = k0 // 2 + offs_j                                       # [KH]
+            blocks = k0 // SCALE_BLOCK + offs_b                             # [KS]
+            byte_mask = n_mask[:, None]
+            scale_mask = n_mask[:, None]
+            if not EVEN_K:
+                byte_mask = byte_mask & (bytes_ < K // 2)[None, :]
+                scale_mask = scale_mask & (blocks < K // SCALE_BLOCK)[None, :]
+            packed = tl.load(w_ptr + offs_n[:, None] * stride_wn + bytes_[None, :],
+                             mask=byte_mask, other=0)                       # [BN, KH] uint8
+            scale_bytes = tl.load(s_ptr + offs_n[:, None] * stride_sn + blocks[None, :],
+                                  mask=scale_mask, other=0)                 # [BN, KS] uint8
+        if CHECKSUM:
+            acc_w += tl.sum(packed.to(tl.int32), axis=1) + tl.sum(scale_bytes.to(tl.int32), axis=1)
+            acc_a += tl.sum(a.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF, axis=1)
+        else:
+            if STAGE != "math":
+                w_even, w_odd = scaled_halves(packed, scale_bytes, salt, IS_NVFP4, SCALE_BLOCK,
+                                              BLOCK_N, KH, STAGE == "decode_x2", DECODE)
+            if ROW_SUMS:
+                acc_w += tl.sum(w_even.to(tl.float32) + w_odd.to(tl.float32), axis=1)
+                acc_a += tl.sum(a.to(tl.float32), axis=1)
+            else:
+                a_even, a_odd = even_odd(a, BLOCK_M, KH)                    # [BM, KH] each
+                if MATH == "fma":
+                    acc += (a_even.to(tl.float32)[:, None, :] * w_even.to(tl.float32)[None, :, :]
+                            + a_odd.to(tl.float32)[:, None, :] * w_odd.to(tl.float32)[None, :, :])
+                else:
+                    acc = tile_dot(acc, w_even, a_even, SWAP_AB, DOT_IN_FP32)
+                    acc = tile_dot(acc, w_odd, a_odd, SWAP_AB, DOT_IN_FP32)
+
+    # the tile as [BM, BN] in the accumulator's type, weight-derived sums unbiased
+    if CHECKSUM:
+        tile = acc_a[:, None] + acc_w[None, :]
+    elif ROW_SUMS:
+        tile = acc_a[:, None] + (acc_w * weight_factor(gs_ptr, IS_NVFP4))[None, :]
+    else:
+        if MATH == "fma":
+            tile = tl.sum(acc, axis=2)
+        elif SWAP_AB:
+            tile = tl.trans(acc)
+        else:
+            tile = acc
+        if STAGE == "decode_x2":
+            tile = tile * (weight_factor(gs_ptr, IS_NVFP4) * 0.5)
+        elif STAGE != "math":
+            tile = tile * weight_factor(gs_ptr, IS_NVFP4)
+    if SPLIT:
+        # park this split's partial; the last split of the tile to arrive sums them all
+        partial = ws_ptr + offs_m[:, None] * N + offs_n[None, :]          # [BM, BN]
+        c_mask = m_mask[:, None] & n_mask[None, :]
+        tl.store(partial + pid_k * M * N, tile, mask=c_mask)
+        tl.debug_barrier()   # every thread's partial is written before the release below
+        arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
+        if arrived == splits - 1:
+            tile = tl.zeros_like(tile)
+            for split in tl.range(0, splits):
+                tile += tl.load(partial + split * M * N, mask=c_mask, other=0,
+                                cache_modifier=".cg")                      # L2: other SMs wrote it
+            tl.atomic_xchg(count_ptr + pid, 0)   # ready for the next call (graph replay)
+            store_tile(c_ptr, tile, offs_m, offs_n, m_mask, n_mask, stride_cm)
+    else:
+        store_tile(c_ptr, tile, offs_m, offs_n, m_mask, n_mask, stride_cm)
+
+
+@triton.jit
+def weight_factor(gs_ptr, IS_NVFP4: tl.constexpr):
+    """What a sum over decoded weights is multiplied by: 2^WEIGHT_SHIFT (their bias), divided by
+    the nvfp4 global scale (formats stores the encode scale: decode divides by it)."""
+    factor = 2.0**26
+    if IS_NVFP4:
+        factor = factor / tl.load(gs_ptr)
+    return factor
+
+
+@triton.jit
+def store_tile(c_ptr, tile, offs_m, offs_n, m_mask, n_mask, stride_cm):
+    """c[offs_m, offs_n] = tile [BM, BN] in c's dtype."""
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :],
+             tile.to(c_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+class Launch:
+    """One configured kernel launch at one (M, N, K): grid, constants, and the split-K workspace
+    and tile counters it owns (the counters return to zero at the end of every call)."""
+
+    def __init__(self, m: int, n: int, k: int, fmt: str, config, stage: str, device,
+                 acc_dtype=torch.float32):
+        if stage not in STAGES:
+            raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
+        self.m, self.n, self.k = m, n, k
+        self.config = config
+        self.blocks_per_split = config.blocks_per_split(k)
+        splits = config.splits(k)
+        tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+        self.grid = (tiles, splits)
+        shape = (splits, m, n) if splits > 1 else (1,)                    # [splits, M, N]
+        self.workspace = torch.empty(shape, dtype=acc_dtype, device=device)
+        self.counts = torch.zeros(tiles, dtype=torch.int32, device=device)  # [tiles]
+        self.salt = torch.zeros(1, dtype=torch.int32, device=device)
+        is_nvfp4 = fmt == "nvfp4"
+        self.constants = dict(
+            IS_NVFP4=is_nvfp4, SCALE_BLOCK=NVFP4_SCALE_BLOCK if is_nvfp4 else MXFP4_SCALE_BLOCK,
+            BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+            SPLIT=splits > 1, MATH=config.math, SWAP_AB=config.swap_ab, STAGE=stage,
+            EVEN_K=k % config.block_k == 0,
+            DECODE="bits" if INTERPRETED else config.decode, DOT_IN_FP32=INTERPRETED,
+            num_warps=config.num_warps, num_stages=config.num_stages)
+
+    def __call__(self, a, w, scale_bytes, global_scale, out):
+        """out[M, N] = a[M, K] @ dequant(w)[N, K]^T (or the stage's result); returns out."""
+        if a.stride(1) != 1:
+            raise ValueError(f"activations a must be contiguous along K, got strides {a.stride()}")
+        w4a16_kernel[self.grid](
+            a, w, scale_bytes, global_scale, out, self.workspace, self.counts, self.salt,
+            self.m, self.n, self.k, self.blocks_per_split, self.grid[1],
+            a.stride(0), w.stride(0), scale_bytes.stride(0), out.stride(0), **self.constants)
+        return out

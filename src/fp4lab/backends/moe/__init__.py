@@ -14,6 +14,7 @@ from fp4lab.backends.moe.humming import HummingMoeGrouped, HummingMoeIndexed, Hu
 from fp4lab.backends.moe.torch_methods import (
     GroupedBf16, GroupedFp8, LayerLoopBf16, LoopBf16, LoopTritonW4A16, PaddedBf16,
 )
+from fp4lab.backends.moe.triton_fused import TritonW4A16Moe
 
 __all__ = ["ExpertProblem", "LayerProblem", "MethodUnavailable", "MoeCall", "MoeMethod",
            "check_call", "REGISTRY", "get", "names"]
@@ -27,6 +28,7 @@ REGISTRY: dict[str, MoeMethod] = {
         GroupedFp8(),
         LoopTritonW4A16(),
         LayerLoopBf16(),
+        TritonW4A16Moe(),
         HummingMoeGrouped(), HummingMoeIndexed(), HummingW4A4Moe(),
         SglFp4GroupMm(),
         FlashInferCutlassMoe(),

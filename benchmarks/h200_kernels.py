@@ -1,0 +1,424 @@
+"""One H200 call for fp4lab's own FP4 kernels (issue 13): tune, gate, time, and say where time goes.
+
+    PYTHONPATH=src timeout 330 python3 benchmarks/h200_kernels.py --out $OUT
+
+Carries nothing beyond the tree (no wheels). In order, each phase inside the --budget-s deadline
+(a phase or point that does not fit is a "skipped" row; every step has its own time limit; an
+error is a row with its reason, never a time):
+  1. ceilings: copy bandwidth and launch floor (`fp4lab.roofline.measure_ceilings`);
+  2. dense `triton-w4a16`, shapes 8192x8192, 4096x6144, 6144x2048 at M = 1, 4, 16, 64, 256:
+     nvfp4 over the pruned grid of `tune_w4a16.candidates`, mxfp4 over nvfp4's three best configs
+     per point; cuBLAS bf16 (`torch-bf16`) at the same points;
+  3. anatomy at M = 1 and 16 on the three shapes (nvfp4, the point's winner config): loads only,
+     decode without math, math on pre-decoded bf16, full, decode twice (`anatomy_variants`);
+  4. `triton-w4a16-moe`: GLM-5 (E=256, k=8, H=6144, I=2048) at B = 512, 64, 2048 and DeepSeek-V3 at
+     B = 512, uniform routing, nvfp4 then mxfp4, two tile configs each, gated by `check_call`.
+Every GEMM result is gated against float64 before it is timed; every time is `fp4lab.bench.
+time_call` with TimerConfig(repeats=30, warmup_s=1.0): cold L2, CUDA-graph replay.
+
+Writes under --out: measurements.jsonl (one JSON object per measurement or skip, as it happens),
+presets.json (the winners, rows that `triton_w4a16.presets_from_json` and
+`triton_fused.moe_presets_from_json` load), presets_snippet.py (the same as Python literals to
+paste as SHAPE_PRESETS / MOE_PRESETS), summary.txt (the table printed last). `--smoke` runs the
+same phases on tiny shapes (the CPU test, under TRITON_INTERPRET=1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tune_w4a16 as tune  # noqa: E402  (the dense grid lives beside this script)
+
+from fp4lab import bench, roofline  # noqa: E402
+from fp4lab.backends.moe import base as moe_base, get as get_moe  # noqa: E402
+from fp4lab.backends.moe.triton_fused import MoeTileConfig, choose_moe_config  # noqa: E402
+from fp4lab.backends.triton_w4a16 import anatomy_variants, choose_config, sm_count  # noqa: E402
+from fp4lab.moe import presets as model_presets, routing  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What one call measures (configuration as data: `FULL` on the H200, `SMOKE` on a CPU)."""
+
+    shapes: tuple[tuple[int, int], ...]
+    m_values: tuple[int, ...]
+    anatomy_m: tuple[int, ...]
+    moe_points: tuple[tuple[str, int], ...]     # (model preset, batch), most wanted first
+    moe_scaled: bool = False                    # tiny stand-ins of the models (CPU)
+    mxfp4_configs: int = 3                      # nvfp4's best configs re-timed in mxfp4
+    max_configs: int | None = None              # cap on the nvfp4 grid per point (smoke)
+    step_limit_s: float = 60.0                  # one step (compile + gate + time) at most
+
+
+FULL = Plan(shapes=((8192, 8192), (4096, 6144), (6144, 2048)), m_values=(1, 4, 16, 64, 256),
+            anatomy_m=(1, 16),
+            moe_points=(("glm-5", 512), ("glm-5", 64), ("glm-5", 2048), ("deepseek-v3", 512)))
+SMOKE = Plan(shapes=((48, 128),), m_values=(1, 3), anatomy_m=(1,),
+             moe_points=(("glm-5", 6),), moe_scaled=True, mxfp4_configs=1, max_configs=2,
+             step_limit_s=120.0)
+FORMATS = ("nvfp4", "mxfp4")
+LAUNCH_PREDICTION_NOTE = "predicted = FP4 bytes / measured copy bandwidth + measured launch floor"
+
+
+class StepTimeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def step_limit(seconds: float):
+    """Raise StepTimeout in this step after `seconds` (SIGALRM: interrupts Python, not a kernel
+    stuck on the GPU; the outer `timeout` of the command covers that)."""
+    def expire(signum, frame):
+        raise StepTimeout(f"step over its {seconds:.0f} s limit")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 1.0))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+class Run:
+    """The measurement log, the deadline, and what the summary needs."""
+
+    def __init__(self, out: Path, budget_s: float, plan: Plan, device: str):
+        self.out, self.plan, self.device = out, plan, device
+        self.started = time.monotonic()
+        self.deadline = self.started + budget_s
+        self.lines = open(out / "measurements.jsonl", "w")
+        self.rows: list[dict] = []
+        self.timer = tune.device_timer()
+        self.ceilings = None
+
+    def left_s(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def emit(self, row: dict) -> None:
+        row = {**row, "t_s": round(time.monotonic() - self.started, 1)}
+        if "median_us" in row:   # the prediction beside each measurement
+            if "bytes" in row:
+                row["predicted_us"] = self.predicted_us(row["bytes"])
+            elif row["kind"] == "anatomy":
+                row["predicted_us"] = self.predicted_us(row["weight_bytes"])
+            elif row["kind"] == "moe":
+                row["floor_us"] = self.predicted_us(row["weight_bytes"], launches=0)
+        self.rows.append(row)
+        self.lines.write(json.dumps(row, default=str) + "\n")
+        self.lines.flush()
+
+    def step(self, kind: str, what: dict, work) -> dict | None:
+        """Run `work()` (returning a row) inside the step limit and the deadline; emit its row
+        and return it as logged."""
+        if self.left_s() <= 0:
+            self.emit({"kind": kind, **what, "status": "skipped", "message": "budget spent"})
+            return None
+        try:
+            with step_limit(min(self.plan.step_limit_s, self.left_s() + 5)):
+                row = work()
+        except Exception as exc:  # noqa: BLE001 - a step that fails is a row with its reason
+            row = {"status": "error", "message": tune.first_line(exc)}
+        self.emit({"kind": kind, **what, **row})
+        return self.rows[-1]
+
+    def predicted_us(self, nbytes: float, launches: int = 1) -> float | None:
+        """bytes / measured copy bandwidth + `launches` x the measured launch floor."""
+        c = self.ceilings
+        if not c or not c.bandwidth_tbps:
+            return None
+        return nbytes / (c.bandwidth_tbps * 1e6) + launches * (c.launch_us or 0.0)
+
+
+# --- phases --------------------------------------------------------------------------------------
+
+def phase_ceilings(run: Run) -> None:
+    def work():
+        run.ceilings = roofline.measure_ceilings(run.device)
+        return {"status": "ok", **dataclasses.asdict(run.ceilings)}
+    run.step("ceilings", {}, work)
+
+
+def phase_dense(run: Run, cache: dict) -> dict:
+    """nvfp4 over the grid, mxfp4 over nvfp4's best configs, cuBLAS at each (shape, M)."""
+    sms = sm_count(run.device)
+    winners: dict[tuple, dict] = {}
+    ranked: dict[tuple, list] = {}
+    for fmt in FORMATS:
+        for n, k in run.plan.shapes:
+            for m in run.plan.m_values:
+                point = tune.Point(fmt, n, k, m)
+                grid = (tune.candidates(point, sms)[:run.plan.max_configs] if fmt == "nvfp4"
+                        else ranked.get((n, k, m), [])[:run.plan.mxfp4_configs])
+                a, w = tune.operands(point, run.device, cache)
+                if fmt == "nvfp4":
+                    run.step("cublas", {"n": n, "k": k, "m": m, "fmt": fmt},
+                             lambda: tune.measure_cublas(point, a, w, run.device, run.timer))
+                timed = []
+                for config in grid:
+                    row = run.step("dense", {**dataclasses.asdict(point), "label": config.label()},
+                                   lambda c=config: tune.measure_config(point, c, a, w,
+                                                                       run.device, run.timer))
+                    if row and "median_us" in row:
+                        timed.append(row)
+                if not timed and run.left_s() > 0:   # nothing passed: the plain-Triton decode
+                    config = dataclasses.replace(choose_config(m, n, k, sms), decode="bits")
+                    row = run.step("dense", {**dataclasses.asdict(point), "label": config.label()},
+                                   lambda: tune.measure_config(point, config, a, w, run.device,
+                                                               run.timer))
+                    if row and "median_us" in row:
+                        timed.append(row)
+                timed.sort(key=lambda r: r["median_us"])
+                if fmt == "nvfp4":
+                    ranked[(n, k, m)] = [tune.TileConfig(**r["config"]) for r in timed]
+                if timed:
+                    winners[(fmt, n, k, m)] = timed[0]
+    return winners
+
+
+def phase_anatomy(run: Run, winners: dict, cache: dict) -> None:
+    for n, k in run.plan.shapes:
+        for m in run.plan.anatomy_m:
+            point = tune.Point("nvfp4", n, k, m)
+            best = winners.get(("nvfp4", n, k, m))
+            config = (tune.TileConfig(**best["config"]) if best
+                      else choose_config(m, n, k, sm_count(run.device)))
+            a, w = tune.operands(point, run.device, cache)
+            for stage in ("load", "decode", "math", "full", "decode_x2"):
+                what = {**dataclasses.asdict(point), "stage": stage, "label": config.label()}
+                run.step("anatomy", what, lambda s=stage: anatomy_row(run, a, w, config, s))
+
+
+def anatomy_row(run: Run, a, w, config, stage: str) -> dict:
+    variant, = anatomy_variants(a, w, run.device, config, stages=(stage,))
+    gate = variant.check()
+    row = {"status": gate.status, "rel_err": gate.rel_err, "message": gate.message,
+           "what": variant.what, "weight_bytes": variant.weight_bytes}
+    if gate.ok:
+        p = variant.prepared
+        timing = bench.time_call(p.make_call, p.args, p.out, run.timer, run.device)
+        row.update(tune.timing_fields(timing))
+        row["tbps"] = variant.weight_bytes / timing.median_us / 1e6
+    return row
+
+
+def moe_model(name: str, scaled: bool):
+    preset = model_presets.get(name)
+    return model_presets.scaled_down(preset) if scaled else preset
+
+
+def moe_candidates(pairs: int, experts: int) -> list[MoeTileConfig]:
+    """The preset's config, then the same with the neighbouring pair tile (16 <-> 32, 64 -> 32:
+    a taller one spills registers)."""
+    pick = choose_moe_config(pairs, experts)
+    alt = dataclasses.replace(pick, block_m=32 if pick.block_m != 32 else 16)
+    return list(dict.fromkeys([pick, alt]))
+
+
+def moe_fallback(pairs: int, experts: int) -> MoeTileConfig:
+    """Timed only when no candidate passed: the preset with the plain-Triton decode."""
+    return dataclasses.replace(choose_moe_config(pairs, experts), decode="bits")
+
+
+def phase_moe(run: Run) -> list[dict]:
+    winners = []
+    for fmt in FORMATS:
+        weights_for: dict = {}
+        for name, batch in run.plan.moe_points:
+            model = moe_model(name, run.plan.moe_scaled)
+            what = {"model": model.key, "batch": batch, "fmt": fmt}
+            if model.key not in weights_for:
+                weights_for.clear()              # one model's weights on the GPU at a time
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                row = run.step("moe_weights", what,
+                               lambda: build_weights(run, model, fmt, weights_for))
+                if not row or row["status"] != "ok":
+                    continue
+            ids = routing.sample_expert_ids("uniform", model.experts, model.top_k, batch, 1)[0]
+            problem = moe_base.make_layer_problem(ids, model.experts, model.hidden,
+                                                  model.moe_intermediate, fmt, run.device,
+                                                  weights=weights_for[model.key])
+            timed = []
+            pairs = batch * model.top_k
+            for config in moe_candidates(pairs, model.experts):
+                row = run.step("moe", {**what, "label": config.label()},
+                               lambda c=config: moe_row(run, problem, c))
+                if row and "median_us" in row:
+                    timed.append(row)
+            if not timed:
+                config = moe_fallback(pairs, model.experts)
+                row = run.step("moe", {**what, "label": config.label()},
+                               lambda: moe_row(run, problem, config))
+                if row and "median_us" in row:
+                    timed.append(row)
+            if timed:
+                best = min(timed, key=lambda r: r["median_us"])
+                winners.append({**what, "mean_pairs_per_expert": batch * model.top_k /
+                                model.experts, "config": best["config"],
+                                "median_us": best["median_us"]})
+    return winners
+
+
+def build_weights(run: Run, model, fmt: str, weights_for: dict) -> dict:
+    start = time.monotonic()
+    weights_for[model.key] = (
+        moe_base.quantized_expert_weights(model.experts, 2 * model.moe_intermediate,
+                                          model.hidden, fmt, run.device),
+        moe_base.quantized_expert_weights(model.experts, model.hidden, model.moe_intermediate,
+                                          fmt, run.device, seed=1))
+    nbytes = sum(w.nbytes for w in weights_for[model.key])
+    return {"status": "ok", "bytes": nbytes, "build_s": time.monotonic() - start}
+
+
+def moe_row(run: Run, problem, config: MoeTileConfig) -> dict:
+    call = get_moe("triton-w4a16-moe").prepare(problem, config)
+    gate = moe_base.check_call(call, problem)
+    row = {"status": gate.status, "rel_err": gate.rel_err, "message": gate.message,
+           "config": dataclasses.asdict(config), "weight_bytes": call.weight_bytes,
+           "note": call.note, "loads_max": int(problem.loads.max()),
+           "loads_mean_active": float(problem.loads[problem.loads > 0].mean())}
+    if gate.ok:
+        timing = bench.time_call(call.make_call, call.args, call.out, run.timer, run.device)
+        row.update(tune.timing_fields(timing))
+    return row
+
+
+# --- presets and summary -------------------------------------------------------------------------
+
+def write_presets(run: Run, dense: dict, moe: list[dict]) -> None:
+    """presets.json (rows: triton_w4a16.presets_from_json, triton_fused.moe_presets_from_json
+    load them) and presets_snippet.py (the same nvfp4 winners as Python to paste)."""
+    rows = list(dense.values())
+    presets = {"dense": {fmt: tune.presets_rows(rows, fmt) for fmt in FORMATS}, "moe": moe,
+               "note": "dense[fmt] rows load with triton_w4a16.presets_from_json (nvfp4 is what "
+                       "SHAPE_PRESETS holds); moe rows with triton_fused.moe_presets_from_json"}
+    (run.out / "presets.json").write_text(json.dumps(presets, indent=1, default=str))
+    (run.out / "presets_snippet.py").write_text(presets_snippet(presets))
+
+
+def presets_snippet(presets: dict) -> str:
+    """SHAPE_PRESETS and MOE_PRESETS as Python literals (nvfp4 winners), fields that differ from
+    the dataclass defaults only."""
+    from fp4lab.backends.moe.triton_fused import moe_presets_from_json
+    from fp4lab.backends.triton_w4a16 import presets_from_json
+
+    lines = ["# measured by benchmarks/h200_kernels.py; paste into triton_w4a16.py / "
+             "moe/triton_fused.py", "SHAPE_PRESETS = {"]
+    for shape, entries in presets_from_json(presets["dense"]["nvfp4"]).items():
+        lines.append(f"    {shape}: (")
+        lines += [f"        ({m_max}, {source(config)})," for m_max, config in entries]
+        lines.append("    ),")
+    lines += ["}", "MOE_PRESETS = ("]
+    lines += [f"    ({bound}, {source(config)})," for bound, config in
+              moe_presets_from_json(presets["moe"])]
+    return "\n".join(lines + [")", ""])
+
+
+def source(config) -> str:
+    """`Name(field=value, ...)` naming only the fields that differ from the defaults."""
+    fields = [f"{f.name}={getattr(config, f.name)!r}" for f in dataclasses.fields(config)
+              if f.default is dataclasses.MISSING or getattr(config, f.name) != f.default]
+    return f"{type(config).__name__}({', '.join(fields)})"
+
+
+def summary(run: Run) -> str:
+    rows = run.rows
+    c = run.ceilings
+    lines = [f"ceilings: copy {c.bandwidth_tbps:.2f} TB/s, launch {c.launch_us:.2f} us" if c
+             else "ceilings: not measured", LAUNCH_PREDICTION_NOTE, ""]
+    cublas = {(r["n"], r["k"], r["m"]): r.get("median_us") for r in rows if r["kind"] == "cublas"}
+    lines.append(f"{'dense':<6} {'NxK':>10} {'M':>4} {'fmt':<5} {'best us':>8} {'pred':>6} "
+                 f"{'TB/s':>5} {'%copy':>5} {'cuBLAS':>7} {'x':>5}  config")
+    best: dict = {}
+    for r in rows:
+        if r["kind"] == "dense" and "median_us" in r:
+            key = (r["fmt"], r["n"], r["k"], r["m"])
+            if key not in best or r["median_us"] < best[key]["median_us"]:
+                best[key] = r
+    for (fmt, n, k, m), r in sorted(best.items(), key=lambda i: (i[0][0] != "nvfp4", i[0][1:])):
+        ref = cublas.get((n, k, m))
+        pct = 100 * r["tbps"] / c.bandwidth_tbps if c and c.bandwidth_tbps else float("nan")
+        lines.append(f"{'':<6} {f'{n}x{k}':>10} {m:>4} {fmt:<5} {r['median_us']:8.2f} "
+                     f"{r.get('predicted_us') or float('nan'):6.1f} {r['tbps']:5.2f} {pct:5.0f} "
+                     f"{ref or float('nan'):7.2f} {(ref or float('nan')) / r['median_us']:5.2f}  "
+                     f"{r['label']}")
+    lines += ["", f"{'anatomy':<8} {'NxK':>10} {'M':>4} " + " ".join(
+        f"{s:>9}" for s in ("load", "decode", "math", "full", "decode_x2"))]
+    anatomy: dict = {}
+    for r in rows:
+        if r["kind"] == "anatomy":
+            anatomy.setdefault((r["n"], r["k"], r["m"]), {})[r["stage"]] = r
+    for (n, k, m), stages in anatomy.items():
+        cells = [f"{stages[s]['median_us']:9.2f}" if "median_us" in stages.get(s, {})
+                 else f"{stages.get(s, {}).get('status', '-'):>9.9}"
+                 for s in ("load", "decode", "math", "full", "decode_x2")]
+        lines.append(f"{'':<8} {f'{n}x{k}':>10} {m:>4} " + " ".join(cells))
+    lines += ["", f"{'moe':<4} {'model':<12} {'B':>5} {'fmt':<5} {'us':>9} {'floor':>8} "
+                  f"{'x floor':>7} {'rel_err':>8}  config"]
+    for r in rows:
+        if r["kind"] == "moe":
+            us = r.get("median_us")
+            floor = r.get("floor_us")
+            lines.append(f"{'':<4} {r['model']:<12} {r['batch']:>5} {r['fmt']:<5} "
+                         f"{us if us else float('nan'):9.1f} {floor or float('nan'):8.1f} "
+                         f"{(us / floor) if us and floor else float('nan'):7.2f} "
+                         f"{r.get('rel_err', float('nan')):8.1e}  {r['label']} {r['status']}")
+    counts: dict = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    lines += ["", "rows by status: " + ", ".join(f"{s} {n}" for s, n in sorted(counts.items()))]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder for the results (e.g. $OUT)")
+    parser.add_argument("--budget-s", type=float, default=285.0,
+                        help="wall seconds for all phases (default 285)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny shapes (the CPU test under TRITON_INTERPRET=1)")
+    args = parser.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not args.smoke:
+        print("h200_kernels: needs a CUDA GPU (torch sees none); use --smoke on a CPU",
+              file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    plan = SMOKE if args.smoke else FULL
+    run = Run(out, args.budget_s, plan, device)
+    if args.smoke:
+        run.timer = dataclasses.replace(run.timer, repeats=2, warmup_s=0.0)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    dense, moe = {}, []
+    try:
+        phase_ceilings(run)
+        cache: dict = {}
+        dense = phase_dense(run, cache)
+        phase_anatomy(run, dense, cache)
+        cache.clear()
+        moe = phase_moe(run)
+    except KeyboardInterrupt:   # the outer timeout: keep what was measured
+        run.emit({"kind": "stopped", "status": "stopped", "message": "SIGTERM or ^C"})
+    finally:
+        write_presets(run, dense, moe)
+        text = summary(run)
+        (out / "summary.txt").write_text(text + "\n")
+        run.lines.close()
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

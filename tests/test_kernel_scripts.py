@@ -1,0 +1,116 @@
+"""benchmarks/tune_w4a16.py (the dense grid) and benchmarks/h200_kernels.py (the H200 call): the
+grid's shape, the presets they write, and one whole --smoke run of the device script on the CPU
+(TRITON_INTERPRET=1: the same phases, gates and files on tiny shapes)."""
+
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fp4lab.backends import triton_w4a16
+from fp4lab.backends.moe.triton_fused import MoeTileConfig, moe_presets_from_json
+from fp4lab.backends.triton_w4a16 import TileConfig, choose_config
+
+BENCH = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
+H200_SMS = 132
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCH, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module   # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tune():
+    return load("tune_w4a16")
+
+
+@pytest.mark.parametrize("m", [1, 4, 16, 64, 256])
+@pytest.mark.parametrize("n,k", [(8192, 8192), (4096, 6144), (6144, 2048)])
+def test_grid_starts_with_the_pick_and_fills_the_gpu(tune, n, k, m):
+    point = tune.Point("nvfp4", n, k, m)
+    grid = tune.candidates(point, H200_SMS)
+    assert grid[0] == choose_config(m, n, k, H200_SMS)
+    assert len(grid) == len(set(grid)) and len(grid) <= 9
+    if m <= 16:   # decode: the MMA's M side is the weight tile, and the plain decode is measured
+        assert all(c.swap_ab or c.math == "fma" for c in grid)
+        assert any(c.decode == "bits" for c in grid)
+    for config in grid[1:]:
+        if config.split_k > 1:   # split only where the tiles alone leave SMs idle
+            assert config.ctas(m, n, k) <= 5 * H200_SMS, config.label()
+            assert config.blocks_per_split(k) >= triton_w4a16.MIN_K_BLOCKS_PER_SPLIT
+
+
+def test_the_whole_grid_compiles_few_kernels(tune):
+    """M and the split count are runtime: a compile is a (tile shape, split or not) pair."""
+    compiled = {dataclasses.replace(c, split_k=min(c.split_k, 2))
+                for p in tune.plan(tune.parse_shapes(tune.DEFAULT_SHAPES),
+                                   tune.parse_m(tune.DEFAULT_M), ["nvfp4"])
+                for c in tune.candidates(p, H200_SMS)}
+    assert len(compiled) <= 12
+
+
+def test_presets_rows_load_back_as_shape_presets(tune):
+    small = TileConfig(block_m=16, block_n=128, block_k=256, split_k=4, swap_ab=True)
+    large = TileConfig(block_m=64, block_n=128, block_k=128)
+    winners = [{"fmt": "nvfp4", "n": 6144, "k": 2048, "m": m, "config": dataclasses.asdict(c),
+                "median_us": 5.0} for m, c in ((256, large), (1, small), (16, small))]
+    winners.append({**winners[0], "fmt": "mxfp4"})
+    rows = json.loads(json.dumps(tune.presets_rows(winners, "nvfp4")))
+    assert [r["m_max"] for r in rows] == [1, 16, 256]
+    presets = triton_w4a16.presets_from_json(rows)
+    assert presets == {(6144, 2048): ((1, small), (16, small), (256, large))}
+
+
+@pytest.mark.parametrize("bad", ["8192", "8192x16", "axb"])
+def test_bad_shapes_are_named(tune, bad):
+    with pytest.raises(SystemExit, match="--shapes"):
+        tune.parse_shapes(bad)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter run (CPU-only machines)")
+def test_device_script_smoke_run_gates_every_row_and_writes_its_files(tmp_path):
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "src")}
+    run = subprocess.run([sys.executable, os.path.join(BENCH, "h200_kernels.py"), "--smoke",
+                          "--out", str(tmp_path)], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "measurements.jsonl").read_text().splitlines()]
+    kinds = {row["kind"] for row in rows}
+    assert kinds == {"ceilings", "cublas", "dense", "anatomy", "moe_weights", "moe"}
+    assert all(row["status"] == "ok" for row in rows), [r for r in rows if r["status"] != "ok"]
+    timed = [row for row in rows if row["kind"] in ("dense", "cublas", "anatomy", "moe")]
+    assert all(row["median_us"] > 0 and row["samples"] == 2 for row in timed)
+    assert {r["stage"] for r in rows if r["kind"] == "anatomy"} == set(
+        triton_w4a16.ANATOMY_STAGES)
+    assert all(r["predicted_us"] > 0 for r in rows if r["kind"] == "dense")
+    presets = json.loads((tmp_path / "presets.json").read_text())
+    assert triton_w4a16.presets_from_json(presets["dense"]["nvfp4"])
+    assert {(r["model"], r["fmt"]) for r in presets["moe"]} == {("glm-5-scaled", "nvfp4"),
+                                                                  ("glm-5-scaled", "mxfp4")}
+    assert all(MoeTileConfig(**r["config"]) for r in presets["moe"])
+    assert moe_presets_from_json(presets["moe"])[-1][0] is None       # the largest covers all
+    namespace = {"TileConfig": TileConfig, "MoeTileConfig": MoeTileConfig}
+    exec((tmp_path / "presets_snippet.py").read_text(), namespace)
+    assert namespace["SHAPE_PRESETS"] == triton_w4a16.presets_from_json(presets["dense"]["nvfp4"])
+    assert namespace["MOE_PRESETS"] == moe_presets_from_json(presets["moe"])
+    assert run.stdout.strip().endswith((tmp_path / "summary.txt").read_text().strip())
+    assert "rows by status: ok" in run.stdout
+
+
+def test_device_script_without_a_gpu_says_so(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    run = subprocess.run([sys.executable, os.path.join(BENCH, "h200_kernels.py"), "--out",
+                          str(tmp_path)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.path.join(BENCH, "..", "src")})
+    assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
