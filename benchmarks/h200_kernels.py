@@ -5,7 +5,7 @@
 Carries nothing beyond the tree (no wheels). In order, each phase inside the --budget-s deadline
 (a phase or point that does not fit is a "skipped" row; every step has its own time limit; an
 error is a row with its reason, never a time):
-  1. ceilings: copy bandwidth and launch floor (`fp4lab.roofline.measure_ceilings`);
+  1. ceilings: copy bandwidth and launch floor (`fp4lab.ceilings.measure_ceilings`);
   2. dense `triton-w4a16`, shapes 8192x8192, 4096x6144, 6144x2048 at M = 1, 4, 16, 64, 256:
      nvfp4 over the pruned grid of `tune_w4a16.candidates`, mxfp4 over nvfp4's three best configs
      per point; cuBLAS bf16 (`torch-bf16`) at the same points;
@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tune_w4a16 as tune  # noqa: E402  (the dense grid lives beside this script)
 
-from fp4lab import bench, roofline  # noqa: E402
+from fp4lab import bench, ceilings, roofline  # noqa: E402
 from fp4lab.backends.moe import base as moe_base, get as get_moe  # noqa: E402
 from fp4lab.backends.moe.triton_fused import MoeTileConfig, choose_moe_config  # noqa: E402
 from fp4lab.backends.triton_w4a16 import anatomy_variants, choose_config, sm_count  # noqa: E402
@@ -144,7 +144,7 @@ class Run:
 
 def phase_ceilings(run: Run) -> None:
     def work():
-        run.ceilings = roofline.measure_ceilings(run.device)
+        run.ceilings = ceilings.measure_ceilings(run.device)
         return {"status": "ok", **dataclasses.asdict(run.ceilings)}
     run.step("ceilings", {}, work)
 
@@ -282,7 +282,7 @@ def build_weights(run: Run, model, fmt: str, weights_for: dict) -> dict:
 
 
 def moe_row(run: Run, problem, config: MoeTileConfig) -> dict:
-    call = get_moe("triton-w4a16-moe").prepare(problem, config)
+    call = get_moe("triton-w4a16-moe").prepare(problem, config=config)
     gate = moe_base.check_call(call, problem)
     row = {"status": gate.status, "rel_err": gate.rel_err, "message": gate.message,
            "config": dataclasses.asdict(config), "weight_bytes": call.weight_bytes,
