@@ -119,6 +119,13 @@ esac
 # -- the venv and torch ----------------------------------------------------------------------------
 if [ "$mode" = reuse ]; then
     "$PYTHON" -m venv --system-site-packages "$VENV"
+    # --system-site-packages reaches the base interpreter's packages only: when PYTHON is itself a
+    # venv (a container's /opt/.../.venv holding its CUDA torch), a .pth file adds that venv's.
+    parent_site=$("$PYTHON" -c 'import site, sys; print("\n".join(site.getsitepackages()) if sys.prefix != sys.base_prefix else "")')
+    if [ -n "$parent_site" ]; then
+        own_site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+        echo "$parent_site" > "$own_site/fp4lab-parent-venv.pth"
+    fi
 else
     "$PYTHON" -m venv "$VENV"
 fi
