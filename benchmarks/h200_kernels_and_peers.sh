@@ -9,12 +9,12 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.sm,clocks.max.sm --format=csv,noheader
 W=/tmp/call && mkdir -p $W/kernels $W/peers $W/gemlite $W/comm
 start=$(date +%s)
-PYTHONPATH=src timeout -k 5 300 python3 benchmarks/h200_kernels.py --out $W/kernels --budget-s 280 \
+PYTHONPATH=src timeout -k 5 285 python3 benchmarks/h200_kernels.py --out $W/kernels --budget-s 270 \
     > $W/kernels.log 2>&1; echo "kernels: exit $? after $(( $(date +%s) - start )) s"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/fp4libs/*.whl
 export HUMMING_CACHE_DIR=/tmp/humming-cache
-PYTHONPATH=src:/tmp/site timeout -k 5 175 python3 benchmarks/h200_fp4_libraries.py --out $W/peers \
-    --parts dense,moe --m 1,4,16,64,256 --batches 512,64 --models glm-5 --budget-s 165 --case-s 60 \
+PYTHONPATH=src:/tmp/site timeout -k 5 165 python3 benchmarks/h200_fp4_libraries.py --out $W/peers \
+    --parts dense,moe --m 1,4,16,64,256 --batches 512,64 --models glm-5 --budget-s 155 --case-s 60 \
     > $W/peers.log 2>&1; echo "peers: exit $? after $(( $(date +%s) - start )) s"
 PYTHONPATH=src:/tmp/site timeout -k 5 50 python3 benchmarks/h200_fp4_libraries.py --out $W/gemlite \
     --parts gemlite --shapes 8192x8192 --m 1,16 --budget-s 45 --case-s 40 \
