@@ -167,9 +167,17 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: Path, write) -> None:
-    """`write(file)` into a unique temporary file beside `path`, fsync, then rename over `path`."""
+    """`write(file)` into a unique temporary file beside `path`, fsync, then rename over `path`
+    (with the permissions a plain open() would give: mkstemp's are owner-only)."""
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.chmod(tmp, 0o666 & ~_umask())
     try:
         with os.fdopen(handle, "wb") as file:
             write(file)
