@@ -135,6 +135,21 @@ GEMM = Table("gemm", key=("backend", "fmt", "n", "k", "m", "gpu_index"), doc=(
         ("window_end_s", "float", "energy window end (epoch s)"),
     ))
 
+ANATOMY = Table("anatomy", key=("backend", "stage", "fmt", "n", "k", "m", "gpu_index"), doc=(
+    "One row per stage variant of fp4lab's FP4 decode GEMM at one point: loads only, decode without "
+    "math, math on pre-decoded bf16, the full kernel, the decode done twice; each with its own check."),
+    columns=_columns(
+        ("run_id", "str", "the run folder's id"),
+        ("backend", "str", "the kernel dissected (triton-w4a16)"),
+        ("stage", "str", "load | decode | math | full | decode_x2"),
+        ("what", "str", "what the variant does"),
+        ("config", "str", "the tile config every stage of the point shares"),
+        ("fmt", "str", "FP4 format of the weights"),
+        ("m", "int", "tokens"), ("n", "int", "output features"), ("k", "int", "reduction dimension"),
+        ("weight_bytes", "float", "bytes of weights one call reads (bf16 for the math stage)"),
+        *OUTCOME, *TIMING, *GPU,
+    ))
+
 MOE = Table("moe", key=("preset", "method", "gemm", "fmt", "batch", "routing", "ep", "m", "gpu_index"),
             doc=("One row per MoE method x problem: an expert GEMM (gate_up, down) over every expert "
                  "at routed loads, a whole routed layer (gemm 'layer'), or one point of one expert's "
@@ -227,7 +242,7 @@ COMM_KEY = ("op", "world_size", "tokens", "dtype", "routing", "hidden", "top_k",
 
 COMM = Table("comm", key=COMM_KEY, columns=_columns(*COMM_COLUMN_SPECS),
              doc="One row per collective x group size x size: torch.distributed under torchrun.")
-TABLES: dict[str, Table] = {table.name: table for table in (GEMM, MOE, TELEMETRY, COMM)}
+TABLES: dict[str, Table] = {table.name: table for table in (GEMM, ANATOMY, MOE, TELEMETRY, COMM)}
 
 
 def table(name: str) -> Table | None:

@@ -136,6 +136,18 @@ def gemm_time_at(ok: pd.DataFrame, backend: str, n: int, k: int, m: float) -> di
             "inside": bool(curve.index.min() <= m <= curve.index.max())}
 
 
+def gemm_time_function(gemm: gemm_analysis.GemmResults, backend: str):
+    """gemm_us(n, k, m) for the layout model of chapter 06: `backend`'s measured time at the
+    nearest measured shape and M, scaled by weight size to (n, k) (a sharded expert GEMM is a
+    weight read at decode sizes, so its time scales with its bytes)."""
+    ok = gemm.ok
+
+    def gemm_us(n: int, k: int, m: int) -> float:
+        found = gemm_time_at(ok, backend, n, k, float(m))
+        return found["us"] * (n * k) / (found["n"] * found["k"])
+    return gemm_us
+
+
 def loop_layer_us(ok: pd.DataFrame, backend: str, model: presets.ModelPreset, load: dict) -> dict | None:
     """One layer as a loop of `backend`'s GEMMs: active experts x (gate_up + down at mean m)."""
     times = {}

@@ -257,3 +257,27 @@ def headline(results: GemmResults) -> dict[str, Any]:
     quickest = smallest.loc[smallest["tbps"].idxmax()]
     found.update(best=best.to_dict(), smallest=quickest.to_dict())
     return found
+
+
+# -- the kernel's anatomy ---------------------------------------------------------------------------
+
+ANATOMY_STAGES = ("load", "decode", "math", "full", "decode_x2")
+
+
+def anatomy(results: GemmResults) -> pd.DataFrame:
+    """Per format, shape and M: each stage variant's time beside the copy floor (the FP4 weights and
+    activations at the measured bandwidth) and the launch floor, and the share of the full kernel
+    the loads alone take."""
+    frame = results.view.run.read_table("anatomy")
+    ok = frame[frame["status"] == "ok"]
+    columns = ["fmt", "n", "k", "m", *ANATOMY_STAGES, "copy_floor_us", "launch_floor_us", "load_share"]
+    if not len(ok):
+        return pd.DataFrame(columns=columns)
+    wide = ok.pivot_table(index=["fmt", "n", "k", "m"], columns="stage", values="median_us", aggfunc="median")
+    wide = wide.reindex(columns=list(ANATOMY_STAGES)).reset_index()
+    bandwidth = results.bandwidth_tbps
+    wide["copy_floor_us"] = [roofline.gemm_bytes(int(r.m), int(r.n), int(r.k), "fp4", r.fmt, "bf16") /
+                             (bandwidth * 1e6) if bandwidth else np.nan for r in wide.itertuples(index=False)]
+    wide["launch_floor_us"] = results.launch_us if results.launch_us else np.nan
+    wide["load_share"] = 100 * wide["load"] / wide["full"]
+    return wide[columns]

@@ -27,6 +27,11 @@ FASTEST = [Col("m", "M (tokens)", "int"), Col("backend", "fastest 4-bit method")
            Col("cases won", "cases won (format x shape)"),
            Col("median speed-up vs bf16", "speed-up vs cuBLAS bf16 (median)", "ratio"),
            Col("median % of FP4 floor", "% of the FP4 read floor reached (median)", "pct")]
+ANATOMY = [Col("n", "N", "int"), Col("k", "K", "int"), Col("m", "M", "int"), Col("fmt", "format"),
+           Col("load", "loads only", "us"), Col("decode", "decode, no math", "us"),
+           Col("math", "math on bf16", "us"), Col("full", "full kernel", "us"),
+           Col("decode_x2", "decode twice", "us"), Col("copy_floor_us", "copy floor", "us"),
+           Col("launch_floor_us", "launch floor", "us"), Col("load_share", "loads / full", "pct")]
 PUBLISHED = [Col("M", "M (tokens)"), Col("TFLOP/s", "TFLOP/s"), Col("% of ~2000 TOPS", "% of ~2000 TOPS"),
              Col("regime (as the seed read it)", "regime (as the seed read it)")]
 
@@ -64,6 +69,7 @@ def fill(context: Context) -> None:
                                          caption=results.caption("points per backend and status")))
     _speed(page, results, reference, context)
     _four_bit(page, results)
+    _anatomy(page, results)
     _roofline(page, results)
     _seed(page, results, reference)
     page.bullets("findings", findings(results, reference))
@@ -97,6 +103,35 @@ def _four_bit(page, results) -> None:
         "run's measured bandwidth"))
     page.html("fourbit", html_table(analysis.fastest_fp4_per_m(results), FASTEST,
                                     caption=results.caption("the fastest 4-bit method per M")))
+
+
+def _anatomy(page, results) -> None:
+    table = analysis.anatomy(results)
+    if not len(table):
+        rows = results.view.run.read_table("anatomy")
+        reason = rows["error"].dropna().iloc[0] if len(rows) and rows["error"].notna().any() else "not measured"
+        page.prose("anatomy", f"No stage of the kernel was timed in this run ({text.md(reason)}).")
+        return
+    page.figure("anatomy", figures.anatomy(table), results.caption(
+        "each stage variant passed its own check (a checksum of the bytes read, row sums, or the gate)"))
+    page.html("anatomy", html_table(table, ANATOMY))
+    page.bullets("anatomy", anatomy_findings(table))
+
+
+def anatomy_findings(table) -> list[str]:
+    """Where the time goes, from the largest shape at the smallest M measured."""
+    biggest = table[(table["n"] * table["k"]) == (table["n"] * table["k"]).max()]
+    row = biggest.sort_values("m").iloc[0]
+    lines = [f"On {row['n']}x{row['k']} at M={row['m']} ({text.md(row['fmt'])}) the loads alone take "
+             f"{text.us(row['load'])} of the full kernel's {text.us(row['full'])} "
+             f"({text.pct(row['load_share'])}), against a copy floor of {text.us(row['copy_floor_us'])}: "
+             + ("the time goes to moving the weights, not to decoding them."
+                if row["load_share"] >= 75 else "decoding and the math add time the loads do not hide.")]
+    if row["decode"] > row["full"]:
+        lines.append(f"Decode without math ({text.us(row['decode'])}) is slower than the full kernel: "
+                     "the variants change the pipeline, so the stages are not additive; read them as "
+                     "bounds, not as parts of a sum.")
+    return lines
 
 
 def _roofline(page, results) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 PROFILES = ("smoke", "full")
-SECTIONS = ("gemm", "power", "moe", "diagnosis", "history")
+SECTIONS = ("gemm", "power", "moe", "comm", "diagnosis", "history")
 FOLDER = Path(__file__).resolve().parent
 
 

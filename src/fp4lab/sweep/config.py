@@ -69,6 +69,7 @@ class GemmSweep:
     energy_window_s: float             # 0: no energy window per point
     telemetry_hz: float
     point_timeout_s: float             # a point that takes longer becomes a `timeout` row
+    anatomy_m: tuple[int, ...] = ()    # Ms at which fp4lab's FP4 kernel is dissected by stage
     device: str = "auto"
     profile: str = "smoke"
     seed: int = 0
@@ -117,6 +118,7 @@ class GemmSweep:
             backends=params.check_text_list("backends", list(self.backends), known),
             fmts=fmts, shapes=shapes,
             m_values=params.check_int_list("m_values", list(self.m_values)),
+            anatomy_m=params.check_int_list("anatomy_m", list(self.anatomy_m), allow_empty=True),
             energy_window_s=params.check_float("energy_window_s", self.energy_window_s, 0, 60),
             telemetry_hz=params.check_float("telemetry_hz", self.telemetry_hz, 0, 1000, strict_minimum=True),
             point_timeout_s=params.check_float("point_timeout_s", self.point_timeout_s, 0, 86400,

@@ -20,7 +20,7 @@ from fp4lab import schema
 from fp4lab.results import RunDir, provenance, utc_now
 from fp4lab.sweep import runner
 from fp4lab.sweep.config import GemmSweep
-from fp4lab.sweep.plan import GemmPoint, gemm_points
+from fp4lab.sweep.plan import AnatomyPoint, GemmPoint, anatomy_points, gemm_points
 from fp4lab.sweep.registry import backend
 
 FAILED = ("error", "oom", "timeout")      # statuses `retry_failed` measures again
@@ -172,6 +172,8 @@ def format_point_line(row: dict[str, Any]) -> str:
     from fp4lab import roofline
     from fp4lab.text import sig
 
+    if "stage" in row:
+        row = {**row, "backend": f"{row['backend']}:{row['stage']}", "weight_dtype": None}
     tflops = tbps = None
     if row.get("median_us") and row.get("weight_dtype"):
         flops = roofline.gemm_flops(row["m"], row["n"], row["k"])
@@ -193,12 +195,24 @@ def _static_reason(impl, fmt: str, device: str) -> str | None:
     return None
 
 
-def todo_points(config: GemmSweep, run: RunDir, gpu_index, retry_failed: bool) -> list[GemmPoint]:
-    if retry_failed:
-        failed = run.row_keys("gemm", FAILED)
-        run.drop_rows("gemm", failed)
-    done = run.row_keys("gemm")
-    return [p for p in gemm_points(config) if p.key(gpu_index) not in done]
+def todo_points(config: GemmSweep, run: RunDir, gpu_index, retry_failed: bool) -> list:
+    """The GEMM and anatomy points the run does not hold yet (failed ones too, with retry_failed)."""
+    todo = []
+    for table, points in (("gemm", gemm_points(config)), ("anatomy", anatomy_points(config))):
+        if retry_failed:
+            run.drop_rows(table, run.row_keys(table, FAILED))
+        done = run.row_keys(table)
+        todo += [p for p in points if p.key(gpu_index) not in done]
+    return todo
+
+
+def blank_for(run_id: str, point, status: str, error: str | None, facts: dict[str, Any]) -> dict:
+    """The row of a point the worker could not measure, in the point's own table."""
+    from fp4lab.sweep import anatomy
+
+    if isinstance(point, AnatomyPoint):
+        return anatomy.point_row(run_id, point, status, error, facts)
+    return point_row(run_id, point, backend(point.backend), status, error, facts)
 
 
 def run_sweep(config: GemmSweep, run: RunDir, *, retry_failed: bool = False, progress: bool = True,
@@ -223,31 +237,30 @@ def run_sweep(config: GemmSweep, run: RunDir, *, retry_failed: bool = False, pro
         bar = Progress(len(todo), f"gemm {run.run_id}", header=LOG_HEADER) if progress else None
 
         def record(row: dict[str, Any]) -> None:
-            run.append_rows("gemm", [row])
+            run.append_rows("anatomy" if "stage" in row else "gemm", [row])
             if bar:
                 bar.update(format_point_line(row))
 
-        groups: dict[str, list[GemmPoint]] = collections.defaultdict(list)
+        groups: dict[str, list] = collections.defaultdict(list)
         for point in todo:
-            impl = backend(point.backend)
-            reason = _static_reason(impl, point.fmt, device)
+            reason = _static_reason(backend(point.backend), point.fmt, device)
             if reason:
-                record(point_row(run.run_id, point, impl, "unavailable", reason, facts))
+                record(blank_for(run.run_id, point, "unavailable", reason, facts))
             else:
-                groups[point.backend].append(point)
+                groups[point.group].append(point)
 
         status, sampler = "interrupted", None
         try:
             if groups:
                 runner.ensure_ceilings(run, device, run.path / "logs")
                 sampler = _start_sampler(config.telemetry_hz, facts["gpu_index"])
-            job = {"kind": "gemm", "run_id": run.run_id, "device": device, "seed": config.seed,
+            job = {"run_id": run.run_id, "device": device, "seed": config.seed,
                    "timer": config.timer.as_dict(), "energy_window_s": config.energy_window_s}
             for name, points in groups.items():
+                kind = "anatomy" if isinstance(points[0], AnatomyPoint) else "gemm"
                 runner.measure_group(
-                    name, points, job, run.path / "logs" / f"{name}.log", record,
-                    lambda point, status, error: point_row(run.run_id, point, backend(point.backend),
-                                                           status, error, facts),
+                    name, points, {**job, "kind": kind}, run.path / "logs" / f"{name}.log", record,
+                    lambda point, status, error: blank_for(run.run_id, point, status, error, facts),
                     config.point_timeout_s)
             status = "complete"
         finally:

@@ -41,6 +41,31 @@ class GemmPoint:
 
 
 @dataclass(frozen=True)
+class AnatomyPoint:
+    """One stage variant of the dense FP4 kernel at one GEMM point."""
+
+    stage: str
+    fmt: str
+    n: int
+    k: int
+    m: int
+
+    table = "anatomy"
+    group = "triton-w4a16-anatomy"
+    backend = "triton-w4a16"
+
+    def key(self, gpu_index: int | None) -> tuple:
+        return schema.ANATOMY.row_key({**dataclasses.asdict(self), "backend": self.backend,
+                                       "gpu_index": gpu_index})
+
+    def identity(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def label(self) -> str:
+        return f"anatomy {self.stage} {self.fmt} M={self.m} {self.n}x{self.k}"
+
+
+@dataclass(frozen=True)
 class MoePoint:
     method: str
     gemm: str                  # gate_up | down | layer
@@ -72,6 +97,15 @@ def gemm_points(config) -> list[GemmPoint]:
     return [GemmPoint(backend, fmt, n, k, m)
             for backend in config.backend_names for fmt in config.fmts
             for (n, k) in config.shapes for m in sorted(config.m_values)]
+
+
+ANATOMY_STAGES = ("load", "decode", "math", "full", "decode_x2")
+
+
+def anatomy_points(config) -> list[AnatomyPoint]:
+    """Every stage at the anatomy's Ms on every shape and format of the GEMM grid."""
+    return [AnatomyPoint(stage, fmt, n, k, m) for fmt in config.fmts for (n, k) in config.shapes
+            for m in config.anatomy_m for stage in ANATOMY_STAGES]
 
 
 def moe_points(config, method_kinds: dict[str, tuple[str, str]]) -> list[MoePoint]:

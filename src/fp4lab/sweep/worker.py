@@ -1,7 +1,8 @@
 """The sweep's worker process: `python -m fp4lab.sweep.worker` reads one JSON job on stdin.
 
-Jobs: {"kind": "ceilings", "device"} measures the roofline ceilings; {"kind": "gemm" | "moe",
-"group", "points", ...} measures each point of one group (fp4lab.sweep.gemm / .moe). Answers are
+Jobs: {"kind": "ceilings", "device"} measures the roofline ceilings; {"kind": "gemm" | "moe" |
+"anatomy", "group", "points", ...} measures each point of one group (fp4lab.sweep.gemm, .moe,
+.anatomy). Answers are
 JSON lines on the worker's original stdout (see fp4lab.sweep.runner); anything a library prints
 goes to stderr, which the parent keeps in the run folder's logs, so a crash's last words reach the
 `error` row. Isolation is the point: a backend that segfaults, hangs or poisons the CUDA context
@@ -75,11 +76,13 @@ def main() -> int:
     send = sender(protocol_channel())
     job = json.loads(sys.stdin.read())
     try:
-        from fp4lab.sweep import gemm, moe
+        from fp4lab.sweep import anatomy, gemm, moe
         from fp4lab.sweep.registry import load_extra_backends
 
         load_extra_backends()
-        {"ceilings": run_ceilings, "gemm": gemm.measure_job, "moe": moe.measure_job}[job["kind"]](job, send)
+        jobs = {"ceilings": run_ceilings, "gemm": gemm.measure_job, "moe": moe.measure_job,
+                "anatomy": anatomy.measure_job}
+        jobs[job["kind"]](job, send)
     except KeyboardInterrupt:
         send("interrupted")
         return 130
