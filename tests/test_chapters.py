@@ -62,3 +62,57 @@ def test_every_chapter_fills_its_sections_from_the_reference(reference_copy):
         page = module.build(str(reference_copy), "none", "full", "cpu")
         assert page.sections.get("findings"), f"{stem} states no finding"
         assert not page.smoke, f"{stem}: the H200 run is not a smoke run"
+
+
+COMM_ONE_GPU = REFERENCE_ROOT.parent / "measurements" / "20261201T095731Z-comm-1"
+
+
+def test_the_comm_chapter_ranks_layouts_from_its_own_rows(tmp_path, monkeypatch):
+    """A CPU run with GEMM rows and a two-rank gloo comm run: every layout of two ranks gets a
+    step time from the run's own rows, and the page says the sizes are a stand-in's."""
+    from fp4lab.analysis import layouts
+    from fp4lab.chapters import ch05_comm
+    from fp4lab.cli import main
+    from fp4lab.results import RunDir
+
+    monkeypatch.setenv("FP4LAB_RUNS_DIR", str(tmp_path))
+    assert main(["sweep", "--backends", "torch-bf16", "--format", "nvfp4", "--m", "1,8,64", "--profile",
+                 "smoke", "--device", "cpu", "--out", str(tmp_path), "--run-id", "cpu-run", "--quiet"]) == 0
+    page = ch05_comm.build(str(tmp_path / "cpu-run"), "none", "smoke", "cpu")
+    study = layouts.study(RunDir.open(tmp_path / "cpu-run"), None, "glm-5", [8, 32], 512)
+    assert set(study.layouts["layout"]) == {"TP2", "TP1xPP2", "EP2"}
+    assert study.layouts["step_us"].notna().all() and study.model.scaled
+    findings = page_text(page, "findings")
+    assert study.fastest["layout"] in findings and "stand-in" in findings
+    assert "gloo" in page_text(page, "measured") or "gloo" in findings
+
+
+def test_one_gpu_comm_rows_rank_no_layout_and_say_why(tmp_path):
+    from fp4lab.analysis import layouts
+    from fp4lab.analysis.run import view
+    from fp4lab.results import RunDir
+
+    copy = tmp_path / COMM_ONE_GPU.name
+    shutil.copytree(COMM_ONE_GPU, copy)
+    empty = RunDir.create(tmp_path, "empty")
+    study = layouts.study(empty, view(copy), "glm-5", [64, 512], 512)
+    assert study.source.run_id == COMM_ONE_GPU.name and study.gpus == 1
+    assert "one GPU" in study.why_not and not len(study.layouts)
+    assert layouts.smallest_time(study)["us"] < 5        # world size 1: a local copy, microseconds
+
+
+def test_the_ep_lever_adds_measured_all_to_alls_only_where_measured():
+    from fp4lab.analysis import comm as comm_analysis
+    from fp4lab.analysis import decode
+    from fp4lab.results import RunDir
+
+    config = decode.DiagnosisConfig.from_profile("full").check()
+    gemm = decode.gemm_analysis.gemm_results(REFERENCE)
+    model = decode.presets.get(config.preset)
+    backend = gemm.ok["backend"].iloc[0]
+    frame = RunDir.open(COMM_ONE_GPU).read_table("comm")
+    ep = decode.what_if_ep(gemm, backend, model, config, comm_analysis.CommTable(frame))
+    one = ep[ep["ep"] == 1].iloc[0]
+    assert one["comm_us"] == 0 and one["us_per_token_with_comm"] == one["us_per_token"]
+    spread = ep[ep["ep"] > 1]
+    assert len(spread) and spread["comm_us"].isna().all()      # the rows hold world size 1 only

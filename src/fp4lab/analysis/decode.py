@@ -28,10 +28,12 @@ import numpy as np
 import pandas as pd
 
 from fp4lab import params, profiles, roofline
+from fp4lab.analysis import comm as comm_analysis
 from fp4lab.analysis import gemm as gemm_analysis
 from fp4lab.analysis import moe as moe_analysis
 from fp4lab.analysis import power as power_analysis
 from fp4lab.analysis.run import RunView, view
+from fp4lab.comm import ops as comm_ops
 from fp4lab.errors import ParameterError
 from fp4lab.moe import presets
 from fp4lab.results import RunDir
@@ -137,13 +139,15 @@ def gemm_time_at(ok: pd.DataFrame, backend: str, n: int, k: int, m: float) -> di
 
 
 def gemm_time_function(gemm: gemm_analysis.GemmResults, backend: str):
-    """gemm_us(n, k, m) for the layout model of chapter 06: `backend`'s measured time at the
+    """gemm_us(n, k, m) for the layout model of chapter 05: `backend`'s measured time at the
     nearest measured shape and M, scaled by weight size to (n, k) (a sharded expert GEMM is a
     weight read at decode sizes, so its time scales with its bytes)."""
     ok = gemm.ok
 
     def gemm_us(n: int, k: int, m: int) -> float:
         found = gemm_time_at(ok, backend, n, k, float(m))
+        if found is None:
+            raise ValueError(f"the run has no correct {backend} GEMM points to time ({n}, {k}) from")
         return found["us"] * (n * k) / (found["n"] * found["k"])
     return gemm_us
 
@@ -325,11 +329,14 @@ def what_if_concurrency(gemm, backend: str | None, model, config: DiagnosisConfi
     return pd.DataFrame(rows)
 
 
-def what_if_ep(gemm, backend: str | None, model, config: DiagnosisConfig) -> pd.DataFrame:
+def what_if_ep(gemm, backend: str | None, model, config: DiagnosisConfig,
+               comm: "comm_analysis.CommTable | None" = None) -> pd.DataFrame:
     """Expert parallelism as the seed meant it: P GPUs each bring B tokens, the router sends them
     to the rank holding their experts, so each rank's E/P experts see P x the tokens. The busiest
-    rank's layer time per degree P (GEMM times, routing model; communication not included) and
-    the GPU time per token, against one GPU serving B alone."""
+    rank's layer time per degree P (GEMM times, routing model) and the GPU time per token, against
+    one GPU serving B alone. `comm_us` is the dispatch and combine all-to-all of B tokens per rank
+    measured at P ranks (bf16, the routing's splits) where the run's comm table has them, NaN
+    where it does not; `us_per_token_with_comm` adds it."""
     if gemm is None or backend is None:
         return pd.DataFrame()
     rows = []
@@ -340,10 +347,27 @@ def what_if_ep(gemm, backend: str | None, model, config: DiagnosisConfig) -> pd.
                                               config.steps, config.seed, ep)
         loop = loop_layer_us(gemm.ok, backend, model, load)
         if loop:
+            comm_us = _all_to_all_us(comm, ep, config.decode_batch, model, config.routing)
             rows.append({"ep": ep, "tokens_per_step": ep * config.decode_batch,
                          "active_experts": load["active_experts"], "mean_m": load["mean_m"],
-                         "layer_us": loop["layer_us"], "us_per_token": loop["layer_us"] / config.decode_batch})
+                         "layer_us": loop["layer_us"], "us_per_token": loop["layer_us"] / config.decode_batch,
+                         "comm_us": comm_us,
+                         "us_per_token_with_comm": (loop["layer_us"] + comm_us) / config.decode_batch})
     return pd.DataFrame(rows)
+
+
+def _all_to_all_us(comm, ranks: int, tokens: int, model, routing_spec: str) -> float:
+    """Measured dispatch + combine of `tokens` per rank at `ranks` ranks; NaN when not measured."""
+    if comm is None:
+        return 0.0 if ranks == 1 else float("nan")
+    total = 0.0
+    for op in (comm_ops.DISPATCH, comm_ops.COMBINE):
+        size = comm_analysis.message_size(op, tokens, model.hidden, "bf16", model.top_k)
+        time_us = comm.time_us(op, ranks, size, "bf16", routing_spec)
+        if time_us is None:
+            return float("nan")
+        total += time_us
+    return total
 
 
 def what_if_graphs(gemm) -> pd.DataFrame:
@@ -386,11 +410,14 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
                          "with_us": best["us_per_token"]})
     if len(ep) > 1:
         first, last = ep.iloc[0], ep.iloc[-1]
+        with_comm = bool(ep["comm_us"].notna().all())
+        column = "us_per_token_with_comm" if with_comm else "us_per_token"
         rows.append({"lever": f"expert parallelism EP={int(last['ep'])}: each rank's experts see "
-                              f"{int(last['ep'])}x the tokens (per GPU, communication not included)",
-                     "gain": first["us_per_token"] / last["us_per_token"],
-                     "basis": "modelled from measured GEMM times", "now_us": first["us_per_token"],
-                     "with_us": last["us_per_token"]})
+                              f"{int(last['ep'])}x the tokens (per GPU, "
+                              + ("measured all-to-all included)" if with_comm else "communication not included)"),
+                     "gain": first[column] / last[column],
+                     "basis": "modelled from measured GEMM times" + (" and all-to-alls" if with_comm else ""),
+                     "now_us": first[column], "with_us": last[column]})
     if len(graphs):
         rows.append({"lever": "CUDA-graph replay instead of eager launches",
                      "gain": float(graphs["speedup"].median()), "basis": "measured (GEMM sweep, median)",
@@ -431,7 +458,8 @@ def diagnose(run_dir: str | RunDir, config: DiagnosisConfig) -> Diagnosis:
     chosen, reason = choose(paths, config.backend)
     power_now = decode_power(power, seed_backend, model, load)
     concurrency = what_if_concurrency(gemm, seed_backend, model, config)
-    ep = what_if_ep(gemm, seed_backend, model, config)
+    comm = comm_analysis.CommTable(run.read_table("comm")) if run.has_table("comm") else None
+    ep = what_if_ep(gemm, seed_backend, model, config, comm)
     graphs = what_if_graphs(gemm)
     fp4 = fp4_lever(paths, model, load, gemm.bandwidth_tbps if gemm else None)
     return Diagnosis(

@@ -120,7 +120,7 @@ def verdict(returncode: int, run_path: Path, nproc: int, timed_out: bool = False
 
 def smoke_into(run_dir: str | os.PathLike, nproc: int = 2, timeout_s: float = 120) -> LaunchResult:
     """The smoke profile's two-process gloo run into `run_dir` (created if missing): its comm
-    table and run.json["comm"], for chapter 06 in CI. Returns the verdict; never raises for a
+    table and run.json["comm"], for chapter 05 in CI. Returns the verdict; never raises for a
     failed run (the verdict says why)."""
     run_dir = Path(run_dir)
     worker_args = ["--device", "cpu", "--profile", "smoke", "--quiet",

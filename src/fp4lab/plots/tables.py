@@ -38,6 +38,7 @@ def plain(value) -> str:
 FORMATS: dict[str, Callable[[Any], str]] = {
     "text": plain, "int": integer, "sig": text.sig, "sig2": lambda v: text.sig(v, 2),
     "sig4": lambda v: text.sig(v, 4), "us": text.us, "pct": text.pct, "ratio": text.ratio,
+    "share": lambda v: text.pct(None if v is None or v != v else 100 * v),   # a 0-1 fraction as %
 }
 
 

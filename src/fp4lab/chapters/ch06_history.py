@@ -1,4 +1,4 @@
-"""Chapter 05, history: this run against the previous local run and the reference runs, point by
+"""Chapter 06, history: this run against the previous local run and the reference runs, point by
 point, with a noise model (fp4lab.analysis.history), and what changed in between."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from fp4lab.plots.history import time_ratios
 from fp4lab.plots.tables import Col, html_table
 from fp4lab.results import REFERENCE_ROOT, find_run_dirs
 
-TITLE = "05 · History: what changed since the last run"
+TITLE = "06 · History: what changed since the last run"
 INDEX = [Col("run_id", "run"), Col("kind", "kind"), Col("device", "device"), Col("created", "created"),
          Col("profile", "profile"), Col("tables", "tables"), Col("fp4lab_git_sha", "fp4lab commit")]
 POINTS = [Col("backend", "backend"), Col("fmt", "format"), Col("m", "M", "int"), Col("n", "N", "int"),
