@@ -1,7 +1,8 @@
 """Tune `triton-w4a16`: a pruned grid of TileConfigs per (format, N x K, M), gated, then timed.
 
-For each point the grid is choose_config's pick, then a few tile shapes for M's regime, each at
-the split-K counts that put about 2 and 4 CTAs on every SM. Every config passes the
+For each point the grid is choose_config's pick (the measured winner once SHAPE_PRESETS holds
+the shape), its pipeline depth varied, then a few tile shapes for M's regime, each at the split-K
+counts that put about 2 and 4 CTAs on every SM. Every config passes the
 correctness gate (`fp4lab.correctness.check_backend`, float64 reference) before it is timed with
 `fp4lab.bench.time_call` (cold L2, CUDA graph); a config that fails to compile, fails the gate
 or raises is a row with its reason, never a time. The winners become `presets.json` rows
@@ -57,23 +58,26 @@ class Point:
 # --- the grid ------------------------------------------------------------------------------------
 
 def tile_shapes(m: int) -> list[TileConfig]:
-    """Tile shapes worth compiling for M's regime (split-K is added per point)."""
-    if m <= 16:   # the weight tile is the MMA's M side; M=1 also tries CUDA-core FMA
-        shapes = [TileConfig(block_m=16, block_n=128, block_k=256, num_warps=8, swap_ab=True),
-                  TileConfig(block_m=16, block_n=64, block_k=256, num_stages=4, swap_ab=True),
-                  # 2 warps, mma.sync: many small tiles, little or no split-K to reduce
-                  TileConfig(block_m=16, block_n=32, block_k=256, num_warps=2, num_stages=4,
-                             swap_ab=True)]
-        if m == 1:
-            shapes.append(TileConfig(block_m=1, block_n=64, block_k=128, math="fma"))
-        return shapes
+    """Tile shapes worth compiling for M's regime besides the pick (split-K is added per point).
+
+    M <= 16 (the weight tile is the MMA's M side): the offline sm_90 SASS of the kernel's main
+    loop has ~4.3-4.5 instructions per weight, so at decode the SMs' issue rate, not the bytes,
+    is what the first H200 run measured. What can still move it: a longer K step (BK 512: the
+    loop's fixed work over twice the weights, ~4.2 per weight; 2 stages keep 2 CTAs per SM in
+    shared memory), more warps per SM to issue from (8-warp tiles), and smaller tiles with
+    little or no split-K (2 warps, mma.sync)."""
+    if m <= 16:
+        return [TileConfig(block_m=16, block_n=64, block_k=512, num_stages=2, swap_ab=True),
+                TileConfig(block_m=16, block_n=128, block_k=256, num_warps=8, num_stages=4,
+                           swap_ab=True),
+                TileConfig(block_m=16, block_n=32, block_k=256, num_warps=2, num_stages=4,
+                           swap_ab=True)]
     if m <= 64:
-        return [TileConfig(block_m=64, block_n=128, block_k=128, swap_ab=True),
-                TileConfig(block_m=64, block_n=128, block_k=128)]
+        return [TileConfig(block_m=64, block_n=128, block_k=128, num_stages=4),
+                TileConfig(block_m=64, block_n=64, block_k=256, num_stages=3)]
     # prefill-sized M: each decoded weight should feed as many rows as possible (the decode is
     # redone for every row tile), so the tiles are tall
-    return [TileConfig(block_m=128, block_n=128, block_k=128, num_warps=8),
-            TileConfig(block_m=128, block_n=256, block_k=64, num_warps=8),
+    return [TileConfig(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4),
             TileConfig(block_m=256, block_n=128, block_k=64, num_warps=8)]
 
 
@@ -91,16 +95,18 @@ def split_choices(config: TileConfig, point: Point, sms: int) -> list[int]:
 
 
 def candidates(point: Point, sms: int) -> list[TileConfig]:
-    """choose_config's pick first, then every tile shape at its split choices, then (M <= 16)
-    the pick with the plain-Triton decode: what the inline-PTX decode buys, measured, and a
-    winner even if the PTX decode failed the gate on this GPU. No duplicates."""
+    """choose_config's pick first (the measured winner where SHAPE_PRESETS has the shape: the
+    yardstick), the pick one pipeline stage shallower and two deeper (bytes in flight per SM),
+    every tile shape at its split choices, then (M <= 16) the pick with the plain-Triton decode:
+    what the inline-PTX decode buys, measured, and a winner even if the PTX decode failed the
+    gate on this GPU. No duplicates."""
     pick = choose_config(point.m, point.n, point.k, sms)
     grid = [pick]
+    if point.m <= 16:
+        grid += [dataclasses.replace(pick, num_stages=stages)
+                 for stages in (pick.num_stages - 1, pick.num_stages + 2) if 2 <= stages <= 8]
     for shape in tile_shapes(point.m):
-        splits = split_choices(shape, point, sms)
-        if shape.math == "fma":   # the CUDA-core path, for comparison: one split count
-            splits = splits[:1]
-        grid += [dataclasses.replace(shape, split_k=s) for s in splits]
+        grid += [dataclasses.replace(shape, split_k=s) for s in split_choices(shape, point, sms)]
     if point.m <= 16:
         grid.append(dataclasses.replace(pick, decode="bits"))
     return list(dict.fromkeys(grid))

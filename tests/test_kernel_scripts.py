@@ -39,7 +39,9 @@ def test_grid_starts_with_the_pick_and_fills_the_gpu(tune, n, k, m):
     point = tune.Point("nvfp4", n, k, m)
     grid = tune.candidates(point, H200_SMS)
     assert grid[0] == choose_config(m, n, k, H200_SMS)
-    assert len(grid) == len(set(grid)) and len(grid) <= 9
+    assert len(grid) == len(set(grid)) and len(grid) <= 10
+    if (n, k) in triton_w4a16.SHAPE_PRESETS:   # the measured winner is the yardstick
+        assert grid[0] == triton_w4a16.preset_for(m, triton_w4a16.SHAPE_PRESETS[(n, k)])
     if m <= 16:   # decode: the MMA's M side is the weight tile, and the plain decode is measured
         assert all(c.swap_ab or c.math == "fma" for c in grid)
         assert any(c.decode == "bits" for c in grid)
@@ -55,7 +57,7 @@ def test_the_whole_grid_compiles_few_kernels(tune):
                 for p in tune.plan(tune.parse_shapes(tune.DEFAULT_SHAPES),
                                    tune.parse_m(tune.DEFAULT_M), ["nvfp4"])
                 for c in tune.candidates(p, H200_SMS)}
-    assert len(compiled) <= 12
+    assert len(compiled) <= 18
 
 
 def test_presets_rows_load_back_as_shape_presets(tune):
@@ -68,6 +70,24 @@ def test_presets_rows_load_back_as_shape_presets(tune):
     assert [r["m_max"] for r in rows] == [1, 16, 256]
     presets = triton_w4a16.presets_from_json(rows)
     assert presets == {(6144, 2048): ((1, small), (16, small), (256, large))}
+
+
+@pytest.fixture(scope="module")
+def device_script(tune):
+    return load("h200_kernels")
+
+
+@pytest.mark.parametrize("pairs", [64 * 8, 512 * 8])
+def test_moe_candidates_start_with_the_preset_and_vary_one_thing_each(device_script, pairs):
+    from fp4lab.backends.moe.triton_fused import choose_moe_config
+
+    pick = choose_moe_config(pairs, 256)
+    grid = device_script.moe_candidates(pairs, 256)
+    assert grid[0] == pick and len(set(grid)) == len(grid) == 4
+    for config in grid[1:]:
+        changed = {f.name for f in dataclasses.fields(config)
+                   if getattr(config, f.name) != getattr(pick, f.name)}
+        assert changed in ({"block_m"}, {"num_stages"}, {"block_k", "num_warps"}), changed
 
 
 @pytest.mark.parametrize("bad", ["8192", "8192x16", "axb"])

@@ -195,6 +195,7 @@ def w4a16_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT: tl.constexpr, MATH: tl.constexpr, SWAP_AB: tl.constexpr, STAGE: tl.constexpr,
     EVEN_K: tl.constexpr, DECODE: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     """One [BM, BN] output tile over one K split (program_id(1)); see the module doc.
 
@@ -202,7 +203,10 @@ def w4a16_kernel(
     calls; ws_ptr: the partial tiles [splits, M, N] in the accumulator's type; SPLIT: splits > 1.
 
     EVEN_K: K is a multiple of BK, so no load needs a K mask. In STAGE "math" `w_ptr` holds bf16
-    weights [N, K] (stride_wn elements per row) and `s_ptr` is unused.
+    weights [N, K] (stride_wn elements per row) and `s_ptr` is unused. NUM_STAGES: the K loop's
+    software-pipeline depth, given to the loop itself: without it Triton pipelines only loads that
+    feed a dot, so the stages with no dot ("load", "decode") ran with one K step of loads in flight
+    (no cp.async in their SASS) and measured latency, not the GEMM's load stage.
     """
     KH: tl.constexpr = BLOCK_K // 2
     KS: tl.constexpr = BLOCK_K // SCALE_BLOCK
@@ -242,7 +246,7 @@ def w4a16_kernel(
     # in whole BK blocks, so the compiler sees every tile start aligned (16-byte loads)
     k_start = pid_k * blocks_per_split * BLOCK_K
     k_end = tl.minimum(k_start + blocks_per_split * BLOCK_K, K)
-    for k0 in tl.range(k_start, k_end, BLOCK_K):
+    for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
         k_cols = k0 + offs_k                                                # [BK]
         a_mask = m_mask[:, None]
         if not EVEN_K:
@@ -363,7 +367,7 @@ class Launch:
             SPLIT=splits > 1, MATH=config.math, SWAP_AB=config.swap_ab, STAGE=stage,
             EVEN_K=k % config.block_k == 0,
             DECODE="bits" if INTERPRETED else config.decode, DOT_IN_FP32=INTERPRETED,
-            num_warps=config.num_warps, num_stages=config.num_stages)
+            NUM_STAGES=config.num_stages, num_warps=config.num_warps, num_stages=config.num_stages)
 
     def __call__(self, a, w, scale_bytes, global_scale, out):
         """out[M, N] = a[M, K] @ dequant(w)[N, K]^T (or the stage's result); returns out."""
