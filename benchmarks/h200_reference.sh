@@ -21,6 +21,10 @@ if [ ! -f .venv/.fp4lab-installed ]; then
     left=$(( LIMIT_S - ($(date +%s) - start) ))
     echo "fallback: setup failed; python3 -m fp4lab report with the wheels on PYTHONPATH ($left s left)" \
         | tee -a "$OUT/make-report.log"
+    if [ -x .venv/bin/python ] && [ -f .venv/fp4lab-constraints.txt ]; then   # why setup failed, for NOTES
+        timeout 60 .venv/bin/python -m pip install -v -c .venv/fp4lab-constraints.txt --no-build-isolation \
+            -e ".[test]" > "$OUT/setup-debug.log" 2>&1
+    fi
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/report/*.whl .whl/fp4libs/*.whl
     export PYTHONPATH="$PWD/src:/tmp/site" JUPYTER_PATH=/tmp/jupyter/share/jupyter PATH="/tmp/site/bin:$PATH"
     python3 -m ipykernel install --prefix /tmp/jupyter --name fp4lab --display-name "Python (fp4lab)" >/dev/null
