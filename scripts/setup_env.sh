@@ -162,21 +162,30 @@ fi
 echo "torch==$torch_version" > "$CONSTRAINTS"
 
 # -- the project, then the GPU extra one package at a time ------------------------------------------
+# pyproject.toml's requirements (dependencies plus the named extras) without torch: torch is set up
+# above and is never handed to pip's resolver again (a container's CUDA torch can carry metadata
+# pip will not re-resolve offline: "ResolutionImpossible ... torch==2.11.0+cu130").
+requirements() { "$PY" "$(dirname "$PROBE")/project_requirements.py" "$@"; }
+mapfile -t project_requirements < <(requirements test)
+pip install -c "$CONSTRAINTS" "${project_requirements[@]}"
 if [ -n "${PIP_NO_INDEX:-}" ]; then
     # Offline, pip's isolated build environment could find no setuptools: build the editable
     # install with the venv's own (the system's over a container, else one from PIP_FIND_LINKS).
     pip install -c "$CONSTRAINTS" "setuptools>=68"
-    pip install -c "$CONSTRAINTS" --no-build-isolation -e ".[test]"
+    pip install --no-deps --no-build-isolation -e .
 else
-    pip install -c "$CONSTRAINTS" -e ".[test]"
+    pip install --no-deps -e .
 fi
 if [ -n "$gpu_name" ]; then
-    # the `gpu = [...]` list of pyproject.toml's optional-dependencies
-    gpu_packages=$(sed -n 's/^gpu *= *\[\(.*\)\].*/\1/p' pyproject.toml | tr ',' '\n' | tr -d ' "')
-    for package in $gpu_packages; do
+    mapfile -t gpu_packages < <(requirements --extra gpu)
+    for package in "${gpu_packages[@]}"; do
         log="$VENV/fp4lab-gpu-${package%%[<>=!~ ]*}.log"
         if pip install -c "$CONSTRAINTS" "$package" >"$log" 2>&1; then
             say "gpu extra: $package installed"
+        elif pip install --no-deps "$package" >>"$log" 2>&1; then
+            # its requirements could not be resolved against the installed torch (often torch
+            # itself): installed alone, it imports against what is here or says why at import
+            say "gpu extra: $package installed without its requirements (see $log)"
         else
             reason=$(grep -m1 '^ERROR' "$log" || tail -n1 "$log")
             echo "setup: gpu extra: $package not installed: ${reason:-pip failed} (log: $log)" >&2

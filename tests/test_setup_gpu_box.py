@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import textwrap
 import tomllib
 from pathlib import Path
@@ -40,6 +41,8 @@ case "$1" in
         if [[ "$*" == *"uninstall -y torch"* ]]; then rm -f "$venv_dir/torch"; fi ;;
       ipykernel) echo "ipykernel" >> "$FAKE_LOG" ;;
     esac ;;
+  -c) ;;   # the parent-venv probe: the fake host python is no venv
+  *project_requirements.py) exec "$FAKE_REAL_PYTHON" "$@" ;;
   *probe_torch.py)
     if [ ! -f "$venv_dir/fake-venv" ] || [ -f "$venv_dir/system-site" ]; then echo "$FAKE_HOST_TORCH"
     elif [ -f "$venv_dir/torch" ]; then echo "$FAKE_VENV_TORCH"
@@ -70,7 +73,7 @@ class Box:
         self.env = {"PATH": f"{self.bin}:/usr/bin:/bin", "PYTHON": str(self.python),
                     "VENV": str(self.venv), "FAKE_LOG": str(self.log),
                     "FAKE_HOST_TORCH": "none", "FAKE_VENV_TORCH": "2.13.0+cpu - 0",
-                    "HOME": str(tmp_path)}
+                    "HOME": str(tmp_path), "FAKE_REAL_PYTHON": sys.executable}
         if gpu:
             self._tool("nvidia-smi", FAKE_NVIDIA_SMI)
             self.env.update(FAKE_GPU="NVIDIA H200", FAKE_DRIVER="580.159.04", FAKE_DRIVER_CUDA="13.0")
@@ -100,6 +103,12 @@ class Box:
         return (self.venv / ".fp4lab-installed").read_text()
 
 
+def project_requirements(*extras: str) -> list[str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = project["dependencies"] + [r for extra in extras for r in project["optional-dependencies"][extra]]
+    return [r for r in wanted if not r.startswith("torch")]
+
+
 def gpu_extra() -> list[str]:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
 
@@ -122,7 +131,9 @@ def test_a_cpu_machine_sets_up_as_before_from_the_pinned_cpu_wheel(cpu_box):
     installs = cpu_box.pip_installs()
     assert installs[0].startswith("pip install --upgrade pip")
     assert installs[1].startswith("pip install torch==2.13.0 [")        # no --index-url
-    assert "-e .[test]" in installs[2] and len(installs) == 3           # no gpu extra
+    assert all(dep in installs[2] for dep in project_requirements("test"))   # torch left out
+    assert " torch" not in installs[2]
+    assert installs[3].startswith("pip install --no-deps -e . [") and len(installs) == 4  # no gpu extra
     assert "ipykernel" in cpu_box.calls
     assert "spec=torch==2.13.0\nindex=\ndevice=auto\npyproject=" in cpu_box.stamp
 
@@ -135,9 +146,12 @@ def test_a_container_with_a_cuda_torch_is_reused_not_reinstalled(gpu_box):
     assert not any(re.match(r"pip install torch", call) for call in installs)
     constraints = gpu_box.venv / "fp4lab-constraints.txt"
     assert constraints.read_text().strip() == "torch==2.11.0+cu130"
-    # the project and each gpu package are installed under the torch pin, one package per call
-    assert all(f"-c {constraints}" in call for call in installs[1:])
-    gpu_calls = installs[2:]
+    # the project's requirements (never torch itself) and each gpu package are installed under
+    # the torch pin, one package per call; the project itself without resolving anything
+    assert f"-c {constraints}" in installs[1] and " torch" not in installs[1]
+    assert installs[2].startswith("pip install --no-deps -e .")
+    gpu_calls = installs[3:]
+    assert all(f"-c {constraints}" in call for call in gpu_calls)
     assert [call.split(f"-c {constraints} ")[1].split(" [")[0] for call in gpu_calls] == gpu_extra()
     assert "reusing" in result.stdout and "2.11.0+cu130" in result.stdout
 
@@ -223,7 +237,7 @@ def test_offline_installs_reach_pip_through_its_own_variables(cpu_box):
     assert all(call.endswith("[PIP_NO_INDEX=1]") for call in installs)
     # no index for an isolated build environment: the editable install builds with the venv's
     setuptools = next(i for i, call in enumerate(installs) if "setuptools>=68" in call)
-    project = next(i for i, call in enumerate(installs) if "-e .[test]" in call)
+    project = next(i for i, call in enumerate(installs) if "-e ." in call)
     assert setuptools < project and "--no-build-isolation" in installs[project]
 
 

@@ -182,6 +182,15 @@ class TerminalProgress:
         self.file.unlink(missing_ok=True)
 
 
+def leading_run(run: RunDir, cuda: bool, runs_dir) -> RunDir | None:
+    """The run the front page's diagnosis reads: this run on a GPU; on a CPU the newest GPU run
+    (local or reference), since a smoke run diagnoses no GPU."""
+    if cuda:
+        return run
+    newest = latest_gpu_run(runs_dir, REFERENCE_ROOT)
+    return RunDir(newest) if newest else None
+
+
 def has_cuda() -> bool:
     try:
         import torch
@@ -234,9 +243,8 @@ def run_report(profile: str = "auto", run_id: str | None = None, runs_dir: str |
         book_result = BookResult("skipped", 0.0, None)
         if build:
             with book.book_lock():
-                leading = run if cuda else latest_gpu_run(runs_dir, REFERENCE_ROOT)
                 staged = book.stage(run, report["chapters"], RunDir(reference) if reference else None,
-                                    book.front_page(run, report, RunDir(leading) if leading else None))
+                                    book.front_page(run, report, leading_run(run, cuda, runs_dir)))
                 try:
                     book_result = book.build(staged)
                 except FileNotFoundError as exc:

@@ -1,0 +1,18 @@
+"""The front page's diagnosis reads this run on a GPU and the newest GPU run on a CPU (a GPU
+report once crashed here, after every chapter had run)."""
+
+from __future__ import annotations
+
+from fp4lab import report
+from fp4lab.results import REFERENCE_ROOT, RunDir, latest_gpu_run
+
+
+def test_a_gpu_report_leads_with_its_own_run(tmp_path):
+    run = RunDir.create(tmp_path, "gpu-run")
+    assert report.leading_run(run, True, tmp_path) is run
+
+
+def test_a_cpu_report_leads_with_the_newest_gpu_run(tmp_path):
+    run = RunDir.create(tmp_path, "cpu-run")
+    leading = report.leading_run(run, False, tmp_path)
+    assert leading is not None and leading.path == latest_gpu_run(tmp_path, REFERENCE_ROOT)
