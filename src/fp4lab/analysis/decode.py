@@ -301,14 +301,22 @@ def decode_power(power: power_analysis.RunPower | None, backend: str | None, mod
 
 def fp4_lever(paths: pd.DataFrame, model: presets.ModelPreset, load: dict,
               bandwidth: float | None) -> dict[str, Any] | None:
-    """The fastest measured FP4-weight path against its read floor and the best bf16 and fp8 paths."""
+    """The fastest measured FP4-weight path against its read floor and the best bf16 and fp8 paths.
+    The floor is that path's own memory floor (its format's bytes: the number the verdict reads
+    when it is the diagnosed path); with no FP4 path, the NVFP4 weights' floor."""
     if not len(paths):
         return None
-    floor = load["active_experts"] * expert_weight_bytes(model, "fp4") / (bandwidth * 1e6) if bandwidth else np.nan
     fp4 = paths[paths["weight_dtype"] == "fp4"]
+    best_fp4 = fp4.iloc[0].to_dict() if len(fp4) else None
+    fmt = str(best_fp4["fmt"]) if best_fp4 is not None and isinstance(best_fp4.get("fmt"), str) else "nvfp4"
+    if best_fp4 is not None and np.isfinite(best_fp4.get("memory_floor_us", np.nan)):
+        floor = float(best_fp4["memory_floor_us"])
+    else:
+        floor = (load["active_experts"] * expert_weight_bytes(model, "fp4", fmt) / (bandwidth * 1e6)
+                 if bandwidth else np.nan)
     best = {dtype: paths[paths["weight_dtype"] == dtype].iloc[0].to_dict()
             for dtype in ("bf16", "fp8") if (paths["weight_dtype"] == dtype).any()}
-    return {"floor_us": floor, "best": fp4.iloc[0].to_dict() if len(fp4) else None,
+    return {"floor_us": floor, "fmt": fmt, "best": best_fp4,
             "bf16": best.get("bf16"), "fp8": best.get("fp8")}
 
 
