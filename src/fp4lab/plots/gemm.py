@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from fp4lab import text
 from fp4lab.plots.common import (figure_legend, grid_shape, hide_unused, marker_handles, new_figure, palette,
                                  tokens_axis)
 
@@ -101,7 +102,7 @@ def roofline(points: pd.DataFrame, roofs: dict[str, tuple[float, dict[str, float
             if peak and bandwidth:
                 name = f"{source} {dtype}"
                 ax.plot(grid, np.minimum(peak, bandwidth * grid), "-" if source == "measured" else ":",
-                        color=roof_colours[name], linewidth=1.1, label=f"roof: {name} ({peak:.0f} TFLOP/s)")
+                        color=roof_colours[name], linewidth=1.1, label=f"roof: {name} ({text.sig(peak)} TFLOP/s)")
     ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP per byte moved)",
            ylabel="TFLOP/s achieved")
     figure_legend(fig, axes, columns=3)
