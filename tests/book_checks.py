@@ -2,7 +2,7 @@
 
 `page_findings(driver)` runs one script in the loaded page and returns, per check, what it found
 (empty lists when the page is clean). `problems(name, findings)` turns those into one line
-each. The checks (the book reads like a diagnosis, offline, from disk):
+per failed check. The checks (the book reads like a diagnosis, offline, from disk):
 
   stderr        stderr streams and tracebacks of the executed notebook
   raw_output    print() output and plain-text reprs (`Name: x, dtype: float64`): not prose
@@ -103,12 +103,12 @@ def broken_local_links(hrefs: list[str]) -> list[str]:
     return broken
 
 
-def problems(name: str, findings: dict[str, list]) -> list[str]:
-    """One line per failed check of one page: `page: check: n found, e.g. ...`."""
-    lines = []
+def problems(name: str, findings: dict[str, list]) -> dict[str, str]:
+    """{check: one line} for each failed check of one page: `page: check: n found, e.g. ...`."""
+    lines = {}
     for check in CHECKS:
         found = findings.get(check) or []
         if found:
             examples = " | ".join(str(item) for item in found[:MAX_SHOWN])
-            lines.append(f"{name}: {check}: {len(found)} found, e.g. {examples}")
+            lines[check] = f"{name}: {check}: {len(found)} found, e.g. {examples}"
     return lines

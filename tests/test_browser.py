@@ -12,11 +12,11 @@ Outside `make browser-check` a missing Chromium or an unbuilt book skips; under 
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import re
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
@@ -37,9 +37,23 @@ FOLD = (1400, 900)                 # the screen the front page's verdict must fi
 MAX_SCREENSHOT_HEIGHT = 16000      # px: longer pages are cut there
 REQUIRED = os.environ.get("FP4LAB_BROWSER_REQUIRED") == "1"
 
-# Findings that are known, owned elsewhere and reported: (page pattern, check) -> why and who.
-# A listed finding that no longer occurs fails the check too, so this list cannot outlive the fix.
-KNOWN_ISSUES: dict[tuple[str, str], str] = {}
+# Findings that are known, owned elsewhere and reported: {page: {check: why, and who fixes it}}.
+# A listed finding that no longer occurs fails too, so an entry cannot outlive its fix.
+STALE_REFERENCE = ("the committed reference run's notebooks (results/reference/*/notebooks) were executed by "
+                   "the chapter notebooks of before 'The house': print() lines (with the H200 box's /root/out "
+                   "and /tmp/rerender paths), reprs, NaN/None cells. Re-rendering them with today's notebooks "
+                   "from the run's own tables clears every one (lead: results/)")
+KNOWN_ISSUES: dict[str, dict[str, str]] = {
+    "chapters/reference/00_environment.html": dict.fromkeys(["raw_output", "missing_value", "abs_path"], STALE_REFERENCE),
+    "chapters/reference/01_fp4_gemm_sweep.html": dict.fromkeys(["raw_output", "abs_path"], STALE_REFERENCE),
+    "chapters/reference/03_moe_expert_scatter.html": dict.fromkeys(["raw_output", "missing_value"], STALE_REFERENCE),
+    "chapters/reference/04_diagnosis.html": dict.fromkeys(["raw_output"], STALE_REFERENCE),
+    "chapters/reference/05_history.html": dict.fromkeys(["missing_value"], STALE_REFERENCE),
+}
+
+
+class KnownIssue(UserWarning):
+    """A finding listed in KNOWN_ISSUES: shown in pytest's warnings summary on every run."""
 
 
 def book_pages(html_dir: Path = HTML_DIR) -> list[str]:
@@ -103,37 +117,29 @@ def open_page(driver, url: str, width: int, height: int) -> None:
         "return document.readyState === 'complete' && Array.from(document.images).every(i => i.complete)"))
 
 
-def full_page_screenshot(driver, target: Path) -> int:
-    """The whole page (the viewport grown to the document, up to the cap) as one PNG; its height."""
+def full_page_screenshot(driver, target: Path) -> None:
+    """The whole page (the viewport grown to the document, up to the cap) as one PNG."""
     height = min(driver.execute_script("return document.documentElement.scrollHeight"), MAX_SCREENSHOT_HEIGHT)
     set_viewport(driver, FOLD[0], height)
     driver.execute_script("return new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))")
     driver.save_screenshot(str(target))
-    return height
 
 
-def split_known(page: str, lines: list[str]) -> tuple[list[str], list[str]]:
-    """(new problems, known ones) of a page's problem lines."""
-    known = [line for line in lines if known_reason(page, line.split(": ")[1])]
-    return [line for line in lines if line not in known], known
-
-
-def known_reason(page: str, check: str) -> str | None:
-    return next((why for (pattern, listed), why in KNOWN_ISSUES.items()
-                 if listed == check and fnmatch.fnmatch(page, pattern)), None)
-
-
-def test_the_book_is_built():
+@pytest.fixture(scope="module")
+def book() -> list[str]:
+    """The built book's pages (skipped, or failed under make browser-check, when there is none)."""
     pages = book_pages()
     if not pages:
         unavailable(f"no built book at {HTML_DIR}: run make report first")
-    assert len(pages) > 1, "the front page links to no chapter"
+    return pages
+
+
+def test_the_book_is_built(book):
+    assert len(book) > 1, "the front page links to no chapter"
     assert (HTML_DIR / "index.html").exists(), "index.html (the redirect to the front page) is missing"
 
 
-def test_front_page_verdict_above_the_fold(browser, screenshots):
-    if not book_pages():
-        unavailable(f"no built book at {HTML_DIR}: run make report first")
+def test_front_page_verdict_above_the_fold(book, browser, screenshots):
     open_page(browser, (HTML_DIR / "intro.html").as_uri(), *FOLD)
     browser.save_screenshot(str(screenshots / "intro_fold.png"))
     boxes = browser.execute_script(
@@ -152,14 +158,14 @@ def test_page_is_clean(browser, screenshots, page):
     open_page(browser, (HTML_DIR / page).as_uri(), *FOLD)
     shot = screenshots / (page.removesuffix(".html").replace("/", "_") + ".png")
     full_page_screenshot(browser, shot)
-    lines = book_checks.problems(page, book_checks.page_findings(browser))
-    new, known = split_known(page, lines)
-    listed = {check for (pattern, check) in KNOWN_ISSUES if fnmatch.fnmatch(page, pattern)}
-    fixed = sorted(listed - {line.split(": ")[1] for line in known})
-    for line in known:
-        print(f"KNOWN {line} [{known_reason(page, line.split(': ')[1])}]")
+    failed = book_checks.problems(page, book_checks.page_findings(browser))   # {check: line}
+    known = KNOWN_ISSUES.get(page, {})
+    for check in sorted(set(failed) & set(known)):
+        warnings.warn(KnownIssue(f"{failed[check]} [{known[check]}]"), stacklevel=1)
+    new = [line for check, line in failed.items() if check not in known]
     assert not new, f"screenshot {shot}\n" + "\n".join(new)
-    assert not fixed, f"{page}: no longer found: {', '.join(fixed)}: remove them from KNOWN_ISSUES"
+    fixed = sorted(set(known) - set(failed))
+    assert not fixed, f"{page}: {', '.join(fixed)} no longer found: remove them from KNOWN_ISSUES"
 
 
 # -- the checks bite: a page with every fault, and the same faults done right ---------------------
@@ -194,4 +200,4 @@ def test_checks_find_every_fault(browser, tmp_path):
 def test_checks_pass_the_same_things_done_right(browser, tmp_path):
     (tmp_path / "good.html").write_text(GOOD_PAGE)
     open_page(browser, (tmp_path / "good.html").as_uri(), 1000, 800)
-    assert book_checks.problems("good.html", book_checks.page_findings(browser)) == []
+    assert book_checks.problems("good.html", book_checks.page_findings(browser)) == {}
