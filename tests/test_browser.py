@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 
 import book_checks
-from fp4lab.results import REPO_ROOT
 
 pytestmark = pytest.mark.browser
 
-HTML_DIR = REPO_ROOT / "book" / "_build" / "html"
-SCREENSHOTS = REPO_ROOT / "screenshots"
+CHECKOUT = Path(__file__).resolve().parents[1]     # the book of this checkout, whichever fp4lab is imported
+HTML_DIR = CHECKOUT / "book" / "_build" / "html"
+SCREENSHOTS = CHECKOUT / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 CHROME_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
