@@ -56,6 +56,22 @@ def tokens_axis(ax) -> None:
     ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}" if value < 1e5 else f"{value:.0e}"))
 
 
+def log_axis(*axes, which: str = "y") -> None:
+    """Log scale on `which` ("x" or "y") of each axis, labelled in plain numbers (0.4, 30, 2000):
+    matplotlib labels the minor ticks of a short log range as 4x10^-1, which reads as noise."""
+    from matplotlib.ticker import LogFormatter
+
+    class PlainLogFormatter(LogFormatter):
+        def __call__(self, value, pos=None):   # the base class decides which ticks get a label
+            return f"{value:g}" if super().__call__(value, pos) else ""
+
+    for ax in axes:
+        getattr(ax, f"set_{which}scale")("log")
+        axis = getattr(ax, f"{which}axis")
+        axis.set_major_formatter(PlainLogFormatter())
+        axis.set_minor_formatter(PlainLogFormatter(labelOnlyBase=False))
+
+
 def marker_handles(markers: dict[str, str]) -> list:
     """Legend entries for what a marker shape means (black, no line)."""
     from matplotlib.lines import Line2D

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fp4lab.plots.common import new_figure, palette
+from fp4lab import text
+from fp4lab.plots.common import figure_legend, log_axis, new_figure, palette
 
 
 def layer_against_floors(path: dict, fp4_floor_us: float | None):
@@ -24,7 +25,7 @@ def layer_against_floors(path: dict, fp4_floor_us: float | None):
     names = list(bars)
     ax.barh(names, [bars[n] / 1000 for n in names], color=[colours[n] for n in names])
     for y, name in enumerate(names):
-        ax.text(bars[name] / 1000, y, f" {bars[name] / 1000:.2f} ms", va="center", fontsize=9)
+        ax.text(bars[name] / 1000, y, f" {text.us(bars[name])}", va="center", fontsize=9)
     ax.invert_yaxis()
     ax.set(xlabel="milliseconds per MoE layer")
     ax.set_xlim(0, 1.18 * max(bars.values()) / 1000)
@@ -43,11 +44,12 @@ def paths(frame: pd.DataFrame):
                label="its weight-read floor")
     ax.set_yticks(y, [f"{p} ({s})" for p, s in zip(frame["path"], frame["source"])])
     ax.invert_yaxis()
-    ax.set(xlabel="milliseconds per MoE layer", xscale="log")
+    ax.set(xlabel="milliseconds per MoE layer")
+    log_axis(ax, which="x")
     from matplotlib.patches import Patch
 
-    handles = [Patch(color=colours[d], label=f"{d} weights") for d in colours]
-    ax.legend(handles=handles + [ax.collections[0]], loc="lower right", frameon=True)
+    # below the panel: inside it, the legend covers the longest bars
+    figure_legend(fig, axes, extra=[Patch(color=colours[d], label=f"{d} weights") for d in colours])
     return fig
 
 
@@ -59,5 +61,7 @@ def concurrency(table: pd.DataFrame, now: int):
     ax.axvline(now, color="0.4", ls="--", lw=1)
     ax.annotate(f"B={now} now", (now, table["us_per_token"].max()), xytext=(4, 0),
                 textcoords="offset points", fontsize=9, va="top")
-    ax.set(xscale="log", yscale="log", xlabel="decode batch B", ylabel="us per token per layer")
+    ax.set(xlabel="decode batch B", ylabel="us per token per layer")
+    log_axis(ax, which="x")
+    log_axis(ax)
     return fig

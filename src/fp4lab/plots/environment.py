@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fp4lab.plots.common import figure_legend, new_figure, palette
+from fp4lab.plots.common import figure_legend, log_axis, new_figure, palette
 
 DTYPES = ("fp4", "fp8", "bf16")
 
@@ -28,7 +28,7 @@ def peaks_and_ridges(sheet: pd.DataFrame, highlight: str | None = None):
     for ax in (peaks_ax, ridge_ax):
         ax.set_xticks(x, names, rotation=30, ha="right")
         ax.set_xlim(-0.6, len(sheet) - 0.4)
-        ax.set_yscale("log")
+        log_axis(ax)
     peaks_ax.set(ylabel="dense TFLOP/s (spec sheet)", title="Peak by dtype")
     ridge_ax.set(ylabel="FLOP per byte to be compute-bound", title="Ridge point (peak / bandwidth)")
     ridge_ax.margins(y=0.25)

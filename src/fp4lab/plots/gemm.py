@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fp4lab.plots.common import (figure_legend, grid_shape, hide_unused, marker_handles, new_figure, palette,
-                                 tokens_axis)
+from fp4lab import text
+from fp4lab.plots.common import (figure_legend, grid_shape, hide_unused, log_axis, marker_handles, new_figure,
+                                 palette, tokens_axis)
 
 
 def _shapes(frame: pd.DataFrame) -> list[tuple[int, int]]:
@@ -40,7 +41,8 @@ def speed_by_m(runs: dict[str, pd.DataFrame], metric: str = "tflops", ylabel: st
                         marker="o" if fmt == "nvfp4" else "s", markersize=3.5, linewidth=1.4,
                         alpha=1.0 if styles[label] == "-" else 0.7,
                         label=f"{backend} ({label})" if len(frames) > 1 else backend)
-        ax.set(yscale="log", title=f"N={n}, K={k}")
+        ax.set(title=f"N={n}, K={k}")
+        log_axis(ax)
         tokens_axis(ax)
     for ax in axes[-1]:
         ax.set_xlabel("M (tokens)")
@@ -69,7 +71,8 @@ def four_bit_vs_floor(points: pd.DataFrame, baseline: str = "torch-bf16"):
         floor = shape.groupby("m")["fp4_floor_us"].first().sort_index()
         ax.plot(floor.index, floor.values, "--", color="black", linewidth=1.2,
                 label="FP4 weight-read floor (measured bandwidth)")
-        ax.set(yscale="log", title=f"{fmt}, N={n}, K={k}")
+        ax.set(title=f"{fmt}, N={n}, K={k}")
+        log_axis(ax)
         tokens_axis(ax)
     for ax in axes[-1]:
         ax.set_xlabel("M (tokens)")
@@ -101,9 +104,10 @@ def roofline(points: pd.DataFrame, roofs: dict[str, tuple[float, dict[str, float
             if peak and bandwidth:
                 name = f"{source} {dtype}"
                 ax.plot(grid, np.minimum(peak, bandwidth * grid), "-" if source == "measured" else ":",
-                        color=roof_colours[name], linewidth=1.1, label=f"roof: {name} ({peak:.0f} TFLOP/s)")
-    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP per byte moved)",
-           ylabel="TFLOP/s achieved")
+                        color=roof_colours[name], linewidth=1.1, label=f"roof: {name} ({text.sig(peak)} TFLOP/s)")
+    ax.set(xlabel="arithmetic intensity (FLOP per byte moved)", ylabel="TFLOP/s achieved")
+    log_axis(ax, which="x")
+    log_axis(ax)
     figure_legend(fig, axes, columns=3)
     return fig
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fp4lab.plots.common import figure_legend, new_figure, palette, tokens_axis
+from fp4lab.plots.common import figure_legend, log_axis, new_figure, palette, tokens_axis
 
 
 def time_ratios(ratios: pd.DataFrame, threshold: float | None):
@@ -21,7 +21,8 @@ def time_ratios(ratios: pd.DataFrame, threshold: float | None):
     ax.axhline(1.0, color="0.4", lw=1)
     if threshold:
         ax.axhline(1 + threshold, color="firebrick", ls="--", lw=1, label=f"{threshold:.0%} slower")
-    ax.set(yscale="log", xlabel="M (tokens)", ylabel="time now / time then")
+    ax.set(xlabel="M (tokens)", ylabel="time now / time then")
+    log_axis(ax)
     tokens_axis(ax)
     figure_legend(fig, axes, title="filled: slower beyond the p20-p80 spread; hollow: within it", columns=4)
     return fig

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fp4lab.plots.common import figure_legend, new_figure, palette, tokens_axis
+from fp4lab.plots.common import figure_legend, log_axis, new_figure, palette, tokens_axis
 
 
 def loads(loads_by_batch: dict[int, np.ndarray], table: pd.DataFrame):
@@ -25,7 +25,9 @@ def loads(loads_by_batch: dict[int, np.ndarray], table: pd.DataFrame):
     for column, label in (("mean_tokens_per_expert", "mean expert"), ("p99_tokens_per_expert", "p99 expert"),
                           ("mean_max_tokens_per_expert", "busiest expert")):
         trend_ax.plot(per_batch["batch"], per_batch[column], "-o", ms=3, color=trend[label], label=label)
-    trend_ax.set(xscale="log", yscale="log", xlabel="decode batch B (tokens per step)", ylabel="tokens per expert")
+    trend_ax.set(xlabel="decode batch B (tokens per step)", ylabel="tokens per expert")
+    log_axis(trend_ax, which="x")
+    log_axis(trend_ax)
     figure_legend(fig, axes, columns=4)
     return fig
 
@@ -38,7 +40,8 @@ def layer_time_by_batch(layers: pd.DataFrame):
     colours = palette(sorted(labels["label"].unique()))
     for label, rows in labels.sort_values("batch").groupby("label"):
         ax.plot(rows["batch"], rows["layer_us"] / 1000, "-o", ms=3, color=colours[label], label=label)
-    ax.set(yscale="log", xlabel="decode batch B", ylabel="layer time (ms)")
+    ax.set(xlabel="decode batch B", ylabel="layer time (ms)")
+    log_axis(ax)
     tokens_axis(ax)
     figure_legend(fig, axes, columns=3)
     return fig
@@ -71,6 +74,7 @@ def utilization(table: pd.DataFrame, target: float):
         ax.plot(rows["batch"], 100 * rows["grouped_utilization"], "-o", ms=3, color=colours[f"EP={int(ep)}"],
                 label=f"EP={int(ep)}")
     ax.axhline(100 * target, color="0.3", ls="--", lw=1, label=f"target {target:.0%}")
-    ax.set(xscale="log", xlabel="decode batch B", ylabel="predicted utilization (% of bf16 peak)")
+    ax.set(xlabel="decode batch B", ylabel="predicted utilization (% of bf16 peak)")
+    log_axis(ax, which="x")
     figure_legend(fig, axes, columns=5)
     return fig

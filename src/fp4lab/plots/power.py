@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fp4lab.plots.common import figure_legend, new_figure, palette, tokens_axis
+from fp4lab.plots.common import figure_legend, log_axis, new_figure, palette, tokens_axis
 
 
 def _seconds(frame: pd.DataFrame, t0: float) -> pd.Series:
@@ -64,7 +64,8 @@ def per_point(points: pd.DataFrame, limit_w: float | None):
         tokens_axis(ax)
         ax.set_xlabel("M (tokens)")
     power_ax.set(ylabel="average power in the window (W)")
-    efficiency_ax.set(ylabel="TFLOPS per watt", yscale="log")
+    efficiency_ax.set(ylabel="TFLOPS per watt")
+    log_axis(efficiency_ax)
     figure_legend(fig, axes, columns=3)
     return fig
 

@@ -1,0 +1,155 @@
+"""Run history's noise model (fp4lab.analysis.history): unchanged code is not a regression, a real
+slowdown is, and the per-point GPU rule needs both the threshold and the spread.
+
+The first two tests run the real sweep (sweep.gemm.run_sweep, worker processes, the timer) twice
+into two run folders of one runs folder, as two nightly runs would, and judge the second against
+the first the way `make report` does (report.count_regressions: exit status 3 when non-zero).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fp4lab import report
+from fp4lab.analysis import history
+from fp4lab.results import RunDir
+from fp4lab.sweep import GemmSweep
+from fp4lab.sweep import gemm as gemm_sweep
+
+FAST = {"repeats": 5, "warmup_s": 0.02, "cold_l2": False, "use_graph": False}
+
+
+def sweep_into(runs_dir, run_id: str, backends: list[str], shape: list[int], m_values: list[int]) -> RunDir:
+    """One tiny real CPU sweep into runs_dir/run_id."""
+    config = GemmSweep.from_profile("smoke", "cpu", backends=backends, fmts=["nvfp4"], m_values=m_values,
+                                    shapes=[shape], timer=FAST)
+    run = RunDir.create(runs_dir, run_id=run_id)
+    gemm_sweep.run_sweep(config, run, progress=False)
+    return run
+
+
+def judged(current: RunDir, previous: RunDir) -> history.Comparison:
+    comparison = history.compare(current.path, previous.path, "previous")
+    assert history.previous_run(current.path, current.path.parent) == previous.path.resolve()
+    assert comparison.on_cpu and comparison.same_device
+    return comparison
+
+
+# -- the real sweep, twice ------------------------------------------------------------------------
+
+def test_two_sweeps_of_unchanged_code_flag_no_regression(tmp_path):
+    backends, shape, m_values = ["torch-bf16", "emulated"], [128, 256], [1, 4, 16, 64]
+    first = sweep_into(tmp_path, "20260101T000000Z-cpu-a", backends, shape, m_values)
+    second = sweep_into(tmp_path, "20260101T000000Z-cpu-b", backends, shape, m_values)
+    comparison = judged(second, first)
+    assert len(comparison.ratios) == len(backends) * len(m_values)     # every point compared
+    assert comparison.regressions.empty, comparison.regressions.to_string()
+    assert report.count_regressions(second) == 0
+
+
+def test_a_twice_slower_backend_is_flagged_and_only_it(tmp_path, fake_backends_env, monkeypatch):
+    from fp4lab.sweep.registry import load_extra_backends
+
+    load_extra_backends()
+    backends, shape, m_values = ["fake-ok", "fake-slow"], [512, 512], [1, 8, 32, 64]
+    monkeypatch.setenv("FAKE_SLOWDOWN", "1")
+    before = sweep_into(tmp_path, "20260101T000000Z-cpu-a", backends, shape, m_values)
+    monkeypatch.setenv("FAKE_SLOWDOWN", "2")
+    after = sweep_into(tmp_path, "20260101T000000Z-cpu-b", backends, shape, m_values)
+    comparison = judged(after, before)
+    assert list(comparison.regressions["backend"]) == ["fake-slow"], comparison.ratios.to_string()
+    flagged = comparison.regressions.iloc[0]
+    assert flagged["geomean_ratio"] > history.CPU_BACKEND_THRESHOLD and flagged["points"] == len(m_values)
+    assert report.count_regressions(after) == 1
+
+
+# -- the per-point GPU rule on synthetic rows -----------------------------------------------------
+
+GPU = {"kind": "cuda", "name": "NVIDIA H200", "compute_capability": [9, 0], "driver": "580.0"}
+
+
+def gpu_run(runs_dir, run_id: str, points: dict[int, tuple[float, float, float]], device=GPU,
+            status: dict[int, str] | None = None) -> RunDir:
+    """A run folder on `device` with one torch-bf16 GEMM row per M: {m: (p20, median, p80) us}."""
+    run = RunDir.create(runs_dir, run_id=run_id)
+    run.update_run_json(None, {"provenance": {"device": device, "versions": {"torch": "2.11.0"}},
+                               "report": {"profile": "full"}})
+    run.append_rows("gemm", [
+        {"run_id": run_id, "backend": "torch-bf16", "fmt": "nvfp4", "m": m, "n": 4096, "k": 4096,
+         "status": (status or {}).get(m, "ok"), "p20_us": p20, "median_us": median, "p80_us": p80,
+         "device": "cuda", "gpu_index": 0}
+        for m, (p20, median, p80) in points.items()])
+    return run
+
+
+BEFORE = {1: (9.8, 10.0, 10.2), 2: (9.8, 10.0, 10.2), 4: (9.8, 10.0, 10.2), 8: (9.8, 10.0, 10.2),
+          16: (9.8, 10.0, 10.2), 32: (9.8, 10.0, 10.2)}
+AFTER = {
+    1: (11.8, 12.0, 12.2),   # 20% slower, spreads apart: flagged
+    2: (10.0, 12.0, 14.0),   # 20% slower, but its fast end reaches the old slow end: noise
+    4: (10.4, 10.5, 10.6),   # 5% slower, spreads apart: under the 10% threshold
+    8: (8.8, 9.0, 9.2),      # faster
+    16: (29.0, 30.0, 31.0),  # 3x slower: flagged, and first (worst first)
+    32: (19.0, 20.0, 21.0),  # 2x slower, but a wrong result now: never timed into a ratio
+}
+
+
+@pytest.fixture
+def gpu_pair(tmp_path):
+    before = gpu_run(tmp_path, "20260101T000000Z-h200-a", BEFORE)
+    after = gpu_run(tmp_path, "20260101T000000Z-h200-b", AFTER, status={32: "wrong_result"})
+    return before, after
+
+
+def test_gpu_points_are_flagged_only_beyond_threshold_and_spread(gpu_pair):
+    before, after = gpu_pair
+    comparison = history.compare(after.path, before.path, "previous", threshold=0.10)
+    assert not comparison.on_cpu and comparison.same_device
+    assert list(comparison.ratios["m"]) == [1, 2, 4, 8, 16]          # the wrong result is left out
+    assert list(comparison.regressions["m"]) == [16, 1]
+    assert comparison.regressions["time_ratio"].tolist() == pytest.approx([3.0, 1.2])
+    assert report.count_regressions(after) == 2
+
+
+def test_the_threshold_decides_how_much_slower_counts(gpu_pair):
+    before, after = gpu_pair
+    strict = history.compare(after.path, before.path, "previous", threshold=0.04)
+    assert list(strict.regressions["m"]) == [16, 1, 4]                # 5% now counts
+    lenient = history.compare(after.path, before.path, "previous", threshold=1.5)
+    assert list(lenient.regressions["m"]) == [16]
+
+
+def test_gpu_point_without_percentiles_is_judged_on_its_medians(tmp_path):
+    nan = math.nan
+    before = gpu_run(tmp_path, "20260101T000000Z-h200-a", {1: (nan, 10.0, nan)})
+    after = gpu_run(tmp_path, "20260101T000000Z-h200-b", {1: (nan, 13.0, nan)})
+    assert list(history.compare(after.path, before.path).regressions["m"]) == [1]
+
+
+def test_another_gpu_is_compared_but_never_a_regression(tmp_path):
+    before = gpu_run(tmp_path, "20260101T000000Z-b200-a", BEFORE, device={**GPU, "name": "NVIDIA B200"})
+    after = gpu_run(tmp_path, "20260101T000000Z-h200-b", AFTER)
+    comparison = history.compare(after.path, before.path)
+    assert not comparison.same_device and len(comparison.regressions)   # ratios of hardware, labelled
+    assert report.count_regressions(after) == 0                          # exit 3 is for one device
+
+
+CPU = {"kind": "cpu", "name": "Intel(R) Xeon(R) Processor"}
+
+
+@pytest.mark.parametrize("ratios, flagged", [
+    ((2.0, 2.0, 2.0, 2.0, 2.0, 2.0), True),      # twice slower throughout
+    ((1.8, 1.8, 1.8, 1.8, 1.8, 0.9), True),      # 1.6x overall, 5 of 6 slower
+    ((10.0, 1.0, 1.0, 1.0, 1.0, 1.0), False),    # one point 10x (geomean 1.47x): CPU noise
+    ((10.0, 10.0, 1.0, 1.0, 1.0, 1.0), False),   # geomean 2.2x, but only 2 of 6 points slower
+    ((1.3, 1.3, 1.3, 1.3, 1.3, 1.3), False),     # all slower, by less than 1.5x
+])
+def test_the_cpu_rule_needs_a_slow_geomean_and_a_majority(tmp_path, ratios, flagged):
+    before = gpu_run(tmp_path, "20260101T000000Z-cpu-a", BEFORE, device=CPU)
+    slower = {m: tuple(value * ratio for value in BEFORE[m]) for m, ratio in zip(BEFORE, ratios)}
+    after = gpu_run(tmp_path, "20260101T000000Z-cpu-b", slower, device=CPU)
+    comparison = history.compare(after.path, before.path)
+    assert comparison.on_cpu
+    assert list(comparison.regressions["backend"]) == (["torch-bf16"] if flagged else [])

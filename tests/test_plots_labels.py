@@ -1,0 +1,48 @@
+"""Figure labels read as numbers: plain log-axis ticks, times in the unit that fits them, and a
+legend that stays off the bars. (What the browser check saw on the smoke and reference books.)"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+from fp4lab.plots import common, diagnosis
+
+
+def tick_labels(ax, which: str = "y") -> list[str]:
+    FigureCanvasAgg(ax.figure).draw()
+    axis = getattr(ax, f"{which}axis")
+    return [t.get_text() for t in axis.get_ticklabels() + axis.get_ticklabels(minor=True) if t.get_text()]
+
+
+@pytest.mark.parametrize("low, high, expected", [
+    (0.25, 5.0, {"0.3", "0.4", "1", "2", "3"}),       # under two decades: minor ticks labelled too
+    (10.0, 2000.0, {"10", "100", "1000"}),
+])
+def test_log_axis_labels_are_plain_numbers(low, high, expected):
+    fig, axes = common.new_figure()
+    ax = axes[0, 0]
+    ax.plot([1, 2], [low, high])
+    common.log_axis(ax)
+    labels = tick_labels(ax)
+    assert expected <= set(labels)
+    assert not [label for label in labels if "10^" in label or "times" in label or "$" in label]
+
+
+def test_the_floor_bars_say_microseconds_when_a_floor_is_under_a_millisecond():
+    path = {"path": "grouped-fp8", "layer_us": 3460.0, "launch_floor_us": 4.78, "memory_floor_us": 2280.0,
+            "compute_floor_us": 217.0, "weight_dtype": "fp8", "math_dtype": "fp8"}
+    fig = diagnosis.layer_against_floors(path, fp4_floor_us=1280.0)
+    texts = [t.get_text().strip() for t in fig.axes[0].texts]
+    assert texts == ["3.46 ms", "4.78 us", "2.28 ms", "217 us", "1.28 ms"]
+
+
+def test_the_paths_legend_sits_below_the_bars():
+    frame = pd.DataFrame({"path": ["grouped-fp8", "loop-bf16"], "source": ["MoE sweep", "MoE sweep"],
+                          "layer_us": [3460.0, 6950.0], "memory_floor_us": [2280.0, 4560.0],
+                          "weight_dtype": ["fp8", "bf16"]})
+    fig = diagnosis.paths(frame)
+    assert fig.axes[0].get_legend() is None and len(fig.legends) == 1
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["bf16 weights", "fp8 weights",
+                                                                  "its weight-read floor"]
