@@ -39,17 +39,7 @@ REQUIRED = os.environ.get("FP4LAB_BROWSER_REQUIRED") == "1"
 
 # Findings that are known, owned elsewhere and reported: {page: {check: why, and who fixes it}}.
 # A listed finding that no longer occurs fails too, so an entry cannot outlive its fix.
-STALE_REFERENCE = ("the committed reference run's notebooks (results/reference/*/notebooks) were executed by "
-                   "the chapter notebooks of before 'The house': print() lines (with the H200 box's /root/out "
-                   "and /tmp/rerender paths), reprs, NaN/None cells. Re-rendering them with today's notebooks "
-                   "from the run's own tables clears every one (lead: results/)")
-KNOWN_ISSUES: dict[str, dict[str, str]] = {
-    "chapters/reference/00_environment.html": dict.fromkeys(["raw_output", "missing_value", "abs_path"], STALE_REFERENCE),
-    "chapters/reference/01_fp4_gemm_sweep.html": dict.fromkeys(["raw_output", "abs_path"], STALE_REFERENCE),
-    "chapters/reference/03_moe_expert_scatter.html": dict.fromkeys(["raw_output", "missing_value"], STALE_REFERENCE),
-    "chapters/reference/04_diagnosis.html": dict.fromkeys(["raw_output"], STALE_REFERENCE),
-    "chapters/reference/05_history.html": dict.fromkeys(["missing_value"], STALE_REFERENCE),
-}
+KNOWN_ISSUES: dict[str, dict[str, str]] = {}
 
 
 class KnownIssue(UserWarning):

@@ -9,10 +9,10 @@ measure, answered from spec sheets (fp4lab.tiles, fp4lab.analysis.projection, fp
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from fp4lab.errors import UsageError
 from fp4lab.hardware import SPECS
+from fp4lab.results import RunDir, RunFolderError
 
 
 def parse_gpus(text: str) -> list:
@@ -40,55 +40,27 @@ def run_smem_fit(args) -> int:
 # -- project ----------------------------------------------------------------------------------------
 
 def measured_from_run(run_dir: str, batch: int, preset: str):
-    """The fastest FP4 method's MoE layer time at `batch` in a run folder, with the run's GPU and
-    measured launch floor, as a projection.Measured."""
-    import pandas as pd
+    """The run's fastest FP4-weight MoE layer at `batch`, as its diagnosis states it (chapter 04's
+    number), with the run's GPU and measured launch floor, as a projection.Measured."""
+    from fp4lab.analysis import decode, other_gpus
 
-    from fp4lab.analysis.projection import Measured
-
-    folder = Path(run_dir)
     try:
-        run = json.loads((folder / "run.json").read_text())
-    except (OSError, ValueError) as exc:
+        run = RunDir.open(run_dir)
+    except RunFolderError as exc:
         raise UsageError(f"--run {run_dir}: no readable run.json ({exc})") from None
-    gpu = ((run.get("provenance") or {}).get("device") or {}).get("spec")
+    gpu = run.run_json().get("provenance", {}).get("device", {}).get("spec")
     if gpu not in SPECS:
         raise UsageError(f"--run {run_dir}: measured on {gpu or 'a device'} that is not on the spec "
                          f"sheet ({', '.join(SPECS)}): nothing to compare the projection with")
-    table = folder / "moe.parquet"
-    if not table.is_file():
-        raise UsageError(f"--run {run_dir}: has no moe.parquet (no MoE rows measured)")
-    rows = pd.read_parquet(table)
-    layer_us, method = fastest_fp4_layer(rows, batch, preset)
-    if layer_us is None:
+    if not run.has_table("moe"):
+        raise UsageError(f"--run {run_dir}: has no moe table (no MoE rows measured)")
+    d = decode.diagnose(run, decode.DiagnosisConfig(preset=preset, decode_batch=batch).check())
+    found = other_gpus.measured(d)
+    if found is None:
+        methods = ", ".join(sorted(run.read_table("moe")["method"].unique()))
         raise UsageError(f"--run {run_dir}: no correct FP4 MoE layer of preset {preset} at batch "
-                         f"{batch} (methods there: {', '.join(sorted(rows['method'].unique()))})")
-    launch = (((run.get("sweep") or {}).get("ceilings") or {}).get("measured") or {}).get("launch_us")
-    return Measured(gpu=gpu, layer_us=float(layer_us), method=method,
-                    launch_us=float(launch) if launch else None, source=str(folder))
-
-
-def fastest_fp4_layer(rows, batch: int, preset: str) -> tuple[float | None, str | None]:
-    """(layer us, method) of the fastest ok FP4-weight method at `batch`, EP 1: a layer method's
-    own row where the table has them (gemm == "layer"), else gate_up + down of a GEMM method
-    (medians over the repeated points)."""
-    dtype_column = "weight_dtype" if "weight_dtype" in rows else "operand_dtype"
-    keep = (rows["status"] == "ok") & (rows["batch"] == batch) & (rows[dtype_column] == "fp4")
-    if "ep" in rows:
-        keep &= rows["ep"] == 1
-    if "preset" in rows:
-        keep &= rows["preset"].astype(str).str.replace("-", "") == preset.replace("-", "")
-    fp4 = rows[keep]
-    if fp4.empty:
-        return None, None
-    per_gemm = fp4.groupby(["method", "gemm"])["median_us"].median().unstack("gemm")
-    if "layer" in per_gemm:
-        per_method = per_gemm["layer"].dropna()
-    else:
-        per_method = per_gemm.reindex(columns=["gate_up", "down"]).dropna().sum(axis=1)
-    if per_method.empty:
-        return None, None
-    return float(per_method.min()), str(per_method.idxmin())
+                         f"{batch} (methods there: {methods})")
+    return found
 
 
 def run_project(args) -> int:

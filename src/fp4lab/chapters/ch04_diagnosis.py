@@ -25,6 +25,11 @@ LEVERS = [Col("lever", "lever"), Col("gain", "gain (time now / with it)", "ratio
 GATE = [Col("backend", "backend"), Col("fmt", "format"), Col("points_failed", "points failed", "int"),
         Col("points_total", "of", "int"), Col("worst_rel_err", "worst relative error", "sig2"),
         Col("example_error", "the gate's message")]
+PROJECTION = [Col("name", "GPU"), Col("arch", "arch"), Col("math_dtype", "math in"),
+              Col("weight_floor_us", "weight-read floor", "us"), Col("math_floor_us", "math floor", "us"),
+              Col("launch_floor_us", "launch floor", "us"), Col("floor_us", "layer floor", "us"),
+              Col("bound", "bound by"), Col("measured_us", "measured here", "us"),
+              Col("at_measured_ratio_us", "at this run's distance from its floor", "us")]
 CONCURRENCY = [Col("batch", "B", "int"), Col("mean_m", "mean tokens per expert", "sig"),
                Col("busiest_m", "busiest expert", "sig"), Col("layer_us", "layer time", "us"),
                Col("us_per_token", "us per token per layer", "sig")]
@@ -183,10 +188,40 @@ def fill(context: Context, d: decode.Diagnosis) -> None:
     if len(d.concurrency) > 1:
         page.figure("concurrency", figures.concurrency(d.concurrency, d.config.decode_batch),
                     d.view.caption(f"{d.seed_backend} GEMM times, tokens per expert from the routing model"))
+    elsewhere(page, d)
     if context.reference is not None and context.reference.run.has_table("gemm"):
         reference = decode.diagnose(context.reference.run, d.config)
         page.prose("reference", f"Reference run {text.code(reference.view.run_id)}: " + verdict_sentence(reference))
     page.bullets("findings", findings(d))
+
+
+def elsewhere(page, d: decode.Diagnosis) -> None:
+    """The same layer on the GPUs the book's users run: projected floors, the FP4 MoE tiles'
+    shared-memory fit, and which backend runs where."""
+    from fp4lab.analysis import other_gpus
+    from fp4lab.plots.tables import frame_columns
+
+    projected = other_gpus.projected(d)
+    check = projected["floor_over_measured"].dropna()
+    caption = f"{projected['label'].iloc[0]}; {projected['fmt'].iloc[0]} weights, B={d.config.decode_batch}"
+    page.html("elsewhere", html_table(projected, PROJECTION, caption=caption))
+    if len(check):
+        measured = projected[projected["measured_us"].notna()].iloc[0]
+        page.prose("elsewhere", f"On {text.md(d.view.device)} the projected floor, at the sheet's "
+                                f"{text.sig(measured['bandwidth_tbps'])} TB/s, is {text.us(measured['floor_us'])} "
+                                "(the verdict's floor uses the bandwidth this run measured) "
+                                f"against {text.us(measured['measured_us'])} measured "
+                                f"({text.md(measured['measured_method'])}): the kernels run at "
+                                f"{text.pct(100 * check.iloc[0])} of the floor. The last column assumes the other "
+                                "GPUs' kernels sit as far from theirs: an order of magnitude, not a prediction.")
+    smem = other_gpus.smem_fit()
+    page.html("elsewhere", html_table(smem, frame_columns(smem), caption=(
+        "FlashInfer's CUTLASS FP4 MoE tiles (M x N x K): the shared memory each needs at the stages it is "
+        "built with, against each GPU's per-block limit from the spec sheet (fp4lab.tiles; no measurement)")))
+    matrix = other_gpus.where_matrix()
+    page.html("elsewhere", "<details><summary>Which backend and MoE method runs on which GPU</summary>"
+              + html_table(matrix, frame_columns(matrix), caption="by each backend's capability rule "
+                           "(fp4lab.where); 'runs' still needs its package installed") + "</details>")
 
 
 def verdict_box(d: decode.Diagnosis) -> str:

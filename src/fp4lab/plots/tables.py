@@ -83,3 +83,8 @@ def key_values(pairs: list[tuple[str, Any]], caption: str = "") -> str:
     """A two-column table of names and values (parameters, a device's readings)."""
     frame = pd.DataFrame([{"name": name, "value": plain(value)} for name, value in pairs])
     return html_table(frame, [Col("name", "name"), Col("value", "value")], caption)
+
+
+def frame_columns(frame: pd.DataFrame) -> list[Col]:
+    """Every column of `frame` as plain text, headed by its name (for tables built as shown)."""
+    return [Col(str(name), str(name)) for name in frame.columns]
