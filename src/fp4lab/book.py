@@ -3,7 +3,7 @@ front page that is the diagnosis, built by Jupyter Book 1 into static HTML.
 
 The front page answers the book's question above the fold: the device and run, the verdict in one
 sentence with its numbers, the seed-style table of the diagnosed backend, tokens per expert,
-power against the limit, and the three largest measured levers. When the local run is a CPU smoke
+power against the limit, and the three largest levers. When the local run is a CPU smoke
 run, the front page leads with the newest GPU run on record and labels the smoke run as a check
 of the pipeline.
 
@@ -181,7 +181,7 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
         facts += [line for line in (words.power_sentence(d), words.fp4_sentence(d)) if line]
         levers = words.lever_lines(d, top=3)
         if levers:
-            facts.append("The three largest measured levers: " + "; ".join(levers) + ".")
+            facts.append("The three largest levers, each measured or modelled from measured times: " + "; ".join(levers) + ".")
         lines += [f"- {line}" for line in facts] + [""]
         if len(d.seed):
             seed = html_table(d.seed, [Col("M", "M (tokens)", "int"), Col("TFLOP/s max", "TFLOP/s", "sig"),

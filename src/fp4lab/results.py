@@ -89,7 +89,10 @@ def library_versions() -> dict[str, str | None]:
 
 
 def git_sha() -> str | None:
-    """The fp4lab commit measured, with `-dirty` when the tree had local changes."""
+    """The fp4lab commit measured, with `-dirty` when the tree had local changes. FP4LAB_GIT_SHA,
+    when set, wins: a tree copied to a device machine may sit inside some other checkout's .git."""
+    if os.environ.get("FP4LAB_GIT_SHA"):
+        return os.environ["FP4LAB_GIT_SHA"]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                              text=True, timeout=10, check=True).stdout.strip()

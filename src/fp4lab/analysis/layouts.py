@@ -115,7 +115,9 @@ def at_decode(study_: LayoutStudy, tokens: int) -> pd.DataFrame:
     if not len(ok):
         return ok
     nearest = int(ok.iloc[(ok["tokens"] - tokens).abs().argmin()]["tokens"])
-    rows = ok[ok["tokens"] == nearest]
+    rows = ok[ok["tokens"] == nearest].copy()
+    # nccl-tests' bus factor is 0 on one rank: no bus is crossed, so no bandwidth to state
+    rows.loc[rows["world_size"] == 1, "busbw_gbps"] = float("nan")
     columns = ["op", "world_size", "tokens", "dtype", "routing", "bytes", "median_us", "busbw_gbps",
                "imbalance", "backend"]
     return rows[columns].sort_values(["world_size", "op", "dtype", "routing"], na_position="first") \

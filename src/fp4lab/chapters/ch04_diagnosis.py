@@ -68,7 +68,9 @@ def verdict_sentence(d: decode.Diagnosis) -> str:
         p = d.decode_power
         return head + (f", and at the decode point the GPU draws {text.sig(p['avg_power_w'])} W, "
                        f"{text.pct(100 * p['fraction'])} of its {text.sig(p['power_limit_w'])} W limit.")
-    meaning = {"memory": f"reading the active experts' {text.md(path['weight_dtype'])} weights once at the "
+    stored = (str(path["fmt"]).upper() if path["weight_dtype"] == "fp4" and isinstance(path.get("fmt"), str)
+              else path["weight_dtype"])
+    meaning = {"memory": f"reading the active experts' {text.md(stored)} weights once at the "
                          f"measured {text.sig(d.bandwidth_tbps)} TB/s",
                "launch": f"launching its {int(path['kernels'])} kernels at the measured launch floor",
                "compute": f"the arithmetic at the {text.md(path['math_dtype'])} peak"}[v["floor"]]
