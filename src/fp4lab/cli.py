@@ -15,7 +15,7 @@ import time
 from fp4lab.errors import ParameterError, UsageError
 
 GRID_FLAGS = ("backends", "format", "m", "shapes", "preset", "repeats", "energy_window", "profile",
-              "run_id", "eager", "point_timeout")
+              "run_id", "eager", "point_timeout", "device")
 EXTRA_COMMANDS = ("fp4lab.gpus_cli", "fp4lab.comm.cli")   # modules with an `add_cli(subparsers)` of their own
 
 
@@ -124,6 +124,10 @@ def _measure(work, run, table: str) -> int:
     except (KeyboardInterrupt, Interrupted):
         print(f"interrupted: measured points are kept; continue with --resume {run.path}", file=sys.stderr)
         return 130
+    except OSError as exc:           # a full disk, a folder gone read-only: the log repairs itself
+        print(f"fp4lab: stopped: {_os_error(exc)}; measured points are kept; continue with --resume "
+              f"{run.path}", file=sys.stderr)
+        return 1
     rows = run.read_table(table)
     counts = rows["status"].value_counts().to_dict() if len(rows) else {}
     print(f"{measured} points measured in {time.monotonic() - started:.1f} s; the run holds {len(rows)}: "
@@ -276,8 +280,14 @@ def _runs(sub) -> None:
 
 
 def run_runs(args) -> int:
+    from pathlib import Path
+
+    from fp4lab import params
     from fp4lab.results import MEASUREMENTS_ROOT, REFERENCE_ROOT, RUNS_ROOT, list_runs
 
+    for root in args.roots:
+        if not Path(params.check_text("roots", root)).is_dir():
+            raise ParameterError(f"roots: {params.shown(root)} is not a folder")
     roots = args.roots or [RUNS_ROOT, REFERENCE_ROOT, MEASUREMENTS_ROOT]
     frame = list_runs(*roots)
     print(frame.drop(columns=["path", "root"]).to_string(index=False) if len(frame) else
@@ -310,3 +320,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fp4lab: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:           # permission denied, a full disk: the file and the reason
+        print(f"fp4lab: error: {_os_error(exc)}", file=sys.stderr)
+        return 1
+
+
+def _os_error(exc: OSError) -> str:
+    where = " -> ".join(str(name) for name in (exc.filename, exc.filename2) if name)
+    text = f"{where}: {exc.strerror or exc}" if where else str(exc.strerror or exc)
+    return " ".join(text.split())[:500]
