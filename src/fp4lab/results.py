@@ -37,8 +37,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from fp4lab import schema
+from fp4lab import dtypes, schema
 from fp4lab.errors import ParameterError
+from fp4lab.params import shown
 
 log = logging.getLogger("fp4lab")
 
@@ -198,6 +199,18 @@ def _json_type(value: Any) -> str:
 
 # the JSON types a declared column's value may have in a stored row (None is always allowed)
 ROW_TYPES = {"str": (str,), "int": (int, float), "float": (int, float), "bool": (bool,), "list": (list,)}
+# columns with a closed vocabulary, in whichever table declares them: the analysis computes with
+# these words (bytes per weight, whose peak), so a row holding another one is not a row
+ROW_VALUES = {
+    "status": schema.STATUSES,
+    "fmt": ("nvfp4", "mxfp4"),                      # fp4lab.formats.BLOCK_SIZE (which imports torch)
+    "weight_dtype": dtypes.WEIGHT_DTYPES,
+    "act_dtype": tuple(sorted({act for _, act in dtypes.MATH_DTYPE})),
+    "math_dtype": tuple(sorted(set(dtypes.MATH_DTYPE.values()))),
+    "device": ("cpu", "cuda"),
+    "kind": ("gemm", "layer", "dense"),
+    "gemm": ("gate_up", "down", "layer"),
+}
 
 
 def row_problem(declared: schema.Table, row: dict[str, Any]) -> str | None:
@@ -212,6 +225,8 @@ def row_problem(declared: schema.Table, row: dict[str, Any]) -> str | None:
                  or column.dtype == "int" and isinstance(value, float) and not value.is_integer())
         if wrong:
             return f"column {column.name!r} ({column.dtype}) holds {_json_type(value)}"
+        if column.name in ROW_VALUES and value not in ROW_VALUES[column.name]:
+            return f"column {column.name!r} holds {shown(value)}, not one of {', '.join(ROW_VALUES[column.name])}"
     return None
 
 
@@ -409,14 +424,17 @@ class RunDir:
     def read_rows(self, table: str) -> list[dict[str, Any]]:
         """The rows of the table's log; a bad line is skipped with a warning naming the file, the
         line and what is wrong (and listed in `self.skipped`)."""
-        rows = []
+        rows, skipped = [], []
         for number, line, row in self._lines(table):
             if row is not None:
                 rows.append(row)
-                continue
-            note = f"{self.path / (table + '.jsonl')} line {number}: {self._why_bad(table, line)}, skipped"
-            self.skipped.append(note)
-            log.warning(note)
+            else:
+                skipped.append(f"{self.path / (table + '.jsonl')} line {number}: "
+                               f"{self._why_bad(table, line)}, skipped")
+        if skipped:          # one warning per read, however many lines a corrupt log holds
+            self.skipped += skipped
+            more = f" (and {len(skipped) - 1} more bad lines)" if len(skipped) > 1 else ""
+            log.warning("%s%s", skipped[0], more)
         return rows
 
     @staticmethod
