@@ -124,7 +124,7 @@ def stage(run: RunDir, chapters: list[dict[str, Any]], reference: RunDir | None,
     references = []
     if reference is not None:
         (staged / "chapters" / "reference").mkdir()
-        for executed in sorted((reference.path / "notebooks").glob("*.ipynb")):
+        for executed in sorted((reference.path / "notebooks").glob("[0-9][0-9]_*.ipynb")):
             hide_code(executed, staged / "chapters" / "reference" / executed.name)
             references.append(executed.stem)
     (staged / "chapters" / "front.md").write_text(front_md)
@@ -141,11 +141,11 @@ def write_toc(staged: Path, local: list[str], references: list[str], run: RunDir
     lines = ["format: jb-book", "root: intro", "parts:",
              f"  - caption: {json.dumps('This run: ' + run.run_id + ' (' + device_label(run.run_json()) + ')')}",
              "    chapters:"]
-    lines += [f"      - file: chapters/{stem}" for stem in local]
+    lines += [f"      - file: {json.dumps('chapters/' + stem)}" for stem in local]
     if references:
         caption = f"Reference run: {reference.run_id} ({device_label(reference.run_json())})"
         lines += [f"  - caption: {json.dumps(caption)}", "    chapters:"]
-        lines += [f"      - file: chapters/reference/{stem}" for stem in references]
+        lines += [f"      - file: {json.dumps('chapters/reference/' + stem)}" for stem in references]
     (staged / "_toc.yml").write_text("\n".join(lines) + "\n")
 
 

@@ -499,6 +499,13 @@ class RunDir:
         self._export_parquet(table)
         return dropped
 
+    def export_if_stale(self, table: str) -> None:
+        """Rewrite `<table>.parquet` when it is older than the log or missing (an export a full
+        disk or a kill stopped: a resume that measures nothing still leaves it whole)."""
+        log_file, export = self.path / f"{table}.jsonl", self.path / f"{table}.parquet"
+        if log_file.exists() and (not export.exists() or export.stat().st_mtime_ns < log_file.stat().st_mtime_ns):
+            self._export_parquet(table)
+
     def _export_parquet(self, table: str) -> None:
         frame = self.read_table(table)
         atomic_write(self.path / f"{table}.parquet", lambda file: frame.to_parquet(file, index=False))

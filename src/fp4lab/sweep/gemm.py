@@ -211,6 +211,7 @@ def run_sweep(config: GemmSweep, run: RunDir, *, retry_failed: bool = False, pro
     device = hardware.resolve_device(config.device)
     facts = device_facts(device)
     with run.lock(command), runner.signals_as_interrupt():
+        run.export_if_stale("gemm")
         todo = todo_points(config, run, facts["gpu_index"], retry_failed)
         stored = run.run_json().get("sweep") or {}
         if "provenance" not in run.run_json():

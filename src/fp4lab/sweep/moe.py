@@ -246,6 +246,7 @@ def run_sweep(config: MoeSweep, run: RunDir, *, retry_failed: bool = False, prog
     facts = device_facts(device)
     model = config.model()
     with run.lock(command), runner.signals_as_interrupt():
+        run.export_if_stale("moe")
         if retry_failed:
             run.drop_rows("moe", run.row_keys("moe", FAILED))
         done = run.row_keys("moe")
