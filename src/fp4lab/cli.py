@@ -85,6 +85,7 @@ def run_sweep(args) -> int:
     from fp4lab.sweep.gemm import run_sweep as sweep
 
     _resume_conflicts(args, GRID_FLAGS + ("out",))
+    _check_run_id(args.run_id)
     if args.resume:
         run = RunDir.open(args.resume)
         stored = (run.run_json().get("sweep") or {}).get("config")
@@ -99,13 +100,34 @@ def run_sweep(args) -> int:
             timer["use_graph"] = False
         config = GemmSweep.from_profile(
             params.check_text("--profile", args.profile), args.device, preset=args.preset,
-            backends=params.parse_text_list(args.backends) or None, fmts=params.parse_text_list(args.format) or None,
-            m_values=params.parse_int_list("--m", args.m) if args.m else None,
-            shapes=params.parse_shapes("--shapes", args.shapes) if args.shapes else None,
+            backends=_names("--backends", args.backends), fmts=_names("--format", args.format),
+            m_values=params.parse_int_list("--m", args.m) if args.m is not None else None,
+            shapes=params.parse_shapes("--shapes", args.shapes) if args.shapes is not None else None,
             energy_window_s=args.energy_window, point_timeout_s=args.point_timeout, timer=timer or None)
-        run = RunDir.create(args.out or RUNS_ROOT, run_id=args.run_id, label=_label(config.device))
+        out = params.check_text("--out", args.out, allow_empty=False) if args.out is not None else RUNS_ROOT
+        run = RunDir.create(out, run_id=args.run_id, label=_label(config.device))
     return _measure(lambda: sweep(config, run, retry_failed=args.retry_failed, progress=not args.quiet,
                                   command=" ".join(sys.argv)), run, "gemm")
+
+
+def _names(flag: str, text: str | None) -> tuple[str, ...] | None:
+    """A comma list flag: None when not given (the profile's), never empty when given."""
+    from fp4lab import params
+
+    if text is None:
+        return None
+    names = params.parse_text_list(params.check_text(flag, text))
+    if not names:
+        raise params.fail(flag, text, "expected a comma list of names")
+    return names
+
+
+def _check_run_id(run_id: str | None) -> None:
+    """A --run-id given (even empty) is checked, never silently replaced by a new one."""
+    from fp4lab import params
+
+    if run_id is not None:
+        params.check_name("--run-id", run_id)
 
 
 def _label(device: str) -> str:
@@ -208,6 +230,7 @@ def run_moe_sweep(args) -> int:
     from fp4lab.sweep import MoeSweep
     from fp4lab.sweep.moe import run_sweep as sweep
 
+    _check_run_id(args.run_id)
     config = MoeSweep.from_profile(args.profile, args.device, preset=args.preset, batch_sizes=args.batch,
                                    routing=args.routing, ep_degrees=args.ep, fmts=args.fmts, methods=args.methods,
                                    steps=args.steps, point_timeout_s=args.point_timeout, scaled=args.scaled,
@@ -242,8 +265,7 @@ def run_report(args) -> int:
         hardware.resolve_device(args.device)
     except ValueError as exc:
         raise ParameterError(f"--device: {exc}") from None
-    if args.run_id:
-        params.check_name("--run-id", args.run_id)
+    _check_run_id(args.run_id)
     notebooks = None
     if args.notebooks:
         notebooks = [Path(p) for p in args.notebooks]

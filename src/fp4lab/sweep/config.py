@@ -205,26 +205,34 @@ class MoeSweep:
 
         try:
             model = presets.get(params.check_text("preset", self.preset, allow_empty=False))
-            routing.parse_routing(params.check_text("routing", self.routing, allow_empty=False))
+            spec = routing.parse_routing(params.check_text("routing", self.routing, allow_empty=False))
         except ParameterError:
             raise
         except ValueError as exc:
             raise ParameterError(str(exc)) from None
         ep_degrees = params.check_int_list("ep_degrees", self.ep_degrees)
         scaled = params.check_bool("scaled", self.scaled)
-        experts = (presets.scaled_down(model) if scaled else model).experts
+        batch_sizes = params.check_int_list("batch_sizes", self.batch_sizes)
+        steps = params.check_int("steps", self.steps, 1, 100_000)
+        measured = presets.scaled_down(model) if scaled else model
         for ep in ep_degrees:
-            if experts % ep:
-                raise ParameterError(f"ep_degrees: {experts} experts do not split evenly over {ep} ranks")
+            if measured.experts % ep:
+                raise ParameterError(f"ep_degrees: {measured.experts} experts do not split evenly over {ep} ranks")
+        if spec.kind == "trace":          # the file must fit every batch now, not fail every point later
+            for batch in batch_sizes:
+                try:
+                    routing.load_trace(spec.trace_path, measured.experts, measured.top_k, batch=batch, steps=steps)
+                except ValueError as exc:
+                    raise ParameterError(f"routing: {exc}") from None
         return dataclasses.replace(
             self,
-            batch_sizes=params.check_int_list("batch_sizes", self.batch_sizes),
+            batch_sizes=batch_sizes,
             ep_degrees=ep_degrees,
             fmts=params.check_text_list("fmts", self.fmts, FORMATS, allow_empty=False),
             methods=params.check_text_list("methods", self.methods, moe_method_names()),
             gemms=params.check_text_list("gemms", self.gemms, GEMMS, allow_empty=False),
             dense_m_values=params.check_int_list("dense_m_values", self.dense_m_values),
-            steps=params.check_int("steps", self.steps, 1, 100_000),
+            steps=steps,
             scaled=scaled,
             point_timeout_s=params.check_float("point_timeout_s", self.point_timeout_s, 0, 86400,
                                                strict_minimum=True),
