@@ -212,14 +212,14 @@ def test_sigterm_and_sighup_are_an_interrupt_while_a_sweep_runs(signum):
 # -- a full disk -----------------------------------------------------------------------------------
 
 class FullDisk:
-    """`open` for fp4lab.results whose appends to gemm.jsonl start failing with ENOSPC after
+    """`open_own` for fp4lab.results whose appends to gemm.jsonl start failing with ENOSPC after
     `after` rows: the failing write puts half its bytes on disk first, as a full disk does."""
 
-    def __init__(self, after: int):
-        self.after, self.full = after, False
+    def __init__(self, open_own, after: int):
+        self.open_own, self.after, self.full = open_own, after, False
 
-    def __call__(self, path, mode="r", *args, **kwargs):
-        handle = open(path, mode, *args, **kwargs)
+    def __call__(self, path, mode):
+        handle = self.open_own(path, mode)
         if Path(path).name != "gemm.jsonl" or "a" not in mode:
             return handle
         disk = self
@@ -268,7 +268,7 @@ def test_a_full_disk_stops_the_sweep_in_one_line_and_resume_completes_it(tmp_pat
     monkeypatch.setattr(results, "RUNS_ROOT", tmp_path / "runs")
     monkeypatch.chdir(tmp_path)
     if where.startswith("mid-line"):
-        monkeypatch.setattr(results, "open", FullDisk(after=2), raising=False)
+        monkeypatch.setattr(results, "open_own", FullDisk(results.open_own, after=2))
     else:
         monkeypatch.setattr(results, "atomic_write", export_fails(after=5))   # the last point's export
     args = ["sweep", *GRID, "--backends", "fake-ok", "--m", M_VALUES, "--run-id", "full", "--out",

@@ -57,6 +57,7 @@ CORRUPT_RUN_JSON = {
     "sweep config a list": b'{"run_id": "r", "sweep": {"config": [1, 2]}}',
     "versions a list": b'{"run_id": "r", "provenance": {"versions": ["torch"]}}',
     "a version a number": b'{"run_id": "r", "provenance": {"versions": {"torch": 2.13}}}',
+    "nested too deeply": b'{"run_id": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
 }
 
 
@@ -72,6 +73,16 @@ def test_a_malformed_run_json_is_one_error_naming_the_file(tmp_path, content):
     assert isinstance(caught.value, ParameterError)          # the CLI's one line, exit 2
     with pytest.raises(RunFolderError):                       # and a sweep into it is refused too
         RunDir.create(tmp_path, run_id="bad")
+
+
+def test_an_absurdly_large_run_json_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    from fp4lab import results
+
+    run = RunDir.create(tmp_path, run_id="big")
+    monkeypatch.setattr(results, "RUN_JSON_LIMIT", 100)
+    (run.path / "run.json").write_text(json.dumps({"run_id": "big", "note": "x" * 200}))
+    with pytest.raises(RunFolderError, match=r"big/run.json: \d+ bytes, more than a run.json holds"):
+        RunDir.open(run.path)
 
 
 def test_a_run_json_that_is_a_folder_is_not_a_run(tmp_path):
@@ -125,6 +136,9 @@ BAD_LINES = {
     "graph a string": b'{"backend": "x", "fmt": "nvfp4", "n": 1, "k": 16, "m": 1, "graph": "yes"}\n',
     "median a string": b'{"backend": "x", "fmt": "nvfp4", "n": 1, "k": 16, "m": 1, "median_us": "9"}\n',
     "binary": b"\xff\xfe\x00\x01\n",
+    "nested too deeply": b"[" * 100_000 + b"]" * 100_000 + b"\n",
+    "status not a status": b'{"backend": "x", "fmt": "nvfp4", "n": 1, "k": 16, "m": 1, "status": "<b>ok</b>"}\n',
+    "weights not a dtype": b'{"backend": "x", "fmt": "nvfp4", "n": 1, "k": 16, "m": 1, "weight_dtype": "fp3"}\n',
 }
 
 
@@ -141,6 +155,48 @@ def test_a_bad_line_is_skipped_with_a_warning_naming_file_and_line(run, caplog, 
     assert fresh.skipped and f"{log_file(run)} line 2:" in fresh.skipped[0]
     assert f"{log_file(run)} line 2:" in caplog.text
     assert list(fresh.read_table("gemm")["m"]) == [1, 2]
+
+
+def test_the_last_line_is_found_reading_back_in_blocks(run):
+    """A long log is mended from its tail: the partial line is found across block boundaries."""
+    from fp4lab.results import _last_line_start
+
+    rows = [gemm_row(m) for m in range(1, 200)]
+    run.append_rows("gemm", rows)
+    whole = log_file(run).read_bytes()
+    partial = json.dumps(gemm_row(500)).encode()[:-7]
+    log_file(run).write_bytes(whole + partial)
+    with open(log_file(run), "rb") as file:
+        for block in (1, 7, 64, 1 << 16):
+            assert _last_line_start(file, len(whole) + len(partial), block) == (len(whole), partial)
+    run.append_rows("gemm", [gemm_row(500)])
+    assert [r["m"] for r in RunDir(run.path).read_rows("gemm")] == list(range(1, 200)) + [500]
+
+
+@pytest.mark.parametrize("name", ["gemm.jsonl", ".lock", ".run.json.lock"])
+@pytest.mark.parametrize("link", ["symbolic", "hard"])
+def test_a_run_folders_file_linked_elsewhere_is_never_written_through(run, tmp_path, name, link):
+    """A run folder somebody sent you could point `.lock` (truncated when the lock is taken) or
+    the log (appended to) at a file of yours."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (os.symlink if link == "symbolic" else os.link)(victim, run.path / name)
+    with pytest.raises(RunFolderError, match=f"{name}: (is a symbolic link|has other hard links)"):
+        with run.lock("sweep"):
+            run.update_run_json("sweep", {"status": "running"})
+            run.append_rows("gemm", [gemm_row(1), gemm_row(2)])
+            log_file(run).write_bytes(log_file(run).read_bytes() + b'{"m"')
+            run.append_rows("gemm", [gemm_row(3)])
+    assert victim.read_text() == "precious\n"
+
+
+def test_a_worker_log_stays_in_the_run_folder_whatever_the_group_is_called(run):
+    from fp4lab.sweep.runner import log_path
+
+    for name in ("../../escape", "/etc/passwd", "..", "", "a/b\nc", "fake-ok"):
+        path = log_path(run, name)
+        assert path.parent == run.path / "logs" and path.name.endswith(".log") and "/" not in path.name
+    assert log_path(run, "fake-ok").name == "fake-ok.log"
 
 
 def test_drop_rows_removes_those_keys_and_keeps_every_other_line(run):

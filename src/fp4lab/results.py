@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import fcntl
 import json
 import logging
@@ -52,6 +53,7 @@ RUNS_ROOT = Path(os.environ.get("FP4LAB_RUNS_DIR") or REPO_ROOT / "runs")
 REFERENCE_ROOT = REPO_ROOT / "results" / "reference"
 MEASUREMENTS_ROOT = REPO_ROOT / "results" / "measurements"
 NO_REFERENCE = "none"  # reference_dir value that shows no reference run
+RUN_JSON_LIMIT = 64 << 20      # bytes: provenance and settings, never data
 LOCK_ENV = "FP4LAB_RUN_LOCK"   # "<run folder>=<token>" handed to processes the lock holder starts
 
 
@@ -249,8 +251,11 @@ def dumps(value: Any, **kwargs) -> str:
 
 def loads(text: str | bytes) -> Any:
     """JSON as fp4lab writes it: NaN, Infinity and -Infinity are refused (ValueError), never
-    read back as floats that no number in a run may be."""
-    return json.loads(text, parse_constant=_refuse_constant)
+    read back as floats that no number in a run may be; so is nesting too deep to decode."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def _refuse_constant(name: str):
@@ -280,6 +285,25 @@ def atomic_write(path: Path, write) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def open_own(path: Path, mode: str):
+    """`open(path, mode)` for writing a file of a run folder: a symbolic link, or a file with other
+    hard links, is refused (RunFolderError), since writing through it would change a file outside
+    the folder (a run folder somebody sent you could point `.lock` at a file of yours)."""
+    flags = {"a": os.O_WRONLY | os.O_APPEND | os.O_CREAT, "ab": os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+             "a+": os.O_RDWR | os.O_APPEND | os.O_CREAT, "rb+": os.O_RDWR}[mode]
+    try:
+        handle = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise RunFolderError(f"{path}: is a symbolic link; fp4lab writes only the run folder's own "
+                                 "files") from None
+        raise
+    if os.fstat(handle).st_nlink > 1:
+        os.close(handle)
+        raise RunFolderError(f"{path}: has other hard links; fp4lab writes only the run folder's own files")
+    return os.fdopen(handle, mode)
 
 
 # -- the run folder -------------------------------------------------------------------------------
@@ -332,6 +356,9 @@ class RunDir:
         file = self.path / "run.json"
         if not file.exists():
             return {}
+        if file.is_file() and file.stat().st_size > RUN_JSON_LIMIT:
+            raise RunFolderError(f"{file}: {file.stat().st_size} bytes, more than a run.json holds "
+                                 f"({RUN_JSON_LIMIT})")
         try:
             data = loads(file.read_text())
         except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -367,7 +394,7 @@ class RunDir:
         log_file = self.path / f"{table}.jsonl"
         self._repair_partial_line(log_file)
         lines = "".join(dumps(row) + "\n" for row in rows)
-        with open(log_file, "a") as file:
+        with open_own(log_file, "a") as file:
             file.write(lines)
             file.flush()
             os.fsync(file.fileno())
@@ -381,20 +408,19 @@ class RunDir:
         kept, newline added: readers counted that point as measured already."""
         if not log_file.exists() or log_file.stat().st_size == 0:
             return
-        with open(log_file, "rb+") as file:
-            file.seek(-1, os.SEEK_END)
+        with open_own(log_file, "rb+") as file:
+            end = file.seek(0, os.SEEK_END)
+            file.seek(end - 1)
             if file.read(1) == b"\n":
                 return
-            file.seek(0)
-            data = file.read()
-            keep = data.rfind(b"\n") + 1
-            if self._row(log_file.stem, data[keep:]) is not None:
+            keep, tail = _last_line_start(file, end)
+            if self._row(log_file.stem, tail) is not None:
                 file.seek(0, os.SEEK_END)
                 file.write(b"\n")
             else:
                 file.truncate(keep)
                 log.warning("%s: cut a partial last line (%d bytes, written by an interrupted run); "
-                            "its point is measured again", log_file, len(data) - keep)
+                            "its point is measured again", log_file, end - keep)
             file.flush()
             os.fsync(file.fileno())
 
@@ -499,11 +525,11 @@ class RunDir:
         self._export_parquet(table)
         return dropped
 
-    def export_if_stale(self, table: str) -> None:
-        """Rewrite `<table>.parquet` when it is older than the log or missing (an export a full
-        disk or a kill stopped: a resume that measures nothing still leaves it whole)."""
-        log_file, export = self.path / f"{table}.jsonl", self.path / f"{table}.parquet"
-        if log_file.exists() and (not export.exists() or export.stat().st_mtime_ns < log_file.stat().st_mtime_ns):
+    def refresh_export(self, table: str) -> None:
+        """Rewrite `<table>.parquet` from the log, when there is one: an export that a full disk or
+        a kill stopped is made whole again even by a resume that measures nothing (file times are
+        too coarse to tell whether it is stale)."""
+        if (self.path / f"{table}.jsonl").exists():
             self._export_parquet(table)
 
     def _export_parquet(self, table: str) -> None:
@@ -521,7 +547,7 @@ class RunDir:
         if folder == str(self.path.resolve()) and token and token == self._holder().get("token"):
             yield token
             return
-        handle = open(self.path / ".lock", "a+")
+        handle = open_own(self.path / ".lock", "a+")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -560,12 +586,26 @@ class RunDir:
 
     @contextlib.contextmanager
     def _file_lock(self, name: str) -> Iterator[None]:
-        with open(self.path / name, "a") as handle:
+        with open_own(self.path / name, "a") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
                 yield
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _last_line_start(file, end: int, block: int = 1 << 16) -> tuple[int, bytes]:
+    """(offset, bytes) of the last line of a file of `end` bytes, reading back from the end in
+    blocks (a log of many rows is never read whole to mend its last line)."""
+    tail, position = b"", end
+    while position > 0:
+        position = max(0, position - block)
+        file.seek(position)
+        tail = file.read(min(block, end - position)) + tail
+        newline = tail.rfind(b"\n")
+        if newline >= 0:
+            return position + newline + 1, tail[newline + 1:]
+    return 0, tail
 
 
 def _first_line(exc: BaseException) -> str:

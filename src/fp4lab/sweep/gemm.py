@@ -211,7 +211,7 @@ def run_sweep(config: GemmSweep, run: RunDir, *, retry_failed: bool = False, pro
     device = hardware.resolve_device(config.device)
     facts = device_facts(device)
     with run.lock(command), runner.signals_as_interrupt():
-        run.export_if_stale("gemm")
+        run.refresh_export("gemm")
         todo = todo_points(config, run, facts["gpu_index"], retry_failed)
         stored = run.run_json().get("sweep") or {}
         if "provenance" not in run.run_json():
@@ -240,13 +240,13 @@ def run_sweep(config: GemmSweep, run: RunDir, *, retry_failed: bool = False, pro
         status, sampler = "interrupted", None
         try:
             if groups:
-                runner.ensure_ceilings(run, device, run.path / "logs")
+                runner.ensure_ceilings(run, device)
                 sampler = _start_sampler(config.telemetry_hz, facts["gpu_index"])
             job = {"kind": "gemm", "run_id": run.run_id, "device": device, "seed": config.seed,
                    "timer": config.timer.as_dict(), "energy_window_s": config.energy_window_s}
             for name, points in groups.items():
                 runner.measure_group(
-                    name, points, job, run.path / "logs" / f"{name}.log", record,
+                    name, points, job, runner.log_path(run, name), record,
                     lambda point, status, error: point_row(run.run_id, point, backend(point.backend),
                                                            status, error, facts),
                     config.point_timeout_s)

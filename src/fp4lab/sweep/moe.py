@@ -246,7 +246,7 @@ def run_sweep(config: MoeSweep, run: RunDir, *, retry_failed: bool = False, prog
     facts = device_facts(device)
     model = config.model()
     with run.lock(command), runner.signals_as_interrupt():
-        run.export_if_stale("moe")
+        run.refresh_export("moe")
         if retry_failed:
             run.drop_rows("moe", run.row_keys("moe", FAILED))
         done = run.row_keys("moe")
@@ -274,11 +274,11 @@ def run_sweep(config: MoeSweep, run: RunDir, *, retry_failed: bool = False, prog
         status = "interrupted"
         try:
             if groups:
-                runner.ensure_ceilings(run, device, run.path / "logs")
+                runner.ensure_ceilings(run, device)
             job = {"kind": "moe", "run_id": run.run_id, "device": device, "config": config.as_dict()}
             for name, points in groups.items():
                 runner.measure_group(
-                    name, points, job, run.path / "logs" / f"moe-{name}.log", record,
+                    name, points, job, runner.log_path(run, f"moe-{name}"), record,
                     lambda point, status, error: point_row(run.run_id, config, point, status, error, facts),
                     config.point_timeout_s)
             status = "complete"
