@@ -236,6 +236,17 @@ def test_runs_skips_corrupt_folders_naming_each_and_lists_the_rest(world):
         assert f"skipped run folder: {world['runs'] / name / 'run.json'}:" in done.stderr, name
 
 
+def test_chapter_05_reads_its_siblings_and_skips_the_corrupt_ones(world):
+    """Defect 5: chapter 05 read every sibling, so one corrupt run folder failed it on every later
+    report. Now each is skipped with a note naming its run.json."""
+    run = RunDir.create(world["runs"], run_id="20261202T000000Z-ch05")
+    page = CHAPTERS["05_history"].build(str(run.path), "none", "smoke", "cpu")
+    notes = " ".join(page.notes)
+    for name in ("truncated", "listed", "typed", "config-list"):
+        assert f"skipped run folder: {world['runs'] / name / 'run.json'}:" in notes, name
+    assert "index" in page.sections and "findings" in page.sections
+
+
 # -- chapter parameters ---------------------------------------------------------------------------
 
 CHAPTER_CASES = [

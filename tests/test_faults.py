@@ -172,6 +172,23 @@ def test_resume_after_a_half_written_line_has_an_uninterrupted_runs_rows(killed_
     assert out.strip() == str(killed_and_resumed["run_path"])
 
 
+def test_moe_sweep_twice_on_one_id_measures_each_point_once(tmp_path):
+    """Defect 3: `moe-sweep` twice with one id appended every row again."""
+    args = ["--profile", "smoke", "--device", "cpu", "--methods", "loop-bf16", "--batch", "8", "--ep", "1",
+            "--steps", "4", "--repeats", "2", "--run-id", "moe-twice", "--quiet"]
+    runs = []
+    for _ in range(2):
+        proc = subprocess.Popen([sys.executable, "-m", "fp4lab", "moe-sweep", *args], cwd=tmp_path,
+                                env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        runs.append(finish(proc))
+    assert [code for code, _, _ in runs] == [0, 0], runs[-1][2]
+    assert runs[1][2].startswith("0 points measured")
+    run = RunDir.open(tmp_path / "runs" / "moe-twice")
+    keys = [schema.MOE.row_key(row) for row in run.read_rows("moe")]
+    assert len(keys) == len(set(keys)) == 2 + 2 * 10          # 2 expert GEMMs + the dense curve
+    assert run.run_json()["moe"]["status"] == "complete"
+
+
 # -- a hang, then SIGTERM --------------------------------------------------------------------------
 
 def test_a_hung_point_times_out_and_sigterm_stops_the_workers(tmp_path):

@@ -345,3 +345,27 @@ def test_the_index_skips_a_corrupt_folder_with_a_warning_naming_it(tmp_path, cap
     assert list(frame["run_id"]) == found
     assert str(tmp_path / "20261201T120000Z-broken" / "run.json") in caplog.text
     assert str(tmp_path / "20261201T130000Z-typed" / "run.json") in caplog.text
+
+
+def gpu_run(root, run_id: str, created: str) -> RunDir:
+    run = RunDir.create(root, run_id=run_id)
+    run.update_run_json(None, {"created": created,
+                               "provenance": {"device": {"kind": "cuda", "name": "NVIDIA H200"}}})
+    run.append_rows("gemm", [gemm_row(1)])
+    return run
+
+
+def test_share_takes_the_newest_gpu_run_by_time_from_its_runs_folder(tmp_path):
+    """"Latest" is the newest by creation time (not by name), under --runs-dir first; the
+    committed reference runs only when --runs-dir holds no GPU run."""
+    from fp4lab import share
+    from fp4lab.results import REFERENCE_ROOT
+
+    gpu_run(tmp_path, "zzz-named-last-made-first", "2026-11-01T00:00:00+00:00")
+    newest = gpu_run(tmp_path, "aaa-named-first-made-last", "2026-12-01T00:00:00+00:00")
+    RunDir.create(tmp_path, run_id="zzzz-cpu-run")
+    assert share.pick_run(None, tmp_path).path == newest.path
+    assert share.pick_run("zzz-named-last-made-first", tmp_path).run_id == "zzz-named-last-made-first"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert share.pick_run(None, empty).path.parent == REFERENCE_ROOT
