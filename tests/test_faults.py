@@ -226,6 +226,23 @@ def test_sigterm_and_sighup_are_an_interrupt_while_a_sweep_runs(signum):
     assert signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler, signal.SIG_IGN)
 
 
+def test_a_second_signal_does_not_cut_the_cleanup_short():
+    """systemd and shells resend SIGTERM: the `finally` that records `interrupted` still runs."""
+    from fp4lab.sweep.runner import Interrupted, signals_as_interrupt
+
+    cleaned = []
+    with pytest.raises(Interrupted):
+        with signals_as_interrupt():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+            finally:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)
+                cleaned.append(True)
+    assert cleaned == [True]
+
+
 # -- a full disk -----------------------------------------------------------------------------------
 
 class FullDisk:
@@ -364,3 +381,55 @@ def test_two_reports_with_different_ids_at_once_each_build_a_whole_book(tmp_path
     assert f"chapter of run {published}" in chapter
     assert not [page for page, text in pages.items() if other in text]          # never mixed
     assert any(published in text for page, text in pages.items() if page.name == "intro.html")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children, grandchildren, ...), from /proc."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_report_shuts_its_kernel_down(tmp_path):
+    """SIGTERM (and SIGHUP) stop `report` like Ctrl-C: the chapter's kernel does not outlive it."""
+    pytest.importorskip("papermill")
+    import nbformat
+
+    notebook = tmp_path / "00_sleeps.ipynb"
+    book = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "language": "python",
+                                                             "display_name": "Python 3"}})
+    book.cells = [nbformat.v4.new_markdown_cell("# 00 · Sleeps"),
+                  nbformat.v4.new_code_cell('run_dir = ""', metadata={"tags": ["parameters"]}),
+                  nbformat.v4.new_code_cell("import time\nprint('sleeping', flush=True)\ntime.sleep(120)")]
+    nbformat.write(book, str(notebook))
+    proc = subprocess.Popen([sys.executable, "-m", "fp4lab", "report", "--profile", "smoke", "--device", "cpu",
+                             "--run-id", "term", "--reference-dir", "none", "--no-build", "--quiet",
+                             "--notebooks", str(notebook)], cwd=tmp_path, env=environment(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    kernels: list[int] = []
+
+    def kernel_started():
+        kernels[:] = [pid for pid in descendants(proc.pid)
+                      if b"ipykernel" in Path(f"/proc/{pid}/cmdline").read_bytes()] if proc.poll() is None else []
+        return bool(kernels)
+
+    wait_for(kernel_started, timeout=60, what="the chapter's kernel")
+    time.sleep(1.0)                                   # into the cell's sleep
+    proc.send_signal(signal.SIGTERM)
+    code, out, err = finish(proc, timeout=60)
+    # the kernel may log its own socket closing under it; fp4lab itself ends in one line
+    assert code == 130 and err.strip().splitlines()[-1] == "fp4lab: interrupted", err
+    assert "/fp4lab/" not in err, err
+    wait_for(lambda: not any(alive(pid) for pid in kernels), timeout=15, what="the kernel to stop")
+    assert not RunDir.open(tmp_path / "runs" / "term").path.joinpath(".lock").read_text()

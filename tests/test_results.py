@@ -85,6 +85,18 @@ def test_an_absurdly_large_run_json_is_refused_before_it_is_read(tmp_path, monke
         RunDir.open(run.path)
 
 
+@pytest.mark.parametrize("name", ["run.json", "gemm.jsonl"])
+def test_a_fifo_or_device_in_a_run_folder_is_refused_not_read_forever(run, name):
+    (run.path / name).unlink(missing_ok=True)
+    os.mkfifo(run.path / name)
+    with pytest.raises(RunFolderError, match=f"{name}: not a regular file"):
+        run.run_json() if name == "run.json" else run.read_rows("gemm")
+    (run.path / name).unlink()
+    (run.path / name).symlink_to("/dev/zero")
+    with pytest.raises(RunFolderError, match=f"{name}: not a regular file"):
+        run.run_json() if name == "run.json" else run.read_table("gemm")
+
+
 def test_a_run_json_that_is_a_folder_is_not_a_run(tmp_path):
     (tmp_path / "odd" / "run.json").mkdir(parents=True)
     with pytest.raises(RunFolderError, match="not a run folder"):

@@ -125,6 +125,8 @@ def stage(run: RunDir, chapters: list[dict[str, Any]], reference: RunDir | None,
     if reference is not None:
         (staged / "chapters" / "reference").mkdir()
         for executed in sorted((reference.path / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+            if not executed.is_file():
+                continue
             hide_code(executed, staged / "chapters" / "reference" / executed.name)
             references.append(executed.stem)
     (staged / "chapters" / "front.md").write_text(front_md)

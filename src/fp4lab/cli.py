@@ -256,8 +256,9 @@ def _report(sub) -> None:
 def run_report(args) -> int:
     from pathlib import Path
 
-    from fp4lab import hardware, params, profiles, report
+    from fp4lab import hardware, profiles, report
     from fp4lab.results import RUNS_ROOT
+    from fp4lab.sweep.runner import signals_as_interrupt
 
     if args.profile != "auto":
         profiles.check(args.profile)
@@ -272,9 +273,10 @@ def run_report(args) -> int:
         missing = [str(p) for p in notebooks if not p.is_file()]
         if missing:
             raise ParameterError(f"--notebooks: not found: {', '.join(missing)}")
-    result = report.run_report(args.profile, args.run_id, args.runs_dir or RUNS_ROOT, notebooks,
-                               build=not args.no_build, reference_dir=args.reference_dir, device=args.device,
-                               progress=not args.quiet)
+    with signals_as_interrupt():          # SIGTERM/SIGHUP: the kernel is shut down, as on Ctrl-C
+        result = report.run_report(args.profile, args.run_id, args.runs_dir or RUNS_ROOT, notebooks,
+                                   build=not args.no_build, reference_dir=args.reference_dir,
+                                   device=args.device, progress=not args.quiet)
     return result.exit_code
 
 

@@ -356,7 +356,8 @@ class RunDir:
         file = self.path / "run.json"
         if not file.exists():
             return {}
-        if file.is_file() and file.stat().st_size > RUN_JSON_LIMIT:
+        _regular(file)
+        if file.stat().st_size > RUN_JSON_LIMIT:
             raise RunFolderError(f"{file}: {file.stat().st_size} bytes, more than a run.json holds "
                                  f"({RUN_JSON_LIMIT})")
         try:
@@ -442,6 +443,7 @@ class RunDir:
         log_file = self.path / f"{table}.jsonl"
         if not log_file.exists():
             return
+        _regular(log_file)
         with open(log_file, "rb") as file:
             for number, line in enumerate(file, 1):
                 if line.strip():
@@ -482,6 +484,7 @@ class RunDir:
         if (self.path / f"{table}.jsonl").exists():
             frame = pd.DataFrame(self.read_rows(table))
         elif (self.path / f"{table}.parquet").exists():
+            _regular(self.path / f"{table}.parquet")
             try:
                 frame = pd.read_parquet(self.path / f"{table}.parquet")
             except Exception as exc:  # noqa: BLE001 - pyarrow raises many kinds for a bad file
@@ -592,6 +595,12 @@ class RunDir:
                 yield
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _regular(path: Path) -> None:
+    """A run folder's file must be a regular file: reading a FIFO or /dev/zero never ends."""
+    if not path.is_file():
+        raise RunFolderError(f"{path}: not a regular file")
 
 
 def _last_line_start(file, end: int, block: int = 1 << 16) -> tuple[int, bytes]:

@@ -41,14 +41,20 @@ class Interrupted(KeyboardInterrupt):
 @contextlib.contextmanager
 def signals_as_interrupt() -> Iterator[None]:
     """SIGTERM and SIGHUP raise Interrupted in the main thread for the duration (as Ctrl-C
-    raises KeyboardInterrupt), so `finally` blocks stop workers and record the status."""
+    raises KeyboardInterrupt), so `finally` blocks stop workers and record the status; a
+    repeated signal while they do is ignored (SIGKILL still ends everything)."""
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
+    stopping = []
+
     def handler(signum, frame):
+        if stopping:          # a second signal while stopping: let the cleanup record `interrupted`
+            return
+        stopping.append(signum)
         raise Interrupted(f"received {signal.Signals(signum).name}")
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
