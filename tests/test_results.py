@@ -248,6 +248,16 @@ def test_temporary_files_are_unique_and_never_left_behind(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["table.parquet"]
 
 
+def test_whole_files_are_readable_like_the_files_they_replace(run):
+    """mkstemp makes owner-only files: a run.json or parquet shared with a team must not become one."""
+    assert (run.path / "run.json").stat().st_mode & 0o777 == 0o644
+    os.chmod(run.path / "run.json", 0o640)
+    run.update_run_json("sweep", {"status": "running"})
+    assert (run.path / "run.json").stat().st_mode & 0o777 == 0o640
+    run.append_rows("gemm", [gemm_row(1)])
+    assert (run.path / "gemm.parquet").stat().st_mode & 0o777 == 0o644
+
+
 def test_concurrent_run_json_updates_lose_no_section(run):
     def writer(section):
         for i in range(20):

@@ -273,9 +273,13 @@ def _finite(value: Any) -> Any:
 
 
 def atomic_write(path: Path, write) -> None:
-    """`write(file)` into a unique temporary file beside `path`, fsync, then rename over `path`."""
+    """`write(file)` into a unique temporary file beside `path`, fsync, then rename over `path`
+    (keeping the mode of the file it replaces; a new one is readable by all, as open() makes it,
+    not mkstemp's owner-only)."""
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        mode = path.stat().st_mode & 0o777 if path.is_file() else 0o644
+        os.fchmod(handle, mode)
         with os.fdopen(handle, "wb") as file:
             write(file)
             file.flush()
