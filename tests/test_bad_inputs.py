@@ -147,6 +147,7 @@ CLI_CASES = [
     ("share run id escapes", "share --run-id ../x", 2, "run_id='../x'"),
     ("share run id unknown", "share --run-id nope", 2, "run_id='nope': no such run"),
     ("share run corrupt", "share --run-id truncated", 2, "truncated/run.json"),
+    ("share out-dir a file", "share --run-id no-config --out-dir {tmp}/a-file", 1, "a-file: File exists"),
     ("runs missing root", "runs {tmp}/missing", 2, "missing' is not a folder"),
     ("runs a file", "runs {tmp}/a-file", 2, "a-file' is not a folder"),
     ("backends device", "backends --device tpu", 2, "device 'tpu'"),
@@ -245,6 +246,22 @@ def test_chapter_05_reads_its_siblings_and_skips_the_corrupt_ones(world):
     for name in ("truncated", "listed", "typed", "config-list"):
         assert f"skipped run folder: {world['runs'] / name / 'run.json'}:" in notes, name
     assert "index" in page.sections and "findings" in page.sections
+
+
+def test_nothing_from_a_run_folder_reaches_the_terminal_as_control_characters(tmp_path, world):
+    """A device name or a folder name holding escape sequences (clear the screen, set the title,
+    write the clipboard with OSC 52) is printed with them shown, never sent."""
+    roots = tmp_path / "escapes"
+    run = RunDir.create(roots, run_id="20261203T000000Z-escape")
+    run.update_run_json(None, {"provenance": {"device": {"kind": "cuda", "name": "\x1b[2J\x1b]52;c;ZXZpbA==\x07H200"}}})
+    (roots / "bad\x1b]0;pwned\x07").mkdir()
+    (roots / "bad\x1b]0;pwned\x07" / "run.json").write_text("{")
+    done = subprocess.run([sys.executable, "-m", "fp4lab", "runs", str(roots)], capture_output=True, text=True,
+                          cwd=world["tmp"] / "elsewhere", env=world["env"], timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout + done.stderr and "\x07" not in done.stdout + done.stderr
+    assert "\\x1b[2J\\x1b]52;c;ZXZpbA==\\x07H200" in done.stdout
+    assert "bad\\x1b]0;pwned\\x07" in done.stderr
 
 
 # -- chapter parameters ---------------------------------------------------------------------------

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 
 from fp4lab.errors import ParameterError, UsageError
+from fp4lab.text import printable
 
 GRID_FLAGS = ("backends", "format", "m", "shapes", "preset", "repeats", "energy_window", "profile",
               "run_id", "eager", "point_timeout", "device")
@@ -155,7 +157,7 @@ def _measure(work, run, table: str) -> int:
     print(f"{measured} points measured in {time.monotonic() - started:.1f} s; the run holds {len(rows)}: "
           + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())), file=sys.stderr)
     if table == "gemm" and len(rows):
-        print(_headline(run), file=sys.stderr)
+        print(printable(_headline(run)), file=sys.stderr)      # names from the run's rows
     print(run.path)
     return 0
 
@@ -313,9 +315,9 @@ def run_runs(args) -> int:
         if not Path(params.check_text("roots", root)).is_dir():
             raise ParameterError(f"roots: {params.shown(root)} is not a folder")
     roots = args.roots or [RUNS_ROOT, REFERENCE_ROOT, MEASUREMENTS_ROOT]
-    frame = list_runs(*roots)
-    print(frame.drop(columns=["path", "root"]).to_string(index=False) if len(frame) else
-          "no runs under " + ", ".join(map(str, roots)))
+    frame = list_runs(*roots).drop(columns=["path", "root"])
+    shown = frame.map(lambda value: value if value is None else printable(" ".join(str(value).split())))
+    print(shown.to_string(index=False) if len(frame) else "no runs under " + ", ".join(map(str, roots)))
     return 0
 
 
@@ -332,14 +334,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import logging
-
-    logging.basicConfig(level=logging.WARNING, format="fp4lab: %(message)s", stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_PrintableFormatter("fp4lab: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
     except (UsageError, ParameterError, FileNotFoundError) as exc:
-        print(f"fp4lab: error: {' '.join(str(exc).split())[:500]}", file=sys.stderr)
+        print(f"fp4lab: error: {printable(' '.join(str(exc).split())[:500])}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("fp4lab: interrupted", file=sys.stderr)
@@ -349,7 +351,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+class _PrintableFormatter(logging.Formatter):
+    """Log lines name files and runs: their control characters are shown, never sent."""
+
+    def format(self, record) -> str:
+        return printable(super().format(record))
+
+
 def _os_error(exc: OSError) -> str:
     where = " -> ".join(str(name) for name in (exc.filename, exc.filename2) if name)
-    text = f"{where}: {exc.strerror or exc}" if where else str(exc.strerror or exc)
-    return " ".join(text.split())[:500]
+    message = f"{where}: {exc.strerror or exc}" if where else str(exc.strerror or exc)
+    return printable(" ".join(message.split())[:500])

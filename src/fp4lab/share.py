@@ -81,12 +81,12 @@ def share(run_id: str | None = None, runs_dir: str | os.PathLike = RUNS_ROOT,
           out_dir: str | os.PathLike = SHARE_DIR) -> Path:
     """`share/<run-id>-diagnosis.html`."""
     run = pick_run(run_id, runs_dir)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)         # before the work: a bad --out-dir costs nothing
     info = run.run_json()
     profile = (info.get("report") or {}).get("profile")
     if profile not in profiles.PROFILES:           # none recorded (a sweep's run), or not one of ours
         profile = "full" if is_gpu_run(info) else "smoke"
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     target = out / f"{run.run_id}-diagnosis.html"
     page = share_html(run, profile)
     atomic_write(target, lambda file: file.write(page.encode()))

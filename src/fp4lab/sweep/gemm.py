@@ -170,7 +170,7 @@ def measure_job(job: dict[str, Any], send) -> None:
 def format_point_line(row: dict[str, Any]) -> str:
     """One fixed-width line per measured point (the columns of LOG_HEADER)."""
     from fp4lab import roofline
-    from fp4lab.text import sig
+    from fp4lab.text import printable, sig
 
     tflops = tbps = None
     if row.get("median_us") and row.get("weight_dtype"):
@@ -178,9 +178,9 @@ def format_point_line(row: dict[str, Any]) -> str:
         moved = roofline.gemm_bytes(row["m"], row["n"], row["k"], row["weight_dtype"], row["fmt"],
                                     row["act_dtype"])
         tflops, tbps = flops / row["median_us"] / 1e6, moved / row["median_us"] / 1e6
-    return (f"{row['backend']:<19.19} {row['fmt']:<5} {row['m']:>6} {row['n']:>6} {row['k']:>6} "
-            f"{row['status']:<12} {sig(row.get('median_us'), 4):>10} {sig(tflops):>8} {sig(tbps):>6} "
-            f"{sig(row.get('rel_err'), 2):>8}")
+    return printable(f"{row['backend']:<19.19} {row['fmt']:<5} {row['m']:>6} {row['n']:>6} {row['k']:>6} "
+                     f"{row['status']:<12} {sig(row.get('median_us'), 4):>10} {sig(tflops):>8} {sig(tbps):>6} "
+                     f"{sig(row.get('rel_err'), 2):>8}")
 
 
 def _static_reason(impl, fmt: str, device: str) -> str | None:

@@ -212,15 +212,15 @@ def measure_job(job: dict[str, Any], send) -> None:
 # -- parent side ----------------------------------------------------------------------------------
 
 def format_point_line(row: dict[str, Any]) -> str:
-    """One fixed-width line per measured point."""
-    from fp4lab.text import sig
+    """One fixed-width line per measured point (an error's control characters shown, not sent)."""
+    from fp4lab.text import printable, sig
 
     where = f"B={row['batch']}" if row.get("batch") is not None else f"m={row.get('m')}"
     head = (f"{row['preset']:<14.14} {row['method']:<20.20} {row['gemm']:<7} {str(row.get('fmt') or ''):<5} "
             f"{where:<7} ep={row['ep']:<2} {row['status']:<12}")
     if row["status"] != "ok":
-        return head + " " + str(row.get("error") or "")[:90]
-    return head + f" {sig(row['median_us'], 4):>9} us  rel_err {sig(row.get('rel_err'), 2)}"
+        return printable(head + " " + " ".join(str(row.get("error") or "").split())[:90])
+    return printable(head + f" {sig(row['median_us'], 4):>9} us  rel_err {sig(row.get('rel_err'), 2)}")
 
 
 def _static_reason(point: MoePoint, device: str) -> str | None:
