@@ -3,6 +3,7 @@ run folder whole? (issue 11; the CPU tests prove the same with no GPU to hold.)
 
     PYTHONPATH=src:tests python benchmarks/fault_drill.py            # on the H200, writes $OUT
     PYTHONPATH=src:tests python benchmarks/fault_drill.py --device cpu --out /tmp/drill   # anywhere
+    (--cases A or --cases BCD runs one part; BCD alone measures its own ceilings)
 
 Needs torch and the repository only (no carried wheels, no papermill); the fake backends come
 from tests/fakes (FP4LAB_EXTRA_BACKENDS). Every step runs `python -m fp4lab sweep` as a user would,
@@ -294,6 +295,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--out", default=os.environ.get("OUT"), help="where results go (default: $OUT)")
+    parser.add_argument("--cases", default="A,BCD", help="A (misbehaving backends), BCD (signals, kill, "
+                                                          "resume) or both (default)")
     args = parser.parse_args()
     if not args.out:
         parser.error("give --out or set OUT")
@@ -302,7 +305,9 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="fp4lab-drill-"))
     drill = Drill(args.device, out, work)
     try:
-        for case in (drill.case_a, lambda: drill.case_bcd(work / "drill-a")):
+        cases = {"A": drill.case_a, "BCD": lambda: drill.case_bcd(work / "drill-a")}
+        for name in args.cases.split(","):
+            case = cases[name]
             if left() < 60:
                 drill.check("-", "time left for the next case", False, f"{left():.0f} s")
                 break
