@@ -31,6 +31,7 @@ SRC = TESTS_DIR.parent / "src"
 GRID = ["--profile", "smoke", "--device", "cpu", "--format", "nvfp4", "--shapes", "32x64", "--quiet",
         "--repeats", "3"]
 M_VALUES = "1,2,4,8,16,32"
+SECRET = "s3cr3t-7f1e9a"  # in the environment of a sweep; never in its run folder
 SLOW = "5000"          # fake-slow's GEMMs per call: about a second per point, time to act mid-sweep
 
 
@@ -173,13 +174,15 @@ def test_resume_after_a_half_written_line_has_an_uninterrupted_runs_rows(killed_
 
 
 def test_moe_sweep_twice_on_one_id_measures_each_point_once(tmp_path):
-    """Defect 3: `moe-sweep` twice with one id appended every row again."""
+    """Defect 3: `moe-sweep` twice with one id appended every row again. (And what holds: no
+    secret from the environment reaches the run folder, its logs included.)"""
     args = ["--profile", "smoke", "--device", "cpu", "--methods", "loop-bf16", "--batch", "8", "--ep", "1",
             "--steps", "4", "--repeats", "2", "--run-id", "moe-twice", "--quiet"]
     runs = []
     for _ in range(2):
         proc = subprocess.Popen([sys.executable, "-m", "fp4lab", "moe-sweep", *args], cwd=tmp_path,
-                                env=environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                env=environment(tmp_path, HF_TOKEN=SECRET, AWS_SECRET_ACCESS_KEY=SECRET),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         runs.append(finish(proc))
     assert [code for code, _, _ in runs] == [0, 0], runs[-1][2]
     assert runs[1][2].startswith("0 points measured")
@@ -187,6 +190,9 @@ def test_moe_sweep_twice_on_one_id_measures_each_point_once(tmp_path):
     keys = [schema.MOE.row_key(row) for row in run.read_rows("moe")]
     assert len(keys) == len(set(keys)) == 2 + 2 * 10          # 2 expert GEMMs + the dense curve
     assert run.run_json()["moe"]["status"] == "complete"
+    files = [path for path in run.path.rglob("*") if path.is_file()]
+    assert any(path.suffix == ".log" for path in files)
+    assert not [path for path in files if SECRET.encode() in path.read_bytes()]
 
 
 # -- a hang, then SIGTERM --------------------------------------------------------------------------
