@@ -54,15 +54,29 @@ def book_lock() -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+# Outputs a chapter shows: its Markdown, HTML and figures, and text. Anything else in a notebook
+# (scripts, SVG, widgets) or markup that could run is not fp4lab's: a reference run somebody sent
+# you is data, and its notebooks must not put live markup into the book.
+SHOWN_MIME_TYPES = ("text/plain", "text/markdown", "text/html", "image/png")
+LIVE_MARKUP = re.compile(r"<\s*/?\s*(script|iframe|object|embed|svg|math|base|form|link|meta|frame)\b"
+                         r"|<[^>]*\son[a-z]+\s*=|javascript:|vbscript:|\{(raw|eval-rst|include|literalinclude)\}",
+                         re.IGNORECASE)
+REMOVED = "output removed by fp4lab: it held {what}, which the book does not show"
+
+
 def hide_code(notebook_path: Path, target: Path) -> None:
     """Copy an executed notebook for the book: code cells hidden (the parameters and papermill's
-    injected parameters removed), so pages show prose, tables and figures, not code."""
+    injected parameters removed), so pages show prose, tables and figures, not code; outputs and
+    Markdown cells that could carry live markup are replaced by a line saying so."""
     import nbformat
 
     book = nbformat.read(str(notebook_path), as_version=4)
     for cell in book.cells:
+        if cell.cell_type == "markdown" and LIVE_MARKUP.search(cell.source):
+            cell.source = REMOVED.format(what="live markup")
         if cell.cell_type != "code":
             continue
+        cell.outputs = [_shown_output(output) for output in cell.get("outputs", [])]
         tags = list(cell.metadata.get("tags", []))
         for marker, wanted in HIDE_TAGS.items():
             if marker in tags:
@@ -71,6 +85,21 @@ def hide_code(notebook_path: Path, target: Path) -> None:
             tags.append("remove-input")
         cell.metadata["tags"] = tags
     nbformat.write(book, str(target))
+
+
+def _shown_output(output):
+    """The output as the book may show it, or a stream line saying why it is not shown."""
+    import nbformat
+
+    data = output.get("data")
+    if data is None:
+        return output                                   # stream and error outputs: shown as text
+    other = sorted(set(data) - set(SHOWN_MIME_TYPES))
+    live = [mime for mime in ("text/html", "text/markdown") if LIVE_MARKUP.search(str(data.get(mime, "")))]
+    if not other and not live:
+        return output
+    what = f"live markup in its {live[0]}" if live else f"a {other[0]} output"
+    return nbformat.v4.new_output("stream", name="stdout", text=REMOVED.format(what=what) + "\n")
 
 
 def stage(run: RunDir, chapters: list[dict[str, Any]], reference: RunDir | None, front_md: str) -> Path:
@@ -95,7 +124,9 @@ def stage(run: RunDir, chapters: list[dict[str, Any]], reference: RunDir | None,
     references = []
     if reference is not None:
         (staged / "chapters" / "reference").mkdir()
-        for executed in sorted((reference.path / "notebooks").glob("*.ipynb")):
+        for executed in sorted((reference.path / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+            if not executed.is_file():
+                continue
             hide_code(executed, staged / "chapters" / "reference" / executed.name)
             references.append(executed.stem)
     (staged / "chapters" / "front.md").write_text(front_md)
@@ -112,11 +143,11 @@ def write_toc(staged: Path, local: list[str], references: list[str], run: RunDir
     lines = ["format: jb-book", "root: intro", "parts:",
              f"  - caption: {json.dumps('This run: ' + run.run_id + ' (' + device_label(run.run_json()) + ')')}",
              "    chapters:"]
-    lines += [f"      - file: chapters/{stem}" for stem in local]
+    lines += [f"      - file: {json.dumps('chapters/' + stem)}" for stem in local]
     if references:
         caption = f"Reference run: {reference.run_id} ({device_label(reference.run_json())})"
         lines += [f"  - caption: {json.dumps(caption)}", "    chapters:"]
-        lines += [f"      - file: chapters/reference/{stem}" for stem in references]
+        lines += [f"      - file: {json.dumps('chapters/reference/' + stem)}" for stem in references]
     (staged / "_toc.yml").write_text("\n".join(lines) + "\n")
 
 

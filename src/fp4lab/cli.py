@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 
 from fp4lab.errors import ParameterError, UsageError
+from fp4lab.text import printable
 
 GRID_FLAGS = ("backends", "format", "m", "shapes", "preset", "repeats", "energy_window", "profile",
-              "run_id", "eager", "point_timeout")
+              "run_id", "eager", "point_timeout", "device")
 EXTRA_COMMANDS = ("fp4lab.gpus_cli", "fp4lab.comm.cli")   # modules with an `add_cli(subparsers)` of their own
 
 
@@ -85,6 +87,7 @@ def run_sweep(args) -> int:
     from fp4lab.sweep.gemm import run_sweep as sweep
 
     _resume_conflicts(args, GRID_FLAGS + ("out",))
+    _check_run_id(args.run_id)
     if args.resume:
         run = RunDir.open(args.resume)
         stored = (run.run_json().get("sweep") or {}).get("config")
@@ -99,13 +102,34 @@ def run_sweep(args) -> int:
             timer["use_graph"] = False
         config = GemmSweep.from_profile(
             params.check_text("--profile", args.profile), args.device, preset=args.preset,
-            backends=params.parse_text_list(args.backends) or None, fmts=params.parse_text_list(args.format) or None,
-            m_values=params.parse_int_list("--m", args.m) if args.m else None,
-            shapes=params.parse_shapes("--shapes", args.shapes) if args.shapes else None,
+            backends=_names("--backends", args.backends), fmts=_names("--format", args.format),
+            m_values=params.parse_int_list("--m", args.m) if args.m is not None else None,
+            shapes=params.parse_shapes("--shapes", args.shapes) if args.shapes is not None else None,
             energy_window_s=args.energy_window, point_timeout_s=args.point_timeout, timer=timer or None)
-        run = RunDir.create(args.out or RUNS_ROOT, run_id=args.run_id, label=_label(config.device))
+        out = params.check_text("--out", args.out, allow_empty=False) if args.out is not None else RUNS_ROOT
+        run = RunDir.create(out, run_id=args.run_id, label=_label(config.device))
     return _measure(lambda: sweep(config, run, retry_failed=args.retry_failed, progress=not args.quiet,
                                   command=" ".join(sys.argv)), run, "gemm")
+
+
+def _names(flag: str, text: str | None) -> tuple[str, ...] | None:
+    """A comma list flag: None when not given (the profile's), never empty when given."""
+    from fp4lab import params
+
+    if text is None:
+        return None
+    names = params.parse_text_list(params.check_text(flag, text))
+    if not names:
+        raise params.fail(flag, text, "expected a comma list of names")
+    return names
+
+
+def _check_run_id(run_id: str | None) -> None:
+    """A --run-id given (even empty) is checked, never silently replaced by a new one."""
+    from fp4lab import params
+
+    if run_id is not None:
+        params.check_name("--run-id", run_id)
 
 
 def _label(device: str) -> str:
@@ -124,12 +148,16 @@ def _measure(work, run, table: str) -> int:
     except (KeyboardInterrupt, Interrupted):
         print(f"interrupted: measured points are kept; continue with --resume {run.path}", file=sys.stderr)
         return 130
+    except OSError as exc:           # a full disk, a folder gone read-only: the log repairs itself
+        print(f"fp4lab: stopped: {_os_error(exc)}; measured points are kept; continue with --resume "
+              f"{run.path}", file=sys.stderr)
+        return 1
     rows = run.read_table(table)
     counts = rows["status"].value_counts().to_dict() if len(rows) else {}
     print(f"{measured} points measured in {time.monotonic() - started:.1f} s; the run holds {len(rows)}: "
           + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())), file=sys.stderr)
     if table == "gemm" and len(rows):
-        print(_headline(run), file=sys.stderr)
+        print(printable(_headline(run)), file=sys.stderr)      # names from the run's rows
     print(run.path)
     return 0
 
@@ -204,6 +232,7 @@ def run_moe_sweep(args) -> int:
     from fp4lab.sweep import MoeSweep
     from fp4lab.sweep.moe import run_sweep as sweep
 
+    _check_run_id(args.run_id)
     config = MoeSweep.from_profile(args.profile, args.device, preset=args.preset, batch_sizes=args.batch,
                                    routing=args.routing, ep_degrees=args.ep, fmts=args.fmts, methods=args.methods,
                                    steps=args.steps, point_timeout_s=args.point_timeout, scaled=args.scaled,
@@ -229,8 +258,9 @@ def _report(sub) -> None:
 def run_report(args) -> int:
     from pathlib import Path
 
-    from fp4lab import hardware, params, profiles, report
+    from fp4lab import hardware, profiles, report
     from fp4lab.results import RUNS_ROOT
+    from fp4lab.sweep.runner import signals_as_interrupt
 
     if args.profile != "auto":
         profiles.check(args.profile)
@@ -238,17 +268,17 @@ def run_report(args) -> int:
         hardware.resolve_device(args.device)
     except ValueError as exc:
         raise ParameterError(f"--device: {exc}") from None
-    if args.run_id:
-        params.check_name("--run-id", args.run_id)
+    _check_run_id(args.run_id)
     notebooks = None
     if args.notebooks:
         notebooks = [Path(p) for p in args.notebooks]
         missing = [str(p) for p in notebooks if not p.is_file()]
         if missing:
             raise ParameterError(f"--notebooks: not found: {', '.join(missing)}")
-    result = report.run_report(args.profile, args.run_id, args.runs_dir or RUNS_ROOT, notebooks,
-                               build=not args.no_build, reference_dir=args.reference_dir, device=args.device,
-                               progress=not args.quiet)
+    with signals_as_interrupt():          # SIGTERM/SIGHUP: the kernel is shut down, as on Ctrl-C
+        result = report.run_report(args.profile, args.run_id, args.runs_dir or RUNS_ROOT, notebooks,
+                                   build=not args.no_build, reference_dir=args.reference_dir,
+                                   device=args.device, progress=not args.quiet)
     return result.exit_code
 
 
@@ -276,12 +306,18 @@ def _runs(sub) -> None:
 
 
 def run_runs(args) -> int:
+    from pathlib import Path
+
+    from fp4lab import params
     from fp4lab.results import MEASUREMENTS_ROOT, REFERENCE_ROOT, RUNS_ROOT, list_runs
 
+    for root in args.roots:
+        if not Path(params.check_text("roots", root)).is_dir():
+            raise ParameterError(f"roots: {params.shown(root)} is not a folder")
     roots = args.roots or [RUNS_ROOT, REFERENCE_ROOT, MEASUREMENTS_ROOT]
-    frame = list_runs(*roots)
-    print(frame.drop(columns=["path", "root"]).to_string(index=False) if len(frame) else
-          "no runs under " + ", ".join(map(str, roots)))
+    frame = list_runs(*roots).drop(columns=["path", "root"])
+    shown = frame.map(lambda value: value if value is None else printable(" ".join(str(value).split())))
+    print(shown.to_string(index=False) if len(frame) else "no runs under " + ", ".join(map(str, roots)))
     return 0
 
 
@@ -298,15 +334,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import logging
-
-    logging.basicConfig(level=logging.WARNING, format="fp4lab: %(message)s", stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_PrintableFormatter("fp4lab: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
     except (UsageError, ParameterError, FileNotFoundError) as exc:
-        print(f"fp4lab: error: {' '.join(str(exc).split())[:500]}", file=sys.stderr)
+        print(f"fp4lab: error: {printable(' '.join(str(exc).split())[:500])}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("fp4lab: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:           # permission denied, a full disk: the file and the reason
+        print(f"fp4lab: error: {_os_error(exc)}", file=sys.stderr)
+        return 1
+
+
+class _PrintableFormatter(logging.Formatter):
+    """Log lines name files and runs: their control characters are shown, never sent."""
+
+    def format(self, record) -> str:
+        return printable(super().format(record))
+
+
+def _os_error(exc: OSError) -> str:
+    where = " -> ".join(str(name) for name in (exc.filename, exc.filename2) if name)
+    message = f"{where}: {exc.strerror or exc}" if where else str(exc.strerror or exc)
+    return printable(" ".join(message.split())[:500])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import fcntl
 import json
 import logging
@@ -37,8 +38,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from fp4lab import schema
+from fp4lab import dtypes, schema
 from fp4lab.errors import ParameterError
+from fp4lab.params import shown
 
 log = logging.getLogger("fp4lab")
 
@@ -51,6 +53,7 @@ RUNS_ROOT = Path(os.environ.get("FP4LAB_RUNS_DIR") or REPO_ROOT / "runs")
 REFERENCE_ROOT = REPO_ROOT / "results" / "reference"
 MEASUREMENTS_ROOT = REPO_ROOT / "results" / "measurements"
 NO_REFERENCE = "none"  # reference_dir value that shows no reference run
+RUN_JSON_LIMIT = 64 << 20      # bytes: provenance and settings, never data
 LOCK_ENV = "FP4LAB_RUN_LOCK"   # "<run folder>=<token>" handed to processes the lock holder starts
 
 
@@ -143,6 +146,95 @@ def is_gpu_run(run_json: dict[str, Any]) -> bool:
     return device_of(run_json).get("kind") == "cuda"
 
 
+# -- run.json, declared ---------------------------------------------------------------------------
+
+# The fields of run.json that fp4lab reads, with the JSON type each must have where present (None,
+# JSON's null, is always allowed): a run folder somebody sent you is checked against this once,
+# when it is opened, so a wrong type is one line naming the file and the field, never a traceback
+# from deep inside a chapter. Fields not listed are kept as written.
+NUMBER = (int, float)
+RUN_JSON_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "run_id": str, "created": str,
+    "provenance": dict, "provenance.device": dict, "provenance.versions": dict,
+    "provenance.command": str, "provenance.fp4lab_git_sha": str, "provenance.cuda": str,
+    "provenance.device.name": str, "provenance.device.kind": str, "provenance.device.spec": str,
+    "provenance.device.cpu_model": str, "provenance.device.driver": str,
+    "provenance.device.compute_capability": list, "provenance.device.native_fp4": list,
+    "provenance.device.power_limit_w": NUMBER, "provenance.device.sm_count": int,
+    "provenance.device.memory_gb": NUMBER, "provenance.device.l2_mb": NUMBER,
+    "sweep": dict, "sweep.config": dict, "sweep.ceilings": dict, "sweep.status": str,
+    "sweep.resumed": list, "sweep.started": str,
+    "moe": dict, "moe.config": dict, "moe.model": dict, "moe.status": str, "moe.started": str,
+    "report": dict, "report.profile": str, "report.chapters": list, "report.reference_dir": str,
+    "telemetry": dict, "telemetry.power_limit_w": NUMBER,
+    "comm": dict,
+}
+
+
+def run_json_problem(data: dict[str, Any]) -> str | None:
+    """What is wrong with a run.json's content (the first declared field of the wrong type), or
+    None; versions must map package names to version strings."""
+    for dotted, expected in RUN_JSON_FIELDS.items():
+        value, found = data, True
+        for part in dotted.split("."):
+            if not isinstance(value, dict) or part not in value:
+                found = False
+                break
+            value = value[part]
+        if not found or value is None:
+            continue
+        if isinstance(value, bool) and expected is not bool or not isinstance(value, expected):
+            names = " or ".join(t.__name__ for t in (expected if isinstance(expected, tuple) else (expected,)))
+            return f"field {dotted!r} must be {_JSON_NAMES.get(names, names)}, found {_json_type(value)}"
+    versions = (data.get("provenance") or {}).get("versions") or {}
+    bad = next((name for name, version in versions.items() if not isinstance(version, (str, type(None)))), None)
+    if bad is not None:
+        return f"field 'provenance.versions.{bad}' must be a version string, found {_json_type(versions[bad])}"
+    return None
+
+
+_JSON_NAMES = {"str": "a string", "dict": "an object", "list": "a list", "int": "an integer",
+               "int or float": "a number"}
+
+
+def _json_type(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "true/false", int: "an integer",
+            float: "a number"}.get(type(value), type(value).__name__)
+
+
+# the JSON types a declared column's value may have in a stored row (None is always allowed)
+ROW_TYPES = {"str": (str,), "int": (int, float), "float": (int, float), "bool": (bool,), "list": (list,)}
+# columns with a closed vocabulary, in whichever table declares them: the analysis computes with
+# these words (bytes per weight, whose peak), so a row holding another one is not a row
+ROW_VALUES = {
+    "status": schema.STATUSES,
+    "fmt": ("nvfp4", "mxfp4"),                      # fp4lab.formats.BLOCK_SIZE (which imports torch)
+    "weight_dtype": dtypes.WEIGHT_DTYPES,
+    "act_dtype": tuple(sorted({act for _, act in dtypes.MATH_DTYPE})),
+    "math_dtype": tuple(sorted(set(dtypes.MATH_DTYPE.values()))),
+    "device": ("cpu", "cuda"),
+    "kind": ("gemm", "layer", "dense"),
+    "gemm": ("gate_up", "down", "layer"),
+}
+
+
+def row_problem(declared: schema.Table, row: dict[str, Any]) -> str | None:
+    """The first declared column of `row` holding a value of the wrong type, as a phrase; None
+    when the row is whole. An integer column takes 16.0 (older writers) but not 16.5."""
+    for column in declared.columns:
+        value = row.get(column.name)
+        if value is None:
+            continue
+        wrong = (isinstance(value, bool) and column.dtype != "bool"
+                 or not isinstance(value, ROW_TYPES[column.dtype])
+                 or column.dtype == "int" and isinstance(value, float) and not value.is_integer())
+        if wrong:
+            return f"column {column.name!r} ({column.dtype}) holds {_json_type(value)}"
+        if column.name in ROW_VALUES and value not in ROW_VALUES[column.name]:
+            return f"column {column.name!r} holds {shown(value)}, not one of {', '.join(ROW_VALUES[column.name])}"
+    return None
+
+
 # -- files written whole --------------------------------------------------------------------------
 
 def _json_default(value: Any):
@@ -160,6 +252,19 @@ def dumps(value: Any, **kwargs) -> str:
     return json.dumps(_finite(value), default=_json_default, allow_nan=False, **kwargs)
 
 
+def loads(text: str | bytes) -> Any:
+    """JSON as fp4lab writes it: NaN, Infinity and -Infinity are refused (ValueError), never
+    read back as floats that no number in a run may be; so is nesting too deep to decode."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def _finite(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -170,18 +275,14 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def atomic_write(path: Path, write) -> None:
     """`write(file)` into a unique temporary file beside `path`, fsync, then rename over `path`
-    (with the permissions a plain open() would give: mkstemp's are owner-only)."""
+    (keeping the mode of the file it replaces; a new one is readable by all, as open() makes it,
+    not mkstemp's owner-only)."""
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.chmod(tmp, 0o666 & ~_umask())
     try:
+        mode = path.stat().st_mode & 0o777 if path.is_file() else 0o644
+        os.fchmod(handle, mode)
         with os.fdopen(handle, "wb") as file:
             write(file)
             file.flush()
@@ -191,6 +292,25 @@ def atomic_write(path: Path, write) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def open_own(path: Path, mode: str):
+    """`open(path, mode)` for writing a file of a run folder: a symbolic link, or a file with other
+    hard links, is refused (RunFolderError), since writing through it would change a file outside
+    the folder (a run folder somebody sent you could point `.lock` at a file of yours)."""
+    flags = {"a": os.O_WRONLY | os.O_APPEND | os.O_CREAT, "ab": os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+             "a+": os.O_RDWR | os.O_APPEND | os.O_CREAT, "rb+": os.O_RDWR}[mode]
+    try:
+        handle = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise RunFolderError(f"{path}: is a symbolic link; fp4lab writes only the run folder's own "
+                                 "files") from None
+        raise
+    if os.fstat(handle).st_nlink > 1:
+        os.close(handle)
+        raise RunFolderError(f"{path}: has other hard links; fp4lab writes only the run folder's own files")
+    return os.fdopen(handle, mode)
 
 
 # -- the run folder -------------------------------------------------------------------------------
@@ -243,16 +363,19 @@ class RunDir:
         file = self.path / "run.json"
         if not file.exists():
             return {}
+        _regular(file)
+        if file.stat().st_size > RUN_JSON_LIMIT:
+            raise RunFolderError(f"{file}: {file.stat().st_size} bytes, more than a run.json holds "
+                                 f"({RUN_JSON_LIMIT})")
         try:
-            data = json.loads(file.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            data = loads(file.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
             raise RunFolderError(f"{file}: not readable JSON ({_first_line(exc)})") from None
         if not isinstance(data, dict):
             raise RunFolderError(f"{file}: expected a JSON object, found {type(data).__name__}")
-        for key, value in data.items():
-            if key in ("provenance", "sweep", "moe", "report", "telemetry", "comm") and not isinstance(value, dict):
-                raise RunFolderError(f"{file}: section {key!r} must be an object, found "
-                                     f"{type(value).__name__}")
+        problem = run_json_problem(data)
+        if problem:
+            raise RunFolderError(f"{file}: {problem}")
         return data
 
     def update_run_json(self, section: str | None, values: dict[str, Any]) -> dict[str, Any]:
@@ -279,47 +402,85 @@ class RunDir:
         log_file = self.path / f"{table}.jsonl"
         self._repair_partial_line(log_file)
         lines = "".join(dumps(row) + "\n" for row in rows)
-        with open(log_file, "a") as file:
+        with open_own(log_file, "a") as file:
             file.write(lines)
             file.flush()
             os.fsync(file.fileno())
         self._export_parquet(table)
 
     def _repair_partial_line(self, log_file: Path) -> None:
-        """Cut a trailing line that has no newline (a crash or full disk mid-write)."""
+        """End the log on a whole line before appending. A trailing line with no newline is a
+        write cut short (a crash or a full disk): it is cut off, with a warning, so the next row
+        never glues onto it; a point it held is not counted as measured (readers skip it) and is
+        measured again. Only a last line that is a whole row (the newline alone was lost) is
+        kept, newline added: readers counted that point as measured already."""
         if not log_file.exists() or log_file.stat().st_size == 0:
             return
-        with open(log_file, "rb+") as file:
-            file.seek(-1, os.SEEK_END)
+        with open_own(log_file, "rb+") as file:
+            end = file.seek(0, os.SEEK_END)
+            file.seek(end - 1)
             if file.read(1) == b"\n":
                 return
-            file.seek(0)
-            data = file.read()
-            keep = data.rfind(b"\n") + 1
-            file.truncate(keep)
+            keep, tail = _last_line_start(file, end)
+            if self._row(log_file.stem, tail) is not None:
+                file.seek(0, os.SEEK_END)
+                file.write(b"\n")
+            else:
+                file.truncate(keep)
+                log.warning("%s: cut a partial last line (%d bytes, written by an interrupted run); "
+                            "its point is measured again", log_file, end - keep)
             file.flush()
             os.fsync(file.fileno())
-        log.warning("%s: cut a partial last line (%d bytes, written by an interrupted run); "
-                    "its point is measured again", log_file, len(data) - keep)
 
-    def read_rows(self, table: str) -> list[dict[str, Any]]:
+    @staticmethod
+    def _row(table: str, line: bytes) -> dict[str, Any] | None:
+        """One log line as a row, or None when it is not one: not JSON, not an object, a
+        non-finite number, or a declared column holding a value of the wrong type."""
+        try:
+            row = loads(line)
+        except (ValueError, UnicodeDecodeError):
+            return None
+        if not isinstance(row, dict):
+            return None
+        declared = schema.table(table)
+        return row if declared is None or row_problem(declared, row) is None else None
+
+    def _lines(self, table: str) -> Iterator[tuple[int, bytes, dict[str, Any] | None]]:
+        """(line number, raw line, row or None) for every non-blank line of the table's log."""
         log_file = self.path / f"{table}.jsonl"
         if not log_file.exists():
-            return []
-        rows = []
+            return
+        _regular(log_file)
         with open(log_file, "rb") as file:
             for number, line in enumerate(file, 1):
-                try:
-                    row = json.loads(line)
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    row = None
-                if isinstance(row, dict):
-                    rows.append(row)
-                elif line.strip():
-                    note = f"{log_file} line {number}: not a JSON object, skipped"
-                    self.skipped.append(note)
-                    log.warning(note)
+                if line.strip():
+                    yield number, line, self._row(table, line)
+
+    def read_rows(self, table: str) -> list[dict[str, Any]]:
+        """The rows of the table's log; a bad line is skipped with a warning naming the file, the
+        line and what is wrong (and listed in `self.skipped`)."""
+        rows, skipped = [], []
+        for number, line, row in self._lines(table):
+            if row is not None:
+                rows.append(row)
+            else:
+                skipped.append(f"{self.path / (table + '.jsonl')} line {number}: "
+                               f"{self._why_bad(table, line)}, skipped")
+        if skipped:          # one warning per read, however many lines a corrupt log holds
+            self.skipped += skipped
+            more = f" (and {len(skipped) - 1} more bad lines)" if len(skipped) > 1 else ""
+            log.warning("%s%s", skipped[0], more)
         return rows
+
+    @staticmethod
+    def _why_bad(table: str, line: bytes) -> str:
+        try:
+            row = loads(line)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return f"not a JSON row ({_first_line(exc)[:80]})"
+        if not isinstance(row, dict):
+            return f"not a JSON object ({_json_type(row)})"
+        return row_problem(schema.TABLES[table], row) or "not a row"
 
     def read_table(self, table: str):
         """The table as a typed DataFrame: from the jsonl log when there is one (the truth;
@@ -330,6 +491,7 @@ class RunDir:
         if (self.path / f"{table}.jsonl").exists():
             frame = pd.DataFrame(self.read_rows(table))
         elif (self.path / f"{table}.parquet").exists():
+            _regular(self.path / f"{table}.parquet")
             try:
                 frame = pd.read_parquet(self.path / f"{table}.parquet")
             except Exception as exc:  # noqa: BLE001 - pyarrow raises many kinds for a bad file
@@ -357,16 +519,28 @@ class RunDir:
 
     def drop_rows(self, table: str, keys: set[tuple]) -> int:
         """Remove the rows whose key is in `keys` (a `--retry-failed` resume re-measures them);
-        the log is rewritten whole, atomically. Returns how many rows went."""
+        every other line, unreadable ones included, is kept as it was. The log is rewritten whole,
+        atomically. Returns how many rows went."""
         declared = schema.TABLES[table]
-        rows = self.read_rows(table)
-        kept = [row for row in rows if declared.row_key(row) not in keys]
-        if len(kept) == len(rows):
+        self._repair_partial_line(self.path / f"{table}.jsonl")
+        kept, dropped = [], 0
+        for _, line, row in self._lines(table):
+            if row is not None and declared.row_key(row) in keys:
+                dropped += 1
+            else:
+                kept.append(line if line.endswith(b"\n") else line + b"\n")
+        if not dropped:
             return 0
-        text = "".join(dumps(row) + "\n" for row in kept)
-        atomic_write(self.path / f"{table}.jsonl", lambda file: file.write(text.encode()))
+        atomic_write(self.path / f"{table}.jsonl", lambda file: file.write(b"".join(kept)))
         self._export_parquet(table)
-        return len(rows) - len(kept)
+        return dropped
+
+    def refresh_export(self, table: str) -> None:
+        """Rewrite `<table>.parquet` from the log, when there is one: an export that a full disk or
+        a kill stopped is made whole again even by a resume that measures nothing (file times are
+        too coarse to tell whether it is stale)."""
+        if (self.path / f"{table}.jsonl").exists():
+            self._export_parquet(table)
 
     def _export_parquet(self, table: str) -> None:
         frame = self.read_table(table)
@@ -383,7 +557,7 @@ class RunDir:
         if folder == str(self.path.resolve()) and token and token == self._holder().get("token"):
             yield token
             return
-        handle = open(self.path / ".lock", "a+")
+        handle = open_own(self.path / ".lock", "a+")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -416,18 +590,38 @@ class RunDir:
     def _holder(self) -> dict[str, Any]:
         try:
             holder = json.loads((self.path / ".lock").read_text() or "{}")
-        except (OSError, json.JSONDecodeError):
+        except (OSError, ValueError):
             return {}
         return holder if isinstance(holder, dict) else {}
 
     @contextlib.contextmanager
     def _file_lock(self, name: str) -> Iterator[None]:
-        with open(self.path / name, "a") as handle:
+        with open_own(self.path / name, "a") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
                 yield
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _regular(path: Path) -> None:
+    """A run folder's file must be a regular file: reading a FIFO or /dev/zero never ends."""
+    if not path.is_file():
+        raise RunFolderError(f"{path}: not a regular file")
+
+
+def _last_line_start(file, end: int, block: int = 1 << 16) -> tuple[int, bytes]:
+    """(offset, bytes) of the last line of a file of `end` bytes, reading back from the end in
+    blocks (a log of many rows is never read whole to mend its last line)."""
+    tail, position = b"", end
+    while position > 0:
+        position = max(0, position - block)
+        file.seek(position)
+        tail = file.read(min(block, end - position)) + tail
+        newline = tail.rfind(b"\n")
+        if newline >= 0:
+            return position + newline + 1, tail[newline + 1:]
+    return 0, tail
 
 
 def _first_line(exc: BaseException) -> str:

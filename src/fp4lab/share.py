@@ -12,17 +12,18 @@ import base64
 import os
 from pathlib import Path
 
-from fp4lab import params, text
+from fp4lab import params, profiles, text
 from fp4lab.errors import ParameterError
-from fp4lab.results import (MEASUREMENTS_ROOT, REFERENCE_ROOT, REPO_ROOT, RUNS_ROOT, RunDir, find_run_dirs,
-                            latest_gpu_run)
+from fp4lab.results import (MEASUREMENTS_ROOT, REFERENCE_ROOT, REPO_ROOT, RUNS_ROOT, RunDir, atomic_write,
+                            find_run_dirs, is_gpu_run, latest_gpu_run)
 
 SHARE_DIR = REPO_ROOT / "share"
 
 
 def pick_run(run_id: str | None, runs_dir: str | os.PathLike) -> RunDir:
-    """The run to share: `run_id` under runs_dir (or the reference roots), else the newest GPU
-    run, else the newest run of any kind. Never a folder outside those roots."""
+    """The run to share: `run_id` under runs_dir (or the committed roots), else the newest GPU
+    run by creation time under runs_dir, else the newest committed reference GPU run, else the
+    newest run of any kind under runs_dir. Never a folder outside those roots."""
     roots = [Path(runs_dir), REFERENCE_ROOT, MEASUREMENTS_ROOT]
     if run_id:
         params.check_name("run_id", run_id)
@@ -30,7 +31,7 @@ def pick_run(run_id: str | None, runs_dir: str | os.PathLike) -> RunDir:
             if (root / run_id / "run.json").is_file():
                 return RunDir.open(root / run_id)
         raise ParameterError(f"run_id={run_id!r}: no such run under {runs_dir} or the committed results")
-    leading = latest_gpu_run(runs_dir, REFERENCE_ROOT)
+    leading = latest_gpu_run(runs_dir) or latest_gpu_run(REFERENCE_ROOT)
     if leading is not None:
         return RunDir.open(leading)
     runs = find_run_dirs(runs_dir)
@@ -80,12 +81,15 @@ def share(run_id: str | None = None, runs_dir: str | os.PathLike = RUNS_ROOT,
           out_dir: str | os.PathLike = SHARE_DIR) -> Path:
     """`share/<run-id>-diagnosis.html`."""
     run = pick_run(run_id, runs_dir)
-    profile = (run.run_json().get("report") or {}).get("profile") or ("full" if run.run_json().get(
-        "provenance", {}).get("device", {}).get("kind") == "cuda" else "smoke")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)         # before the work: a bad --out-dir costs nothing
+    info = run.run_json()
+    profile = (info.get("report") or {}).get("profile")
+    if profile not in profiles.PROFILES:           # none recorded (a sweep's run), or not one of ours
+        profile = "full" if is_gpu_run(info) else "smoke"
     target = out / f"{run.run_id}-diagnosis.html"
-    target.write_text(share_html(run, profile))
+    page = share_html(run, profile)
+    atomic_write(target, lambda file: file.write(page.encode()))
     return target
 
 

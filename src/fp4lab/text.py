@@ -1,9 +1,9 @@
 """Words and numbers as the book prints them: escaping of data strings, and number formats.
 
 Every string that comes from data (a backend name in a row, an error message, a run id, a model
-name, a parameter value) is escaped with `md()` before it enters Markdown and with `html()` before
-it enters HTML: a run folder somebody sent you is data, never markup (a backend named
-`<img src=x onerror=...>` prints as those characters).
+name, a parameter value) is escaped with `md()` before it enters Markdown, with `html()` before
+it enters HTML, and with `printable()` before it reaches a terminal: a run folder somebody sent
+you is data, never markup (a backend named `<img src=x onerror=...>` prints as those characters).
 
 Numbers: `sig()` gives significant digits without exponents for everyday magnitudes, `us()` a
 time with its unit (us below 1 ms, ms above), `pct()` a percentage, `count()` a count with its noun.
@@ -36,6 +36,16 @@ def markdown_to_html(markdown: str) -> str:
 def html(value) -> str:
     """`value` as plain text inside HTML (quotes escaped too: safe in attributes)."""
     return _html.escape(str(value), quote=True)
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(value) -> str:
+    """`value` as a terminal may print it: control characters (an escape sequence in a run
+    folder's device name could retitle, clear or write the clipboard of your terminal) shown as
+    `\\x1b`, line breaks and tabs kept."""
+    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", str(value))
 
 
 def code(value) -> str:

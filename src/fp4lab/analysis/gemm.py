@@ -269,7 +269,7 @@ def anatomy(results: GemmResults) -> pd.DataFrame:
     activations at the measured bandwidth) and the launch floor, and the share of the full kernel
     the loads alone take."""
     frame = results.view.run.read_table("anatomy")
-    ok = frame[frame["status"] == "ok"]
+    ok = frame[(frame["status"] == "ok") & frame["stage"].isin(ANATOMY_STAGES)] if len(frame) else frame
     columns = ["fmt", "n", "k", "m", *ANATOMY_STAGES, "copy_floor_us", "launch_floor_us", "load_share"]
     if not len(ok):
         return pd.DataFrame(columns=columns)

@@ -7,7 +7,7 @@ resumed run measures nothing twice), then reads the run through fp4lab.analysis.
 
 from __future__ import annotations
 
-from fp4lab import text
+from fp4lab import params, text
 from fp4lab.analysis import gemm as analysis
 from fp4lab.chapters.context import Context, open_context, parameters_block
 from fp4lab.plots import gemm as figures
@@ -43,6 +43,7 @@ def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", dev
     knobs = dict(backends=backends, fmts=fmts, m_values=m_values, preset=preset, shapes=shapes,
                  repeats=repeats, energy_window_s=energy_window_s)
     context = open_context(TITLE, run_dir, reference_dir, profile, device, **knobs)
+    measure = params.check_bool("measure", measure)
     config = GemmSweep.from_profile(
         context.profile, context.device, preset=preset,
         **{name: value for name, value in knobs.items() if name not in ("preset", "repeats")},

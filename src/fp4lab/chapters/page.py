@@ -92,13 +92,32 @@ class Page:
                          f"run (warnings raised while the chapter ran)</summary><ul>{items}</ul></details>"))
 
 
+FIGURE_TEXT_LIMIT = 160      # characters per line of any text in a figure (a label is a name)
+
+
 def png(fig) -> bytes:
-    """A figure rendered as PNG bytes (figures are not pyplot's: they show only where shown)."""
+    """A figure rendered as PNG bytes (figures are not pyplot's: they show only where shown).
+    Every text is drawn as the characters it holds: a backend named `$\\frac{` in a legend is
+    data, never mathtext (which would fail to parse and take the page down); control characters
+    become spaces and an absurdly long line is cut, so a 10 kB name cannot crowd the axes out."""
     import io
 
+    import matplotlib
+    from matplotlib.text import Text
+
+    for artist in fig.findobj(Text):
+        artist.set_parse_math(False)
+        artist.set_text(figure_text(artist.get_text()))
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", bbox_inches="tight")
+    with matplotlib.rc_context({"text.parse_math": False}):     # tick labels are made while drawing
+        fig.savefig(buffer, format="png", bbox_inches="tight")
     return buffer.getvalue()
+
+
+def figure_text(value: str) -> str:
+    lines = (" ".join(line.split()) for line in str(value).split("\n"))
+    return "\n".join(line if len(line) <= FIGURE_TEXT_LIMIT else line[:FIGURE_TEXT_LIMIT - 1] + "…"
+                     for line in lines)
 
 
 class NoteCollector(logging.Handler):

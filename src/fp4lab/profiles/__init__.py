@@ -27,8 +27,11 @@ def _load(profile: str) -> dict[str, dict[str, Any]]:
 
 
 def check(profile: str) -> str:
-    if profile not in PROFILES:
-        raise ValueError(f"profile {profile!r}: use one of {', '.join(PROFILES)} (or auto)")
+    from fp4lab.errors import ParameterError
+    from fp4lab.params import shown
+
+    if not isinstance(profile, str) or profile not in PROFILES:
+        raise ParameterError(f"profile={shown(profile)}: use one of {', '.join(PROFILES)} (or auto)")
     return profile
 
 

@@ -34,6 +34,32 @@ def _overlay(section: dict[str, Any], overrides: dict[str, Any]) -> dict[str, An
     return values
 
 
+def _settings(cls, what: str, values: Any) -> dict[str, Any]:
+    """`values` (a profile section laid over, or a config stored in run.json) as the keyword
+    arguments of `cls`: a mapping with no unknown and no missing setting, the timer built.
+    Anything else is one line naming the setting, never a TypeError."""
+    if not isinstance(values, dict):
+        raise ParameterError(f"{what}: expected a mapping of settings, found {params.shown(values)}")
+    fields = dataclasses.fields(cls)
+    names = {f.name for f in fields}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ParameterError(f"{what}: unknown setting {unknown[0]!r} (known: {', '.join(sorted(names))})")
+    required = [f.name for f in fields if f.default is dataclasses.MISSING and f.name not in values]
+    if required:
+        raise ParameterError(f"{what}: missing setting {required[0]!r}")
+    return {**values, "timer": timer_config(values.get("timer", {}))}
+
+
+def timer_config(values: Any) -> TimerConfig:
+    """TimerConfig.from_dict, with a wrong-typed setting (e.g. a string where a number goes) as
+    one line naming it too."""
+    try:
+        return TimerConfig.from_dict(values)
+    except TypeError as exc:
+        raise ParameterError(f"timer: {exc}") from None
+
+
 def check_device(device: str) -> str:
     """"auto", "cpu", "cuda" or "cuda:N"; a GPU asked for must be there."""
     from fp4lab import hardware
@@ -90,12 +116,7 @@ class GemmSweep:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "GemmSweep":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - names)
-        if unknown:
-            raise ParameterError(f"gemm sweep: unknown setting {unknown[0]!r} (known: {', '.join(sorted(names))})")
-        config = cls(**{**values, "timer": TimerConfig.from_dict(values.get("timer", {}))})
-        return config.check()
+        return cls(**_settings(cls, "gemm sweep", values)).check()
 
     def as_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "timer": self.timer.as_dict()}
@@ -104,8 +125,8 @@ class GemmSweep:
         from fp4lab.sweep.registry import backend_names
 
         known = backend_names()
-        fmts = params.check_text_list("fmts", list(self.fmts), FORMATS, allow_empty=False)
-        shapes = params.check_shapes("shapes", [list(s) for s in self.shapes])
+        fmts = params.check_text_list("fmts", self.fmts, FORMATS, allow_empty=False)
+        shapes = params.check_shapes("shapes", self.shapes)
         if not shapes:
             raise ParameterError("shapes=[]: give at least one [N, K] weight shape")
         for n, k in shapes:
@@ -115,10 +136,10 @@ class GemmSweep:
                                          f"block size ({BLOCK_SIZE[fmt]})")
         return dataclasses.replace(
             self,
-            backends=params.check_text_list("backends", list(self.backends), known),
+            backends=params.check_text_list("backends", self.backends, known),
             fmts=fmts, shapes=shapes,
-            m_values=params.check_int_list("m_values", list(self.m_values)),
-            anatomy_m=params.check_int_list("anatomy_m", list(self.anatomy_m), allow_empty=True),
+            m_values=params.check_int_list("m_values", self.m_values),
+            anatomy_m=params.check_int_list("anatomy_m", self.anatomy_m, allow_empty=True),
             energy_window_s=params.check_float("energy_window_s", self.energy_window_s, 0, 60),
             telemetry_hz=params.check_float("telemetry_hz", self.telemetry_hz, 0, 1000, strict_minimum=True),
             point_timeout_s=params.check_float("point_timeout_s", self.point_timeout_s, 0, 86400,
@@ -169,11 +190,7 @@ class MoeSweep:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "MoeSweep":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - names)
-        if unknown:
-            raise ParameterError(f"moe sweep: unknown setting {unknown[0]!r} (known: {', '.join(sorted(names))})")
-        return cls(**{**values, "timer": TimerConfig.from_dict(values.get("timer", {}))}).check()
+        return cls(**_settings(cls, "moe sweep", values)).check()
 
     def as_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "timer": self.timer.as_dict()}
@@ -190,26 +207,35 @@ class MoeSweep:
 
         try:
             model = presets.get(params.check_text("preset", self.preset, allow_empty=False))
-            routing.parse_routing(params.check_text("routing", self.routing, allow_empty=False))
+            spec = routing.parse_routing(params.check_text("routing", self.routing, allow_empty=False))
         except ParameterError:
             raise
         except ValueError as exc:
             raise ParameterError(str(exc)) from None
-        ep_degrees = params.check_int_list("ep_degrees", list(self.ep_degrees))
-        experts = (presets.scaled_down(model) if self.scaled else model).experts
+        ep_degrees = params.check_int_list("ep_degrees", self.ep_degrees)
+        scaled = params.check_bool("scaled", self.scaled)
+        batch_sizes = params.check_int_list("batch_sizes", self.batch_sizes)
+        steps = params.check_int("steps", self.steps, 1, 100_000)
+        measured = presets.scaled_down(model) if scaled else model
         for ep in ep_degrees:
-            if experts % ep:
-                raise ParameterError(f"ep_degrees: {experts} experts do not split evenly over {ep} ranks")
+            if measured.experts % ep:
+                raise ParameterError(f"ep_degrees: {measured.experts} experts do not split evenly over {ep} ranks")
+        if spec.kind == "trace":          # the file must fit every batch now, not fail every point later
+            for batch in batch_sizes:
+                try:
+                    routing.load_trace(spec.trace_path, measured.experts, measured.top_k, batch=batch, steps=steps)
+                except ValueError as exc:
+                    raise ParameterError(f"routing: {exc}") from None
         return dataclasses.replace(
             self,
-            batch_sizes=params.check_int_list("batch_sizes", list(self.batch_sizes)),
+            batch_sizes=batch_sizes,
             ep_degrees=ep_degrees,
-            fmts=params.check_text_list("fmts", list(self.fmts), FORMATS, allow_empty=False),
-            methods=params.check_text_list("methods", list(self.methods), moe_method_names()),
-            gemms=params.check_text_list("gemms", list(self.gemms), GEMMS, allow_empty=False),
-            dense_m_values=params.check_int_list("dense_m_values", list(self.dense_m_values)),
-            steps=params.check_int("steps", self.steps, 1, 100_000),
-            scaled=params.check_bool("scaled", self.scaled),
+            fmts=params.check_text_list("fmts", self.fmts, FORMATS, allow_empty=False),
+            methods=params.check_text_list("methods", self.methods, moe_method_names()),
+            gemms=params.check_text_list("gemms", self.gemms, GEMMS, allow_empty=False),
+            dense_m_values=params.check_int_list("dense_m_values", self.dense_m_values),
+            steps=steps,
+            scaled=scaled,
             point_timeout_s=params.check_float("point_timeout_s", self.point_timeout_s, 0, 86400,
                                                strict_minimum=True),
             device=check_device(self.device),

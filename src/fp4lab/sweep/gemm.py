@@ -170,7 +170,7 @@ def measure_job(job: dict[str, Any], send) -> None:
 def format_point_line(row: dict[str, Any]) -> str:
     """One fixed-width line per measured point (the columns of LOG_HEADER)."""
     from fp4lab import roofline
-    from fp4lab.text import sig
+    from fp4lab.text import printable, sig
 
     if "stage" in row:
         row = {**row, "backend": f"{row['backend']}:{row['stage']}", "weight_dtype": None}
@@ -180,9 +180,9 @@ def format_point_line(row: dict[str, Any]) -> str:
         moved = roofline.gemm_bytes(row["m"], row["n"], row["k"], row["weight_dtype"], row["fmt"],
                                     row["act_dtype"])
         tflops, tbps = flops / row["median_us"] / 1e6, moved / row["median_us"] / 1e6
-    return (f"{row['backend']:<19.19} {row['fmt']:<5} {row['m']:>6} {row['n']:>6} {row['k']:>6} "
-            f"{row['status']:<12} {sig(row.get('median_us'), 4):>10} {sig(tflops):>8} {sig(tbps):>6} "
-            f"{sig(row.get('rel_err'), 2):>8}")
+    return printable(f"{row['backend']:<19.19} {row['fmt']:<5} {row['m']:>6} {row['n']:>6} {row['k']:>6} "
+                     f"{row['status']:<12} {sig(row.get('median_us'), 4):>10} {sig(tflops):>8} {sig(tbps):>6} "
+                     f"{sig(row.get('rel_err'), 2):>8}")
 
 
 def _static_reason(impl, fmt: str, device: str) -> str | None:
@@ -225,6 +225,7 @@ def run_sweep(config: GemmSweep, run: RunDir, *, retry_failed: bool = False, pro
     device = hardware.resolve_device(config.device)
     facts = device_facts(device)
     with run.lock(command), runner.signals_as_interrupt():
+        run.refresh_export("gemm")
         todo = todo_points(config, run, facts["gpu_index"], retry_failed)
         stored = run.run_json().get("sweep") or {}
         if "provenance" not in run.run_json():
@@ -252,14 +253,14 @@ def run_sweep(config: GemmSweep, run: RunDir, *, retry_failed: bool = False, pro
         status, sampler = "interrupted", None
         try:
             if groups:
-                runner.ensure_ceilings(run, device, run.path / "logs")
+                runner.ensure_ceilings(run, device)
                 sampler = _start_sampler(config.telemetry_hz, facts["gpu_index"])
             job = {"run_id": run.run_id, "device": device, "seed": config.seed,
                    "timer": config.timer.as_dict(), "energy_window_s": config.energy_window_s}
             for name, points in groups.items():
                 kind = "anatomy" if isinstance(points[0], AnatomyPoint) else "gemm"
                 runner.measure_group(
-                    name, points, {**job, "kind": kind}, run.path / "logs" / f"{name}.log", record,
+                    name, points, {**job, "kind": kind}, runner.log_path(run, name), record,
                     lambda point, status, error: blank_for(run.run_id, point, status, error, facts),
                     config.point_timeout_s)
             status = "complete"

@@ -212,15 +212,15 @@ def measure_job(job: dict[str, Any], send) -> None:
 # -- parent side ----------------------------------------------------------------------------------
 
 def format_point_line(row: dict[str, Any]) -> str:
-    """One fixed-width line per measured point."""
-    from fp4lab.text import sig
+    """One fixed-width line per measured point (an error's control characters shown, not sent)."""
+    from fp4lab.text import printable, sig
 
     where = f"B={row['batch']}" if row.get("batch") is not None else f"m={row.get('m')}"
     head = (f"{row['preset']:<14.14} {row['method']:<20.20} {row['gemm']:<7} {str(row.get('fmt') or ''):<5} "
             f"{where:<7} ep={row['ep']:<2} {row['status']:<12}")
     if row["status"] != "ok":
-        return head + " " + str(row.get("error") or "")[:90]
-    return head + f" {sig(row['median_us'], 4):>9} us  rel_err {sig(row.get('rel_err'), 2)}"
+        return printable(head + " " + " ".join(str(row.get("error") or "").split())[:90])
+    return printable(head + f" {sig(row['median_us'], 4):>9} us  rel_err {sig(row.get('rel_err'), 2)}")
 
 
 def _static_reason(point: MoePoint, device: str) -> str | None:
@@ -246,6 +246,7 @@ def run_sweep(config: MoeSweep, run: RunDir, *, retry_failed: bool = False, prog
     facts = device_facts(device)
     model = config.model()
     with run.lock(command), runner.signals_as_interrupt():
+        run.refresh_export("moe")
         if retry_failed:
             run.drop_rows("moe", run.row_keys("moe", FAILED))
         done = run.row_keys("moe")
@@ -273,11 +274,11 @@ def run_sweep(config: MoeSweep, run: RunDir, *, retry_failed: bool = False, prog
         status = "interrupted"
         try:
             if groups:
-                runner.ensure_ceilings(run, device, run.path / "logs")
+                runner.ensure_ceilings(run, device)
             job = {"kind": "moe", "run_id": run.run_id, "device": device, "config": config.as_dict()}
             for name, points in groups.items():
                 runner.measure_group(
-                    name, points, job, run.path / "logs" / f"moe-{name}.log", record,
+                    name, points, job, runner.log_path(run, f"moe-{name}"), record,
                     lambda point, status, error: point_row(run.run_id, config, point, status, error, facts),
                     config.point_timeout_s)
             status = "complete"

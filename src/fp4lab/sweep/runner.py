@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -40,14 +41,20 @@ class Interrupted(KeyboardInterrupt):
 @contextlib.contextmanager
 def signals_as_interrupt() -> Iterator[None]:
     """SIGTERM and SIGHUP raise Interrupted in the main thread for the duration (as Ctrl-C
-    raises KeyboardInterrupt), so `finally` blocks stop workers and record the status."""
+    raises KeyboardInterrupt), so `finally` blocks stop workers and record the status; a
+    repeated signal while they do is ignored (SIGKILL still ends everything)."""
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
+    stopping = []
+
     def handler(signum, frame):
+        if stopping:          # a second signal while stopping: let the cleanup record `interrupted`
+            return
+        stopping.append(signum)
         raise Interrupted(f"received {signal.Signals(signum).name}")
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
@@ -74,12 +81,23 @@ def _stderr_tail(log_path: Path, start: int) -> str:
     return " | ".join(lines[-STDERR_TAIL_LINES:]) or "(no stderr)"
 
 
+def log_path(run, group: str) -> Path:
+    """`logs/<group>.log` of the run folder, inside it whatever the group's name holds."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", group).lstrip(".") or "group"
+    return run.path / "logs" / f"{safe}.log"
+
+
 def worker_messages(job: dict[str, Any], log_path: Path, point_timeout_s: float,
                     ready_timeout_s: float = READY_TIMEOUT_S) -> Iterator[dict[str, Any]]:
     """Start a worker on `job`; yield its messages, a `timeout` message when it stays silent too
     long (it is killed), then an `exit` message with its return code and last stderr lines."""
+    from fp4lab.results import RunFolderError, open_own
+
+    if log_path.parent.is_symlink():
+        raise RunFolderError(f"{log_path.parent}: is a symbolic link; fp4lab writes only the run folder's "
+                             "own files")
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
+    with open_own(log_path, "ab") as log:
         start = log.tell()
         proc = subprocess.Popen([sys.executable, "-m", WORKER_MODULE], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=log)
@@ -168,7 +186,7 @@ def _key(identity: dict[str, Any]) -> tuple:
     return tuple(sorted(identity.items()))
 
 
-def ensure_ceilings(run, device: str, log_dir: Path) -> dict[str, Any]:
+def ensure_ceilings(run, device: str) -> dict[str, Any]:
     """The run's ceilings: measured once (in a worker) and kept in run.json["sweep"]["ceilings"];
     {"measured": {...} or None, "spec": {...} or None, "error": why not measured}."""
     import dataclasses
@@ -180,7 +198,7 @@ def ensure_ceilings(run, device: str, log_dir: Path) -> dict[str, Any]:
         return stored
     ceilings: dict[str, Any] = {"measured": None}
     for message in worker_messages({"kind": "ceilings", "device": device},
-                                   log_dir / "ceilings.log", point_timeout_s=READY_TIMEOUT_S):
+                                   log_path(run, "ceilings"), point_timeout_s=READY_TIMEOUT_S):
         if message["event"] == "ceilings":
             ceilings["measured"] = message["ceilings"]
         elif message["event"] == "error":
