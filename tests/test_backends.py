@@ -13,7 +13,8 @@ from fp4lab.dtypes import WEIGHT_DTYPES
 from fp4lab.cli import main as cli_main
 
 EXPECTED_NAMES = ["torch-bf16", "torch-fp8", "emulated", "torch-fp4", "flashinfer-cutlass",
-                  "flashinfer-cudnn", "flashinfer-trtllm", "sgl-cutlass", "triton-w4a16"]
+                  "flashinfer-cudnn", "flashinfer-trtllm", "sgl-cutlass", "triton-w4a16", "humming-w4a16",
+                  "humming-w4a4", "gemlite-w4a16", "tinygemm-int4"]
 FP4_NATIVE = ["torch-fp4", "flashinfer-cutlass", "flashinfer-cudnn", "flashinfer-trtllm",
               "sgl-cutlass"]
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only answers")
@@ -59,8 +60,9 @@ def test_importing_backends_imports_no_gpu_library():
 def test_cpu_availability():
     rows = {row["name"]: row for row in backends.list_backends("auto")}
     assert list(rows) == EXPECTED_NAMES
-    assert {name for name, row in rows.items() if row["available"]} == {"torch-bf16", "emulated"}
-    for name in set(EXPECTED_NAMES) - {"torch-bf16", "emulated"}:
+    on_cpu = {"torch-bf16", "emulated", "tinygemm-int4"}       # torch ships tinygemm's CPU kernel too
+    assert {name for name, row in rows.items() if row["available"]} == on_cpu
+    for name in set(EXPECTED_NAMES) - on_cpu:
         assert rows[name]["reason"].startswith("no CUDA GPU"), rows[name]
 
 
@@ -106,7 +108,7 @@ def test_old_gpu_has_no_fp8(fake_gpu):
 def test_cli_table_and_json(capsys):
     assert cli_main(["backends", "--device", "cpu"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[:4] == ["backend", "formats", "library", "available"]
+    assert lines[0].split()[:4] == ["backend", "formats", "weights", "available"]
     body = {line.split()[0]: line for line in lines[2:]}
     assert list(body) == EXPECTED_NAMES
     assert body["emulated"].split()[3] == "yes"
