@@ -24,10 +24,11 @@ AT_DECODE = [Col("op", "collective"), Col("world_size", "ranks", "int"), Col("to
              Col("median_us", "median time", "us"), Col("busbw_gbps", "bus bandwidth (GB/s)", "sig"),
              Col("imbalance", "busiest / mean rank", "ratio")]
 LAYOUTS = [Col("layout", "layout"), Col("gpus", "GPUs", "int"), Col("layer_gemm_us", "expert GEMMs per layer", "us"),
-           Col("layer_comm_us", "comm per layer", "us"), Col("step_us", "MoE part of a step", "us"),
+           Col("layer_comm_us", "comm per layer", "us"), Col("stage_comm_us", "pipeline hand-offs per step", "us"),
+           Col("step_us", "MoE part of a step", "us"),
            Col("tokens_per_s", "tokens/s", "sig"), Col("comm_share", "share in comm", "share"),
            Col("bound", "bound by"), Col("vs_best", "vs fastest", "ratio"), Col("missing", "not measured")]
-PUBLISHED = [Col("source", "source"), Col("system", "system"), Col("link", "link"), Col("op", "op"),
+PUBLISHED = [Col("source", "source"), Col("system", "system, link"), Col("op", "op"),
              Col("world_size", "EP ranks", "int"), Col("tokens", "tokens per rank", "int"),
              Col("dtype", "dtype"), Col("us", "published", "us"), Col("measured_us", "this run", "us"),
              Col("note", "note")]
@@ -113,6 +114,8 @@ def fill(context: Context, study: analysis.LayoutStudy) -> None:
         at = study.layouts[study.layouts["batch"] == study.decode_batch]
         page.html("layouts", html_table(at, LAYOUTS, caption=source.caption(f"B={study.decode_batch}, fastest first")))
     published = comm_analysis.published_beside_measured(study.frame)
+    published = published.assign(system=published["system"] + ", " + published["link"],
+                                 op=published["op"].str.replace("all_to_all_", "", regex=False))
     page.html("published", html_table(published, PUBLISHED, caption="published figures, each with its source; "
                                                                     "'this run': the same op, ranks and sizes here"))
     page.bullets("findings", findings(study))
