@@ -237,6 +237,20 @@ def fastest_gemm_backend(gemm: gemm_analysis.GemmResults | None, model: presets.
     return min(times, key=times.get) if times else None
 
 
+def seed_backend(gemm: gemm_analysis.GemmResults | None, config: DiagnosisConfig) -> str | None:
+    """The GEMM backend whose seed table the book shows (chapter 01, chapter 04, the front page):
+    the one whose loop of expert GEMMs runs the diagnosed layer fastest at decode; on a run whose
+    shapes say nothing about the model (a CPU smoke run), the fastest at the smallest M."""
+    model = presets.get(config.preset)
+    load = moe_analysis.tokens_per_expert(model, config.decode_batch, config.routing, config.steps, config.seed)
+    found = fastest_gemm_backend(gemm, model, load)
+    if found is not None or gemm is None or not len(gemm.ok):
+        return found
+    ok = gemm.ok
+    smallest = ok[ok["m"] == ok["m"].min()]
+    return str(smallest.groupby("backend")["median_us"].median().idxmin())
+
+
 def choose(paths: pd.DataFrame, wanted: str) -> tuple[dict | None, str]:
     """The path to diagnose and why: the named one, else the fastest."""
     if not len(paths):
@@ -462,19 +476,19 @@ def diagnose(run_dir: str | RunDir, config: DiagnosisConfig) -> Diagnosis:
     model = presets.get(config.preset)
     load = moe_analysis.tokens_per_expert(model, config.decode_batch, config.routing, config.steps, config.seed)
     paths = decode_paths(gemm, moe if moe is not None and not moe.model.scaled else None, model, load, config)
-    seed_backend = fastest_gemm_backend(gemm, model, load)
+    seed_backend_name = seed_backend(gemm, config)
     chosen, reason = choose(paths, config.backend)
-    power_now = decode_power(power, seed_backend, model, load)
-    concurrency = what_if_concurrency(gemm, seed_backend, model, config)
+    power_now = decode_power(power, seed_backend_name, model, load)
+    concurrency = what_if_concurrency(gemm, seed_backend_name, model, config)
     comm = comm_analysis.CommTable(run.read_table("comm")) if run.has_table("comm") else None
-    ep = what_if_ep(gemm, seed_backend, model, config, comm)
+    ep = what_if_ep(gemm, seed_backend_name, model, config, comm)
     graphs = what_if_graphs(gemm)
     fp4 = fp4_lever(paths, model, load, gemm.bandwidth_tbps if gemm else None)
     return Diagnosis(
         config=config, view=run_view, gemm=gemm, moe=moe, power=power, load=load, paths=paths,
         chosen=chosen, chosen_reason=reason,
         verdict=verdict(chosen, power_now, config) if chosen and not run_view.is_smoke else None,
-        decode_power=power_now, seed_backend=seed_backend,
-        seed=gemm_analysis.seed_table(gemm, seed_backend) if seed_backend else pd.DataFrame(),
+        decode_power=power_now, seed_backend=seed_backend_name,
+        seed=gemm_analysis.seed_table(gemm, seed_backend_name) if seed_backend_name else pd.DataFrame(),
         fp4=fp4, levers=levers(paths, chosen, fp4, concurrency, ep, graphs, config.decode_batch),
         concurrency=concurrency, ep=ep, graphs=graphs, gate=gate_failures(gemm), missing=missing)
