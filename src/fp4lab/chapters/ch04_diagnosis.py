@@ -171,6 +171,7 @@ def fill(context: Context, d: decode.Diagnosis) -> None:
         ran = len(d.gemm.ok["backend"].unique()) if d.gemm is not None else 0
         page.prose("gate", f"No point failed the correctness gate ({ran} of {total} backends ran here).")
     if d.smoke:
+        elsewhere(page, d)         # spec sheets and rules only: the same on any machine
         page.bullets("findings", findings(d))
         return
     if len(d.seed):

@@ -18,6 +18,9 @@ from fp4lab import text
 
 SMOKE_BANNER = ("CPU smoke run: this page checks the pipeline on a CPU with tiny shapes. Its numbers "
                 "describe that CPU, not a GPU; what a GPU measured is in the reference part of the book.")
+EMPTY_SMOKE = ("Nothing here for a CPU smoke run: this section needs GPU measurements; the reference "
+               "part of the book shows it for the GPU that measured it.")
+EMPTY_RUN = "This run holds nothing for this section (the chapter's notes say why, where known)."
 NOTE_STYLES = {"note": ("#eef4fb", "#3572b0"), "warning": ("#fff7e6", "#d48806"),
                "danger": ("#fdeded", "#c00"), "smoke": ("#f3f0fa", "#6a4fb3")}
 
@@ -63,8 +66,19 @@ class Page:
     def figure(self, section: str, fig, caption: str) -> None:
         self.sections.setdefault(section, []).append(Block("figure", fig, caption))
 
-    def show(self, section: str) -> None:
-        """Display one section in the notebook (the cell's only output)."""
+    def show(self, *sections: str) -> None:
+        """Display sections in the notebook (one cell's output). When every content section asked
+        for is empty, a line says so, so no heading stands over nothing."""
+        from IPython.display import HTML, display
+
+        for section in sections:
+            self._show_one(section)
+        content = [section for section in sections if section not in ("banner", "notes", "parameters")]
+        if content and not any(self.sections.get(section) for section in content):
+            display(HTML(f'<p class="fp4lab-empty" style="color:#666;font-style:italic">'
+                         f"{text.html(EMPTY_SMOKE if self.smoke else EMPTY_RUN)}</p>"))
+
+    def _show_one(self, section: str) -> None:
         from IPython.display import HTML, Image, Markdown, display
 
         if section == "banner":
