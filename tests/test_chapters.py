@@ -121,3 +121,11 @@ def test_the_ep_lever_adds_measured_all_to_alls_only_where_measured():
     assert one["comm_us"] == 0 and one["us_per_token_with_comm"] == one["us_per_token"]
     spread = ep[ep["ep"] > 1]
     assert len(spread) and spread["comm_us"].isna().all()      # the rows hold world size 1 only
+
+
+def test_chapters_02_and_04_state_the_same_decode_power(reference_copy):
+    power_page = CHAPTERS["02_power_clocks"].build(str(reference_copy), "none", "full", "cpu")
+    diagnosis_page = ch04_diagnosis.build(str(reference_copy), "none", "full", "cpu")
+    in_02 = re.search(r"decode point chapter 04 diagnoses .*? draws ([\d.]+) W", page_text(power_page, "findings"))
+    in_04 = re.search(r"at the decode point .*? drew ([\d.]+) W", page_text(diagnosis_page, "findings"))
+    assert in_02 and in_04 and in_02.group(1) == in_04.group(1)

@@ -311,6 +311,17 @@ def decode_power(power: power_analysis.RunPower | None, backend: str | None, mod
             "points": len(chosen)}
 
 
+def decode_point_power(run: RunDir, config: DiagnosisConfig) -> dict[str, Any] | None:
+    """decode_power at the point the diagnosis reads (its seed backend, the decode Ms): the one
+    decode-power number chapters 02 and 04 state."""
+    if not (run.has_table("gemm") or run.has_table("telemetry")):
+        return None
+    gemm = gemm_analysis.gemm_results(run) if run.has_table("gemm") else None
+    model = presets.get(config.preset)
+    load = moe_analysis.tokens_per_expert(model, config.decode_batch, config.routing, config.steps, config.seed)
+    return decode_power(power_analysis.run_power(run), seed_backend(gemm, config), model, load)
+
+
 # -- levers -----------------------------------------------------------------------------------------
 
 def fp4_lever(paths: pd.DataFrame, model: presets.ModelPreset, load: dict,

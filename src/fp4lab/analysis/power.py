@@ -102,15 +102,13 @@ def timeline_numbers(power: RunPower) -> dict[str, Any]:
 
 
 def point_numbers(power: RunPower) -> dict[str, Any]:
-    """Power at decode-sized M and at the largest M, and the most and least efficient points."""
+    """Power at the largest M, and the most and least efficient points (power at decode is
+    fp4lab.analysis.decode.decode_point_power: one number for chapters 02 and 04)."""
     points = power.points
     if not len(points):
         return {}
-    small = points[points["m"] <= SMALL_M]
     largest = points[points["m"] == points["m"].max()]
-    found = {"small_m": SMALL_M, "small_points": len(small),
-             "small_w": small["avg_power_w"].median() if len(small) else None,
-             "largest_m": int(largest["m"].iloc[0]), "largest_w": largest["avg_power_w"].median()}
+    found = {"largest_m": int(largest["m"].iloc[0]), "largest_w": largest["avg_power_w"].median()}
     efficient = points.dropna(subset=["tflops_per_w"])
     if len(efficient):
         best = efficient.loc[efficient["tflops_per_w"].idxmax()]

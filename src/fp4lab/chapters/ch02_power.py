@@ -68,7 +68,8 @@ def fill(context: Context, sampled: str) -> None:
         page.note("source", f"No GPU telemetry in this run ({reason}). The reference part of the book "
                             "holds the GPU's power chapter; its key numbers are below.", "note")
         if context.reference is not None:
-            page.bullets("findings", findings(analysis.run_power(context.reference.run)))
+            page.bullets("findings", findings(analysis.run_power(context.reference.run),
+                                              decode_point(context.reference.run, context.profile)))
         return
     if power.has_telemetry:
         page.figure("timeline", figures.timeline(power.telemetry, power.points, power.power_limit_w),
@@ -85,14 +86,20 @@ def fill(context: Context, sampled: str) -> None:
         per_gpu = analysis.per_gpu(power)
         if len(per_gpu) > 1:
             page.html("points", html_table(per_gpu, PER_GPU, caption=power.caption("per GPU at decode M")))
-    page.bullets("findings", findings(power))
+    page.bullets("findings", findings(power, decode_point(context.run, context.profile)))
 
 
 def _of_limit(watts, limit) -> str:
     return f" ({text.pct(100 * watts / limit)} of its {text.sig(limit)} W limit)" if limit and watts else ""
 
 
-def findings(power: analysis.RunPower) -> list[str]:
+def decode_point(run, profile: str) -> dict | None:
+    from fp4lab.analysis import decode
+
+    return decode.decode_point_power(run, decode.DiagnosisConfig.from_profile(profile))
+
+
+def findings(power: analysis.RunPower, at_decode: dict | None = None) -> list[str]:
     lines = []
     timeline = analysis.timeline_numbers(power)
     device = text.md(power.view.device)
@@ -114,12 +121,13 @@ def findings(power: analysis.RunPower) -> list[str]:
             lines.append(f"No throttling reason appeared in {timeline['readings']} readings.")
     points = analysis.point_numbers(power)
     if points:
-        if points["small_w"] is not None:
+        if at_decode is not None:
             seed = SEED_POWER["watts"] / SEED_POWER["tdp_w"]
-            lines.append(f"At decode sizes (M <= {points['small_m']}) the GPU draws {text.sig(points['small_w'])} W "
-                         f"(median of {points['small_points']} windows){_of_limit(points['small_w'], power.power_limit_w)}; "
-                         f"the seed's GPUs drew {SEED_POWER['watts']} W of {SEED_POWER['tdp_w']} W "
-                         f"({text.pct(100 * seed)}) at decode.")
+            lines.append(f"At the decode point chapter 04 diagnoses (M = {text.join(at_decode['m_values'])} on the "
+                         f"expert shapes, {text.md(at_decode['backend'])}) the GPU draws "
+                         f"{text.sig(at_decode['avg_power_w'])} W (median of {at_decode['points']} windows)"
+                         f"{_of_limit(at_decode['avg_power_w'], power.power_limit_w)}; the seed's GPUs drew "
+                         f"{SEED_POWER['watts']} W of {SEED_POWER['tdp_w']} W ({text.pct(100 * seed)}) at decode.")
         lines.append(f"At M = {points['largest_m']} it draws {text.sig(points['largest_w'])} W"
                      f"{_of_limit(points['largest_w'], power.power_limit_w)}.")
         if "best" in points:
