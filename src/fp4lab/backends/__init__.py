@@ -72,22 +72,6 @@ def where_backends_run(capabilities: dict[str, tuple[int, int] | None]) -> list[
     return rows
 
 
-def where_backends_run(capabilities: dict[str, tuple[int, int] | None]) -> list[dict]:
-    """The "which backend runs where" matrix from the registry's rules alone (nothing imported):
-    one row per (device label, backend) with `runs` and the reason when it does not.
-
-    `capabilities` maps a device label ("B200", "CPU") to its compute capability (None: CPU).
-    Packages are not checked: this says what the backend's rules allow on a GPU never seen.
-    """
-    rows = []
-    for label, capability in capabilities.items():
-        for backend in REGISTRY.values():
-            reason = backend.capability_reason(capability)
-            rows.append({"device": label, "backend": backend.name, "runs": reason is None,
-                         "reason": reason or backend.what})
-    return rows
-
-
 def format_table(rows: list[dict]) -> str:
     """Fixed-width: one line per backend."""
     header = f"{'backend':<20} {'formats':<13} {'library':<11} {'available':<9}  reason"

@@ -25,20 +25,14 @@ def measure_job(job: dict[str, Any], send) -> None:
     """Worker: every anatomy point, the variants of one point built together (one config)."""
     from fp4lab import bench
     from fp4lab.backends import triton_w4a16
-    from fp4lab.bench import TimerConfig
-    from fp4lab.sweep.gemm import device_facts, make_activations, make_weights, timing_columns
+    from fp4lab.sweep.gemm import make_activations, make_weights, start_worker, timing_columns
     from fp4lab.sweep.registry import backend
     from fp4lab.sweep.worker import first_line
 
-    available, reason = backend("triton-w4a16").availability(job["device"])
-    if not available:
-        send("unavailable", reason=reason)
+    started = start_worker(backend("triton-w4a16"), job["device"], job["timer"], send)
+    if started is None:
         return
-    timer = TimerConfig.from_dict(job["timer"])
-    facts = device_facts(job["device"])
-    if facts["device"] == "cuda":
-        bench.warm_up_clocks(job["device"], timer)
-    send("ready")
+    timer, facts = started
     built: dict[tuple, dict] = {}
     for identity in job["points"]:
         point = AnatomyPoint(**identity)

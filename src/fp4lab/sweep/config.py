@@ -142,11 +142,7 @@ class GemmSweep:
             anatomy_m=params.check_int_list("anatomy_m", self.anatomy_m, allow_empty=True),
             energy_window_s=params.check_float("energy_window_s", self.energy_window_s, 0, 60),
             telemetry_hz=params.check_float("telemetry_hz", self.telemetry_hz, 0, 1000, strict_minimum=True),
-            point_timeout_s=params.check_float("point_timeout_s", self.point_timeout_s, 0, 86400,
-                                               strict_minimum=True),
-            device=check_device(self.device),
-            profile=profiles.check(self.profile),
-            seed=params.check_int("seed", self.seed, minimum=0))
+            **_checked_common(self))
 
     @property
     def backend_names(self) -> tuple[str, ...]:
@@ -236,17 +232,21 @@ class MoeSweep:
             dense_m_values=params.check_int_list("dense_m_values", self.dense_m_values),
             steps=steps,
             scaled=scaled,
-            point_timeout_s=params.check_float("point_timeout_s", self.point_timeout_s, 0, 86400,
-                                               strict_minimum=True),
-            device=check_device(self.device),
-            profile=profiles.check(self.profile),
-            seed=params.check_int("seed", self.seed, minimum=0))
+            **_checked_common(self))
 
     @property
     def method_names(self) -> tuple[str, ...]:
         from fp4lab.sweep.registry import moe_method_names
 
         return self.methods or tuple(moe_method_names())
+
+
+def _checked_common(sweep) -> dict[str, Any]:
+    """The fields every sweep config has, checked: point_timeout_s, device, profile, seed."""
+    return {"point_timeout_s": params.check_float("point_timeout_s", sweep.point_timeout_s, 0, 86400,
+                                                  strict_minimum=True),
+            "device": check_device(sweep.device), "profile": profiles.check(sweep.profile),
+            "seed": params.check_int("seed", sweep.seed, minimum=0)}
 
 
 def _has_cuda(device: str) -> bool:

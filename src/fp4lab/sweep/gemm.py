@@ -53,6 +53,25 @@ def make_weights(fmt: str, n: int, k: int, seed: int, device: str):
     return quantize(torch.randn(n, k, generator=generator, device=device), fmt)
 
 
+def start_worker(impl, device: str, timer_values: dict, send):
+    """A worker's first steps: import the backend (or method) once and answer `unavailable` with
+    its reason; else warm the clocks on a GPU and answer `ready`. Returns (timer, device facts),
+    None when unavailable."""
+    from fp4lab import bench
+    from fp4lab.bench import TimerConfig
+
+    available, reason = impl.availability(device)          # imports the package, once
+    if not available:
+        send("unavailable", reason=reason)
+        return None
+    timer = TimerConfig.from_dict(timer_values)
+    facts = device_facts(device)
+    if facts["device"] == "cuda":
+        bench.warm_up_clocks(device, timer)
+    send("ready")
+    return timer, facts
+
+
 def device_facts(device: str) -> dict[str, Any]:
     """device, gpu_index, pci_bus_id of the device a worker measures on."""
     import torch
@@ -137,19 +156,11 @@ def failed_row(job: dict[str, Any], point: GemmPoint, impl, exc: Exception, fact
 
 def measure_job(job: dict[str, Any], send) -> None:
     """Worker: measure one backend's points (see fp4lab.sweep.runner for the protocol)."""
-    from fp4lab import bench
-    from fp4lab.bench import TimerConfig
-
     impl = backend(job["group"])
-    available, reason = impl.availability(job["device"])        # imports the package, once
-    if not available:
-        send("unavailable", reason=reason)
+    started = start_worker(impl, job["device"], job["timer"], send)
+    if started is None:
         return
-    timer = TimerConfig.from_dict(job["timer"])
-    facts = device_facts(job["device"])
-    if facts["device"] == "cuda":
-        bench.warm_up_clocks(job["device"], timer)
-    send("ready")
+    timer, facts = started
     cached_key, weights = None, None
     for identity in job["points"]:
         point = GemmPoint(**identity)

@@ -25,7 +25,7 @@ from fp4lab import schema
 from fp4lab.results import RunDir, provenance, utc_now
 from fp4lab.sweep import runner
 from fp4lab.sweep.config import MoeSweep
-from fp4lab.sweep.gemm import device_facts, timing_columns
+from fp4lab.sweep.gemm import device_facts, start_worker, timing_columns
 from fp4lab.sweep.plan import DENSE_METHOD, MoePoint, moe_points
 from fp4lab.sweep.registry import moe_method, moe_method_names
 
@@ -177,22 +177,15 @@ def measure_job(job: dict[str, Any], send) -> None:
     """Worker: measure one MoE method's points (see fp4lab.sweep.runner for the protocol)."""
     import torch
 
-    from fp4lab import bench
     from fp4lab.backends.moe import MethodUnavailable
-    from fp4lab.bench import TimerConfig
     from fp4lab.sweep.worker import first_line
 
     config = MoeSweep.from_dict(job["config"])
     method = moe_method("loop-bf16" if job["group"] == DENSE_METHOD else job["group"])
-    available, reason = method.availability(job["device"])
-    if not available:
-        send("unavailable", reason=reason)
+    started = start_worker(method, job["device"], job["config"]["timer"], send)
+    if started is None:
         return
-    timer = TimerConfig.from_dict(job["config"]["timer"])
-    facts = device_facts(job["device"])
-    if facts["device"] == "cuda":
-        bench.warm_up_clocks(job["device"], timer)
-    send("ready")
+    timer, facts = started
     cache = ProblemCache(config, job["device"])
     for identity in job["points"]:
         point = MoePoint(**identity)
