@@ -45,6 +45,23 @@ def fake_nvml(monkeypatch):
     return install
 
 
+@pytest.fixture(autouse=True)
+def registries_as_they_were():
+    """A test that loads the fake backends in this process (an in-process `cli.main` under
+    FP4LAB_EXTRA_BACKENDS) leaves the registries as it found them, so later tests see the real
+    names only."""
+    from fp4lab import backends
+    from fp4lab.backends import moe
+    from fp4lab.sweep import registry
+
+    saved = dict(backends.REGISTRY), dict(moe.REGISTRY)
+    yield
+    for live, before in zip((backends.REGISTRY, moe.REGISTRY), saved):
+        live.clear()
+        live.update(before)
+    registry._load_extra.cache_clear()
+
+
 @pytest.fixture
 def fake_backends_env(monkeypatch):
     """Worker processes load the fake backends of tests/fakes/backends.py."""
