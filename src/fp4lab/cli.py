@@ -17,7 +17,7 @@ from fp4lab.errors import ParameterError, UsageError
 from fp4lab.text import printable
 
 GRID_FLAGS = ("backends", "format", "m", "shapes", "preset", "repeats", "energy_window", "profile",
-              "run_id", "eager", "point_timeout", "device")
+              "run_id", "eager", "point_timeout", "device", "gpus")
 EXTRA_COMMANDS = ("fp4lab.gpus_cli", "fp4lab.comm.cli")   # modules with an `add_cli(subparsers)` of their own
 
 
@@ -61,6 +61,8 @@ def _sweep(sub) -> None:
     parser.add_argument("--shapes", help="comma list of NxK weight shapes, e.g. 4096x6144,6144x2048")
     parser.add_argument("--preset", help="a model preset whose expert shapes are added (e.g. glm-5)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    parser.add_argument("--gpus", help="one (this process, one device) or all (one torchrun rank per "
+                                       "visible GPU; default: the profile's)")
     parser.add_argument("--repeats", type=int, help="timed samples per point")
     parser.add_argument("--energy-window", type=float, help="seconds of NVML energy window per point (0: none)")
     parser.add_argument("--point-timeout", type=float, help="seconds before a point becomes a timeout row")
@@ -105,7 +107,8 @@ def run_sweep(args) -> int:
             backends=_names("--backends", args.backends), fmts=_names("--format", args.format),
             m_values=params.parse_int_list("--m", args.m) if args.m is not None else None,
             shapes=params.parse_shapes("--shapes", args.shapes) if args.shapes is not None else None,
-            energy_window_s=args.energy_window, point_timeout_s=args.point_timeout, timer=timer or None)
+            energy_window_s=args.energy_window, point_timeout_s=args.point_timeout, gpus=args.gpus,
+            timer=timer or None)
         out = params.check_text("--out", args.out, allow_empty=False) if args.out is not None else RUNS_ROOT
         run = RunDir.create(out, run_id=args.run_id, label=_label(config.device))
     return _measure(lambda: sweep(config, run, retry_failed=args.retry_failed, progress=not args.quiet,
@@ -140,11 +143,15 @@ def _label(device: str) -> str:
 
 def _measure(work, run, table: str) -> int:
     """Run a sweep; Ctrl-C / SIGTERM / SIGHUP keep the rows and say how to go on."""
+    from fp4lab.sweep.ranks import RanksFailed
     from fp4lab.sweep.runner import Interrupted
 
     started = time.monotonic()
     try:
         measured = work()
+    except RanksFailed as exc:
+        print(f"fp4lab: stopped: {printable(str(exc))}", file=sys.stderr)
+        return 1
     except (KeyboardInterrupt, Interrupted):
         print(f"interrupted: measured points are kept; continue with --resume {run.path}", file=sys.stderr)
         return 130

@@ -400,13 +400,14 @@ class RunDir:
         if not rows:
             return
         log_file = self.path / f"{table}.jsonl"
-        self._repair_partial_line(log_file)
         lines = "".join(dumps(row) + "\n" for row in rows)
-        with open_own(log_file, "a") as file:
-            file.write(lines)
-            file.flush()
-            os.fsync(file.fileno())
-        self._export_parquet(table)
+        with self.table_lock(table):             # the ranks of a per-GPU sweep append in turn
+            self._repair_partial_line(log_file)
+            with open_own(log_file, "a") as file:
+                file.write(lines)
+                file.flush()
+                os.fsync(file.fileno())
+            self._export_parquet(table)
 
     def _repair_partial_line(self, log_file: Path) -> None:
         """End the log on a whole line before appending. A trailing line with no newline is a
@@ -522,17 +523,18 @@ class RunDir:
         every other line, unreadable ones included, is kept as it was. The log is rewritten whole,
         atomically. Returns how many rows went."""
         declared = schema.TABLES[table]
-        self._repair_partial_line(self.path / f"{table}.jsonl")
-        kept, dropped = [], 0
-        for _, line, row in self._lines(table):
-            if row is not None and declared.row_key(row) in keys:
-                dropped += 1
-            else:
-                kept.append(line if line.endswith(b"\n") else line + b"\n")
-        if not dropped:
-            return 0
-        atomic_write(self.path / f"{table}.jsonl", lambda file: file.write(b"".join(kept)))
-        self._export_parquet(table)
+        with self.table_lock(table):
+            self._repair_partial_line(self.path / f"{table}.jsonl")
+            kept, dropped = [], 0
+            for _, line, row in self._lines(table):
+                if row is not None and declared.row_key(row) in keys:
+                    dropped += 1
+                else:
+                    kept.append(line if line.endswith(b"\n") else line + b"\n")
+            if not dropped:
+                return 0
+            atomic_write(self.path / f"{table}.jsonl", lambda file: file.write(b"".join(kept)))
+            self._export_parquet(table)
         return dropped
 
     def refresh_export(self, table: str) -> None:
@@ -593,6 +595,10 @@ class RunDir:
         except (OSError, ValueError):
             return {}
         return holder if isinstance(holder, dict) else {}
+
+    def table_lock(self, table: str):
+        """One writer of `table` at a time among the processes allowed to write the folder."""
+        return self._file_lock(f".{table}.lock")
 
     @contextlib.contextmanager
     def _file_lock(self, name: str) -> Iterator[None]:

@@ -35,10 +35,11 @@ FOUR_BIT = ("fp4", "int4")             # weight dtypes that move ~0.5 B per weig
 @dataclass
 class GemmResults:
     view: RunView
-    frame: pd.DataFrame                          # every row, with the derived columns
+    frame: pd.DataFrame                          # the lead GPU's rows, with the derived columns
     measured: roofline.Ceilings | None
     spec: roofline.Ceilings | None
     raised: dict[str, str] = field(default_factory=dict)   # dtype -> which point raised its peak
+    every_gpu: pd.DataFrame | None = None        # every GPU's rows (a per-GPU sweep), derived
 
     @property
     def ok(self) -> pd.DataFrame:
@@ -135,14 +136,29 @@ def derive(frame: pd.DataFrame, measured: roofline.Ceilings | None,
     return frame
 
 
+def lead_gpu(frame: pd.DataFrame) -> float | None:
+    """The GPU whose rows the book's tables read: the lowest index measured (None on a CPU)."""
+    indices = frame["gpu_index"].dropna() if "gpu_index" in frame else ()
+    return float(indices.min()) if len(indices) else None
+
+
+def of_gpu(frame: pd.DataFrame, gpu: float | None) -> pd.DataFrame:
+    """The rows of one GPU (every row when `gpu` is None: a CPU run, or one device)."""
+    return frame if gpu is None else frame[frame["gpu_index"] == gpu]
+
+
 def gemm_results(run_dir: str | RunDir) -> GemmResults:
-    """The run's gemm table, derived, with its ceilings."""
+    """The run's gemm table, derived, with its ceilings. A per-GPU sweep's tables and
+    findings read its lead GPU (the ceilings were measured there); `every_gpu` holds all, for
+    the spread across GPUs."""
     run_view = view(run_dir)
     frame = run_view.run.read_table("gemm")
     measured, spec = stored_ceilings(run_view.info)
     first = derive(frame, measured, spec)                 # tflops for finding the best points
-    measured, raised = raise_peaks(measured, first)
-    return GemmResults(run_view, derive(frame, measured, spec) if raised else first, measured, spec, raised)
+    lead = lead_gpu(first)
+    measured, raised = raise_peaks(measured, of_gpu(first, lead))
+    every = derive(frame, measured, spec) if raised else first
+    return GemmResults(run_view, of_gpu(every, lead).reset_index(drop=True), measured, spec, raised, every)
 
 
 # -- tables ---------------------------------------------------------------------------------------
@@ -269,6 +285,7 @@ def anatomy(results: GemmResults) -> pd.DataFrame:
     activations at the measured bandwidth) and the launch floor, and the share of the full kernel
     the loads alone take."""
     frame = results.view.run.read_table("anatomy")
+    frame = of_gpu(frame, lead_gpu(frame)) if len(frame) else frame
     ok = frame[(frame["status"] == "ok") & frame["stage"].isin(ANATOMY_STAGES)] if len(frame) else frame
     columns = ["fmt", "n", "k", "m", *ANATOMY_STAGES, "copy_floor_us", "launch_floor_us", "load_share"]
     if not len(ok):
@@ -281,3 +298,33 @@ def anatomy(results: GemmResults) -> pd.DataFrame:
     wide["launch_floor_us"] = results.launch_us if results.launch_us else np.nan
     wide["load_share"] = 100 * wide["load"] / wide["full"]
     return wide[columns]
+
+
+# -- across GPUs ------------------------------------------------------------------------------------
+
+DECODE_M = 64                         # "decode-sized" M, as chapter 02's power regime
+SPREAD_COLUMNS = ["gpu_index", "pci_bus_id", "points", "median_vs_box", "slowest_vs_box",
+                  "median_power_w", "median_sm_clock_mhz"]
+
+
+def gpu_spread(results: GemmResults) -> pd.DataFrame:
+    """Per GPU, over the correct points at decode-sized M that every GPU measured: its time
+    against the box's median of the same point (median and worst ratio: > 1 is slower), its
+    median power and SM clock in the energy windows. A slow or throttling card stands out; one
+    row on a one-GPU box."""
+    every = results.every_gpu if results.every_gpu is not None else results.frame
+    ok = every[(every["status"] == "ok") & (every["m"] <= DECODE_M) & every["gpu_index"].notna()]
+    if not len(ok):
+        return pd.DataFrame(columns=SPREAD_COLUMNS)
+    point = ["backend", "fmt", "n", "k", "m"]
+    gpus = ok["gpu_index"].nunique()
+    shared = ok.groupby(point)["gpu_index"].transform("nunique") == gpus
+    ok = ok[shared].copy()
+    ok["vs_box"] = ok["median_us"] / ok.groupby(point)["median_us"].transform("median")
+    grouped = ok.groupby("gpu_index")
+    table = pd.DataFrame({
+        "pci_bus_id": grouped["pci_bus_id"].first(), "points": grouped.size(),
+        "median_vs_box": grouped["vs_box"].median(), "slowest_vs_box": grouped["vs_box"].max(),
+        "median_power_w": grouped["avg_power_w"].median(),
+        "median_sm_clock_mhz": grouped["window_sm_clock_mhz"].median()}).reset_index()
+    return table[SPREAD_COLUMNS]

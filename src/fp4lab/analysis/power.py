@@ -11,11 +11,11 @@ from typing import Any
 
 import pandas as pd
 
-from fp4lab.analysis.gemm import gemm_results
+from fp4lab.analysis.gemm import DECODE_M, gemm_results
 from fp4lab.analysis.run import RunView, view
 from fp4lab.results import RunDir
 
-SMALL_M = 64
+SMALL_M = DECODE_M
 BUSY_UTIL_PCT = 50                       # a sample counts as "under load" above this utilisation
 BENIGN_REASONS = {"none", "gpu_idle"}    # clocks-event reasons that are not throttling
 POINT_COLUMNS = ["backend", "fmt", "m", "n", "k", "gpu_index", "tflops", "avg_power_w",
@@ -114,15 +114,3 @@ def point_numbers(power: RunPower) -> dict[str, Any]:
         best = efficient.loc[efficient["tflops_per_w"].idxmax()]
         found.update(best=best.to_dict(), least_tflops_per_w=efficient["tflops_per_w"].min())
     return found
-
-
-def per_gpu(power: RunPower) -> pd.DataFrame:
-    """Per GPU at decode-sized M: median power and TFLOP/s (a slow or throttling card stands
-    out on a box of several GPUs)."""
-    points = power.points
-    small = points[points["m"] <= SMALL_M]
-    if not len(small):
-        return pd.DataFrame(columns=["gpu_index", "points", "median_power_w", "median_tflops"])
-    grouped = small.groupby("gpu_index")
-    return pd.DataFrame({"points": grouped.size(), "median_power_w": grouped["avg_power_w"].median(),
-                         "median_tflops": grouped["tflops"].median()}).reset_index()

@@ -32,16 +32,21 @@ ANATOMY = [Col("n", "N", "int"), Col("k", "K", "int"), Col("m", "M", "int"), Col
            Col("math", "math on bf16", "us"), Col("full", "full kernel", "us"),
            Col("decode_x2", "decode twice", "us"), Col("copy_floor_us", "copy floor", "us"),
            Col("launch_floor_us", "launch floor", "us"), Col("load_share", "loads / full", "pct")]
+SPREAD = [Col("gpu_index", "GPU", "int"), Col("pci_bus_id", "PCI bus id"),
+          Col("points", "points at M <= 64", "int"),
+          Col("median_vs_box", "time vs the box's median (median)", "ratio"),
+          Col("slowest_vs_box", "time vs the box's median (worst point)", "ratio"),
+          Col("median_sm_clock_mhz", "SM clock in the energy windows (MHz)", "sig")]
 PUBLISHED = [Col("M", "M (tokens)"), Col("TFLOP/s", "TFLOP/s"), Col("% of ~2000 TOPS", "% of ~2000 TOPS"),
              Col("regime (as the seed read it)", "regime (as the seed read it)")]
 
 
 def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", device: str = "auto", *,
           backends=None, fmts=None, m_values=None, preset=None, shapes=None, repeats=None,
-          energy_window_s=None, measure: bool = True):
+          energy_window_s=None, gpus=None, measure: bool = True):
     """Check the parameters, measure what the run lacks, and fill the page."""
     knobs = dict(backends=backends, fmts=fmts, m_values=m_values, preset=preset, shapes=shapes,
-                 repeats=repeats, energy_window_s=energy_window_s)
+                 repeats=repeats, energy_window_s=energy_window_s, gpus=gpus)
     context = open_context(TITLE, run_dir, reference_dir, profile, device, **knobs)
     measure = params.check_bool("measure", measure)
     config = GemmSweep.from_profile(
@@ -71,6 +76,7 @@ def fill(context: Context) -> None:
     _speed(page, results, reference, context)
     _four_bit(page, results)
     _anatomy(page, results)
+    _gpus(page, results)
     _roofline(page, results)
     _seed(page, results, reference, context.profile)
     page.bullets("findings", findings(results, reference))
@@ -143,6 +149,33 @@ def anatomy_findings(table) -> list[str]:
                      "the variants change the pipeline, so the stages are not additive; read them as "
                      "bounds, not as parts of a sum.")
     return lines
+
+
+def _gpus(page, results) -> None:
+    spread = analysis.gpu_spread(results)
+    if not len(spread):
+        page.prose("gpus", "This run measured no GPU, so there is no spread across GPUs to show.")
+        return
+    ranks = (results.view.info.get("sweep") or {}).get("ranks")
+    how = (f"one torchrun rank per GPU ({text.count(ranks, 'rank')})" if ranks else
+           "one device, in the sweep's own process")
+    if len(spread) == 1:
+        row = spread.iloc[0]
+        page.prose("gpus", f"One GPU measured (GPU {int(row['gpu_index'])}, PCI bus "
+                           f"{text.md(row['pci_bus_id'] or 'unknown')}; {how}): a box with several GPUs "
+                           "shows each one's speed and clock here, so a slow or throttling card stands out.")
+        return
+    page.html("gpus", html_table(spread, SPREAD, caption=results.caption(
+        f"every GPU at the points they all measured ({how}); 1.00 = the box's median for that point")))
+    page.bullets("gpus", spread_findings(spread))
+
+
+def spread_findings(spread) -> list[str]:
+    slowest = spread.loc[spread["median_vs_box"].idxmax()]
+    fastest = spread.loc[spread["median_vs_box"].idxmin()]
+    return [f"GPU {int(slowest['gpu_index'])} is the slowest: {text.ratio(slowest['median_vs_box'])} the box's "
+            f"median time at decode M (worst point {text.ratio(slowest['slowest_vs_box'])}); GPU "
+            f"{int(fastest['gpu_index'])} the fastest at {text.ratio(fastest['median_vs_box'])}."]
 
 
 def _roofline(page, results) -> None:

@@ -9,6 +9,7 @@ points to the reference part instead of repeating its figures.
 from __future__ import annotations
 
 from fp4lab import params, text
+from fp4lab.analysis import gemm as gemm_analysis
 from fp4lab.analysis import power as analysis
 from fp4lab.chapters.context import Context, open_context, parameters_block
 from fp4lab.plots import power as figures
@@ -17,8 +18,10 @@ from fp4lab.references import SEED_POWER
 
 TITLE = "02 · Power, clocks and energy"
 MAX_DURATION_S = 600.0
-PER_GPU = [Col("gpu_index", "GPU", "int"), Col("points", "points at M <= 64", "int"),
-           Col("median_power_w", "median power (W)", "sig"), Col("median_tflops", "median TFLOP/s", "sig")]
+PER_GPU = [Col("gpu_index", "GPU", "int"), Col("pci_bus_id", "PCI bus id"),
+           Col("points", "points at M <= 64", "int"), Col("median_power_w", "median power (W)", "sig"),
+           Col("median_sm_clock_mhz", "median SM clock (MHz)", "sig"),
+           Col("median_vs_box", "time vs the box's median", "ratio")]
 
 
 def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", device: str = "auto", *,
@@ -83,7 +86,7 @@ def fill(context: Context, sampled: str) -> None:
     if len(power.points):
         page.figure("points", figures.per_point(power.points, power.power_limit_w),
                     power.caption("one energy window (aligned to the NVML energy counter) per point"))
-        per_gpu = analysis.per_gpu(power)
+        per_gpu = gemm_analysis.gpu_spread(gemm_analysis.gemm_results(context.run))
         if len(per_gpu) > 1:
             page.html("points", html_table(per_gpu, PER_GPU, caption=power.caption("per GPU at decode M")))
     page.bullets("findings", findings(power, decode_point(context.run, context.profile)))

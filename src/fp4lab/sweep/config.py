@@ -19,6 +19,7 @@ from fp4lab.formats import BLOCK_SIZE
 FORMATS = tuple(BLOCK_SIZE)
 DEVICES = ("auto", "cpu", "cuda")
 GEMMS = ("gate_up", "down")
+GPUS = ("one", "all")           # the GEMM sweep on one device, or on every GPU (fp4lab.sweep.ranks)
 DENSE_M_VALUES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
@@ -60,6 +61,13 @@ def timer_config(values: Any) -> TimerConfig:
         raise ParameterError(f"timer: {exc}") from None
 
 
+def check_gpus(value: Any) -> str:
+    if value not in GPUS:
+        raise ParameterError(f"gpus={params.shown(value)}: use 'one' (this process, one device) or "
+                             "'all' (one torchrun rank per visible GPU)")
+    return value
+
+
 def check_device(device: str) -> str:
     """"auto", "cpu", "cuda" or "cuda:N"; a GPU asked for must be there."""
     from fp4lab import hardware
@@ -96,6 +104,7 @@ class GemmSweep:
     telemetry_hz: float
     point_timeout_s: float             # a point that takes longer becomes a `timeout` row
     anatomy_m: tuple[int, ...] = ()    # Ms at which fp4lab's FP4 kernel is dissected by stage
+    gpus: str = "one"                  # "all": one torchrun rank per visible GPU (sweep.ranks)
     device: str = "auto"
     profile: str = "smoke"
     seed: int = 0
@@ -140,6 +149,7 @@ class GemmSweep:
             fmts=fmts, shapes=shapes,
             m_values=params.check_int_list("m_values", self.m_values),
             anatomy_m=params.check_int_list("anatomy_m", self.anatomy_m, allow_empty=True),
+            gpus=check_gpus(self.gpus),
             energy_window_s=params.check_float("energy_window_s", self.energy_window_s, 0, 60),
             telemetry_hz=params.check_float("telemetry_hz", self.telemetry_hz, 0, 1000, strict_minimum=True),
             **_checked_common(self))

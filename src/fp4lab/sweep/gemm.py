@@ -207,11 +207,13 @@ def _static_reason(impl, fmt: str, device: str) -> str | None:
 
 
 def todo_points(config: GemmSweep, run: RunDir, gpu_index, retry_failed: bool) -> list:
-    """The GEMM and anatomy points the run does not hold yet (failed ones too, with retry_failed)."""
+    """The GEMM and anatomy points the run does not hold yet for this GPU (failed ones too, with
+    retry_failed: only this GPU's are dropped, the other ranks drop their own)."""
     todo = []
     for table, points in (("gemm", gemm_points(config)), ("anatomy", anatomy_points(config))):
         if retry_failed:
-            run.drop_rows(table, run.row_keys(table, FAILED))
+            failed = run.row_keys(table, FAILED)
+            run.drop_rows(table, {p.key(gpu_index) for p in points} & failed)
         done = run.row_keys(table)
         todo += [p for p in points if p.key(gpu_index) not in done]
     return todo
@@ -229,58 +231,80 @@ def blank_for(run_id: str, point, status: str, error: str | None, facts: dict[st
 def run_sweep(config: GemmSweep, run: RunDir, *, retry_failed: bool = False, progress: bool = True,
               command: str | None = None) -> int:
     """Measure every point of `config` not yet in the run (a rerun or resume measures only what
-    is missing); returns how many points were measured now. Holds the run folder's lock."""
+    is missing), on the one device or, with `gpus: all`, on every GPU (fp4lab.sweep.ranks);
+    returns how many points were measured now. Holds the run folder's lock."""
     from fp4lab import hardware
-    from fp4lab.progress import Progress
+    from fp4lab.sweep import ranks
 
     device = hardware.resolve_device(config.device)
-    facts = device_facts(device)
     with run.lock(command), runner.signals_as_interrupt():
         run.refresh_export("gemm")
-        todo = todo_points(config, run, facts["gpu_index"], retry_failed)
         stored = run.run_json().get("sweep") or {}
         if "provenance" not in run.run_json():
             run.update_run_json(None, {"provenance": provenance(command, device)})
+        nproc = ranks.ranks_for(config.gpus, device)
         run.update_run_json("sweep", {
-            "config": config.as_dict(), "device": device, "command": command,
+            "config": config.as_dict(), "device": device, "command": command, "ranks": nproc,
             "started": stored.get("started") or utc_now(),
             "resumed": stored.get("resumed", []) + ([utc_now()] if stored else []),
             "status": "running"})
-        bar = Progress(len(todo), f"gemm {run.run_id}", header=LOG_HEADER) if progress else None
-
-        def record(row: dict[str, Any]) -> None:
-            run.append_rows("anatomy" if "stage" in row else "gemm", [row])
-            if bar:
-                bar.update(format_point_line(row))
-
-        groups: dict[str, list] = collections.defaultdict(list)
-        for point in todo:
-            reason = _static_reason(backend(point.backend), point.fmt, device)
-            if reason:
-                record(blank_for(run.run_id, point, "unavailable", reason, facts))
-            else:
-                groups[point.group].append(point)
-
-        status, sampler = "interrupted", None
+        status, failure = "interrupted", None
         try:
-            if groups:
-                runner.ensure_ceilings(run, device)
-                sampler = _start_sampler(config.telemetry_hz, facts["gpu_index"])
-            job = {"run_id": run.run_id, "device": device, "seed": config.seed,
-                   "timer": config.timer.as_dict(), "energy_window_s": config.energy_window_s}
-            for name, points in groups.items():
-                kind = "anatomy" if isinstance(points[0], AnatomyPoint) else "gemm"
-                runner.measure_group(
-                    name, points, {**job, "kind": kind}, runner.log_path(run, name), record,
-                    lambda point, status, error: blank_for(run.run_id, point, status, error, facts),
-                    config.point_timeout_s)
+            if nproc is None:
+                measured = sweep_device(config, run, device, retry_failed=retry_failed, progress=progress)
+            else:
+                runner.ensure_ceilings(run, device)           # once, on GPU 0, before the ranks start
+                measured = ranks.sweep_every_gpu(run, nproc, retry_failed, progress)
             status = "complete"
+        except ranks.RanksFailed as exc:
+            status, failure = "failed", str(exc)
+            raise
         finally:
-            if bar:
-                bar.close()
-            if sampler is not None:
-                save_telemetry(run, sampler)
-            run.update_run_json("sweep", {"ended": utc_now(), "status": status})
+            run.update_run_json("sweep", {"ended": utc_now(), "status": status, "failure": failure})
+    return measured
+
+
+def sweep_device(config: GemmSweep, run: RunDir, device: str, *, retry_failed: bool = False,
+                 progress: bool = True, label: str | None = None) -> int:
+    """The grid on one device, in this process and its workers (the caller holds the lock):
+    points the device cannot run become `unavailable` rows at once, the rest are measured by
+    backend, with the NVML sampler on that GPU. Returns how many points were measured now."""
+    from fp4lab.progress import Progress
+
+    facts = device_facts(device)
+    todo = todo_points(config, run, facts["gpu_index"], retry_failed)
+    bar = Progress(len(todo), label or f"gemm {run.run_id}", header=LOG_HEADER) if progress else None
+
+    def record(row: dict[str, Any]) -> None:
+        run.append_rows("anatomy" if "stage" in row else "gemm", [row])
+        if bar:
+            bar.update(format_point_line(row))
+
+    groups: dict[str, list] = collections.defaultdict(list)
+    for point in todo:
+        reason = _static_reason(backend(point.backend), point.fmt, device)
+        if reason:
+            record(blank_for(run.run_id, point, "unavailable", reason, facts))
+        else:
+            groups[point.group].append(point)
+    sampler = None
+    try:
+        if groups:
+            runner.ensure_ceilings(run, device)
+            sampler = _start_sampler(config.telemetry_hz, facts["gpu_index"])
+        job = {"run_id": run.run_id, "device": device, "seed": config.seed,
+               "timer": config.timer.as_dict(), "energy_window_s": config.energy_window_s}
+        for name, points in groups.items():
+            kind = "anatomy" if isinstance(points[0], AnatomyPoint) else "gemm"
+            runner.measure_group(
+                name, points, {**job, "kind": kind}, runner.log_path(run, name), record,
+                lambda point, status, error: blank_for(run.run_id, point, status, error, facts),
+                config.point_timeout_s)
+    finally:
+        if bar:
+            bar.close()
+        if sampler is not None:
+            save_telemetry(run, sampler)
     return len(todo)
 
 
@@ -296,13 +320,15 @@ def _start_sampler(rate_hz: float, gpu_index: int | None):
 
 
 def save_telemetry(run: RunDir, sampler) -> None:
-    """The sampler's frame joins the run's telemetry table (a resumed run keeps earlier samples)."""
+    """The sampler's frame joins the run's telemetry table (a resumed run, and the other GPUs of
+    a per-GPU sweep, keep theirs)."""
     import pandas as pd
 
     frame = sampler.stop()
     run.update_run_json("telemetry", sampler.metadata())
     if frame is None or not len(frame):
         return
-    if run.has_table("telemetry"):
-        frame = pd.concat([run.read_table("telemetry"), frame], ignore_index=True)
-    run.write_table("telemetry", frame)
+    with run.table_lock("telemetry"):           # the ranks of a per-GPU sweep save theirs in turn
+        if run.has_table("telemetry"):
+            frame = pd.concat([run.read_table("telemetry"), frame], ignore_index=True)
+        run.write_table("telemetry", frame)
