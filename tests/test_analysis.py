@@ -161,6 +161,25 @@ def test_bad_diagnosis_parameters_name_themselves(field, value, named):
         decode.DiagnosisConfig(**{field: value}).check()
 
 
+def test_a_trace_routing_is_checked_with_the_config(tmp_path):
+    """A missing, malformed or ill-fitting trace is one ParameterError from check(), not a
+    ValueError from deep inside the diagnosis."""
+    from fp4lab.moe import presets
+
+    model = presets.get("glm-5")
+    fits = tmp_path / "fits.npy"
+    np.save(fits, np.tile(np.arange(model.top_k), (8, 4, 1)))          # [steps, batch, top_k]
+    (tmp_path / "garbage.npy").write_text("not an array\n")
+    config = dict(decode_batch=4, steps=8)
+    assert decode.DiagnosisConfig(routing=f"trace:{fits}", **config).check().routing == f"trace:{fits}"
+    for name, problem in (("missing.npy", "no such file"), ("garbage.npy", "not a readable .npy"),
+                          ("fits.npy", "has batch=4, asked for batch=5")):
+        wanted = {**config, "decode_batch": 5} if name == "fits.npy" else config
+        with pytest.raises(ParameterError, match=f"routing: routing trace .*{name}: {problem}") as caught:
+            decode.DiagnosisConfig(routing=f"trace:{tmp_path / name}", **wanted).check()
+        assert "\n" not in str(caught.value)
+
+
 def test_expert_parallelism_aggregates_tokens_per_rank(tmp_path):
     d = decode.diagnose(run_with(tmp_path, glm5_gemm_rows("torch-bf16", DECODE_MS)), decode.DiagnosisConfig(steps=8))
     ep = d.ep.set_index("ep")

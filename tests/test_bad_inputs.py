@@ -319,6 +319,7 @@ CHAPTER_CASES = [
     ("04_diagnosis", {"backend": 5}, "backend=5"),
     ("04_diagnosis", {"backend": ""}, "backend=''"),
     ("04_diagnosis", {"routing": "zipf:"}, "zipf:"),
+    ("04_diagnosis", {"routing": "trace:{runs}/missing.npy"}, "missing.npy: no such file"),
     ("04_diagnosis", {"steps": 1.5}, "steps=1.5"),
     ("04_diagnosis", {"steps": True}, "steps=True"),
     ("06_history", {"regression_threshold": -1}, "regression_threshold=-1"),

@@ -64,16 +64,23 @@ class DiagnosisConfig:
         from fp4lab.moe import routing
 
         try:
-            presets.get(params.check_text("preset", self.preset, allow_empty=False))
-            routing.parse_routing(params.check_text("routing", self.routing, allow_empty=False))
+            model = presets.get(params.check_text("preset", self.preset, allow_empty=False))
+            spec = routing.parse_routing(params.check_text("routing", self.routing, allow_empty=False))
         except ParameterError:
             raise
         except ValueError as exc:
             raise ParameterError(str(exc)) from None
+        decode_batch = params.check_int("decode_batch", self.decode_batch, 1, 1 << 20)
+        steps = params.check_int("steps", self.steps, 1, 100_000)
+        if spec.kind == "trace":          # a missing or malformed file fails here, not deep in the diagnosis
+            try:
+                routing.load_trace(spec.trace_path, model.experts, model.top_k, batch=decode_batch, steps=steps)
+            except ValueError as exc:
+                raise ParameterError(f"routing: {exc}") from None
         return dataclasses.replace(
-            self, decode_batch=params.check_int("decode_batch", self.decode_batch, 1, 1 << 20),
+            self, decode_batch=decode_batch,
             backend=params.check_text("backend", self.backend, allow_empty=False),
-            steps=params.check_int("steps", self.steps, 1, 100_000),
+            steps=steps,
             seed=params.check_int("seed", self.seed, 0),
             power_bound_fraction=params.check_float("power_bound_fraction", self.power_bound_fraction,
                                                     0, 1, strict_minimum=True),
