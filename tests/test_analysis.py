@@ -180,6 +180,27 @@ def test_a_trace_routing_is_checked_with_the_config(tmp_path):
         assert "\n" not in str(caught.value)
 
 
+def test_chapters_04_and_05_model_a_smoke_layer_with_the_same_gemm(tmp_path):
+    """On a CPU smoke run the diagnosis's seed backend (chapter 04) and the layout study's
+    (chapter 05, the scaled stand-in of the comm rows) are one choice: the fastest at the
+    smallest M, here torch-fp8, not the bf16 baseline."""
+    from fp4lab import schema
+    from fp4lab.analysis import layouts
+
+    run = make_run(tmp_path, "cpu-smoke", device=CPU)
+    run.append_rows("gemm", [gemm_row(backend, m, 128, 256, us * m ** 0.5) for m in (1, 8, 64)
+                             for backend, us in (("torch-bf16", 3.0), ("torch-fp8", 2.0))])
+    run.append_rows("comm", [
+        schema.blank_row("comm", run_id="cpu-smoke", op=op, world_size=2, tokens=tokens, hidden=64,
+                         dtype="bf16", status="ok", median_us=10.0 + tokens,
+                         **(dict(routing="uniform", top_k=2, experts=8) if op.startswith("all_to_all") else {}))
+        for op in ("all_reduce", "send_recv", "all_to_all_dispatch", "all_to_all_combine")
+        for tokens in (1, 8, 64)])
+    study = layouts.study(run, None, "glm-5", [8, 32], 512)
+    assert study.model.scaled and not study.why_not
+    assert study.backend == decode.diagnose(run, decode.DiagnosisConfig(steps=8)).seed_backend == "torch-fp8"
+
+
 def test_expert_parallelism_aggregates_tokens_per_rank(tmp_path):
     d = decode.diagnose(run_with(tmp_path, glm5_gemm_rows("torch-bf16", DECODE_MS)), decode.DiagnosisConfig(steps=8))
     ep = d.ep.set_index("ep")

@@ -246,13 +246,22 @@ def fastest_gemm_backend(gemm: gemm_analysis.GemmResults | None, model: presets.
 
 def seed_backend(gemm: gemm_analysis.GemmResults | None, config: DiagnosisConfig) -> str | None:
     """The GEMM backend whose seed table the book shows (chapter 01, chapter 04, the front page):
-    the one whose loop of expert GEMMs runs the diagnosed layer fastest at decode; on a run whose
-    shapes say nothing about the model (a CPU smoke run), the fastest at the smallest M."""
+    the one the diagnosed layer's model times its experts with."""
     model = presets.get(config.preset)
     load = moe_analysis.tokens_per_expert(model, config.decode_batch, config.routing, config.steps, config.seed)
-    found = fastest_gemm_backend(gemm, model, load)
-    if found is not None or gemm is None or not len(gemm.ok):
-        return found
+    return layer_backend(gemm, model, load)
+
+
+def layer_backend(gemm: gemm_analysis.GemmResults | None, model: presets.ModelPreset,
+                  load: dict) -> str | None:
+    """The GEMM backend a layer model of `model` times its experts with (chapter 04's seed,
+    chapter 05's layouts: one choice, so both model a run's layer with the same GEMM): the one
+    whose loop runs the layer fastest at decode; on a smoke run (a CPU run, or `model` a scaled
+    stand-in), whose shapes say nothing about the model, the fastest at the smallest M."""
+    if gemm is None or not len(gemm.ok):
+        return None
+    if not (model.scaled or gemm.view.is_smoke):
+        return fastest_gemm_backend(gemm, model, load)
     ok = gemm.ok
     smallest = ok[ok["m"] == ok["m"].min()]
     return str(smallest.groupby("backend")["median_us"].median().idxmin())
