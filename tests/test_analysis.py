@@ -161,6 +161,46 @@ def test_bad_diagnosis_parameters_name_themselves(field, value, named):
         decode.DiagnosisConfig(**{field: value}).check()
 
 
+def test_a_trace_routing_is_checked_with_the_config(tmp_path):
+    """A missing, malformed or ill-fitting trace is one ParameterError from check(), not a
+    ValueError from deep inside the diagnosis."""
+    from fp4lab.moe import presets
+
+    model = presets.get("glm-5")
+    fits = tmp_path / "fits.npy"
+    np.save(fits, np.tile(np.arange(model.top_k), (8, 4, 1)))          # [steps, batch, top_k]
+    (tmp_path / "garbage.npy").write_text("not an array\n")
+    config = dict(decode_batch=4, steps=8)
+    assert decode.DiagnosisConfig(routing=f"trace:{fits}", **config).check().routing == f"trace:{fits}"
+    for name, problem in (("missing.npy", "no such file"), ("garbage.npy", "not a readable .npy"),
+                          ("fits.npy", "has batch=4, asked for batch=5")):
+        wanted = {**config, "decode_batch": 5} if name == "fits.npy" else config
+        with pytest.raises(ParameterError, match=f"routing: routing trace .*{name}: {problem}") as caught:
+            decode.DiagnosisConfig(routing=f"trace:{tmp_path / name}", **wanted).check()
+        assert "\n" not in str(caught.value)
+
+
+def test_chapters_04_and_05_model_a_smoke_layer_with_the_same_gemm(tmp_path):
+    """On a CPU smoke run the diagnosis's seed backend (chapter 04) and the layout study's
+    (chapter 05, the scaled stand-in of the comm rows) are one choice: the fastest at the
+    smallest M, here torch-fp8, not the bf16 baseline."""
+    from fp4lab import schema
+    from fp4lab.analysis import layouts
+
+    run = make_run(tmp_path, "cpu-smoke", device=CPU)
+    run.append_rows("gemm", [gemm_row(backend, m, 128, 256, us * m ** 0.5) for m in (1, 8, 64)
+                             for backend, us in (("torch-bf16", 3.0), ("torch-fp8", 2.0))])
+    run.append_rows("comm", [
+        schema.blank_row("comm", run_id="cpu-smoke", op=op, world_size=2, tokens=tokens, hidden=64,
+                         dtype="bf16", status="ok", median_us=10.0 + tokens,
+                         **(dict(routing="uniform", top_k=2, experts=8) if op.startswith("all_to_all") else {}))
+        for op in ("all_reduce", "send_recv", "all_to_all_dispatch", "all_to_all_combine")
+        for tokens in (1, 8, 64)])
+    study = layouts.study(run, None, "glm-5", [8, 32], 512)
+    assert study.model.scaled and not study.why_not
+    assert study.backend == decode.diagnose(run, decode.DiagnosisConfig(steps=8)).seed_backend == "torch-fp8"
+
+
 def test_expert_parallelism_aggregates_tokens_per_rank(tmp_path):
     d = decode.diagnose(run_with(tmp_path, glm5_gemm_rows("torch-bf16", DECODE_MS)), decode.DiagnosisConfig(steps=8))
     ep = d.ep.set_index("ep")

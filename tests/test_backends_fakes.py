@@ -1,13 +1,12 @@
 """The native-FP4 adapters' calls, checked where the libraries cannot run.
 
-Fake `flashinfer` / `sgl_kernel` modules expose functions with the documented signatures; each
-binds its arguments with `inspect.signature(...).bind` (a wrong keyword or arity fails), records
-them, and computes the product from exactly what it was given (unswizzling the scales), so a
-wrong transpose, layout or alpha shows up as a wrong number. torch-fp4 goes through torch's own
-meta-kernel checks of `scaled_mm` / `_scaled_mm`.
+The shared fake `flashinfer` (tests/fakes/flashinfer.py) and a fake `sgl_kernel` expose functions
+with the documented signatures; each binds its arguments with `inspect.signature(...).bind` (a
+wrong keyword or arity fails), records them, and computes the product from exactly what it was
+given (unswizzling the scales), so a wrong transpose, layout or alpha shows up as a wrong number.
+torch-fp4 goes through torch's own meta-kernel checks of `scaled_mm` / `_scaled_mm`.
 """
 
-import inspect
 import sys
 import types
 
@@ -17,75 +16,25 @@ import torch
 from fp4lab import backends, formats
 from fp4lab.backends import torch_native
 from fp4lab.backends.base import round_up
+from fakes import flashinfer as flashinfer_fake
+from fakes.flashinfer import Recorder, decoded
 from test_backends import operands, rel_err
-
-
-def documented_mm_fp4(a, b, a_descale, b_descale, alpha=None, out_dtype=torch.bfloat16,
-                      out=None, block_size=16, use_8x4_sf_layout=False, backend="auto",
-                      use_nvfp4=True, enable_pdl=True):
-    """flashinfer.gemm.mm_fp4 as documented at docs.flashinfer.ai."""
-
-
-def documented_shuffle_matrix_a(input_tensor, epilogue_tile_m):
-    """flashinfer.shuffle_matrix_a."""
-
-
-def documented_shuffle_matrix_sf_a(input_tensor, epilogue_tile_m, num_elts_per_sf=16):
-    """flashinfer.shuffle_matrix_sf_a: linear scales in, 128x4-interleaved bytes out."""
 
 
 def documented_cutlass_scaled_fp4_mm(a, b, block_scale_a, block_scale_b, alpha, out_dtype):
     """sgl_kernel.cutlass_scaled_fp4_mm."""
 
 
-def decode(packed, swizzled, fmt):
-    """What a kernel reading `packed` [R, K/2] and 128x4 `swizzled` scales multiplies."""
-    rows, k = packed.shape[0], packed.shape[1] * 2
-    scales = formats.unswizzle_scales(swizzled.contiguous(), rows, k // formats.BLOCK_SIZE[fmt])
-    unit = torch.tensor(1.0) if fmt == "nvfp4" else None
-    return formats.dequantize(formats.QuantizedTensor(packed.contiguous(), scales, unit, fmt,
-                                                      (rows, k)))
-
-
-class Recorder:
-    def __init__(self, documented, result=None):
-        self.signature = inspect.signature(documented)
-        self.result = result
-        self.calls = []
-
-    def __call__(self, *args, **kwargs):
-        bound = self.signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        self.calls.append(bound.arguments)
-        return self.result(bound.arguments) if self.result else args[0]
-
-
-def mm_fp4_result(call):
-    fmt = "nvfp4" if call["use_nvfp4"] else "mxfp4"
-    a = decode(call["a"], call["a_descale"], fmt)                  # [M, K]
-    w = decode(call["b"].T, call["b_descale"].T, fmt)              # [N, K]
-    product = a @ w.T * (1.0 if call["alpha"] is None else call["alpha"].item())
-    return call["out"].copy_(product)
-
-
 @pytest.fixture
 def fake_flashinfer(monkeypatch):
-    module = types.ModuleType("flashinfer")
-    module.mm_fp4 = Recorder(documented_mm_fp4, mm_fp4_result)
-    # identity row order keeps the numbers checkable; the scale layout is FlashInfer's 128x4
-    module.shuffle_matrix_a = Recorder(documented_shuffle_matrix_a)
-    module.shuffle_matrix_sf_a = Recorder(
-        documented_shuffle_matrix_sf_a,
-        lambda call: formats.swizzle_scales(call["input_tensor"]).reshape(-1))
-    monkeypatch.setitem(sys.modules, "flashinfer", module)
-    return module
+    return flashinfer_fake.install(monkeypatch)
 
 
 @pytest.fixture
 def fake_sgl_kernel(monkeypatch):
     def result(call):
-        a = decode(call["a"], call["block_scale_a"], "nvfp4")
-        w = decode(call["b"], call["block_scale_b"], "nvfp4")
+        a = decoded(call["a"], call["block_scale_a"], "nvfp4")
+        w = decoded(call["b"], call["block_scale_b"], "nvfp4")
         return (a @ w.T * call["alpha"].item()).to(call["out_dtype"])
 
     module = types.ModuleType("sgl_kernel")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -319,8 +320,11 @@ CHAPTER_CASES = [
     ("04_diagnosis", {"backend": 5}, "backend=5"),
     ("04_diagnosis", {"backend": ""}, "backend=''"),
     ("04_diagnosis", {"routing": "zipf:"}, "zipf:"),
+    ("04_diagnosis", {"routing": "trace:{runs}/missing.npy"}, "missing.npy: no such file"),
     ("04_diagnosis", {"steps": 1.5}, "steps=1.5"),
     ("04_diagnosis", {"steps": True}, "steps=True"),
+    ("05_comm_layouts", {"batches": 8}, "batches=8: expected a list"),
+    ("05_comm_layouts", {"nproc": 0}, "nproc=0"),
     ("06_history", {"regression_threshold": -1}, "regression_threshold=-1"),
     ("06_history", {"regression_threshold": "x"}, "regression_threshold='x'"),
     ("06_history", {"regression_threshold": float("nan")}, "regression_threshold=nan"),
@@ -355,6 +359,23 @@ def test_a_bad_chapter_parameter_is_a_parameter_error(world, target, chapter, kn
     assert fragment in message and "\n" not in message and len(message) <= 600, message
     assert folder_state(target.path) == before
     assert time.monotonic() - started < 10              # refused before any work
+
+
+NEW_FOLDER_CASES = [case for case in CHAPTER_CASES if "run_dir" not in case[1]]
+
+
+@pytest.mark.parametrize("chapter, knobs, fragment", NEW_FOLDER_CASES,
+                         ids=[f"{c}-{next(iter(k))}-{i}" for i, (c, k, _) in enumerate(NEW_FOLDER_CASES)])
+def test_a_bad_chapter_parameter_leaves_no_new_run_folder(world, tmp_path, chapter, knobs, fragment):
+    """The chapter's own parameters are checked before its run folder is created."""
+    knobs = {name: value.format(runs=world["runs"]) if isinstance(value, str) and "{runs}" in value else value
+             for name, value in knobs.items()}
+    common = {"reference_dir": "none", "profile": "smoke", "device": "cpu"}
+    common.update({name: knobs.pop(name) for name in list(knobs) if name in common})
+    new = tmp_path / "runs" / "new-run"
+    with pytest.raises(ParameterError, match=re.escape(fragment)):
+        CHAPTERS[chapter].build(str(new), **common, **knobs)
+    assert not (tmp_path / "runs").exists()
 
 
 def test_the_table_has_at_least_sixty_cases():

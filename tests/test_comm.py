@@ -291,6 +291,20 @@ def test_ranks_get_the_plan_the_launcher_parsed():
     assert again.run_id == "run-1"
 
 
+def test_the_runs_folder_defaults_to_the_one_every_command_writes(monkeypatch, tmp_path):
+    """Without --out the launcher and its ranks write under results.RUNS_ROOT (FP4LAB_RUNS_DIR),
+    never under a "runs" relative to wherever the command was started."""
+    from fp4lab import results
+
+    monkeypatch.setattr(results, "RUNS_ROOT", tmp_path / "runs-root")
+    parser = argparse.ArgumentParser()
+    comm_cli.add_cli(parser.add_subparsers())
+    args = parser.parse_args(["comm", "--device", "cpu"])
+    assert args.out == str(tmp_path / "runs-root")
+    ranks = comm_cli.worker_args(args, "run-1")
+    assert ranks[ranks.index("--out") + 1] == str(tmp_path / "runs-root")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without GPU")
 def test_asking_for_cuda_without_a_gpu_is_one_line(capsys, tmp_path):
     assert cli.main(["comm", "--device", "cuda", "--out", str(tmp_path)]) == 2

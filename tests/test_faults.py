@@ -436,7 +436,36 @@ def test_sigterm_to_a_report_shuts_its_kernel_down(tmp_path):
     proc.send_signal(signal.SIGTERM)
     code, out, err = finish(proc, timeout=60)
     # the kernel may log its own socket closing under it; fp4lab itself ends in one line
-    assert code == 130 and err.strip().splitlines()[-1] == "fp4lab: interrupted", err
-    assert "/fp4lab/" not in err, err
+    assert code == 130 and err.strip().splitlines()[-1].startswith("fp4lab report: interrupted during 00_sleeps"), err
+    assert "continue with the same --run-id term" in err and "/fp4lab/" not in err, err
     wait_for(lambda: not any(alive(pid) for pid in kernels), timeout=15, what="the kernel to stop")
-    assert not RunDir.open(tmp_path / "runs" / "term").path.joinpath(".lock").read_text()
+    run = RunDir.open(tmp_path / "runs" / "term")
+    assert not run.path.joinpath(".lock").read_text()
+    recorded = run.run_json()["report"]
+    assert recorded["status"] == "interrupted" and recorded["interrupted"]["chapter"] == "00_sleeps"
+
+
+@pytest.mark.parametrize("stop", ["KeyboardInterrupt", "Interrupted"])
+def test_a_stopped_report_records_where_it_stopped_and_says_how_to_go_on(tmp_path, monkeypatch, capsys, stop):
+    """Ctrl-C (KeyboardInterrupt) or SIGTERM / SIGHUP (Interrupted) in the second chapter: the
+    first chapter's record is kept, run.json["report"] says interrupted, in which chapter and
+    when, and the exit status is 130 with one line naming the --run-id that continues."""
+    from fp4lab import report
+    from fp4lab.sweep.runner import Interrupted
+
+    def execute_chapter(notebook, output, parameters, kernel_name):
+        if notebook.stem == "01_second":
+            raise {"KeyboardInterrupt": KeyboardInterrupt, "Interrupted": Interrupted}[stop]()
+        return report.ChapterResult(notebook.stem, "ok", None, 0.1, str(output), notebook.stem)
+
+    monkeypatch.setattr(report, "execute_chapter", execute_chapter)
+    notebooks = [tmp_path / "00_first.ipynb", tmp_path / "01_second.ipynb", tmp_path / "02_third.ipynb"]
+    result = report.run_report("smoke", "stopped", tmp_path / "runs", notebooks, build=False,
+                               reference_dir="none", device="cpu", progress=False)
+    assert result.exit_code == 130 and result.interrupted == "01_second"
+    recorded = RunDir.open(tmp_path / "runs" / "stopped").run_json()["report"]
+    assert recorded["status"] == "interrupted" and recorded["interrupted"]["chapter"] == "01_second"
+    assert recorded["interrupted"]["at"] >= recorded["started"]
+    assert [chapter["chapter"] for chapter in recorded["chapters"]] == ["00_first"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "continue with the same --run-id stopped" in err[0], err

@@ -5,7 +5,10 @@ recorded in run.json["report"] (chapter, status, error, seconds), its partially 
 (papermill saves it with the error) still goes into the book, the front page lists it, and the
 command exits non-zero at the end so the nightly job notices. Exit codes:
   0 everything ran; 1 a chapter or the book build failed; 2 bad arguments; 3 a regression
-  against the previous run on the same device (chapter 05's judgement); 4 (from make) setup failed.
+  against the previous run on the same device (chapter 05's judgement); 4 (from make) setup failed;
+  130 stopped by Ctrl-C (or SIGTERM / SIGHUP, which the CLI turns into one): run.json["report"]
+  records status "interrupted" with the chapter that was running and when, what was written is
+  kept, and the same --run-id continues (chapters measure only what the run lacks).
 
 Progress is drawn in this terminal (a bar over chapters, and the points each chapter measures,
 which its kernel reports through FP4LAB_PROGRESS_FILE), never in the pages. The report holds the
@@ -20,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +36,7 @@ from fp4lab.results import (REFERENCE_ROOT, REPO_ROOT, RUNS_ROOT, RunDir, latest
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 KERNEL_NAME = "fp4lab"
 CHAPTER_PATTERN = re.compile(r"^\d\d_[A-Za-z0-9_]+\.ipynb$")
-EXIT_FAILED, EXIT_USAGE, EXIT_REGRESSION = 1, 2, 3
+EXIT_FAILED, EXIT_USAGE, EXIT_REGRESSION, EXIT_INTERRUPTED = 1, 2, 3, 130
 # the kernel's own log stays quiet (its "running over TCP" notice is about a local socket)
 KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
 
@@ -56,6 +59,7 @@ class ReportResult:
     book: BookResult
     stages: dict[str, float]
     regressions: int = 0
+    interrupted: str | None = None   # the chapter (or "book") a Ctrl-C or SIGTERM stopped
 
     @property
     def failed(self) -> list[ChapterResult]:
@@ -63,6 +67,8 @@ class ReportResult:
 
     @property
     def exit_code(self) -> int:
+        if self.interrupted:
+            return EXIT_INTERRUPTED
         if self.failed or self.book.status == "failed":
             return EXIT_FAILED
         return EXIT_REGRESSION if self.regressions else 0
@@ -216,43 +222,53 @@ def run_report(profile: str = "auto", run_id: str | None = None, runs_dir: str |
         out_dir.mkdir(exist_ok=True)
         report: dict[str, Any] = {"profile": profile, "device": device, "gpu": _gpu_name() if cuda else None,
                                   "reference_dir": str(reference) if reference else "", "started": utc_now(),
-                                  "chapters": []}
+                                  "status": "running", "interrupted": None, "chapters": []}
         run.update_run_json("report", report)
         print(f"fp4lab report: profile {profile} ({'a CUDA GPU is here' if cuda else 'no GPU: the CPU smoke profile'}); "
               f"run {run.path}; reference {reference.name if reference else 'none'}", flush=True)
         stages = {"setup": round(time.perf_counter() - t0, 2)}
         bar = TerminalProgress(len(paths), progress)
         os.environ[PROGRESS_ENV] = str(bar.file)
-        results = []
+        results, running = [], "setup"
         try:
-            for notebook in paths:
-                bar.chapter(notebook.stem)
-                parameters = {"run_dir": str(run.path.resolve()), "reference_dir": str(reference or "none"),
-                              "profile": profile, "device": device}
-                result = execute_chapter(notebook, out_dir / notebook.name, parameters, kernel_name)
-                results.append(result)
-                bar.done(f"{result.chapter:<24} {result.status:<7} {result.seconds:7.1f} s"
-                         + (f"  {result.error}" if result.error else ""))
-                report["chapters"].append(asdict(result))
-                run.update_run_json("report", {"chapters": report["chapters"]})
-                stages[f"chapter {result.chapter}"] = result.seconds
-        finally:
-            os.environ.pop(PROGRESS_ENV, None)
-            bar.close()
-        regressions = count_regressions(run)
-        book_result = BookResult("skipped", 0.0, None)
-        if build:
-            with book.book_lock():
-                staged = book.stage(run, report["chapters"], RunDir(reference) if reference else None,
-                                    book.front_page(run, report, leading_run(run, cuda, runs_dir)))
-                try:
-                    book_result = book.build(staged)
-                except FileNotFoundError as exc:
-                    book_result = BookResult("failed", 0.0, None, error=str(exc))
-            stages["book"] = book_result.seconds
+            try:
+                for notebook in paths:
+                    running = notebook.stem
+                    bar.chapter(running)
+                    parameters = {"run_dir": str(run.path.resolve()), "reference_dir": str(reference or "none"),
+                                  "profile": profile, "device": device}
+                    result = execute_chapter(notebook, out_dir / notebook.name, parameters, kernel_name)
+                    results.append(result)
+                    bar.done(f"{result.chapter:<24} {result.status:<7} {result.seconds:7.1f} s"
+                             + (f"  {result.error}" if result.error else ""))
+                    report["chapters"].append(asdict(result))
+                    run.update_run_json("report", {"chapters": report["chapters"]})
+                    stages[f"chapter {result.chapter}"] = result.seconds
+            finally:
+                os.environ.pop(PROGRESS_ENV, None)
+                bar.close()
+            running = "book"
+            regressions = count_regressions(run)
+            book_result = BookResult("skipped", 0.0, None)
+            if build:
+                with book.book_lock():
+                    staged = book.stage(run, report["chapters"], RunDir(reference) if reference else None,
+                                        book.front_page(run, report, leading_run(run, cuda, runs_dir)))
+                    try:
+                        book_result = book.build(staged)
+                    except FileNotFoundError as exc:
+                        book_result = BookResult("failed", 0.0, None, error=str(exc))
+                stages["book"] = book_result.seconds
+        except KeyboardInterrupt:    # Ctrl-C; SIGTERM / SIGHUP too, as sweep.runner.Interrupted
+            run.update_run_json("report", {"status": "interrupted", "stages": stages,
+                                           "interrupted": {"chapter": running, "at": utc_now()}})
+            stopped = ReportResult(run.path, profile, results, BookResult("skipped", 0.0, None), stages,
+                                   interrupted=running)
+            print_ending(stopped)
+            return stopped
         stages["total"] = round(time.perf_counter() - t0, 2)
         run.update_run_json("report", {"book": asdict(book_result), "stages": stages, "finished": utc_now(),
-                                       "regressions": regressions})
+                                       "regressions": regressions, "status": "complete"})
     result = ReportResult(run.path, profile, results, book_result, stages, regressions)
     print_ending(result)
     return result
@@ -279,6 +295,11 @@ def count_regressions(run: RunDir) -> int:
 
 
 def print_ending(result: ReportResult) -> None:
+    if result.interrupted:
+        print(f"fp4lab report: interrupted during {result.interrupted}; what was written is kept in "
+              f"{result.run_dir}; continue with the same --run-id {result.run_dir.name} (chapters "
+              "measure only what the run lacks)", file=sys.stderr, flush=True)
+        return
     print("where the time goes: " + ", ".join(f"{k} {v:.1f} s" for k, v in result.stages.items()), flush=True)
     for warning in result.book.warnings:
         print(f"book warning: {warning}")

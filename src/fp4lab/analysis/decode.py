@@ -64,16 +64,23 @@ class DiagnosisConfig:
         from fp4lab.moe import routing
 
         try:
-            presets.get(params.check_text("preset", self.preset, allow_empty=False))
-            routing.parse_routing(params.check_text("routing", self.routing, allow_empty=False))
+            model = presets.get(params.check_text("preset", self.preset, allow_empty=False))
+            spec = routing.parse_routing(params.check_text("routing", self.routing, allow_empty=False))
         except ParameterError:
             raise
         except ValueError as exc:
             raise ParameterError(str(exc)) from None
+        decode_batch = params.check_int("decode_batch", self.decode_batch, 1, 1 << 20)
+        steps = params.check_int("steps", self.steps, 1, 100_000)
+        if spec.kind == "trace":          # a missing or malformed file fails here, not deep in the diagnosis
+            try:
+                routing.load_trace(spec.trace_path, model.experts, model.top_k, batch=decode_batch, steps=steps)
+            except ValueError as exc:
+                raise ParameterError(f"routing: {exc}") from None
         return dataclasses.replace(
-            self, decode_batch=params.check_int("decode_batch", self.decode_batch, 1, 1 << 20),
+            self, decode_batch=decode_batch,
             backend=params.check_text("backend", self.backend, allow_empty=False),
-            steps=params.check_int("steps", self.steps, 1, 100_000),
+            steps=steps,
             seed=params.check_int("seed", self.seed, 0),
             power_bound_fraction=params.check_float("power_bound_fraction", self.power_bound_fraction,
                                                     0, 1, strict_minimum=True),
@@ -239,13 +246,22 @@ def fastest_gemm_backend(gemm: gemm_analysis.GemmResults | None, model: presets.
 
 def seed_backend(gemm: gemm_analysis.GemmResults | None, config: DiagnosisConfig) -> str | None:
     """The GEMM backend whose seed table the book shows (chapter 01, chapter 04, the front page):
-    the one whose loop of expert GEMMs runs the diagnosed layer fastest at decode; on a run whose
-    shapes say nothing about the model (a CPU smoke run), the fastest at the smallest M."""
+    the one the diagnosed layer's model times its experts with."""
     model = presets.get(config.preset)
     load = moe_analysis.tokens_per_expert(model, config.decode_batch, config.routing, config.steps, config.seed)
-    found = fastest_gemm_backend(gemm, model, load)
-    if found is not None or gemm is None or not len(gemm.ok):
-        return found
+    return layer_backend(gemm, model, load)
+
+
+def layer_backend(gemm: gemm_analysis.GemmResults | None, model: presets.ModelPreset,
+                  load: dict) -> str | None:
+    """The GEMM backend a layer model of `model` times its experts with (chapter 04's seed,
+    chapter 05's layouts: one choice, so both model a run's layer with the same GEMM): the one
+    whose loop runs the layer fastest at decode; on a smoke run (a CPU run, or `model` a scaled
+    stand-in), whose shapes say nothing about the model, the fastest at the smallest M."""
+    if gemm is None or not len(gemm.ok):
+        return None
+    if not (model.scaled or gemm.view.is_smoke):
+        return fastest_gemm_backend(gemm, model, load)
     ok = gemm.ok
     smallest = ok[ok["m"] == ok["m"].min()]
     return str(smallest.groupby("backend")["median_us"].median().idxmin())

@@ -84,7 +84,7 @@ def study(run: RunDir, reference: RunView | None, preset: str, batches, decode_b
         return base
     gemm = gemm_analysis.gemm_results(source.run)
     load = moe_analysis.tokens_per_expert(model, decode_batch, routing, steps, seed)
-    backend = decode.fastest_gemm_backend(gemm, model, load) if not model.scaled else _any_backend(gemm)
+    backend = decode.layer_backend(gemm, model, load)
     if backend is None:
         base.why_not = f"run {source.run_id} has no correct GEMM points to time the experts with"
         return base
@@ -97,15 +97,6 @@ def study(run: RunDir, reference: RunView | None, preset: str, batches, decode_b
     fastest = comm_analysis.fastest_layout(table[table["batch"] == decode_batch])
     base.backend, base.layouts, base.fastest = backend, table, fastest
     return base
-
-
-def _any_backend(gemm: gemm_analysis.GemmResults) -> str | None:
-    """On a CPU smoke run any correct backend times the scaled model (its numbers are a check)."""
-    ok = gemm.ok
-    if not len(ok):
-        return None
-    preferred = ok[ok["backend"] == gemm_analysis.BASELINE]
-    return str((preferred if len(preferred) else ok)["backend"].iloc[0])
 
 
 def at_decode(study_: LayoutStudy, tokens: int) -> pd.DataFrame:

@@ -23,12 +23,21 @@ LAB_RUN = RUNS_ROOT / "lab"
 
 @dataclass
 class Context:
-    run: RunDir
+    run_path: Path
     reference: RunView | None
     profile: str
     device: str                      # resolved: "cpu", "cuda" or "cuda:N"
     page: Page
     parameters: list[tuple[str, Any]] = field(default_factory=list)
+    opened: RunDir | None = None     # the run folder, once opened or created
+
+    @property
+    def run(self) -> RunDir:
+        """The run folder, created when the chapter first uses it: after it has checked its own
+        parameters, so a bad one leaves no empty folder behind."""
+        if self.opened is None:
+            self.opened = open_or_create(self.run_path)
+        return self.opened
 
     @property
     def view(self) -> RunView:
@@ -54,8 +63,9 @@ class Context:
 
 def open_context(title: str, run_dir: str = "", reference_dir: str = "", profile: str = "auto",
                  device: str = "auto", **knobs: Any) -> Context:
-    """Check the four parameters every chapter takes, open (or create) the run folder, find the
-    reference run, and start the page. `knobs` are the chapter's own parameters, listed on it."""
+    """Check the four parameters every chapter takes, open the run folder (a new one is created
+    on first use, `Context.run`), find the reference run, and start the page. `knobs` are the
+    chapter's own parameters, listed on it."""
     from fp4lab import hardware
 
     params.check_text("run_dir", run_dir)
@@ -68,16 +78,17 @@ def open_context(title: str, run_dir: str = "", reference_dir: str = "", profile
     except ValueError as exc:
         raise ParameterError(str(exc)) from None
     profile = profiles.resolve(profile, device != "cpu")
-    run = open_or_create(run_dir or LAB_RUN)
+    run_path = Path(run_dir or LAB_RUN)
+    existing = RunDir.open(run_path) if (run_path / "run.json").exists() else None   # a bad run.json named now
     reference_path = reference_run(reference_dir, table=None if reference_dir else "gemm")
-    if reference_path is not None and Path(reference_path).resolve() == run.path.resolve():
+    if reference_path is not None and Path(reference_path).resolve() == run_path.resolve():
         reference_path = None                # a reference run's own pages show no other reference
     reference = view(reference_path) if reference_path is not None else None
-    recorded = "provenance" in run.run_json()
-    page = Page(title, smoke=not view(run).is_gpu if recorded else device == "cpu")
+    recorded = existing is not None and "provenance" in existing.run_json()
+    page = Page(title, smoke=not view(existing).is_gpu if recorded else device == "cpu")
     collect_warnings(page)
-    context = Context(run, reference, profile, device, page)
-    context.parameters = [("run", run.run_id), ("reference run", reference.run_id if reference else NO_REFERENCE),
+    context = Context(run_path, reference, profile, device, page, opened=existing)
+    context.parameters = [("run", run_path.name), ("reference run", reference.run_id if reference else NO_REFERENCE),
                           ("profile", profile), ("device", device),
                           *((name, value) for name, value in knobs.items())]
     return context

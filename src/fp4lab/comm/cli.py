@@ -5,7 +5,7 @@ Two modes, one command. Outside torchrun it is the launcher: it starts torchrun 
 verdict. Under torchrun (RANK and WORLD_SIZE set) it is one rank of the run:
     python -m fp4lab comm --nproc-per-node 8                      # 8 GPUs (NCCL)
     python -m fp4lab comm --device cpu --nproc-per-node 2 --profile smoke
-    torchrun --nproc-per-node 8 -m fp4lab comm --out runs         # ranks launched by hand
+    torchrun --nproc-per-node 8 -m fp4lab comm                    # ranks launched by hand
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ OP_ALIASES = {"all_to_all": ops.ALL_TO_ALL_OPS}
 
 
 def add_cli(subparsers) -> None:
+    from fp4lab.results import RUNS_ROOT
+
     parser = subparsers.add_parser("comm", help="all-reduce / all-to-all / send-recv across ranks "
                                                 "(torchrun; NCCL on GPUs, gloo on CPUs)")
     parser.add_argument("--nproc-per-node", type=int, default=None,
@@ -45,7 +47,9 @@ def add_cli(subparsers) -> None:
                         help="seconds a point may take before the run stops (a stuck rank)")
     parser.add_argument("--timeout", type=float, default=None,
                         help="launcher: seconds the whole run may take")
-    parser.add_argument("--out", default="runs", help="runs folder")
+    # the runs folder every command writes to, wherever it is started (FP4LAB_RUNS_DIR honoured)
+    parser.add_argument("--out", default=str(RUNS_ROOT),
+                        help="runs folder (default: runs/ of the repository, or $FP4LAB_RUNS_DIR)")
     parser.add_argument("--run-id", default=None)
     parser.add_argument("--quiet", action="store_true", help="no line per point")
     parser.add_argument("--fault", default=None,
