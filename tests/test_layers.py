@@ -14,6 +14,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "fp4lab"
 LAYERS = {   # module (or package) -> layer; a deeper name inherits its package's layer
     "errors": 0, "dtypes": 0, "params": 0, "text": 0, "formats": 0, "hardware": 0, "nvml": 0,
     "correctness": 0, "profiles": 0, "references": 0, "roofline": 0, "progress": 0, "tiles": 0,
+    "torchrun": 0,
     "moe": 1,
     "bench": 2, "ceilings": 2, "telemetry": 2, "backends": 2, "where": 2,
     "schema": 3, "results": 3,
