@@ -46,3 +46,20 @@ def test_the_paths_legend_sits_below_the_bars():
     assert fig.axes[0].get_legend() is None and len(fig.legends) == 1
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["bf16 weights", "fp8 weights",
                                                                   "its weight-read floor"]
+
+
+def test_a_library_error_names_its_file_without_the_machine_install_paths():
+    """A compiler's diagnostic (gemlite on the H200) names the failing file by its full install
+    path: the book and the rows show it from the package on."""
+    import pandas as pd
+
+    from fp4lab.plots.tables import Col, html_table
+    from fp4lab.sweep.worker import first_line
+
+    cause = ("PassManager::run failed (/work/main/.venv/lib/python3.12/site-packages/gemlite/"
+             "triton_kernels/gemm_splitK_kernels.py:537:0: error: Failures)")
+    table = html_table(pd.DataFrame({"why": [cause]}), [Col("why", "why not")])
+    assert "(gemlite/triton_kernels/gemm_splitK_kernels.py:537:0: error" in table
+    assert "/work/" not in table and "site-packages" not in table
+    row_error = first_line(RuntimeError(cause.replace("/work/main/.venv/lib", "/usr/lib")))
+    assert row_error == "RuntimeError: PassManager::run failed (gemlite/triton_kernels/gemm_splitK_kernels.py:537:0: error: Failures)"

@@ -48,6 +48,16 @@ def printable(value) -> str:
     return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", str(value))
 
 
+_INSTALL_PREFIX = re.compile(r"(?:/[^\s'\"():]+)*/(?:site|dist)-packages/")
+
+
+def package_relative(value) -> str:
+    """A message with each installed file's path cut to the package's own (`.../site-packages/
+    gemlite/x.py` -> `gemlite/x.py`): a compiler's or library's error names the file that failed
+    without the machine's install paths."""
+    return _INSTALL_PREFIX.sub("", str(value))
+
+
 def code(value) -> str:
     """`value` as inline code in Markdown, whatever it holds (backticks, HTML: code is literal)."""
     text = " ".join(str(value).split())

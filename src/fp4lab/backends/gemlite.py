@@ -30,6 +30,7 @@ from fp4lab.backends.base import (
     BF16_MIN_CAPABILITY, Backend, Requirements, prepared_from, resolve_device,
 )
 from fp4lab.backends.humming import timed_first_call
+from fp4lab.text import package_relative
 
 PROCESSORS = {"mxfp4": "A16W4_MXFP", "nvfp4": "A16W4_NVFP"}   # gemlite.helper class per format
 MAX_CAUSE_CHARS = 300
@@ -68,7 +69,7 @@ def compile_cause(exc: BaseException, diagnostics: str) -> str:
     errors = [line.strip() for line in diagnostics.splitlines() if "error:" in line]
     if errors:
         cause += f" ({errors[0]})"
-    return cause[:MAX_CAUSE_CHARS]
+    return package_relative(cause)[:MAX_CAUSE_CHARS]
 
 
 class GemliteW4A16(Backend):

@@ -117,7 +117,8 @@ def _anatomy(page, results) -> None:
     if not len(table):
         rows = results.view.run.read_table("anatomy")
         reason = rows["error"].dropna().iloc[0] if len(rows) and rows["error"].notna().any() else "not measured"
-        page.prose("anatomy", f"No stage of the kernel was timed in this run ({text.md(reason)}).")
+        page.prose("anatomy", f"No stage of the kernel was timed in this run "
+                              f"({text.md(text.package_relative(reason))}).")
         return
     page.figure("anatomy", figures.anatomy(table), results.caption(
         "each stage variant passed its own check (a checksum of the bytes read, row sums, or the gate)"))

@@ -28,11 +28,12 @@ def integer(value) -> str:
 
 
 def plain(value) -> str:
+    """Text as a cell shows it; a library's error names its files without the install paths."""
     if text.is_missing(value):
         return text.MISSING
     if isinstance(value, bool):
         return "yes" if value else "no"
-    return str(value)
+    return text.package_relative(value)
 
 
 FORMATS: dict[str, Callable[[Any], str]] = {

@@ -56,8 +56,10 @@ def sender(channel: TextIO) -> Callable[..., None]:
 
 
 def first_line(exc: BaseException) -> str:
+    from fp4lab.text import package_relative
+
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")[:500]
+    return package_relative(f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": "))[:500]
 
 
 def run_ceilings(job: dict[str, Any], send) -> None:
