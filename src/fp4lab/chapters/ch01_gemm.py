@@ -158,13 +158,13 @@ def _gpus(page, results) -> None:
         page.prose("gpus", "This run measured no GPU, so there is no spread across GPUs to show.")
         return
     ranks = (results.view.info.get("sweep") or {}).get("ranks")
-    how = (f"one torchrun rank per GPU ({text.count(ranks, 'rank')})" if ranks else
-           "one device, in the sweep's own process")
+    how = "swept through torchrun, one rank per GPU" if ranks else "measured in the sweep's own process"
     if len(spread) == 1:
         row = spread.iloc[0]
-        page.prose("gpus", f"One GPU measured (GPU {int(row['gpu_index'])}, PCI bus "
-                           f"{text.md(row['pci_bus_id'] or 'unknown')}; {how}): a box with several GPUs "
-                           "shows each one's speed and clock here, so a slow or throttling card stands out.")
+        page.prose("gpus", f"One GPU measured: GPU {int(row['gpu_index'])} (PCI bus "
+                           f"{text.md(row['pci_bus_id'] or 'unknown')}), {how}. On a box with several "
+                           "GPUs this section sets each one's speed and clock against the others, so a "
+                           "slow or throttling card stands out.")
         return
     page.html("gpus", html_table(spread, SPREAD, caption=results.caption(
         f"every GPU at the points they all measured ({how}); 1.00 = the box's median for that point")))
