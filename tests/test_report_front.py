@@ -28,3 +28,22 @@ def test_an_explicit_commit_wins_over_whatever_git_is_around(monkeypatch):
     assert results.git_sha() == "ba8b458"
     monkeypatch.delenv("FP4LAB_GIT_SHA")
     assert results.git_sha() != "ba8b458"
+
+
+def test_a_newer_gpu_run_without_its_moe_sweep_does_not_lead(tmp_path):
+    """A GPU report stopped before chapter 03 (or a GEMM-only sweep) would diagnose the layer
+    from GEMM loops alone: the newest complete GPU run leads instead, while one exists."""
+    from fp4lab import schema
+
+    def gpu_run(run_id: str, created: str, tables: tuple[str, ...]) -> RunDir:
+        run = RunDir.create(tmp_path, run_id)
+        run.update_run_json(None, {"created": created,
+                                   "provenance": {"device": {"kind": "cuda", "name": "NVIDIA H200"}}})
+        for table in tables:
+            run.append_rows(table, [schema.blank_row(table, run_id=run_id, status="ok")])
+        return run
+
+    complete = gpu_run("complete", "2026-12-01T10:00:00+00:00", ("gemm", "moe"))
+    gpu_run("partial", "2026-12-01T12:00:00+00:00", ("gemm",))
+    assert latest_gpu_run(tmp_path) == complete.path
+    assert latest_gpu_run(tmp_path, prefer=None).name == "partial"

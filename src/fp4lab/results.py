@@ -680,15 +680,18 @@ def reference_run(reference_dir: str | os.PathLike = "", table: str | None = "ge
     return runs[-1] if runs else None
 
 
-def latest_gpu_run(*roots: str | os.PathLike, table: str = "gemm") -> Path | None:
-    """The newest run measured on a GPU with `table`, by creation time, under the roots."""
+def latest_gpu_run(*roots: str | os.PathLike, table: str = "gemm", prefer: str | None = "moe") -> Path | None:
+    """The newest run measured on a GPU with `table`, by creation time, under the roots; runs
+    that also hold `prefer` come first (a GPU report stopped before its MoE sweep, or a GEMM-only
+    sweep, must not displace a complete run from the front page's diagnosis)."""
     candidates = []
     for path in find_run_dirs(*roots):
         run = RunDir(path)
         info = run.run_json()
         if is_gpu_run(info) and run.has_table(table):
-            candidates.append((str(info.get("created") or ""), path.name, path))
-    return max(candidates)[2] if candidates else None
+            preferred = prefer is None or run.has_table(prefer)
+            candidates.append((preferred, str(info.get("created") or ""), path.name, path))
+    return max(candidates)[3] if candidates else None
 
 
 def list_runs(*roots: str | os.PathLike):
