@@ -207,3 +207,18 @@ def test_expert_parallelism_aggregates_tokens_per_rank(tmp_path):
     assert ep.loc[8, "tokens_per_step"] == 8 * 512 and ep.loc[8, "active_experts"] == pytest.approx(32.0)
     assert ep.loc[8, "us_per_token"] < ep.loc[1, "us_per_token"] / 4
     assert np.isfinite(d.levers["gain"]).all()
+
+
+def test_the_batch_lever_of_a_moe_sweep_path_is_its_own_measured_times():
+    """The diagnosed path came from the MoE sweep, which measured it at every decode batch: the
+    concurrency lever reads those times, not a GEMM-loop model of another backend."""
+    from fp4lab.results import REFERENCE_ROOT, latest_gpu_run
+
+    run = latest_gpu_run(REFERENCE_ROOT)
+    d = decode.diagnose(run, decode.DiagnosisConfig.from_profile("full"))
+    assert d.chosen["source"] == "MoE sweep" and d.concurrency_basis == decode.MEASURED_BATCHES
+    now = d.concurrency[d.concurrency["batch"] == 512]
+    assert float(now["layer_us"].iloc[0]) == pytest.approx(d.chosen["layer_us"])
+    batch = d.levers[d.levers["lever"].str.startswith("batch ")].iloc[0]
+    assert d.chosen["path"] in batch["lever"] and batch["basis"] == decode.MEASURED_BATCHES
+    assert batch["now_us"] == pytest.approx(d.chosen["layer_us"] / 512)

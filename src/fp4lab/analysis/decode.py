@@ -43,6 +43,10 @@ TABLE_SOURCES = {"gemm": "the GEMM sweep (chapter 01)", "moe": "the MoE sweep (c
                  "telemetry": "power and clocks (chapter 02)"}
 
 
+MODELLED = "modelled from measured GEMM times"        # how a lever's numbers were got
+MEASURED_BATCHES = "measured (MoE sweep)"
+
+
 @dataclass(frozen=True)
 class DiagnosisConfig:
     preset: str = "glm-5"
@@ -104,11 +108,12 @@ class Diagnosis:
     seed: pd.DataFrame
     fp4: dict[str, Any] | None
     levers: pd.DataFrame
-    concurrency: pd.DataFrame
+    concurrency: pd.DataFrame                    # batch, layer_us, us_per_token (see concurrency_basis)
     ep: pd.DataFrame
     graphs: pd.DataFrame
     gate: pd.DataFrame
     missing: list[str] = field(default_factory=list)
+    concurrency_basis: str = MODELLED
 
     @property
     def smoke(self) -> bool:
@@ -361,6 +366,18 @@ def fp4_lever(paths: pd.DataFrame, model: presets.ModelPreset, load: dict,
             "bf16": best.get("bf16"), "fp8": best.get("fp8")}
 
 
+def measured_batches(moe: moe_analysis.MoeResults | None, chosen: dict | None, routing_spec: str) -> pd.DataFrame:
+    """The diagnosed path's own layer time at every decode batch the MoE sweep measured (one
+    GPU, EP 1): the concurrency lever as measured, when the path came from the MoE sweep."""
+    if moe is None or chosen is None or chosen.get("source") != "MoE sweep":
+        return pd.DataFrame()
+    table = moe_analysis.layer_times_by_batch(moe, routing_spec)
+    fmt = chosen.get("fmt") if isinstance(chosen.get("fmt"), str) else None
+    mine = table[(table["method"] == chosen["path"]) & (table["fmt"].fillna("").eq(fmt or ""))]
+    rows = mine.sort_values("batch")[["batch", "layer_us"]].reset_index(drop=True)
+    return rows.assign(us_per_token=rows["layer_us"] / rows["batch"])
+
+
 def what_if_concurrency(gemm, backend: str | None, model, config: DiagnosisConfig,
                         factors=(0.25, 0.5, 1, 2, 4)) -> pd.DataFrame:
     """Layer time and time per token as the decode batch changes (GEMM times, routing model)."""
@@ -434,7 +451,8 @@ def what_if_graphs(gemm) -> pd.DataFrame:
 
 
 def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurrency: pd.DataFrame,
-           ep: pd.DataFrame, graphs: pd.DataFrame, batch: int) -> pd.DataFrame:
+           ep: pd.DataFrame, graphs: pd.DataFrame, batch: int, *, concurrency_basis: str = MODELLED,
+           backend: str | None = None) -> pd.DataFrame:
     """Each measured way to a faster layer, with its gain (time now / time with it), largest first."""
     rows = []
     if chosen is not None and len(d_paths):
@@ -453,19 +471,20 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
         now = concurrency.iloc[(concurrency["batch"] - batch).abs().argmin()]
         best = concurrency.iloc[concurrency["us_per_token"].argmin()]
         if best["batch"] != now["batch"]:
-            rows.append({"lever": f"batch {int(best['batch'])} instead of {int(now['batch'])} (per token)",
+            whose = chosen["path"] if concurrency_basis == MEASURED_BATCHES and chosen else f"a loop of {backend} GEMMs"
+            rows.append({"lever": f"batch {int(best['batch'])} instead of {int(now['batch'])} (per token, {whose})",
                          "gain": now["us_per_token"] / best["us_per_token"],
-                         "basis": "modelled from measured GEMM times", "now_us": now["us_per_token"],
+                         "basis": concurrency_basis, "now_us": now["us_per_token"],
                          "with_us": best["us_per_token"]})
     if len(ep) > 1:
         first, last = ep.iloc[0], ep.iloc[-1]
         with_comm = bool(ep["comm_us"].notna().all())
         column = "us_per_token_with_comm" if with_comm else "us_per_token"
         rows.append({"lever": f"expert parallelism EP={int(last['ep'])}: each rank's experts see "
-                              f"{int(last['ep'])}x the tokens (per GPU, "
+                              f"{int(last['ep'])}x the tokens (per GPU, a loop of {backend} GEMMs, "
                               + ("measured all-to-all included)" if with_comm else "communication not included)"),
                      "gain": first[column] / last[column],
-                     "basis": "modelled from measured GEMM times" + (" and all-to-alls" if with_comm else ""),
+                     "basis": MODELLED + (" and all-to-alls" if with_comm else ""),
                      "now_us": first[column], "with_us": last[column]})
     if len(graphs):
         rows.append({"lever": "CUDA-graph replay instead of eager launches",
@@ -506,7 +525,9 @@ def diagnose(run_dir: str | RunDir, config: DiagnosisConfig) -> Diagnosis:
     seed_backend_name = seed_backend(gemm, config)
     chosen, reason = choose(paths, config.backend)
     power_now = decode_power(power, seed_backend_name, model, load)
-    concurrency = what_if_concurrency(gemm, seed_backend_name, model, config)
+    concurrency, basis = measured_batches(moe, chosen, config.routing), MEASURED_BATCHES
+    if len(concurrency) < 2:
+        concurrency, basis = what_if_concurrency(gemm, seed_backend_name, model, config), MODELLED
     comm = comm_analysis.CommTable(run.read_table("comm")) if run.has_table("comm") else None
     ep = what_if_ep(gemm, seed_backend_name, model, config, comm)
     graphs = what_if_graphs(gemm)
@@ -517,5 +538,7 @@ def diagnose(run_dir: str | RunDir, config: DiagnosisConfig) -> Diagnosis:
         verdict=verdict(chosen, power_now, config) if chosen and not run_view.is_smoke else None,
         decode_power=power_now, seed_backend=seed_backend_name,
         seed=gemm_analysis.seed_table(gemm, seed_backend_name) if seed_backend_name else pd.DataFrame(),
-        fp4=fp4, levers=levers(paths, chosen, fp4, concurrency, ep, graphs, config.decode_batch),
-        concurrency=concurrency, ep=ep, graphs=graphs, gate=gate_failures(gemm), missing=missing)
+        fp4=fp4, levers=levers(paths, chosen, fp4, concurrency, ep, graphs, config.decode_batch,
+                               concurrency_basis=basis, backend=seed_backend_name),
+        concurrency=concurrency, ep=ep, graphs=graphs, gate=gate_failures(gemm), missing=missing,
+        concurrency_basis=basis)

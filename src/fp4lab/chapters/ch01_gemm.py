@@ -195,8 +195,9 @@ def _seed(page, results, reference, profile: str) -> None:
         backend = decode.seed_backend(which, config) if which is not None else None
         if backend:
             page.html("seed", html_table(analysis.seed_table(which, backend), SEED, caption=which.caption(
-                f"{backend}, the GEMM backend whose expert GEMMs run the {config.preset} layer fastest at "
-                f"B={config.decode_batch} (the one chapter 04 diagnoses); ranges span the weight shapes")))
+                f"{backend}, the GEMM backend whose loop of expert GEMMs runs the {config.preset} layer "
+                f"fastest at B={config.decode_batch} (chapter 04's GEMM-loop model and decode power read "
+                f"it; the fastest layer path there may be a fused MoE kernel); ranges span the weight shapes")))
     page.html("seed", html_table(seed_sm120_table(), PUBLISHED, caption="Published: " + SEED_SOURCE))
 
 

@@ -66,6 +66,12 @@ def fill(context: Context, sampled: str) -> None:
     power = analysis.run_power(context.run)
     if sampled:
         page.prose("source", sampled)
+    elif power.has_telemetry:
+        numbers = analysis.timeline_numbers(power)
+        page.prose("source", f"This run holds {text.count(numbers['samples'], 'NVML sample')} over "
+                             f"{text.sig(numbers['seconds'])} s of its sweep (GPU "
+                             f"{text.join([str(gpu) for gpu in numbers['gpus']])}) and "
+                             f"{text.count(len(power.points), 'energy window')}, one per measured point.")
     if not power.has_telemetry and not len(power.points):
         reason = power.meta.get("reason") or "this run was measured without a GPU"
         page.note("source", f"No GPU telemetry in this run ({reason}). The reference part of the book "

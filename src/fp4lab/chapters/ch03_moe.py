@@ -32,7 +32,7 @@ LAYERS = [Col("method", "method"), Col("fmt", "weights format"), Col("weight_dty
 UNAVAILABLE = [Col("method", "method"), Col("status", "status"), Col("error", "why")]
 ERRORS = [Col("method", "method"), Col("mean_abs_error_pct", "mean |error| (%)", "sig2"), Col("points", "points", "int")]
 NEEDED = [Col("ep", "EP degree", "int"), Col("batch_needed", "smallest B reaching the target", "int"),
-          Col("best_utilization", "best predicted utilization", "pct")]
+          Col("best_utilization", "best predicted utilization", "share")]
 
 
 def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", device: str = "auto", *,

@@ -55,6 +55,9 @@ def layer_words(d: decode.Diagnosis) -> str:
     return f"one {text.md(presets.get(d.config.preset).name)} MoE layer at a decode batch of {d.config.decode_batch}"
 
 
+KERNEL_GAP = 0.8     # a memory floor under this share of the layer: the kernel, not HBM, sets the rest
+
+
 def verdict_sentence(d: decode.Diagnosis) -> str:
     """The verdict in one sentence with its numbers."""
     if d.smoke:
@@ -76,6 +79,11 @@ def verdict_sentence(d: decode.Diagnosis) -> str:
                "compute": f"the arithmetic at the {text.md(path['math_dtype'])} peak"}[v["floor"]]
     tail = (f"; {meaning} takes {text.us(v['floor_us'])}, {text.pct(100 * v['explained'])} of the layer, "
             "and the rest is kernel time above every floor.")
+    if v["floor"] == "memory" and v["explained"] < KERNEL_GAP:
+        tail = (f"; {meaning} takes {text.us(v['floor_us'])}, {text.pct(100 * v['explained'])} of the layer. "
+                f"The other {text.us(path['layer_us'] - v['floor_us'])} is the kernel's own time above every "
+                "floor (too few bytes in flight, decode instructions), not HBM: a kernel that streamed these "
+                f"weights at the copy bandwidth would run the layer {text.ratio(1 / v['explained'])} faster.")
     if not v.get("reliable", True):
         tail += (" That floor is longer than the layer itself: the ceilings do not describe this device, "
                  "so the verdict is unreliable.")
@@ -104,7 +112,8 @@ def power_sentence(d: decode.Diagnosis) -> str | None:
         return None
     return (f"Power does not limit decode: at the decode point (M = {text.join(p['m_values'])} on the expert "
             f"shapes) {text.md(p['backend'])}'s GEMMs drew {text.sig(p['avg_power_w'])} W, the median of "
-            f"{p['points']} energy windows, {text.pct(100 * p['fraction'])} of the {text.sig(p['power_limit_w'])} W limit.")
+            f"{p['points']} energy windows, {text.pct(100 * p['fraction'])} of the {text.sig(p['power_limit_w'])} W limit "
+            "(single expert GEMMs at decode sizes: the MoE sweep's layer kernels carry no energy window).")
 
 
 def fp4_sentence(d: decode.Diagnosis) -> str | None:
@@ -190,7 +199,9 @@ def fill(context: Context, d: decode.Diagnosis) -> None:
         page.html("levers", html_table(d.levers, LEVERS, caption=d.view.caption("largest gain first")))
     if len(d.concurrency) > 1:
         page.figure("concurrency", figures.concurrency(d.concurrency, d.config.decode_batch),
-                    d.view.caption(f"{d.seed_backend} GEMM times, tokens per expert from the routing model"))
+                    d.view.caption(f"{d.chosen['path']} as the MoE sweep measured it at each batch"
+                                   if d.concurrency_basis == decode.MEASURED_BATCHES else
+                                   f"{d.seed_backend} GEMM times, tokens per expert from the routing model"))
     elsewhere(page, d)
     if context.reference is not None and context.reference.run.has_table("gemm"):
         reference = decode.diagnose(context.reference.run, d.config)

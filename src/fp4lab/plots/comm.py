@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fp4lab.plots.common import figure_legend, new_figure, palette, tokens_axis
+from fp4lab.plots.common import figure_legend, log_axis, new_figure, palette, tokens_axis
 
 
 def _series_label(row) -> str:
@@ -22,7 +22,9 @@ def comm_times(ok: pd.DataFrame):
     colours = palette(sorted(frame["series"].unique()))
     for series, rows in frame.sort_values("bytes").groupby("series"):
         ax.plot(rows["bytes"], rows["median_us"], "-o", ms=3, color=colours[series], label=series)
-    ax.set(xscale="log", yscale="log", xlabel="bytes per rank", ylabel="median time (us)")
+    log_axis(ax, which="x")
+    log_axis(ax, which="y")
+    ax.set(xlabel="bytes per rank", ylabel="median time (us)")
     figure_legend(fig, axes, columns=2)
     return fig
 
@@ -40,7 +42,8 @@ def layout_steps(layouts: pd.DataFrame, decode_batch: int):
         tokens_axis(ax)
         ax.axvline(decode_batch, color="0.5", ls=":", lw=1)
         ax.set_xlabel("decode batch B (tokens per step)")
-    step_ax.set(ylabel="MoE part of a step (ms)", yscale="log")
+    log_axis(step_ax)
+    step_ax.set(ylabel="MoE part of a step (ms)")
     share_ax.set(ylabel="share in communication (%)", ylim=(0, 100))
     figure_legend(fig, axes, title="layout", columns=4)
     return fig
