@@ -17,6 +17,7 @@ SEED = [Col("M", "M (tokens)", "int"), Col("TFLOP/s max", "TFLOP/s (best shape)"
         Col("% of spec peak", "% of spec peak", "pct"), Col("% of measured peak", "% of measured peak", "pct"),
         Col("regime", "regime")]
 PATHS = [Col("path", "path"), Col("source", "measured by"), Col("weight_dtype", "weights read as"),
+         Col("fmt", "FP4 format"),
          Col("layer_us", "layer time", "us"), Col("launch_floor_us", "launch floor", "us"),
          Col("memory_floor_us", "weight-read floor", "us"), Col("compute_floor_us", "compute floor", "us"),
          Col("note", "how")]
