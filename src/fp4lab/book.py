@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from fp4lab import text
+from fp4lab.references import SEED_POWER
 from fp4lab.results import REPO_ROOT, RunDir
 
 BOOK_DIR = REPO_ROOT / "book"
@@ -222,10 +223,35 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
                               caption=d.gemm.caption(f"{d.seed_backend} at the swept shapes: the seed's table for this GPU"))
             lines += ["```{raw} html", f"<details><summary>The seed's table for {text.html(d.view.device)} "
                       f"({text.html(d.seed_backend)})</summary>{seed}</details>", "```", ""]
+        lines += ["```{raw} html", f"<details><summary>Terms used here</summary>{glossary_html()}</details>",
+                  "```", ""]
     else:
         lines += ["No GPU run is on record yet: run `make report` on a GPU box for a diagnosis.", ""]
     lines += run_summary(run, report)
     return "\n".join(lines) + "\n"
+
+
+GLOSSARY = (
+    ("B, decode batch", "requests decoding one token each in one step; each MoE layer routes their tokens to experts"),
+    ("path", "one way to run the layer: a fused MoE kernel (humming-moe-indexed, triton-w4a16-moe, ...), a "
+             "grouped GEMM, or a loop of one GEMM per expert (\"... loop\")"),
+    ("weight-read floor", "the bytes of the active experts' weights read once at the copy bandwidth this run "
+                          "measured: no kernel that reads them can be faster"),
+    ("launch floor / compute floor", "the path's kernel launches at the measured launch time; its FLOPs at "
+                                     "the measured peak of its math dtype"),
+    ("memory-bound", "the weight-read floor is the largest of the three floors; time above it is the "
+                     "kernel's own (bytes in flight, decode instructions)"),
+    ("NVFP4 / MXFP4", "4-bit e2m1 weights with a scale per 16 (e4m3, NVIDIA) or per 32 (e8m0, OCP MX) weights; "
+                      "on Hopper, weight-only kernels decode them to bf16 in registers"),
+    ("EP", "expert parallelism: P GPUs each hold E/P experts and exchange tokens by all-to-all"),
+    ("the seed", f"the investigation this book began from: FP4 MoE decode on {SEED_POWER['gpus']} "
+                 f"{SEED_POWER['gpu']} GPUs drawing {SEED_POWER['watts']} W of {SEED_POWER['tdp_w']} W each"),
+)
+
+
+def glossary_html() -> str:
+    items = "".join(f"<dt><b>{text.html(term)}</b></dt><dd>{text.html(meaning)}</dd>" for term, meaning in GLOSSARY)
+    return f"<dl>{items}</dl>"
 
 
 def run_summary(run: RunDir, report: dict[str, Any]) -> list[str]:
