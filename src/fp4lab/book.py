@@ -250,8 +250,8 @@ GLOSSARY = (
 
 
 def glossary_html() -> str:
-    items = "".join(f"<dt><b>{text.html(term)}</b></dt><dd>{text.html(meaning)}</dd>" for term, meaning in GLOSSARY)
-    return f"<dl>{items}</dl>"
+    items = "".join(f"<li><b>{text.html(term)}</b>: {text.html(meaning)}</li>" for term, meaning in GLOSSARY)
+    return f"<ul>{items}</ul>"
 
 
 def run_summary(run: RunDir, report: dict[str, Any]) -> list[str]:
