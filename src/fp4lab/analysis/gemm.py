@@ -36,10 +36,10 @@ FOUR_BIT = ("fp4", "int4")             # weight dtypes that move ~0.5 B per weig
 class GemmResults:
     view: RunView
     frame: pd.DataFrame                          # the lead GPU's rows, with the derived columns
+    every_gpu: pd.DataFrame                      # every GPU's rows (a per-GPU sweep), derived
     measured: roofline.Ceilings | None
     spec: roofline.Ceilings | None
     raised: dict[str, str] = field(default_factory=dict)   # dtype -> which point raised its peak
-    every_gpu: pd.DataFrame | None = None        # every GPU's rows (a per-GPU sweep), derived
 
     @property
     def ok(self) -> pd.DataFrame:
@@ -158,7 +158,7 @@ def gemm_results(run_dir: str | RunDir) -> GemmResults:
     lead = lead_gpu(first)
     measured, raised = raise_peaks(measured, of_gpu(first, lead))
     every = derive(frame, measured, spec) if raised else first
-    return GemmResults(run_view, of_gpu(every, lead).reset_index(drop=True), measured, spec, raised, every)
+    return GemmResults(run_view, of_gpu(every, lead).reset_index(drop=True), every, measured, spec, raised)
 
 
 # -- tables ---------------------------------------------------------------------------------------
@@ -312,7 +312,7 @@ def gpu_spread(results: GemmResults) -> pd.DataFrame:
     against the box's median of the same point (median and worst ratio: > 1 is slower), its
     median power and SM clock in the energy windows. A slow or throttling card stands out; one
     row on a one-GPU box."""
-    every = results.every_gpu if results.every_gpu is not None else results.frame
+    every = results.every_gpu
     ok = every[(every["status"] == "ok") & (every["m"] <= DECODE_M) & every["gpu_index"].notna()]
     if not len(ok):
         return pd.DataFrame(columns=SPREAD_COLUMNS)

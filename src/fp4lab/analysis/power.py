@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from fp4lab.analysis.gemm import DECODE_M, gemm_results
+from fp4lab.analysis.gemm import DECODE_M, GemmResults, gemm_results
 from fp4lab.analysis.run import RunView, view
 from fp4lab.results import RunDir
 
@@ -30,6 +30,7 @@ class RunPower:
     points: pd.DataFrame                 # POINT_COLUMNS of the ok gemm rows with a power reading
     power_limit_w: float | None
     meta: dict[str, Any] = field(default_factory=dict)   # run.json["telemetry"]
+    gemm: GemmResults | None = None      # the run's GEMM results the points were taken from
 
     @property
     def has_telemetry(self) -> bool:
@@ -50,16 +51,17 @@ def run_power(run_dir: str | RunDir) -> RunPower:
     run = run_view.run
     meta = run_view.info.get("telemetry") or {}
     telemetry = run.read_table("telemetry")
-    points = pd.DataFrame(columns=POINT_COLUMNS)
+    points, gemm = pd.DataFrame(columns=POINT_COLUMNS), None
     if run.has_table("gemm"):
-        frame = gemm_results(run).ok
+        gemm = gemm_results(run)
+        frame = gemm.ok
         points = frame[frame["avg_power_w"].notna()][POINT_COLUMNS].reset_index(drop=True)
     limit = meta.get("power_limit_w")
     if limit is None and len(telemetry) and telemetry["power_limit_w"].notna().any():
         limit = float(telemetry["power_limit_w"].dropna().iloc[0])
     if limit is None:
         limit = run_view.power_limit_w
-    return RunPower(run_view, telemetry, points, limit, meta)
+    return RunPower(run_view, telemetry, points, limit, meta, gemm)
 
 
 def reason_counts(reasons: pd.Series) -> dict[str, int]:

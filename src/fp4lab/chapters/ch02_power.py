@@ -92,7 +92,7 @@ def fill(context: Context, sampled: str) -> None:
     if len(power.points):
         page.figure("points", figures.per_point(power.points, power.power_limit_w),
                     power.caption("one energy window (aligned to the NVML energy counter) per point"))
-        per_gpu = gemm_analysis.gpu_spread(gemm_analysis.gemm_results(context.run))
+        per_gpu = gemm_analysis.gpu_spread(power.gemm)
         if len(per_gpu) > 1:
             page.html("points", html_table(per_gpu, PER_GPU, caption=power.caption("per GPU at decode M")))
     page.bullets("findings", findings(power, decode_point(context.run, context.profile)))

@@ -78,13 +78,13 @@ def verdict_sentence(d: decode.Diagnosis) -> str:
                          f"measured {text.sig(d.bandwidth_tbps)} TB/s",
                "launch": f"launching its {int(path['kernels'])} kernels at the measured launch floor",
                "compute": f"the arithmetic at the {text.md(path['math_dtype'])} peak"}[v["floor"]]
-    tail = (f"; {meaning} takes {text.us(v['floor_us'])}, {text.pct(100 * v['explained'])} of the layer, "
-            "and the rest is kernel time above every floor.")
+    tail = f"; {meaning} takes {text.us(v['floor_us'])}, {text.pct(100 * v['explained'])} of the layer"
     if v["floor"] == "memory" and v["explained"] < KERNEL_GAP:
-        tail = (f"; {meaning} takes {text.us(v['floor_us'])}, {text.pct(100 * v['explained'])} of the layer. "
-                f"The other {text.us(path['layer_us'] - v['floor_us'])} is the kernel's own time above every "
-                "floor (too few bytes in flight, decode instructions), not HBM: a kernel that streamed these "
-                f"weights at the copy bandwidth would run the layer {text.ratio(1 / v['explained'])} faster.")
+        tail += (f". The other {text.us(path['layer_us'] - v['floor_us'])} is the kernel's own time above every "
+                 "floor (too few bytes in flight, decode instructions), not HBM: a kernel that streamed these "
+                 f"weights at the copy bandwidth would run the layer {text.ratio(1 / v['explained'])} faster.")
+    else:
+        tail += ", and the rest is kernel time above every floor."
     if not v.get("reliable", True):
         tail += (" That floor is longer than the layer itself: the ceilings do not describe this device, "
                  "so the verdict is unreliable.")

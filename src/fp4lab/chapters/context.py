@@ -84,11 +84,11 @@ def open_context(title: str, run_dir: str = "", reference_dir: str = "", profile
     if reference_path is not None and Path(reference_path).resolve() == run_path.resolve():
         reference_path = None                # a reference run's own pages show no other reference
     reference = view(reference_path) if reference_path is not None else None
-    recorded = existing is not None and "provenance" in existing.run_json()
-    page = Page(title, smoke=not view(existing).is_gpu if recorded else device == "cpu")
+    recorded = view(existing) if existing is not None and "provenance" in existing.run_json() else None
+    page = Page(title, smoke=not recorded.is_gpu if recorded else device == "cpu")
     collect_warnings(page)
     context = Context(run_path, reference, profile, device, page, opened=existing)
-    measured_on = view(existing).device if recorded and view(existing).is_gpu and device == "cpu" else None
+    measured_on = recorded.device if recorded and recorded.is_gpu and device == "cpu" else None
     shown_device = f"{device} (rendering only: the run was measured on {measured_on})" if measured_on else device
     context.parameters = [("run", run_path.name), ("reference run", reference.run_id if reference else NO_REFERENCE),
                           ("profile", profile), ("device", shown_device),
