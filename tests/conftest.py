@@ -17,6 +17,18 @@ from fakes.gpu import FakeGpu  # noqa: E402
 from fakes.nvml import FakeNvml  # noqa: E402
 
 
+def pytest_configure(config):
+    """Under pytest-xdist, each worker (and every process it starts: sweeps, torchrun ranks,
+    notebook kernels) gets its share of the cores. Left alone, torch gives each of them every
+    core: 15 workers on a 16-core GPU box ran ~240 busy threads and the timing-based tests
+    (a point's time limit, a launcher's, a 2x slowdown) measured the contention instead."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
 def pytest_collection_modifyitems(config, items):
     """`@pytest.mark.cuda` tests need a CUDA GPU: skipped, with that reason, everywhere else."""
     if torch.cuda.is_available():

@@ -108,6 +108,16 @@ def test_detect_auto_on_cpu_machine(monkeypatch):
 
 # -- a faked GPU: torch properties + pynvml (tests/fakes) ------------------------------------
 
+def test_a_gpu_index_the_box_lacks_is_refused_naming_what_it_has(fake_gpu, monkeypatch):
+    """On a box of two GPUs, cuda:1 is fine and cuda:2 a clear error, not a CUDA traceback later."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    fake_gpu((9, 0), count=2)
+    assert hw.resolve_device("cuda:1") == "cuda:1"
+    with pytest.raises(ValueError, match=r"device 'cuda:2' asked for, but torch sees 2 CUDA GPU\(s\): "
+                                         r"cuda:0 to cuda:1 \(CUDA_VISIBLE_DEVICES='4,5'\)"):
+        hw.resolve_device("cuda:2")
+
+
 def test_detect_fake_h200_with_nvml(fake_gpu, fake_nvml):
     fake_gpu((9, 0))
     fake_nvml(sm_clock_mhz=345)

@@ -66,6 +66,7 @@ def test_parameters_match_the_chapter_module(path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)           # on a GPU the defaults measure for real (device auto, smoke grid)
 def test_notebooks_run_in_order_with_their_defaults(tmp_path):
     """As a user in JupyterLab: each notebook top to bottom, defaults only (no papermill
     injection); 01 and 03 measure into the default run folder, 04 and 05 read it."""

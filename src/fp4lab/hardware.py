@@ -239,6 +239,11 @@ def resolve_device(device: str = "auto") -> str:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} asked for, but torch sees no CUDA GPU "
                          f"(torch {torch.__version__}, torch.cuda.is_available() is False)")
+    index = torch.device(device).index
+    if index is not None and index >= torch.cuda.device_count():
+        raise ValueError(f"device {device!r} asked for, but torch sees {torch.cuda.device_count()} CUDA "
+                         f"GPU(s): cuda:0 to cuda:{torch.cuda.device_count() - 1} (CUDA_VISIBLE_DEVICES="
+                         f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r})")
     return device
 
 
