@@ -32,7 +32,7 @@ GRID = ["--profile", "smoke", "--device", "cpu", "--format", "nvfp4", "--shapes"
         "--repeats", "3"]
 M_VALUES = "1,2,4,8,16,32"
 SECRET = "s3cr3t-7f1e9a"  # in the environment of a sweep; never in its run folder
-SLOW = "5000"          # fake-slow's GEMMs per call: about a second per point, time to act mid-sweep
+SLOW = "1.0"           # fake-slow waits a second before each point: time to act mid-sweep, on any CPU
 
 
 def environment(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -125,7 +125,7 @@ def killed_and_resumed(tmp_path_factory):
     run_path = tmp_path / "runs" / "shared"
     record: dict = {}
     a = start_sweep(tmp_path, *GRID, "--backends", "fake-slow", "--m", M_VALUES, "--run-id", "shared",
-                    FAKE_SLOWDOWN=SLOW)
+                    FAKE_POINT_DELAY_S=SLOW)
     wait_for(lambda: rows_in(run_path) >= 1, what="sweep A's first row")
     record["holder"] = json.loads((run_path / ".lock").read_text())
     b = start_sweep(tmp_path, *GRID, "--backends", "fake-slow", "--m", M_VALUES, "--run-id", "shared")
@@ -204,7 +204,7 @@ def test_a_hung_point_times_out_and_sigterm_stops_the_workers(tmp_path):
 
     run_path = tmp_path / "runs" / "term"
     proc = start_sweep(tmp_path, *GRID, "--backends", "fake-hang,fake-slow", "--m", "1,4,8,16,32",
-                       "--point-timeout", "4", "--run-id", "term", FAKE_SLOWDOWN=SLOW)
+                       "--point-timeout", "4", "--run-id", "term", FAKE_POINT_DELAY_S=SLOW)
     wait_for(lambda: rows_in(run_path) >= 6, timeout=90, what="fake-hang's points and fake-slow's first")
     workers = workers_of(proc.pid)
     proc.send_signal(signal.SIGTERM)

@@ -5,6 +5,7 @@ worker; a rerun, a resume or a second run of the same id measures nothing twice.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -150,6 +151,13 @@ def test_timer_typo_is_one_line_before_any_work(tmp_path):
 def test_bad_config_names_the_field(overrides, named):
     with pytest.raises(ParameterError, match=named):
         GemmSweep.from_profile("smoke", "cpu", **overrides)
+
+
+@pytest.mark.parametrize("profile", ["smoke", "full"])
+def test_an_empty_shape_list_is_refused_even_where_the_profile_adds_a_presets_shapes(profile):
+    """On a GPU the full profile adds GLM-5's shapes: `--shapes ''` used to run the whole grid."""
+    with pytest.raises(ParameterError, match=re.escape("shapes=[]")):
+        GemmSweep.from_profile(profile, "cpu", shapes=[])
 
 
 def test_profiles_are_valid_grids():

@@ -8,7 +8,8 @@ see); `register()` adds them. Each misbehaves in one way the sweep must survive:
   fake-interrupt    raises KeyboardInterrupt at M == CRASH_AT_M, like Ctrl-C mid-point
   fake-unavailable  cannot run here, with a reason
   fake-hang         never returns at M == CRASH_AT_M (a hung kernel): the timeout must catch it
-  fake-slow         fake-ok, FAKE_SLOWDOWN times slower (a synthetic regression, from the env)
+  fake-slow         fake-ok, FAKE_SLOWDOWN times slower (a synthetic regression, from the env);
+                    FAKE_POINT_DELAY_S seconds of waiting before each point
 and one MoE method, fake-moe-crash (kills its worker at batch == CRASH_AT_BATCH).
 Shape legend: a [M, K] bf16 activations, w [N, K] FP4 weights, out [M, N].
 """
@@ -92,7 +93,12 @@ class Hangs(FakeBackend):
 
 
 class Slow(FakeBackend):
-    """fake-ok doing its GEMM FAKE_SLOWDOWN times per call: a synthetic regression."""
+    """fake-ok doing its GEMM FAKE_SLOWDOWN times per call: a synthetic regression. With
+    FAKE_POINT_DELAY_S, each point also waits that long before it is timed: a point that lasts
+    as long on a fast CPU as on a slow one, for tests that act while a sweep is mid-point."""
+
+    def misbehave(self, m: int) -> None:
+        time.sleep(float(os.environ.get("FAKE_POINT_DELAY_S", "0")))
 
     def repeats(self) -> int:
         return int(os.environ.get("FAKE_SLOWDOWN", "1"))

@@ -119,6 +119,8 @@ class GemmSweep:
         profile_preset = values.pop("preset", "")
         preset = profile_preset if preset is None else preset
         shapes = params.check_shapes("shapes", values.pop("shapes"))
+        if not shapes:      # before the preset adds its shapes: an empty list is an error on every profile
+            raise ParameterError("shapes=[]: give at least one [N, K] weight shape")
         if preset:
             shapes = tuple(dict.fromkeys(shapes + preset_shapes(params.check_text("preset", preset))))
         return cls.from_dict({**values, "shapes": shapes, "device": device, "profile": profile})
