@@ -160,6 +160,19 @@ def test_an_empty_shape_list_is_refused_even_where_the_profile_adds_a_presets_sh
         GemmSweep.from_profile(profile, "cpu", shapes=[])
 
 
+def test_fp4lab_profile_says_what_auto_stands_for_and_a_bad_one_names_the_variable(monkeypatch):
+    from fp4lab import profiles
+
+    assert profiles.resolve("auto", has_cuda=True) == "full"
+    monkeypatch.setenv("FP4LAB_PROFILE", "smoke")
+    assert profiles.resolve("auto", has_cuda=True) == "smoke"
+    assert profiles.resolve("full", has_cuda=True) == "full"          # a profile named is kept
+    assert GemmSweep.from_profile("auto", "cpu").profile == "smoke"
+    monkeypatch.setenv("FP4LAB_PROFILE", "quick")
+    with pytest.raises(ParameterError, match=re.escape("FP4LAB_PROFILE: profile='quick': use one of smoke, full")):
+        profiles.resolve("auto", has_cuda=True)
+
+
 def test_profiles_are_valid_grids():
     assert GemmSweep.from_profile("smoke", "cpu").shapes == ((256, 512), (512, 256))
     full = GemmSweep.from_profile("full", "cpu")

@@ -2,18 +2,21 @@
 
 `smoke` checks the pipeline on a CPU in about a minute; `full` is the reference grid for a GPU.
 The sweep, the MoE sweep, the diagnosis and `make report` all take their defaults from here, so a
-profile is edited in one place. `auto` means full where torch sees a CUDA GPU, smoke elsewhere.
+profile is edited in one place. `auto` means full where torch sees a CUDA GPU, smoke elsewhere,
+unless FP4LAB_PROFILE names the profile `auto` stands for (a GPU box that wants the quick book).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 from typing import Any
 
 PROFILES = ("smoke", "full")
 SECTIONS = ("gemm", "power", "moe", "comm", "diagnosis", "history")
 FOLDER = Path(__file__).resolve().parent
+AUTO_ENV = "FP4LAB_PROFILE"      # the profile `auto` stands for, where set (smoke or full)
 
 
 @functools.lru_cache(maxsize=None)
@@ -36,7 +39,15 @@ def check(profile: str) -> str:
 
 
 def resolve(profile: str, has_cuda: bool | None = None) -> str:
-    """`auto` -> full where torch sees a CUDA GPU, else smoke; others are checked."""
+    """`auto` -> FP4LAB_PROFILE where set, else full where torch sees a CUDA GPU, else smoke;
+    others are checked."""
+    if profile == "auto" and os.environ.get(AUTO_ENV):
+        from fp4lab.errors import ParameterError
+
+        try:
+            return check(os.environ[AUTO_ENV])
+        except ParameterError as exc:
+            raise ParameterError(f"{AUTO_ENV}: {exc}") from None
     if profile == "auto":
         if has_cuda is None:
             import torch
