@@ -37,6 +37,8 @@ def test_gpus_all_sweeps_through_torchrun_ranks(tmp_path, fake_backends_env, mon
     # a rerun measures nothing twice, through the ranks too
     assert gemm_sweep.run_sweep(config(gpus="all"), run, progress=False) == 0
     assert len(run.read_rows("gemm")) == 2
+    record = run.run_json()["sweep_gpus"]["0"]
+    assert (record["points"], record["rows"]) == (0, 2)         # the rerun measured none; two are there
 
 
 def test_a_failing_rank_stops_the_sweep_with_its_reason_and_rows_kept(tmp_path, fake_backends_env,

@@ -5,8 +5,10 @@
 parent holds the run folder's lock and measures the ceilings once (GPU 0); each rank (`python -m
 fp4lab.sweep.ranks RUN_DIR`, started by torchrun with LOCAL_RANK) measures the grid on
 `cuda:<LOCAL_RANK>` into the run's shared tables (rows keyed and tagged by gpu_index and PCI bus
-id), and records its end in run.json["sweep_gpus"][<gpu_index>]. A rank that dies stops the
-others (torchrun); every row written is kept and a resume measures the rest on each GPU.
+id), and records its end in run.json["sweep_gpus"][<gpu_index>]: `points` it measured in this
+call and `rows` the table holds for its GPU (a resume that measures nothing still says what is
+there). A rank that dies stops the others (torchrun); every row written is kept and a resume
+measures the rest on each GPU.
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ def rank_main(argv: list[str]) -> int:
             state.update(status="failed", error=f"{type(exc).__name__}: {str(exc).splitlines()[0]}"[:300])
             raise
         finally:
+            state["rows"] = sum(row.get("gpu_index") == facts["gpu_index"] for row in run.read_rows("gemm"))
             run.update_run_json(SECTION, {gpu: {**state, "ended": utc_now()}})
     return 0
 
