@@ -165,9 +165,11 @@ RUN_JSON_FIELDS: dict[str, type | tuple[type, ...]] = {
     "sweep": dict, "sweep.config": dict, "sweep.ceilings": dict, "sweep.status": str,
     "sweep.resumed": list, "sweep.started": str,
     "moe": dict, "moe.config": dict, "moe.model": dict, "moe.status": str, "moe.started": str,
+    "sweep_gpus": dict,
     "report": dict, "report.profile": str, "report.chapters": list, "report.reference_dir": str,
+    "report.status": str, "report.started": str, "report.interrupted": dict, "report.stages": dict,
     "telemetry": dict, "telemetry.power_limit_w": NUMBER,
-    "comm": dict,
+    "comm": dict, "comm.status": str, "comm.failure": str,
 }
 
 
