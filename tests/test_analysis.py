@@ -162,22 +162,48 @@ def test_bad_diagnosis_parameters_name_themselves(field, value, named):
 
 
 def test_a_trace_routing_is_checked_with_the_config(tmp_path):
-    """A missing, malformed or ill-fitting trace is one ParameterError from check(), not a
-    ValueError from deep inside the diagnosis."""
+    """A missing or malformed trace is one ParameterError from check(), not a ValueError from
+    deep inside the diagnosis; one recorded at another batch is fine (the models regroup it)."""
     from fp4lab.moe import presets
 
     model = presets.get("glm-5")
     fits = tmp_path / "fits.npy"
     np.save(fits, np.tile(np.arange(model.top_k), (8, 4, 1)))          # [steps, batch, top_k]
     (tmp_path / "garbage.npy").write_text("not an array\n")
-    config = dict(decode_batch=4, steps=8)
-    assert decode.DiagnosisConfig(routing=f"trace:{fits}", **config).check().routing == f"trace:{fits}"
+    np.save(tmp_path / "wrong-k.npy", np.tile(np.arange(model.top_k + 1), (8, 4, 1)))
+    for batch in (4, 5):
+        config = decode.DiagnosisConfig(routing=f"trace:{fits}", decode_batch=batch, steps=8).check()
+        assert config.routing == f"trace:{fits}"
     for name, problem in (("missing.npy", "no such file"), ("garbage.npy", "not a readable .npy"),
-                          ("fits.npy", "has batch=4, asked for batch=5")):
-        wanted = {**config, "decode_batch": 5} if name == "fits.npy" else config
-        with pytest.raises(ParameterError, match=f"routing: routing trace .*{name}: {problem}") as caught:
-            decode.DiagnosisConfig(routing=f"trace:{tmp_path / name}", **wanted).check()
+                          ("wrong-k.npy", f"expected top_k={model.top_k}")):
+        with pytest.raises(ParameterError, match=f"routing: routing trace .*{name}: .*{problem}") as caught:
+            decode.DiagnosisConfig(routing=f"trace:{tmp_path / name}", decode_batch=4, steps=8).check()
         assert "\n" not in str(caught.value)
+
+
+def test_the_what_ifs_model_a_trace_at_every_batch_and_degree(tmp_path):
+    """what_if_concurrency (B/4 .. 4B) and what_if_ep (P x B tokens) used to fail on a trace
+    recorded at B: its tokens are regrouped, and at B itself the trace is replayed as recorded."""
+    from fp4lab.moe import presets, routing
+
+    model = presets.get("glm-5")
+    rng = np.random.default_rng(3)
+    ids = np.stack([np.stack([rng.choice(model.experts, model.top_k, replace=False) for _ in range(16)])
+                    for _ in range(4)])                                  # [S=4, T=16, k]
+    trace = tmp_path / "router.npy"
+    np.save(trace, ids)
+    spec = f"trace:{trace}"
+    assert (routing.modelled_loads(spec, model.experts, model.top_k, 16, 4)
+            == routing.expert_loads(spec, model.experts, model.top_k, 16, 4)).all()
+    for batch in (4, 64):
+        loads = routing.modelled_loads(spec, model.experts, model.top_k, batch, 4)       # [S, E]
+        assert loads.shape == (4, model.experts) and (loads.sum(axis=1) == batch * model.top_k).all()
+    results = gemm.gemm_results(run_with(tmp_path, glm5_gemm_rows("torch-bf16", DECODE_MS)))
+    config = decode.DiagnosisConfig(preset="glm-5", routing=spec, decode_batch=16, steps=4,
+                                    ep_degrees=(1, 2, 4)).check()
+    batches = decode.what_if_concurrency(results, "torch-bf16", model, config)
+    assert list(batches["batch"]) == [4, 8, 16, 32, 64]
+    assert list(decode.what_if_ep(results, "torch-bf16", model, config)["ep"]) == [1, 2, 4]
 
 
 def test_chapters_04_and_05_model_a_smoke_layer_with_the_same_gemm(tmp_path):

@@ -172,8 +172,8 @@ class StepModel:
 
     def loads(self, batch: int) -> np.ndarray:
         """Tokens per expert `[S, E]` for a batch of `batch` tokens."""
-        return routing.expert_loads(self.routing, self.preset.experts, self.preset.top_k,
-                                    batch, self.steps, self.seed)
+        return routing.modelled_loads(self.routing, self.preset.experts, self.preset.top_k,
+                                      batch, self.steps, self.seed)
 
 
 @dataclass

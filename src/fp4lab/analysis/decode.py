@@ -76,9 +76,9 @@ class DiagnosisConfig:
             raise ParameterError(str(exc)) from None
         decode_batch = params.check_int("decode_batch", self.decode_batch, 1, 1 << 20)
         steps = params.check_int("steps", self.steps, 1, 100_000)
-        if spec.kind == "trace":          # a missing or malformed file fails here, not deep in the diagnosis
-            try:
-                routing.load_trace(spec.trace_path, model.experts, model.top_k, batch=decode_batch, steps=steps)
+        if spec.kind == "trace":          # a missing or malformed file fails here, not deep in the diagnosis;
+            try:                          # its T need not be the decode batch: the models regroup its tokens
+                routing.load_trace(spec.trace_path, model.experts, model.top_k)
             except ValueError as exc:
                 raise ParameterError(f"routing: {exc}") from None
         return dataclasses.replace(

@@ -63,7 +63,7 @@ def routing_table(model: presets.ModelPreset, batch_sizes, routing_spec: str, ep
     """One row per (B, P) of tokens-per-expert statistics, and the loads [S, E] per batch."""
     rows, loads_by_batch = [], {}
     for batch in batch_sizes:
-        loads = routing.expert_loads(routing_spec, model.experts, model.top_k, batch, steps, seed)  # [S, E]
+        loads = routing.modelled_loads(routing_spec, model.experts, model.top_k, batch, steps, seed)  # [S, E]
         loads_by_batch[batch] = loads
         expert = stats.expert_load_stats(loads)
         for ep in ep_degrees:
@@ -76,7 +76,7 @@ def tokens_per_expert(model: presets.ModelPreset, batch: int, routing_spec: str,
                       seed: int = 0, ep: int = 1) -> dict[str, float]:
     """At decode batch B: mean and busiest tokens per expert (mean over steps), active experts;
     with EP > 1, those of the busiest rank."""
-    loads = routing.expert_loads(routing_spec, model.experts, model.top_k, batch, steps, seed)   # [S, E]
+    loads = routing.modelled_loads(routing_spec, model.experts, model.top_k, batch, steps, seed)   # [S, E]
     summary = stats.expert_load_stats(loads)
     result = {"batch": batch, "experts": model.experts, "top_k": model.top_k, "ep": ep,
               "mean_m": summary["mean_tokens_per_expert"],

@@ -84,7 +84,7 @@ class LayerTraffic:
 def layer_traffic(model: presets.ModelPreset, batch: int, fmt: str = "nvfp4",
                   routing_spec: str = "uniform", steps: int = 64, seed: int = 0) -> LayerTraffic:
     """The weights one MoE layer reads and the FLOPs it does at decode batch `batch`."""
-    loads = routing.expert_loads(routing_spec, model.experts, model.top_k, batch, steps, seed)  # [S, E]
+    loads = routing.modelled_loads(routing_spec, model.experts, model.top_k, batch, steps, seed)  # [S, E]
     expert_bytes = sum(operand_bytes(n, k, "fp4", fmt) for n, k in model.gemm_shapes().values())
     values_per_token = sum(n * k for n, k in model.gemm_shapes().values())
     return LayerTraffic(preset=model.key, batch=batch, fmt=fmt, routing=str(routing_spec),

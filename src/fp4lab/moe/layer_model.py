@@ -138,7 +138,7 @@ def predict_layer(model: presets.ModelPreset, curves: dict[str, DenseCurve], bat
                   routing_spec: str = "uniform", steps: int = 16, seed: int = 0,
                   peak_tflops: float | None = None) -> dict:
     """Mean over routing steps of the busiest rank's MoE-layer GEMM time (gate_up + down)."""
-    loads = routing.expert_loads(routing_spec, model.experts, model.top_k, batch, steps, seed)  # [S, E]
+    loads = routing.modelled_loads(routing_spec, model.experts, model.top_k, batch, steps, seed)  # [S, E]
     rank_loads = [stats.busiest_rank_experts(step, ep) for step in loads]                       # S x [E/P]
     result = {"batch": batch, "ep": ep}
     flops = np.mean([2.0 * r.sum() * sum(n * k for n, k in model.gemm_shapes().values()) for r in rank_loads])

@@ -10,6 +10,8 @@ Specs (strings, so they travel through papermill and the CLI):
   replacement (Gumbel top-k). Which expert holds which rank is a seeded shuffle, so hot experts
   are scattered across expert-parallel ranks as in real models, not all on rank 0.
 - `trace:PATH`: replay a `.npy` int array `[S, T, k]` of expert ids recorded from a real router.
+  A measurement replays it as recorded (its T is the batch); a model of another batch size
+  (`modelled_loads`: the diagnosis's what-ifs, the projection) regroups its tokens.
 """
 
 from __future__ import annotations
@@ -147,3 +149,23 @@ def expert_loads(spec: str | RoutingSpec, experts: int, top_k: int, batch: int, 
                  seed: int = 0) -> np.ndarray:
     """Per-step tokens per expert `[S, E]` under a routing model."""
     return tokens_per_expert(sample_expert_ids(spec, experts, top_k, batch, steps, seed), experts)
+
+
+def regroup_trace(ids: np.ndarray, batch: int, steps: int) -> np.ndarray:
+    """A trace's tokens `[S, T, k]` in recorded order, cut into `steps` batches of `batch` tokens
+    (wrapping round where the trace holds fewer): its expert choices at another concurrency.
+    Which experts are popular is kept; which tokens shared a step is not."""
+    _check_sizes(1, 1, batch, steps)
+    tokens = ids.reshape(-1, ids.shape[-1])                                  # [S*T, k]
+    picks = np.arange(steps * batch) % len(tokens)
+    return tokens[picks].reshape(steps, batch, ids.shape[-1])                # [steps, batch, k]
+
+
+def modelled_loads(spec: str | RoutingSpec, experts: int, top_k: int, batch: int, steps: int,
+                   seed: int = 0) -> np.ndarray:
+    """`expert_loads` for a model at any batch: a trace recorded at another T is regrouped."""
+    spec = parse_routing(spec)
+    if spec.kind == "trace":
+        ids = regroup_trace(load_trace(spec.trace_path, experts, top_k), batch, steps)
+        return tokens_per_expert(ids, experts)
+    return expert_loads(spec, experts, top_k, batch, steps, seed)
