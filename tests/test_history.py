@@ -153,3 +153,35 @@ def test_the_cpu_rule_needs_a_slow_geomean_and_a_majority(tmp_path, ratios, flag
     comparison = history.compare(after.path, before.path)
     assert comparison.on_cpu
     assert list(comparison.regressions["backend"]) == (["torch-bf16"] if flagged else [])
+
+
+def test_the_runs_table_names_this_run_and_reads_at_a_glance(tmp_path):
+    """The reference run's own history page listed it as `local` (where it ran) under a book
+    that calls it the reference; long time stamps and unspaced table lists overflowed the page."""
+    from fp4lab import text
+    from fp4lab.chapters import ch06_history
+
+    runs = tmp_path / "runs"
+    for run_id, created in (("20261201T0900Z-a", "2026-12-01T09:00:41+00:00"),
+                            ("20261201T1000Z-b", "2026-12-01T11:00:00+01:00")):
+        run = RunDir.create(runs, run_id=run_id)
+        run.update_run_json(None, {"created": created})
+        run.append_rows("gemm", [])
+    index = history.index_runs(runs, reference_root=tmp_path / "no-references")
+    shown = ch06_history.runs_shown(index, runs / "20261201T1000Z-b")
+    assert list(shown["kind"]) == ["local", "this run"] and list(index["kind"]) == ["local", "local"]
+    assert list(shown["created"]) == ["2026-12-01 09:00 UTC", "2026-12-01 10:00 UTC"]
+    assert text.minute_utc("not a time") == "not a time" and text.minute_utc(None) == text.MISSING
+
+
+def test_a_page_rendered_inside_the_reference_folder_lists_each_run_once(tmp_path, monkeypatch):
+    references = tmp_path / "reference"
+    from fakes.runs import gemm_row
+
+    for run_id in ("20261201T0900Z-a", "20261201T1000Z-b"):
+        RunDir.create(references, run_id=run_id).append_rows("gemm", [gemm_row("torch-bf16", 1, 64, 64, 5.0)])
+    assert history.previous_run(references / "20261201T1000Z-b", references).name == "20261201T0900Z-a"
+    monkeypatch.setattr(history, "REFERENCE_ROOT", references)
+    index = history.index_runs(references, reference_root=references)
+    assert list(index["kind"]) == ["reference", "reference"]
+    assert history.previous_run(references / "20261201T1000Z-b", references) is None

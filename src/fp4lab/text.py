@@ -120,6 +120,22 @@ def count(number: int, noun: str, plural: str | None = None) -> str:
     return f"{number} {noun if number == 1 else plural or noun + 's'}"
 
 
+def minute_utc(value) -> str:
+    """An ISO time stamp as a reader scans it: '2026-12-01T12:06:00+00:00' -> '2026-12-01 12:06 UTC'
+    (other offsets are converted); anything unreadable is shown as it is."""
+    from datetime import datetime, timezone
+
+    if is_missing(value):
+        return MISSING
+    try:
+        when = datetime.fromisoformat(str(value))
+    except ValueError:
+        return str(value)
+    if when.tzinfo is not None:
+        when = when.astimezone(timezone.utc)
+    return when.strftime("%Y-%m-%d %H:%M") + (" UTC" if when.tzinfo is not None else "")
+
+
 def join(items, last: str = "and") -> str:
     """'a', 'a and b', 'a, b and c'."""
     items = [str(item) for item in items]

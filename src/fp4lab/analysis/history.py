@@ -32,8 +32,10 @@ CPU_MAJORITY = 0.75             # ... with at least this share of its points slo
 
 
 def index_runs(runs_dir: str | os.PathLike, reference_root: str | os.PathLike = REFERENCE_ROOT) -> pd.DataFrame:
-    """Every run folder, local and reference, oldest first, with `kind` saying which."""
-    local, reference = list_runs(runs_dir), list_runs(reference_root)
+    """Every run folder, local and reference, oldest first, with `kind` saying which (a run of
+    a chapter rendered inside the reference folder lists those runs once, as references)."""
+    reference = list_runs(reference_root)
+    local = list_runs(*([] if is_reference_root(runs_dir, reference_root) else [runs_dir]))
     local.insert(1, "kind", "local")
     reference.insert(1, "kind", "reference")
     frames = [f for f in (local, reference) if len(f)]
@@ -42,8 +44,15 @@ def index_runs(runs_dir: str | os.PathLike, reference_root: str | os.PathLike = 
     return pd.concat(frames, ignore_index=True).sort_values("run_id").reset_index(drop=True)
 
 
+def is_reference_root(runs_dir: str | os.PathLike, reference_root: str | os.PathLike | None = None) -> bool:
+    return Path(runs_dir).resolve() == Path(REFERENCE_ROOT if reference_root is None else reference_root).resolve()
+
+
 def previous_run(run_dir: str | os.PathLike, runs_dir: str | os.PathLike) -> Path | None:
-    """The latest local run created before this one that has GEMM rows."""
+    """The latest local run created before this one that has GEMM rows (none among the committed
+    reference runs: those are compared as references)."""
+    if is_reference_root(runs_dir):
+        return None
     run_dir = Path(run_dir).resolve()
     mine = RunDir.open(run_dir).run_json().get("created") or ""
     earlier = []

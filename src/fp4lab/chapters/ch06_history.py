@@ -46,10 +46,14 @@ def fill(context: Context, threshold: float, runs_dir: Path, reference_dir: str 
     page = context.page
     references = compared_references(context, reference_dir)
     index = analysis.index_runs(runs_dir)
-    page.html("index", html_table(index, INDEX, caption="local runs and the committed reference runs"))
+    page.html("index", html_table(runs_shown(index, context.run.path), INDEX,
+                                  caption="local runs and the committed reference runs"))
     comparisons = []
     previous = analysis.previous_run(context.run.path, runs_dir)
-    if previous is None:
+    if previous is None and analysis.is_reference_root(runs_dir):
+        page.prose("previous", "This run is a committed reference run: the other reference runs below "
+                               "are what it is compared with.")
+    elif previous is None:
         page.prose("previous", "This is the first local run with GEMM rows: nothing earlier to compare with.")
     else:
         comparisons.append(analysis.compare(context.run.path, previous, "previous", threshold))
@@ -89,6 +93,18 @@ def summary(c: analysis.Comparison) -> list[str]:
     else:
         lines.append(f"No {noun} regressed, judged {text.md(c.judged)}.")
     return lines
+
+
+def runs_shown(index, this_run: Path):
+    """The index as a reader scans it: this page's run named as such (a reference run was a local
+    one where it ran), times to the minute, the tables spaced so the column wraps."""
+    shown = index.copy()
+    if len(shown):
+        this = shown["path"].map(lambda path: Path(path).resolve() == this_run.resolve())
+        shown.loc[this, "kind"] = "this run"
+        shown["created"] = shown["created"].map(text.minute_utc)
+        shown["tables"] = shown["tables"].fillna("").str.replace(",", ", ")
+    return shown
 
 
 def findings(index, comparisons: list[analysis.Comparison]) -> list[str]:
