@@ -18,7 +18,9 @@ from fp4lab.results import RunDir
 from fp4lab.sweep import GemmSweep
 from fp4lab.sweep import gemm as gemm_sweep
 
-FAST = {"repeats": 5, "warmup_s": 0.02, "cold_l2": False, "use_graph": False}
+# 20 repeats: with 5, two sweeps of unchanged code on a busy 2-core machine now and then differed
+# by the CPU rule's 1.5x at these tiny shapes
+FAST = {"repeats": 20, "warmup_s": 0.02, "cold_l2": False, "use_graph": False}
 
 
 def sweep_into(runs_dir, run_id: str, backends: list[str], shape: list[int], m_values: list[int]) -> RunDir:
@@ -53,7 +55,8 @@ def test_a_twice_slower_backend_is_flagged_and_only_it(tmp_path, fake_backends_e
     from fp4lab.sweep.registry import load_extra_backends
 
     load_extra_backends()
-    backends, shape, m_values = ["fake-ok", "fake-slow"], [512, 512], [1, 8, 32, 64]
+    # 1024 x 1024: the GEMM, not the per-call overhead, sets the time, so doing it twice shows as 2x
+    backends, shape, m_values = ["fake-ok", "fake-slow"], [1024, 1024], [1, 8, 32, 64]
     monkeypatch.setenv("FAKE_SLOWDOWN", "1")
     before = sweep_into(tmp_path, "20260101T000000Z-cpu-a", backends, shape, m_values)
     monkeypatch.setenv("FAKE_SLOWDOWN", "2")
@@ -172,6 +175,10 @@ def test_the_runs_table_names_this_run_and_reads_at_a_glance(tmp_path):
     assert list(shown["kind"]) == ["local", "this run"] and list(index["kind"]) == ["local", "local"]
     assert list(shown["created"]) == ["2026-12-01 09:00 UTC", "2026-12-01 10:00 UTC"]
     assert text.minute_utc("not a time") == "not a time" and text.minute_utc(None) == text.MISSING
+    assert text.short_sha("4e7d1f395a7b12997f55617ab0c1d2e3f4a5b6c7") == "4e7d1f3"
+    assert text.short_sha("56d9385c5bdbbcc5ce93a3c0-dirty") == "56d9385-dirty"
+    assert text.short_sha("b570ac7+chapters 01/03") == "b570ac7+chapters 01/03"   # already short
+    assert text.short_sha("deadbeefcafe label") == "deadbee label" and text.short_sha(None) is None
 
 
 def test_a_page_rendered_inside_the_reference_folder_lists_each_run_once(tmp_path, monkeypatch):

@@ -136,6 +136,15 @@ def minute_utc(value) -> str:
     return when.strftime("%Y-%m-%d %H:%M") + (" UTC" if when.tzinfo is not None else "")
 
 
+def short_sha(value):
+    """A commit hash as git prints it short: '56d9385c5bdb...-dirty' -> '56d9385-dirty'; anything
+    that does not start with a hash is kept as it is."""
+    if not isinstance(value, str):
+        return value
+    found = re.fullmatch(r"([0-9a-f]{7})[0-9a-f]{1,33}(\W.*)?", value, flags=re.S)
+    return found.group(1) + (found.group(2) or "") if found else value
+
+
 def join(items, last: str = "and") -> str:
     """'a', 'a and b', 'a, b and c'."""
     items = [str(item) for item in items]

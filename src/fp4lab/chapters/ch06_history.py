@@ -74,7 +74,10 @@ def show(page, section: str, c: analysis.Comparison) -> None:
         page.html(section, html_table(c.regressions.head(20), columns,
                                       caption=f"the worst {min(20, len(c.regressions))} of {len(c.regressions)}"))
     if len(c.changes):
-        page.html(section, html_table(c.changes, CHANGES, caption="what changed between the two runs"))
+        changes = c.changes.copy()
+        commit = changes["field"] == "fp4lab commit"
+        changes.loc[commit, ["before", "now"]] = changes.loc[commit, ["before", "now"]].map(text.short_sha)
+        page.html(section, html_table(changes, CHANGES, caption="what changed between the two runs"))
 
 
 def summary(c: analysis.Comparison) -> list[str]:
@@ -104,6 +107,7 @@ def runs_shown(index, this_run: Path):
         shown.loc[this, "kind"] = "this run"
         shown["created"] = shown["created"].map(text.minute_utc)
         shown["tables"] = shown["tables"].fillna("").str.replace(",", ", ")
+        shown["fp4lab_git_sha"] = shown["fp4lab_git_sha"].map(text.short_sha)
     return shown
 
 
