@@ -167,3 +167,14 @@ def test_published_figures_sit_beside_the_run_at_the_same_point():
     pplx = beside[beside["source"].str.startswith("pplx")]
     assert (pplx["measured_us"] == 50.0).all()
     assert beside[beside["system"] == "B200"]["measured_us"].isna().all()   # hidden not published
+
+
+def test_the_published_table_fits_a_page_and_shows_this_run_only_where_it_measured():
+    from fp4lab.chapters.ch05_comm import published_table
+
+    none_here = published_table(ac.published_beside_measured(comm_rows(lambda size: 50.0, tokens=(4,), hidden=64)))
+    assert "this run measured none of these points" in none_here and ">this run</th>" not in none_here
+    assert "(docs/REFERENCES.md)" not in none_here and "after the PR (before: 172 / 319 us)" in none_here
+    frame = comm_rows(lambda size: 50.0, tokens=(1, 128), hidden=7168)
+    here = published_table(ac.published_beside_measured(frame))
+    assert ">this run</th>" in here and "measured none" not in here

@@ -341,7 +341,7 @@ def floor_gemm_time(ceilings: roofline.Ceilings, weight_dtype: str = "fp4",
 
 # -- published figures ----------------------------------------------------------------------------
 
-_REFS = "docs/REFERENCES.md"
+REFERENCES_FILE = _REFS = "docs/REFERENCES.md"    # every published figure's source, with its link
 PUBLISHED_COLUMNS = ["source", "system", "link", "op", "world_size", "tokens", "hidden", "top_k",
                      "dtype", "us", "note"]
 

@@ -30,8 +30,7 @@ LAYOUTS = [Col("layout", "layout"), Col("gpus", "GPUs", "int"), Col("layer_gemm_
            Col("bound", "bound by"), Col("vs_best", "vs fastest", "ratio"), Col("missing", "not measured")]
 PUBLISHED = [Col("source", "source"), Col("system", "system, link"), Col("op", "op"),
              Col("world_size", "EP ranks", "int"), Col("tokens", "tokens per rank", "int"),
-             Col("dtype", "dtype"), Col("us", "published", "us"), Col("measured_us", "this run", "us"),
-             Col("note", "note")]
+             Col("dtype", "dtype"), Col("us", "published", "us"), Col("measured_us", "this run", "us")]
 
 
 def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", device: str = "auto", *,
@@ -113,12 +112,26 @@ def fill(context: Context, study: analysis.LayoutStudy) -> None:
             "MoE layers only"))
         at = study.layouts[study.layouts["batch"] == study.decode_batch]
         page.html("layouts", html_table(at, LAYOUTS, caption=source.caption(f"B={study.decode_batch}, fastest first")))
-    published = comm_analysis.published_beside_measured(study.frame)
-    published = published.assign(system=published["system"] + ", " + published["link"],
-                                 op=published["op"].str.replace("all_to_all_", "", regex=False))
-    page.html("published", html_table(published, PUBLISHED, caption="published figures, each with its source; "
-                                                                    "'this run': the same op, ranks and sizes here"))
+    page.html("published", published_table(comm_analysis.published_beside_measured(study.frame)))
     page.bullets("findings", findings(study))
+
+
+def published_table(published) -> str:
+    """The published figures in a page's width: each source named once (all are tabulated with
+    their links in docs/REFERENCES.md), its note beside it, and the 'this run' column only where
+    the run measured one of the points."""
+    refs = comm_analysis.REFERENCES_FILE
+    named = (published["source"].str.replace(f" (as tabulated in {refs})", "", regex=False)
+             .str.replace(f" ({refs})", "", regex=False))
+    shown = published.assign(
+        source=named.where(published["note"] == "", named + ", " + published["note"]),
+        system=published["system"] + ", " + published["link"],
+        op=published["op"].str.replace("all_to_all_", "", regex=False))
+    columns = [col for col in PUBLISHED if col.source != "measured_us" or shown["measured_us"].notna().any()]
+    here = ("'this run': the same op, ranks and sizes here" if len(columns) == len(PUBLISHED) else
+            f"this run measured none of these points (the same op at {int(published['world_size'].min())} "
+            "or more ranks and these sizes)")
+    return html_table(shown, columns, caption=f"published figures; sources with links in {refs}; {here}")
 
 
 def findings(study: analysis.LayoutStudy) -> list[str]:
