@@ -57,6 +57,16 @@ def test_availability_counts_and_first_reasons(tmp_path):
     assert table.loc["torch-fp4", "why not"] == "unavailable: needs sm_100"
 
 
+def test_a_reason_shared_by_several_backends_is_stated_once_naming_them(tmp_path):
+    rows = [gemm_row("torch-bf16", 1, 64, 64, 5.0)] + [
+        gemm_row(name, 1, 64, 64, None, status="unavailable", error="needs sm_100")
+        for name in ("torch-fp4", "sgl-cutlass")] + [
+        gemm_row("gemlite-w4a16", 1, 64, 64, None, status="error", error="LibraryCompileError: x")]
+    table = gemm.availability(gemm.gemm_results(run_with(tmp_path, rows)))
+    assert gemm.why_not_groups(table) == [(["torch-fp4", "sgl-cutlass"], "unavailable: needs sm_100"),
+                                          (["gemlite-w4a16"], "error: LibraryCompileError: x")]
+
+
 def test_fastest_four_bit_method_against_bf16_and_the_floor(tmp_path):
     rows = [gemm_row("torch-bf16", 1, 8192, 8192, 34.0), gemm_row("triton-w4a16", 1, 8192, 8192, 17.0),
             gemm_row("emulated", 1, 8192, 8192, 900.0)]

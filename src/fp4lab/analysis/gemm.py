@@ -182,6 +182,16 @@ def availability(results: GemmResults) -> pd.DataFrame:
     return table[["backend", "weights", *shown, "why not"]]
 
 
+def why_not_groups(table: pd.DataFrame) -> list[tuple[list[str], str]]:
+    """The availability table's reasons, each once with the backends that share it, in table order:
+    six backends that all need FP4 tensor cores are one line, not six copies of a long cell."""
+    groups: dict[str, list[str]] = {}
+    for backend, reason in zip(table["backend"], table["why not"]):
+        if isinstance(reason, str) and reason:
+            groups.setdefault(reason, []).append(backend)
+    return [(backends, reason) for reason, backends in groups.items()]
+
+
 def weight_label(dtype) -> str:
     return WEIGHT_LABELS.get(dtype, str(dtype)) if isinstance(dtype, str) else "—"
 

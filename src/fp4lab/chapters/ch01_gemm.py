@@ -19,7 +19,7 @@ TITLE = "01 · How fast do FP4 GEMMs run, and against what ceiling?"
 AVAILABILITY = [Col("backend", "backend"), Col("weights", "weights"), Col("ok", "ok", "int"),
                 Col("wrong_result", "wrong result", "int"), Col("unavailable", "unavailable", "int"),
                 Col("error", "error", "int"), Col("oom", "out of memory", "int"),
-                Col("timeout", "timeout", "int"), Col("why not", "why not (first reason)")]
+                Col("timeout", "timeout", "int")]
 SEED = [Col("M", "M (tokens)", "int"), Col("TFLOP/s min", "TFLOP/s (min over shapes)", "sig"),
         Col("TFLOP/s max", "TFLOP/s (max)", "sig"), Col("% of spec peak", "% of spec peak", "pct"),
         Col("% of measured peak", "% of measured peak", "pct"), Col("regime", "regime (largest floor)")]
@@ -71,8 +71,12 @@ def fill(context: Context) -> None:
     if not len(results.frame):
         page.note("availability", "This run holds no GEMM rows: the sweep did not run.", "warning")
         return
-    page.html("availability", html_table(analysis.availability(results), AVAILABILITY,
-                                         caption=results.caption("points per backend and status")))
+    table = analysis.availability(results)
+    columns = [col for col in AVAILABILITY if col.source in table.columns]   # the statuses this run has
+    page.html("availability", html_table(table, columns, caption=results.caption("points per backend and status")))
+    page.bullets("availability", [f"{text.join(text.code(b) for b in backends)}: "
+                                  f"{text.md(text.package_relative(reason))}"
+                                  for backends, reason in analysis.why_not_groups(table)])
     _speed(page, results, reference, context)
     _four_bit(page, results)
     _anatomy(page, results)

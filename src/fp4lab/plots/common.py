@@ -80,6 +80,21 @@ def marker_handles(markers: dict[str, str]) -> list:
             for label, marker in markers.items()]
 
 
+def colour_handles(colours: dict[str, str]) -> list:
+    """Legend entries for what a colour means (a plain line: no marker to be mistaken for a format)."""
+    from matplotlib.lines import Line2D
+
+    return [Line2D([], [], color=colour, linewidth=2.0, label=label) for label, colour in colours.items()]
+
+
+def style_handles(styles: dict[str, str]) -> list:
+    """Legend entries for what a line style means (grey line, no marker): {"this run": "-"}."""
+    from matplotlib.lines import Line2D
+
+    return [Line2D([], [], color="0.35", linestyle=style, linewidth=1.4, label=label)
+            for label, style in styles.items()]
+
+
 def figure_legend(fig, axes, title: str | None = None, columns: int = 3, extra: list | None = None) -> None:
     """One legend for the whole figure, below the panels, covering every line drawn."""
     handles, labels = {}, []

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 
 from fp4lab import text
-from fp4lab.plots.common import (figure_legend, grid_shape, hide_unused, log_axis, marker_handles, new_figure,
-                                 palette, tokens_axis)
+from fp4lab.plots.common import (colour_handles, figure_legend, grid_shape, hide_unused, log_axis,
+                                 marker_handles, new_figure, palette, style_handles, tokens_axis)
 
 
 def _shapes(frame: pd.DataFrame) -> list[tuple[int, int]]:
@@ -39,8 +39,7 @@ def speed_by_m(runs: dict[str, pd.DataFrame], metric: str = "tflops", ylabel: st
                 curve = points.groupby("m")[metric].median().sort_index()
                 ax.plot(curve.index, curve.values, styles[label], color=colours[backend],
                         marker="o" if fmt == "nvfp4" else "s", markersize=3.5, linewidth=1.4,
-                        alpha=1.0 if styles[label] == "-" else 0.7,
-                        label=f"{backend} ({label})" if len(frames) > 1 else backend)
+                        alpha=1.0 if styles[label] == "-" else 0.7)
         ax.set(title=f"N={n}, K={k}")
         log_axis(ax)
         tokens_axis(ax)
@@ -49,8 +48,11 @@ def speed_by_m(runs: dict[str, pd.DataFrame], metric: str = "tflops", ylabel: st
     for ax in axes[:, 0]:
         ax.set_ylabel(ylabel)
     hide_unused(axes, len(shapes))
-    styles_note = ("solid: " + ", dashed: ".join(frames)) if len(frames) > 1 else None
-    figure_legend(fig, axes, title=styles_note, extra=marker_handles({"nvfp4 weights": "o", "mxfp4 weights": "s"}))
+    # colour: the backend, once; marker: the format; line style: the run (only when two are drawn)
+    extra = colour_handles(colours) + marker_handles({"nvfp4 weights": "o", "mxfp4 weights": "s"})
+    if len(frames) > 1:
+        extra += style_handles({label: styles[label] for label in frames})
+    figure_legend(fig, axes, extra=extra)
     return fig
 
 
