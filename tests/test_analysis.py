@@ -92,6 +92,22 @@ def test_memory_bound_verdict_counts_the_weights_the_path_reads(tmp_path):
     assert d.verdict["explained"] == pytest.approx(path["memory_floor_us"] / path["layer_us"])
 
 
+def test_a_path_far_above_its_memory_floor_is_called_kernel_limited_with_a_bound_lever(tmp_path):
+    """The verdict's bold words said "memory-bound" while its sentence said "not HBM": far above
+    the floor, the bold words name the kernel, and the copy-bandwidth kernel is a lever (a bound)."""
+    from fp4lab.chapters import ch04_diagnosis as words
+
+    slow = {m: 4 * us for m, us in DECODE_MS.items()}                   # 4x the times above
+    d = decode.diagnose(run_with(tmp_path, glm5_gemm_rows("torch-bf16", slow)), decode.DiagnosisConfig(steps=8))
+    assert d.verdict["floor"] == "memory" and d.verdict["explained"] < decode.KERNEL_GAP
+    sentence = words.verdict_sentence(d)
+    assert "**kernel-limited above its memory floor** (memory is its largest floor)" in sentence
+    assert "**memory-bound**" not in sentence and "was not profiled" in sentence
+    bound = d.levers[d.levers["basis"] == decode.BOUND].iloc[0]
+    assert bound["gain"] == pytest.approx(1 / d.verdict["explained"])
+    assert bound["with_us"] == pytest.approx(d.chosen["memory_floor_us"])
+
+
 def test_launch_bound_when_every_gemm_costs_about_a_launch(tmp_path):
     tiny = {m: 2.1 for m in DECODE_MS}
     rows = [gemm_row("torch-bf16", m, n, k, us) for (n, k) in ((4096, 6144), (6144, 2048)) for m, us in tiny.items()]

@@ -47,3 +47,16 @@ def test_a_newer_gpu_run_without_its_moe_sweep_does_not_lead(tmp_path):
     gpu_run("partial", "2026-12-01T12:00:00+00:00", ("gemm",))
     assert latest_gpu_run(tmp_path) == complete.path
     assert latest_gpu_run(tmp_path, prefer=None).name == "partial"
+
+
+def test_the_front_page_links_the_verdict_to_the_diagnosis_chapter_it_came_from(tmp_path):
+    from fp4lab import book
+
+    run = RunDir.create(tmp_path, "cpu-run")
+    leading = report.leading_run(run, False, tmp_path)
+    as_reference = {"reference_dir": str(leading.path), "chapters": []}
+    assert book.diagnosis_page(run, as_reference, leading) == "chapters/reference/04_diagnosis"
+    assert book.diagnosis_page(run, {"reference_dir": "", "chapters": []}, leading) is None   # not in this book
+    assert book.diagnosis_page(leading, {"chapters": [{"chapter": "04_diagnosis"}]}, leading) == "chapters/04_diagnosis"
+    page = book.front_page(run, {**as_reference, "profile": "smoke"}, leading)
+    assert "{doc}`chapter 04, the diagnosis <chapters/reference/04_diagnosis>`" in page

@@ -213,7 +213,11 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
         facts += [line for line in (words.power_sentence(d), words.fp4_sentence(d)) if line]
         levers = words.lever_lines(d, top=3)
         if levers:
-            facts.append("The three largest levers, each measured or modelled from measured times: " + "; ".join(levers) + ".")
+            facts.append("The three largest levers (each measured, modelled from measured times, or a bound, "
+                         "as it says): " + "; ".join(levers) + ".")
+        evidence = diagnosis_page(run, report, leading)
+        if evidence:
+            facts.append(f"The evidence, every path and floor: {{doc}}`chapter 04, the diagnosis <{evidence}>`.")
         lines += [f"- {line}" for line in facts] + [""]
         if len(d.seed):
             seed = html_table(d.seed, [Col("M", "M (tokens)", "int"), Col("TFLOP/s max", "TFLOP/s", "sig"),
@@ -231,6 +235,19 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
     return "\n".join(lines) + "\n"
 
 
+def diagnosis_page(run: RunDir, report: dict[str, Any], leading: RunDir) -> str | None:
+    """The book's chapter 04 of the diagnosed run: this run's, the reference part's, or none (a
+    GPU run on record that this book does not show)."""
+    if leading.path.resolve() == run.path.resolve():
+        shown = any(c.get("chapter") == "04_diagnosis" for c in report.get("chapters", []))
+        return "chapters/04_diagnosis" if shown else None
+    reference = report.get("reference_dir")
+    if reference and Path(reference).resolve() == leading.path.resolve() and \
+            (leading.path / "notebooks" / "04_diagnosis.ipynb").is_file():
+        return "chapters/reference/04_diagnosis"
+    return None
+
+
 GLOSSARY = (
     ("B, decode batch", "requests decoding one token each in one step; each MoE layer routes their tokens to experts"),
     ("path", "one way to run the layer: a fused MoE kernel (humming-moe-indexed, triton-w4a16-moe, ...), a "
@@ -239,8 +256,10 @@ GLOSSARY = (
                           "measured: no kernel that reads them can be faster"),
     ("launch floor / compute floor", "the path's kernel launches at the measured launch time; its FLOPs at "
                                      "the measured peak of its math dtype"),
-    ("memory-bound", "the weight-read floor is the largest of the three floors; time above it is the "
-                     "kernel's own (bytes in flight, decode instructions)"),
+    ("memory-bound / kernel-limited", "memory-bound: the weight-read floor is the largest of the three "
+                                      "floors and most of the time; kernel-limited above its memory floor: that "
+                                      "floor is the largest but under {kernel_gap} of the time, the rest is the "
+                                      "kernel's own"),
     ("NVFP4 / MXFP4", "4-bit e2m1 weights with a scale per 16 (e4m3, NVIDIA) or per 32 (e8m0, OCP MX) weights; "
                       "on Hopper, weight-only kernels decode them to bf16 in registers"),
     ("EP", "expert parallelism: P GPUs each hold E/P experts and exchange tokens by all-to-all"),
@@ -250,7 +269,11 @@ GLOSSARY = (
 
 
 def glossary_html() -> str:
-    items = "".join(f"<li><b>{text.html(term)}</b>: {text.html(meaning)}</li>" for term, meaning in GLOSSARY)
+    from fp4lab.analysis.decode import KERNEL_GAP
+
+    values = {"kernel_gap": text.pct(100 * KERNEL_GAP, 0)}
+    items = "".join(f"<li><b>{text.html(term)}</b>: {text.html(meaning.format(**values))}</li>"
+                    for term, meaning in GLOSSARY)
     return f"<ul>{items}</ul>"
 
 

@@ -45,6 +45,8 @@ TABLE_SOURCES = {"gemm": "the GEMM sweep (chapter 01)", "moe": "the MoE sweep (c
 
 MODELLED = "modelled from measured GEMM times"        # how a lever's numbers were got
 MEASURED_BATCHES = "measured (MoE sweep)"
+BOUND = "a bound: the memory floor at the measured copy bandwidth"
+KERNEL_GAP = 0.8     # a memory floor under this share of the layer: the kernel, not HBM, sets the rest
 
 
 @dataclass(frozen=True)
@@ -467,6 +469,11 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
                          "gain": chosen["layer_us"] / fp4["best"]["layer_us"],
                          "basis": f"measured ({fp4['best']['source']})", "now_us": chosen["layer_us"],
                          "with_us": fp4["best"]["layer_us"]})
+    floor = chosen.get("memory_floor_us", np.nan) if chosen is not None else np.nan
+    if np.isfinite(floor) and 0 < floor < chosen["layer_us"]:
+        rows.append({"lever": f"a kernel that streams {chosen['path']}'s weights at the copy bandwidth",
+                     "gain": chosen["layer_us"] / floor, "basis": BOUND, "now_us": chosen["layer_us"],
+                     "with_us": floor})
     if len(concurrency) > 1:
         now = concurrency.iloc[(concurrency["batch"] - batch).abs().argmin()]
         best = concurrency.iloc[concurrency["us_per_token"].argmin()]

@@ -56,7 +56,6 @@ def layer_words(d: decode.Diagnosis) -> str:
     return f"one {text.md(presets.get(d.config.preset).name)} MoE layer at a decode batch of {d.config.decode_batch}"
 
 
-KERNEL_GAP = 0.8     # a memory floor under this share of the layer: the kernel, not HBM, sets the rest
 
 
 def verdict_sentence(d: decode.Diagnosis) -> str:
@@ -66,7 +65,11 @@ def verdict_sentence(d: decode.Diagnosis) -> str:
     if d.chosen is None or d.verdict is None:
         return f"No verdict for {text.md(d.view.device)}: " + text.md(d.chosen_reason) + "."
     path, v = d.chosen, d.verdict
-    head = (f"On {text.md(d.view.device)}, {layer_words(d)} is **{v['verdict']}**: its fastest measured "
+    kernel_gap = v["floor"] == "memory" and v["explained"] < decode.KERNEL_GAP
+    # far above its memory floor, the bold words must not read as "HBM is the limit"
+    regime = ("**kernel-limited above its memory floor** (memory is its largest floor)" if kernel_gap
+              else f"**{v['verdict']}**")
+    head = (f"On {text.md(d.view.device)}, {layer_words(d)} is {regime}: its fastest measured "
             f"path, {text.md(path['path'])}, takes {text.us(path['layer_us'])}")
     if v["verdict"] == "power-bound":
         p = d.decode_power
@@ -79,10 +82,11 @@ def verdict_sentence(d: decode.Diagnosis) -> str:
                "launch": f"launching its {int(path['kernels'])} kernels at the measured launch floor",
                "compute": f"the arithmetic at the {text.md(path['math_dtype'])} peak"}[v["floor"]]
     tail = f"; {meaning} takes {text.us(v['floor_us'])}, {text.pct(100 * v['explained'])} of the layer"
-    if v["floor"] == "memory" and v["explained"] < KERNEL_GAP:
+    if kernel_gap:
         tail += (f". The other {text.us(path['layer_us'] - v['floor_us'])} is the kernel's own time above every "
-                 "floor (too few bytes in flight, decode instructions), not HBM: a kernel that streamed these "
-                 f"weights at the copy bandwidth would run the layer {text.ratio(1 / v['explained'])} faster.")
+                 "floor, not HBM: a kernel that streamed these weights at the copy bandwidth would run the layer "
+                 f"{text.ratio(1 / v['explained'])} faster (what such time is made of, for fp4lab's own "
+                 "triton-w4a16 kernel: chapter 01's anatomy; this path's kernel was not profiled).")
     else:
         tail += ", and the rest is kernel time above every floor."
     if not v.get("reliable", True):
