@@ -104,6 +104,9 @@ def test_one_gpu_comm_rows_rank_no_layout_and_say_why(tmp_path):
     assert study.source.run_id == COMM_ONE_GPU.name and study.gpus == 1
     assert "one GPU" in study.why_not and not len(study.layouts)
     assert layouts.smallest_time(study)["us"] < 5        # world size 1: a local copy, microseconds
+    from fp4lab.chapters.ch05_comm import findings
+    said = findings(study)[0]
+    assert "every collective ran at one rank (a copy inside one GPU)" in said and "pays" not in said
 
 
 def test_the_ep_lever_adds_measured_all_to_alls_only_where_measured():
@@ -129,3 +132,6 @@ def test_chapters_02_and_04_state_the_same_decode_power(reference_copy):
     in_02 = re.search(r"decode point chapter 04 diagnoses .*? draws ([\d.]+) W", page_text(power_page, "findings"))
     in_04 = re.search(r"at the decode point .*? drew ([\d.]+) W", page_text(diagnosis_page, "findings"))
     assert in_02 and in_04 and in_02.group(1) == in_04.group(1)
+    found = page_text(power_page, "findings")        # the reference's instant readings passed 700 W
+    assert "the instant readings above it are short bursts" in found
+    assert re.search(r"the least efficient, \S+ at M = \d+ on \d+x\d+, reaches", found)

@@ -114,5 +114,6 @@ def point_numbers(power: RunPower) -> dict[str, Any]:
     efficient = points.dropna(subset=["tflops_per_w"])
     if len(efficient):
         best = efficient.loc[efficient["tflops_per_w"].idxmax()]
-        found.update(best=best.to_dict(), least_tflops_per_w=efficient["tflops_per_w"].min())
+        least = efficient.loc[efficient["tflops_per_w"].idxmin()]
+        found.update(best=best.to_dict(), least=least.to_dict(), least_tflops_per_w=least["tflops_per_w"])
     return found

@@ -117,7 +117,10 @@ def findings(power: analysis.RunPower, at_decode: dict | None = None) -> list[st
                      f"samples), instant power ranged {text.sig(timeline['instant_min_w'])}-"
                      f"{text.sig(timeline['instant_max_w'])} W{_of_limit(timeline['instant_max_w'], power.power_limit_w)}, "
                      f"while the ~1 s averaged reading peaked at {text.sig(timeline['average_max_w'])} W: "
-                     "the averaged reading lags every burst.")
+                     "the averaged reading lags every burst."
+                     + (" The limit is enforced on averaged power, and the average stayed within it: the "
+                        "instant readings above it are short bursts." if power.power_limit_w and
+                        timeline["instant_max_w"] > power.power_limit_w >= timeline["average_max_w"] else ""))
         if timeline["busy_samples"]:
             lines.append(f"Under load (GPU utilisation above {analysis.BUSY_UTIL_PCT}%, {timeline['busy_samples']} "
                          f"samples) the SM clock had a median of {text.sig(timeline['busy_clock_median_mhz'], 4)} MHz "
@@ -143,5 +146,7 @@ def findings(power: analysis.RunPower, at_decode: dict | None = None) -> list[st
             best = points["best"]
             lines.append(f"The most efficient point is {text.md(best['backend'])} at M = {best['m']} on "
                          f"{best['n']}x{best['k']}: {text.sig(best['tflops_per_w'])} TFLOPS/W; the least "
-                         f"efficient reaches {text.sig(points['least_tflops_per_w'])} TFLOPS/W.")
+                         f"efficient, {text.md(points['least']['backend'])} at M = {points['least']['m']} on "
+                         f"{points['least']['n']}x{points['least']['k']}, reaches "
+                         f"{text.sig(points['least_tflops_per_w'])} TFLOPS/W.")
     return lines

@@ -140,7 +140,13 @@ def findings(study: analysis.LayoutStudy) -> list[str]:
     lines = []
     smallest = analysis.smallest_time(study)
     device = text.md(study.source.device)
-    if smallest:
+    if smallest and int(study.frame["world_size"].max()) == 1:
+        # one rank: each collective is a copy inside one GPU, a floor of the call, not a cost of spreading
+        lines.append(f"On {device} every collective ran at one rank (a copy inside one GPU): "
+                     f"{text.md(smallest['op'])} at {smallest['tokens']} tokens takes {text.us(smallest['us'])} "
+                     f"({text.md(smallest['backend'])}), the call's own floor; what a collective costs across "
+                     "GPUs needs two or more.")
+    elif smallest:
         lines.append(f"On {device} the cheapest collective measured is {text.md(smallest['op'])} at "
                      f"{smallest['world_size']} rank(s), {smallest['tokens']} tokens: {text.us(smallest['us'])} "
                      f"({text.md(smallest['backend'])}); every layer of a spread step pays at least one such call.")
