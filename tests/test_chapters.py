@@ -106,7 +106,7 @@ def test_one_gpu_comm_rows_rank_no_layout_and_say_why(tmp_path):
     assert layouts.smallest_time(study)["us"] < 5        # world size 1: a local copy, microseconds
     from fp4lab.chapters.ch05_comm import findings
     said = findings(study)[0]
-    assert "every collective ran at one rank (a copy inside one GPU)" in said and "pays" not in said
+    assert "every collective ran at one rank, a copy inside one GPU" in said and "pays" not in said
 
 
 def test_the_ep_lever_adds_measured_all_to_alls_only_where_measured():

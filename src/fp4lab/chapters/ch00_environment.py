@@ -96,6 +96,6 @@ def findings(context: Context) -> list[str]:
     if missing:
         lines.append(f"Not installed: {text.md(text.join(missing))}; their backends say so in chapter 01.")
     if context.reference is not None:
-        lines.append(f"The reference run shown beside this one, {text.code(context.reference.run_id)}, "
+        lines.append(f"The run shown beside this one, {text.code(context.reference.run_id)}, "
                      f"measured {text.md(context.reference.device)}.")
     return lines

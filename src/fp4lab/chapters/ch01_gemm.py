@@ -98,9 +98,9 @@ def _speed(page, results, reference, context: Context) -> None:
         runs[_label(reference)] = reference.ok
     if len(results.ok):
         page.figure("speed", figures.speed_by_m(runs), results.caption(
-            "TFLOP/s of every correct point" + ("; the reference run dashed on the shapes both measured" if shared else "")))
+            "TFLOP/s of every correct point" + ("; the run shown beside dashed on the shapes both measured" if shared else "")))
     if reference is not None and not shared and len(reference.ok):
-        page.prose("speed", f"The reference run ({text.md(reference.view.device)}) measured other shapes; "
+        page.prose("speed", f"The run shown beside ({text.md(reference.view.device)}) measured other shapes; "
                             "its own chapter 01, in the book's second part, shows them.")
 
 

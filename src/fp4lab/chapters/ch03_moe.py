@@ -98,7 +98,7 @@ def fill(context: Context, config: MoeSweep, target: float, decode_batch: int) -
         ref_at = decorated(reference, decode_batch, config.routing)
         if len(ref_at):
             page.html("reference", html_table(ref_at, LAYERS, caption=reference.caption(
-                f"the reference run at B={int(ref_at['batch'].iloc[0])}")))
+                f"the run shown beside at B={int(ref_at['batch'].iloc[0])}")))
     page.bullets("findings", routing_findings(model, decode_batch, config) + measured_findings(results, at))
 
 

@@ -210,7 +210,7 @@ def fill(context: Context, d: decode.Diagnosis) -> None:
     elsewhere(page, d)
     if context.reference is not None and context.reference.run.has_table("gemm"):
         reference = decode.diagnose(context.reference.run, d.config)
-        page.prose("reference", f"Reference run {text.code(reference.view.run_id)}: " + verdict_sentence(reference))
+        page.prose("reference", f"The run shown beside, {text.code(reference.view.run_id)}: " + verdict_sentence(reference))
     page.bullets("findings", findings(d))
 
 
@@ -222,16 +222,20 @@ def elsewhere(page, d: decode.Diagnosis) -> None:
 
     projected = other_gpus.projected(d)
     check = projected["floor_over_measured"].dropna()
-    caption = f"{projected['label'].iloc[0]}; {projected['fmt'].iloc[0]} weights, B={d.config.decode_batch}"
+    caption = (f"{projected['label'].iloc[0]}; {projected['fmt'].iloc[0]} weights, B={d.config.decode_batch}; "
+               "floors from each GPU's spec sheet")
     page.html("elsewhere", html_table(projected, PROJECTION, caption=caption))
     if len(check):
         measured = projected[projected["measured_us"].notna()].iloc[0]
-        page.prose("elsewhere", f"On {text.md(d.view.device)} the projected floor, at the sheet's "
-                                f"{text.sig(measured['bandwidth_tbps'])} TB/s, is {text.us(measured['floor_us'])} "
-                                "(the verdict's floor uses the bandwidth this run measured) "
-                                f"against {text.us(measured['measured_us'])} measured "
-                                f"({text.md(measured['measured_method'])}): the kernels run at "
-                                f"{text.pct(100 * check.iloc[0])} of the floor. The last column assumes the other "
+        v = d.verdict or {}
+        measured_floor = (f"; the verdict's floor uses the bandwidth this run measured instead, "
+                          f"{text.sig(d.bandwidth_tbps)} TB/s: {text.us(v['floor_us'])}, "
+                          f"{text.pct(100 * v['explained'])}" if v.get("floor") == "memory" else "")
+        page.prose("elsewhere", f"Every GPU in this table is projected from its spec sheet, so that they compare. "
+                                f"On {text.md(d.view.device)} the sheet's {text.sig(measured['bandwidth_tbps'])} TB/s "
+                                f"give a floor of {text.us(measured['floor_us'])} against "
+                                f"{text.us(measured['measured_us'])} measured ({text.md(measured['measured_method'])}), "
+                                f"{text.pct(100 * check.iloc[0])}{measured_floor}. The last column assumes the other "
                                 "GPUs' kernels sit as far from theirs: an order of magnitude, not a prediction.")
     smem = other_gpus.smem_fit()
     page.html("elsewhere", html_table(smem, frame_columns(smem), caption=(

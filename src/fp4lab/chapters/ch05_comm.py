@@ -91,7 +91,7 @@ def fill(context: Context, study: analysis.LayoutStudy) -> None:
         page.bullets("findings", findings(study))
         return
     source = study.source
-    where = "" if source.run.path == context.run.path else f" (the reference run {source.run_id})"
+    where = "" if source.run.path == context.run.path else f" (the run shown beside, {source.run_id})"
     ok = study.ok
     if len(ok):
         page.figure("measured", figures.comm_times(ok), source.caption(
@@ -142,10 +142,9 @@ def findings(study: analysis.LayoutStudy) -> list[str]:
     device = text.md(study.source.device)
     if smallest and int(study.frame["world_size"].max()) == 1:
         # one rank: each collective is a copy inside one GPU, a floor of the call, not a cost of spreading
-        lines.append(f"On {device} every collective ran at one rank (a copy inside one GPU): "
+        lines.append(f"On {device} every collective ran at one rank, a copy inside one GPU: "
                      f"{text.md(smallest['op'])} at {smallest['tokens']} tokens takes {text.us(smallest['us'])} "
-                     f"({text.md(smallest['backend'])}), the call's own floor; what a collective costs across "
-                     "GPUs needs two or more.")
+                     f"({text.md(smallest['backend'])}), the call's own floor.")
     elif smallest:
         lines.append(f"On {device} the cheapest collective measured is {text.md(smallest['op'])} at "
                      f"{smallest['world_size']} rank(s), {smallest['tokens']} tokens: {text.us(smallest['us'])} "

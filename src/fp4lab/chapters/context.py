@@ -90,7 +90,7 @@ def open_context(title: str, run_dir: str = "", reference_dir: str = "", profile
     context = Context(run_path, reference, profile, device, page, opened=existing)
     measured_on = recorded.device if recorded and recorded.is_gpu and device == "cpu" else None
     shown_device = f"{device} (rendering only: the run was measured on {measured_on})" if measured_on else device
-    context.parameters = [("run", run_path.name), ("reference run", reference.run_id if reference else NO_REFERENCE),
+    context.parameters = [("run", run_path.name), ("run shown beside", reference.run_id if reference else NO_REFERENCE),
                           ("profile", profile), ("device", shown_device),
                           *((name, value) for name, value in knobs.items())]
     return context
