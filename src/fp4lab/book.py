@@ -3,9 +3,9 @@ front page that is the diagnosis, built by Jupyter Book 1 into static HTML.
 
 The front page answers the book's question above the fold: the device and run, the verdict in one
 sentence with its numbers, the seed-style table of the diagnosed backend, tokens per expert,
-power against the limit, and the three largest levers. When the local run is a CPU smoke
-run, the front page leads with the newest GPU run on record and labels the smoke run as a check
-of the pipeline.
+power against the limit, the levers on the diagnosed path and the largest against other
+baselines. When the local run is a CPU smoke run, the front page leads with the newest GPU run on
+record and labels the smoke run as a check of the pipeline.
 
 Each build stages its own copy of the sources (`book/_stage/<run-id>/`) and publishes to
 `book/_build/html` under a lock, so two reports never mix runs in one book: the second waits.
@@ -211,10 +211,12 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
         lines += ["```{raw} html", words.verdict_box(d), "```", ""]
         facts = [words.load_sentence(d)]
         facts += [line for line in (words.power_sentence(d), words.fp4_sentence(d)) if line]
-        levers = words.lever_lines(d, top=3)
-        if levers:
-            facts.append("The three largest levers (each measured, modelled from measured times, or a bound, "
-                         "as it says): " + "; ".join(levers) + ".")
+        on_path, elsewhere = words.lever_lines(d, from_path=True), words.lever_lines(d, top=2, from_path=False)
+        if on_path:
+            facts.append(f"What would make {text.md(d.chosen['path'])} itself faster (each measured or a bound, "
+                         "as it says): " + "; ".join(on_path) + ".")
+        if elsewhere:
+            facts.append("Against other baselines: " + "; ".join(elsewhere) + ".")
         evidence = diagnosis_page(run, report, leading)
         if evidence:
             facts.append(f"The evidence, every path and floor: {{doc}}`chapter 04, the diagnosis <{evidence}>`.")

@@ -455,7 +455,9 @@ def what_if_graphs(gemm) -> pd.DataFrame:
 def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurrency: pd.DataFrame,
            ep: pd.DataFrame, graphs: pd.DataFrame, batch: int, *, concurrency_basis: str = MODELLED,
            backend: str | None = None) -> pd.DataFrame:
-    """Each measured way to a faster layer, with its gain (time now / time with it), largest first."""
+    """Each measured way to a faster layer, with its gain (time now / time with it), largest first;
+    `from_path` says whether "now" is the diagnosed path itself (a lever on it) or another baseline
+    (a loop of bf16 GEMMs, a modelled loop)."""
     rows = []
     if chosen is not None and len(d_paths):
         loop = d_paths[d_paths["path"] == "loop-bf16"]
@@ -463,17 +465,17 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
             rows.append({"lever": f"{chosen['path']} instead of a loop of bf16 GEMMs",
                          "gain": float(loop["layer_us"].iloc[0]) / chosen["layer_us"],
                          "basis": "measured (MoE sweep)", "now_us": float(loop["layer_us"].iloc[0]),
-                         "with_us": chosen["layer_us"]})
+                         "with_us": chosen["layer_us"], "from_path": False})
         if fp4 and fp4.get("best") and fp4["best"]["path"] != chosen["path"]:
             rows.append({"lever": f"FP4 weights through {fp4['best']['path']}",
                          "gain": chosen["layer_us"] / fp4["best"]["layer_us"],
                          "basis": f"measured ({fp4['best']['source']})", "now_us": chosen["layer_us"],
-                         "with_us": fp4["best"]["layer_us"]})
+                         "with_us": fp4["best"]["layer_us"], "from_path": True})
     floor = chosen.get("memory_floor_us", np.nan) if chosen is not None else np.nan
     if np.isfinite(floor) and 0 < floor < chosen["layer_us"]:
         rows.append({"lever": f"a kernel that streams {chosen['path']}'s weights at the copy bandwidth",
                      "gain": chosen["layer_us"] / floor, "basis": BOUND, "now_us": chosen["layer_us"],
-                     "with_us": floor})
+                     "with_us": floor, "from_path": True})
     if len(concurrency) > 1:
         now = concurrency.iloc[(concurrency["batch"] - batch).abs().argmin()]
         best = concurrency.iloc[concurrency["us_per_token"].argmin()]
@@ -482,7 +484,7 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
             rows.append({"lever": f"batch {int(best['batch'])} instead of {int(now['batch'])} (per token, {whose})",
                          "gain": now["us_per_token"] / best["us_per_token"],
                          "basis": concurrency_basis, "now_us": now["us_per_token"],
-                         "with_us": best["us_per_token"]})
+                         "with_us": best["us_per_token"], "from_path": concurrency_basis == MEASURED_BATCHES})
     if len(ep) > 1:
         first, last = ep.iloc[0], ep.iloc[-1]
         with_comm = bool(ep["comm_us"].notna().all())
@@ -492,12 +494,13 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
                               + ("measured all-to-all included)" if with_comm else "communication not included)"),
                      "gain": first[column] / last[column],
                      "basis": MODELLED + (" and all-to-alls" if with_comm else ""),
-                     "now_us": first[column], "with_us": last[column]})
+                     "now_us": first[column], "with_us": last[column], "from_path": False})
     if len(graphs):
         rows.append({"lever": "CUDA-graph replay instead of eager launches",
                      "gain": float(graphs["speedup"].median()), "basis": "measured (GEMM sweep, median)",
-                     "now_us": float(graphs["eager_us"].median()), "with_us": float(graphs["graph_us"].median())})
-    frame = pd.DataFrame(rows, columns=["lever", "gain", "basis", "now_us", "with_us"])
+                     "now_us": float(graphs["eager_us"].median()), "with_us": float(graphs["graph_us"].median()),
+                     "from_path": False})
+    frame = pd.DataFrame(rows, columns=["lever", "gain", "basis", "now_us", "with_us", "from_path"])
     return frame.sort_values("gain", ascending=False).reset_index(drop=True)
 
 

@@ -144,8 +144,12 @@ def fp4_sentence(d: decode.Diagnosis) -> str | None:
     return line + "."
 
 
-def lever_lines(d: decode.Diagnosis, top: int | None = None) -> list[str]:
+def lever_lines(d: decode.Diagnosis, top: int | None = None, from_path: bool | None = None) -> list[str]:
+    """Levers with a gain, largest first; `from_path` True: only those on the diagnosed path itself,
+    False: only those against another baseline."""
     levers = d.levers[d.levers["gain"] > 1 + decode.SAME_SPEED_WITHIN]
+    if from_path is not None:
+        levers = levers[levers["from_path"] == from_path]
     rows = levers.head(top) if top else levers
     return [f"{text.md(r.lever)}: {text.ratio(r.gain)} ({text.md(r.basis)}; {text.us(r.now_us)} -> {text.us(r.with_us)})"
             for r in rows.itertuples(index=False)]
