@@ -275,3 +275,11 @@ def test_the_batch_lever_of_a_moe_sweep_path_is_its_own_measured_times():
     batch = d.levers[d.levers["lever"].str.startswith("batch ")].iloc[0]
     assert d.chosen["path"] in batch["lever"] and batch["basis"] == decode.MEASURED_BATCHES
     assert batch["now_us"] == pytest.approx(d.chosen["layer_us"] / 512)
+
+
+def test_the_timer_conditions_read_as_words():
+    timer = {"repeats": 30, "cold_l2": True, "use_graph": True, "warmup_s": 0.5}
+    assert gemm.timer_words(timer) == "30 repeats, L2 flushed before each, CUDA-graph replay"
+    assert gemm.timer_words({**timer, "cold_l2": False, "use_graph": False}) == \
+        "30 repeats, L2 left warm, eager launches"
+    assert gemm.timer_words(timer, on_gpu=False) == "30 repeats"

@@ -197,7 +197,8 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
     """Markdown of the front page (included by intro.md): the diagnosis first, then the runs."""
     from fp4lab.analysis import decode
     from fp4lab.chapters import ch04_diagnosis as words
-    from fp4lab.plots.tables import Col, html_table
+    from fp4lab.chapters.ch01_gemm import SEED
+    from fp4lab.plots.tables import html_table
 
     lines = []
     local_is_gpu = bool(report.get("gpu"))
@@ -222,10 +223,7 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
             facts.append(f"The evidence, every path and floor: {{doc}}`chapter 04, the diagnosis <{evidence}>`.")
         lines += [f"- {line}" for line in facts] + [""]
         if len(d.seed):
-            seed = html_table(d.seed, [Col("M", "M (tokens)", "int"), Col("TFLOP/s max", "TFLOP/s", "sig"),
-                                       Col("% of spec peak", "% of spec peak", "pct"),
-                                       Col("% of measured peak", "% of measured peak", "pct"),
-                                       Col("regime", "regime")],
+            seed = html_table(d.seed, SEED,
                               caption=d.gemm.caption(f"{d.seed_backend} at the swept shapes: the seed's table for this GPU"))
             lines += ["```{raw} html", f"<details><summary>The seed's table for {text.html(d.view.device)} "
                       f"({text.html(d.seed_backend)})</summary>{seed}</details>", "```", ""]

@@ -59,9 +59,8 @@ class GemmResults:
 
     def caption(self, what: str = "") -> str:
         config = ((self.view.info.get("sweep") or {}).get("config") or {})
-        timer = config.get("timer") or {}
-        conditions = ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in timer.items()
-                               if name in ("cold_l2", "use_graph", "repeats"))
+        on_gpu = ((self.view.info.get("provenance") or {}).get("device") or {}).get("kind") == "cuda"
+        conditions = timer_words(config.get("timer") or {}, on_gpu)
         return self.view.caption(what) + (f"; timer: {conditions}" if conditions else "")
 
 
@@ -159,6 +158,21 @@ def gemm_results(run_dir: str | RunDir) -> GemmResults:
     measured, raised = raise_peaks(measured, of_gpu(first, lead))
     every = derive(frame, measured, spec) if raised else first
     return GemmResults(run_view, of_gpu(every, lead).reset_index(drop=True), every, measured, spec, raised)
+
+
+def timer_words(timer: dict, on_gpu: bool = True) -> str:
+    """The timer's conditions in words: '30 repeats, L2 flushed before each, CUDA-graph replay'
+    (on a CPU only the repeats: the L2 flush and graph replay are GPU settings)."""
+    words = []
+    if timer.get("repeats"):
+        words.append(f"{timer['repeats']} repeats")
+    if not on_gpu:
+        return ", ".join(words)
+    if "cold_l2" in timer:
+        words.append("L2 flushed before each" if timer["cold_l2"] else "L2 left warm")
+    if "use_graph" in timer:
+        words.append("CUDA-graph replay" if timer["use_graph"] else "eager launches")
+    return ", ".join(words)
 
 
 # -- tables ---------------------------------------------------------------------------------------

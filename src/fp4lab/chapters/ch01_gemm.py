@@ -21,8 +21,10 @@ AVAILABILITY = [Col("backend", "backend"), Col("weights", "weights"), Col("ok", 
                 Col("error", "error", "int"), Col("oom", "out of memory", "int"),
                 Col("timeout", "timeout", "int")]
 SEED = [Col("M", "M (tokens)", "int"), Col("TFLOP/s min", "TFLOP/s (min over shapes)", "sig"),
-        Col("TFLOP/s max", "TFLOP/s (max)", "sig"), Col("% of spec peak", "% of spec peak", "pct"),
-        Col("% of measured peak", "% of measured peak", "pct"), Col("regime", "regime (largest floor)")]
+        Col("TFLOP/s max", "TFLOP/s (max over shapes)", "sig"),
+        Col("% of spec peak", "% of its math dtype's spec peak (best shape)", "pct"),
+        Col("% of measured peak", "% of the measured peak (best shape)", "pct"),
+        Col("regime", "regime: largest floor (over the shapes)")]
 FASTEST = [Col("m", "M (tokens)", "int"), Col("backend", "fastest 4-bit method"),
            Col("cases won", "cases won (format x shape)"),
            Col("median speed-up vs bf16", "speed-up vs cuBLAS bf16 (median)", "ratio"),
