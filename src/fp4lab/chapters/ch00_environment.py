@@ -43,7 +43,8 @@ def fill(context: Context) -> None:
     page.html("sheet", html_table(sheet, SHEET_COLUMNS, caption="fp4lab.hardware.SPECS: vendor datasheets, "
                                   "dense figures (derived as sparse/2 where only sparse ones are published)"))
     page.figure("sheet", peaks_and_ridges(sheet, spec.key if spec else None),
-                "Spec sheets, not measurements. * marks the device this run measured.")
+                "Spec sheets, not measurements." + (f" In the figure, '{spec.key} *' is the device this run "
+                                                    "measured." if spec else ""))
     versions = run_view.versions()
     page.html("versions", html_table(
         _frame([(name, version or "not installed") for name, version in versions.items()]),
