@@ -8,14 +8,12 @@ from __future__ import annotations
 
 from fp4lab import text
 from fp4lab.analysis import decode
+from fp4lab.chapters.ch01_gemm import SEED            # one seed table, in chapters 01 and 04 and the front page
 from fp4lab.chapters.context import Context, open_context, parameters_block
 from fp4lab.plots import diagnosis as figures
 from fp4lab.plots.tables import Col, html_table
 
 TITLE = "04 · Diagnosis: what holds FP4 MoE decode back on this GPU"
-SEED = [Col("M", "M (tokens)", "int"), Col("TFLOP/s max", "TFLOP/s (best shape)", "sig"),
-        Col("% of spec peak", "% of spec peak", "pct"), Col("% of measured peak", "% of measured peak", "pct"),
-        Col("regime", "regime")]
 PATHS = [Col("path", "path"), Col("source", "measured by"), Col("weight_dtype", "weights read as"),
          Col("fmt", "FP4 format"),
          Col("layer_us", "layer time", "us"), Col("launch_floor_us", "launch floor", "us"),
@@ -194,7 +192,8 @@ def fill(context: Context, d: decode.Diagnosis) -> None:
         return
     if len(d.seed):
         page.html("seed", html_table(d.seed, SEED, caption=d.gemm.caption(
-            f"{d.seed_backend}, the fastest GEMM backend at the expert shapes; the seed's table for this GPU")))
+            f"{d.seed_backend}: its GEMM-sweep times model a loop of expert GEMMs fastest at decode (the MoE "
+            "sweep's measured loops can rank otherwise); the seed's table for this GPU")))
     if d.chosen is not None:
         page.figure("breakdown", figures.layer_against_floors(d.chosen, d.fp4["floor_us"] if d.fp4 else None),
                     d.view.caption(f"{d.config.preset}, B={d.config.decode_batch}; floors from the run's measured ceilings"))
