@@ -489,8 +489,9 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
         first, last = ep.iloc[0], ep.iloc[-1]
         with_comm = bool(ep["comm_us"].notna().all())
         column = "us_per_token_with_comm" if with_comm else "us_per_token"
-        rows.append({"lever": f"expert parallelism EP={int(last['ep'])}: each rank's experts see "
-                              f"{int(last['ep'])}x the tokens (per GPU, a loop of {backend} GEMMs, "
+        rows.append({"lever": f"expert parallelism EP={int(last['ep'])}: {int(last['ep'])} GPUs each bring "
+                              f"B={batch} tokens, so each rank's experts see {int(last['ep'])}x the tokens "
+                              f"(per GPU, a loop of {backend} GEMMs, "
                               + ("measured all-to-all included)" if with_comm else "communication not included)"),
                      "gain": first[column] / last[column],
                      "basis": MODELLED + (" and all-to-alls" if with_comm else ""),
