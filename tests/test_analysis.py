@@ -283,3 +283,16 @@ def test_the_timer_conditions_read_as_words():
     assert gemm.timer_words({**timer, "cold_l2": False, "use_graph": False}) == \
         "30 repeats, L2 left warm, eager launches"
     assert gemm.timer_words(timer, on_gpu=False) == "30 repeats"
+
+
+def test_the_ceilings_table_states_each_divisor_with_its_spec_and_how_it_was_measured(tmp_path):
+    """The verdict divides by 4.24 TB/s and the launch floor; the book never said where they came
+    from. Each ceiling: measured, spec, the probe's line, and a peak the run's best point raised."""
+    measured = {**MEASURED, "details": {"bandwidth": "copy 1024 MiB ...", "launch": "one-element add ..."}}
+    rows = [gemm_row("torch-bf16", 4096, 4096, 4096, 150.0)]
+    table = gemm.ceilings_table(gemm.gemm_results(run_with(tmp_path, rows, measured=measured))).set_index("ceiling")
+    assert table.loc["copy bandwidth (TB/s)", "measured"] == 4.0 and table.loc["copy bandwidth (TB/s)", "spec"] == 4.8
+    assert table.loc["copy bandwidth (TB/s)", "how"] == "copy 1024 MiB ..."
+    assert table.loc["launch floor (us)", "measured"] == 2.0
+    assert "raised from the probe's 800.0" in table.loc["bf16 peak (TFLOP/s)", "how"]
+    assert table.loc["fp8 peak (TFLOP/s)", "spec"] == 1979.0 and "fp4 peak (TFLOP/s)" not in table.index

@@ -196,6 +196,27 @@ def availability(results: GemmResults) -> pd.DataFrame:
     return table[["backend", "weights", *shown, "why not"]]
 
 
+def ceilings_table(results: GemmResults) -> pd.DataFrame:
+    """Every ceiling the book divides by, measured beside the spec sheet's, with how it was
+    measured (the probe's own timer line) and, for a peak, whether the run's best point raised it."""
+    measured, spec = results.measured, results.spec
+    details = (measured.details if measured else {}) or {}
+    rows = [{"ceiling": "copy bandwidth (TB/s)", "measured": measured.bandwidth_tbps if measured else None,
+             "spec": spec.bandwidth_tbps if spec else None, "how": details.get("bandwidth")}]
+    for dtype in ("bf16", "fp8", "fp4"):
+        peak = (measured.peak_tflops or {}).get(dtype) if measured else None
+        sheet = (spec.peak_tflops or {}).get(dtype) if spec else None
+        if peak is None and sheet is None:
+            continue
+        how = details.get(dtype) or (details.get("not_measured") if dtype in str(details.get("not_measured")) else None)
+        if dtype in results.raised:
+            how = f"{how}; {results.raised[dtype]}" if how else results.raised[dtype]
+        rows.append({"ceiling": f"{dtype} peak (TFLOP/s)", "measured": peak, "spec": sheet, "how": how})
+    rows.append({"ceiling": "launch floor (us)", "measured": measured.launch_us if measured else None,
+                 "spec": None, "how": details.get("launch")})
+    return pd.DataFrame(rows, columns=["ceiling", "measured", "spec", "how"])
+
+
 def why_not_groups(table: pd.DataFrame) -> list[tuple[list[str], str]]:
     """The availability table's reasons, each once with the backends that share it, in table order:
     six backends that all need FP4 tensor cores are one line, not six copies of a long cell."""

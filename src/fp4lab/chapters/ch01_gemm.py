@@ -20,6 +20,8 @@ AVAILABILITY = [Col("backend", "backend"), Col("weights", "weights"), Col("ok", 
                 Col("wrong_result", "wrong result", "int"), Col("unavailable", "unavailable", "int"),
                 Col("error", "error", "int"), Col("oom", "out of memory", "int"),
                 Col("timeout", "timeout", "int")]
+CEILINGS = [Col("ceiling", "ceiling"), Col("measured", "measured here", "sig"), Col("spec", "spec sheet", "sig"),
+            Col("how", "how it was measured (the probe's timer line)")]
 SEED = [Col("M", "M (tokens)", "int"), Col("TFLOP/s min", "TFLOP/s (min over shapes)", "sig"),
         Col("TFLOP/s max", "TFLOP/s (max over shapes)", "sig"),
         Col("% of spec peak", "% of its math dtype's spec peak (best shape)", "pct"),
@@ -188,6 +190,8 @@ def spread_findings(spread) -> list[str]:
 def _roofline(page, results) -> None:
     roofs = {source: (c.bandwidth_tbps, c.peak_tflops) for source, c in
              (("measured", results.measured), ("spec", results.spec)) if c is not None}
+    page.html("roofline", html_table(analysis.ceilings_table(results), CEILINGS, caption=results.caption(
+        "the ceilings every chapter divides by: measured in this run, before its points, beside the spec sheet")))
     if len(results.ok):
         page.figure("roofline", figures.roofline(results.ok, roofs), results.caption(
             "solid roofs: ceilings measured in this run; dotted: the spec sheet"))
