@@ -88,8 +88,9 @@ def raise_peaks(measured: roofline.Ceilings | None, frame: pd.DataFrame) -> tupl
         probe = peaks.get(dtype)
         if probe is not None and best["tflops"] > probe:
             peaks[dtype] = float(best["tflops"])
+            fmt = f" {best['fmt']}" if best.get("weight_dtype") == "fp4" else ""   # bf16/fp8 weights have no FP4 format
             raised[dtype] = (f"raised from the probe's {probe:.1f} to {best['tflops']:.1f} TFLOP/s by "
-                             f"{best['backend']} {best['fmt']} M={best['m']} {best['n']}x{best['k']}, "
+                             f"{best['backend']}{fmt} M={best['m']} {best['n']}x{best['k']}, "
                              f"the best correct {dtype} point of the run")
     return dataclasses.replace(measured, peak_tflops=peaks), raised
 
