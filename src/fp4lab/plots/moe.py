@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fp4lab.plots.common import figure_legend, log_axis, new_figure, palette, tokens_axis
+from fp4lab.plots.common import (colour_handles, figure_legend, log_axis, new_figure, palette, style_handles,
+                                 tokens_axis)
 
 
 def loads(loads_by_batch: dict[int, np.ndarray], table: pd.DataFrame):
@@ -32,18 +33,26 @@ def loads(loads_by_batch: dict[int, np.ndarray], table: pd.DataFrame):
     return fig
 
 
+FORMAT_STYLES = {"nvfp4": "-", "mxfp4": "--", "": ":"}     # line style: the FP4 format ("": bf16/fp8 weights)
+FORMAT_LABELS = {"nvfp4": "NVFP4 weights", "mxfp4": "MXFP4 weights", "": "bf16 / fp8 weights"}
+
+
 def layer_time_by_batch(layers: pd.DataFrame):
-    """Each method's layer time (routed experts of one MoE layer, one device) against B."""
-    fig, axes = new_figure(height_in=3.8)
+    """Each method's layer time (routed experts of one MoE layer, one device) against B: colour
+    the method, line style its FP4 format (so a method's two formats read as a pair)."""
+    fig, axes = new_figure(height_in=4.2)
     ax = axes[0, 0]
-    labels = layers.assign(label=layers["method"] + layers["fmt"].map(lambda f: f" ({f})" if isinstance(f, str) else ""))
-    colours = palette(sorted(labels["label"].unique()))
-    for label, rows in labels.sort_values("batch").groupby("label"):
-        ax.plot(rows["batch"], rows["layer_us"] / 1000, "-o", ms=3, color=colours[label], label=label)
+    layers = layers.assign(fmt=layers["fmt"].map(lambda f: f if isinstance(f, str) else ""))
+    colours = palette(sorted(layers["method"].unique()))
+    for (method, fmt), rows in layers.sort_values("batch").groupby(["method", "fmt"]):
+        ax.plot(rows["batch"], rows["layer_us"] / 1000, FORMAT_STYLES.get(fmt, "-."), marker="o", ms=3,
+                color=colours[method])
     ax.set(xlabel="decode batch B", ylabel="layer time (ms)")
     log_axis(ax)
     tokens_axis(ax)
-    figure_legend(fig, axes, columns=3)
+    shown = [fmt for fmt in FORMAT_STYLES if fmt in set(layers["fmt"])]
+    figure_legend(fig, axes, columns=3, extra=colour_handles(colours) + style_handles(
+        {FORMAT_LABELS[fmt]: FORMAT_STYLES[fmt] for fmt in shown}))
     return fig
 
 
