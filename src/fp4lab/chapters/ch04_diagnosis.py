@@ -226,7 +226,9 @@ def elsewhere(page, d: decode.Diagnosis) -> None:
     projected = other_gpus.projected(d)
     check = projected["floor_over_measured"].dropna()
     caption = (f"{projected['label'].iloc[0]}; {projected['fmt'].iloc[0]} weights, B={d.config.decode_batch}; "
-               "floors from each GPU's spec sheet")
+               f"floors from each GPU's spec sheet; launch floor: {int(projected['kernels'].iloc[0])} kernels (a "
+               f"grouped FP4 MoE layer) x {text.us(projected['launch_us'].iloc[0])} "
+               f"({projected['launch_source'].iloc[0]})")
     page.html("elsewhere", html_table(projected, PROJECTION, caption=caption))
     if len(check):
         measured = projected[projected["measured_us"].notna()].iloc[0]
