@@ -118,8 +118,9 @@ def findings(power: analysis.RunPower, at_decode: dict | None = None) -> list[st
                      f"{text.sig(timeline['instant_max_w'])} W{_of_limit(timeline['instant_max_w'], power.power_limit_w)}, "
                      f"while the ~1 s averaged reading peaked at {text.sig(timeline['average_max_w'])} W: "
                      "the averaged reading lags every burst."
-                     + (" The limit is enforced on averaged power, and the average stayed within it: the "
-                        "instant readings above it are short bursts." if power.power_limit_w and
+                     + (" The limit is enforced on averaged power, and the ~1 s averaged reading stayed "
+                        "within it: readings above it over shorter spans (instant samples, short energy "
+                        "windows) are bursts." if power.power_limit_w and
                         timeline["instant_max_w"] > power.power_limit_w >= timeline["average_max_w"] else ""))
         if timeline["busy_samples"]:
             lines.append(f"Under load (GPU utilisation above {analysis.BUSY_UTIL_PCT}%, {timeline['busy_samples']} "

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fp4lab.plots.common import figure_legend, log_axis, new_figure, palette, tokens_axis
+from fp4lab.plots.common import (colour_handles, figure_legend, log_axis, new_figure, palette, style_handles,
+                                 tokens_axis)
 
 
 def _seconds(frame: pd.DataFrame, t0: float) -> pd.Series:
@@ -47,16 +48,21 @@ def timeline(telemetry: pd.DataFrame, points: pd.DataFrame, limit_w: float | Non
     return fig
 
 
+SHAPE_STYLES = ("-", "--", ":", "-.")     # line style: the weight shape (colour: the backend)
+
+
 def per_point(points: pd.DataFrame, limit_w: float | None):
-    """Power in each point's energy window and TFLOPS/W against M, one line per backend x shape."""
-    fig, axes = new_figure(1, 2, height_in=3.8, sharex=True)
+    """Power in each point's energy window and TFLOPS/W against M: colour the backend, line style
+    the weight shape (one colour per backend x shape made 18 near-identical hues)."""
+    fig, axes = new_figure(1, 2, height_in=4.2, sharex=True)
     power_ax, efficiency_ax = axes[0]
     points = points.assign(shape=points["n"].astype(int).astype(str) + "x" + points["k"].astype(int).astype(str))
-    colours = palette(sorted(set(zip(points["backend"], points["shape"]))))
+    colours = palette(sorted(points["backend"].unique()))
+    shapes = sorted(points["shape"].unique(), key=lambda shape: -int(shape.split("x")[0]) * int(shape.split("x")[1]))
+    styles = {shape: SHAPE_STYLES[i % len(SHAPE_STYLES)] for i, shape in enumerate(shapes)}
     for (backend, shape), rows in points.sort_values("m").groupby(["backend", "shape"]):
-        label = f"{backend} {shape}"
-        power_ax.plot(rows["m"], rows["avg_power_w"], "-o", ms=3, color=colours[(backend, shape)], label=label)
-        efficiency_ax.plot(rows["m"], rows["tflops_per_w"], "-o", ms=3, color=colours[(backend, shape)], label=label)
+        for ax, column in ((power_ax, "avg_power_w"), (efficiency_ax, "tflops_per_w")):
+            ax.plot(rows["m"], rows[column], styles[shape], marker="o", ms=3, color=colours[backend])
     if limit_w:
         power_ax.axhline(limit_w, color="firebrick", ls="--", lw=1.2, label=f"limit {limit_w:.0f} W")
         power_ax.set_ylim(0, 1.12 * max(limit_w, points["avg_power_w"].max()))
@@ -66,7 +72,7 @@ def per_point(points: pd.DataFrame, limit_w: float | None):
     power_ax.set(ylabel="average power in the window (W)")
     efficiency_ax.set(ylabel="TFLOPS per watt")
     log_axis(efficiency_ax)
-    figure_legend(fig, axes, columns=3)
+    figure_legend(fig, axes, columns=3, extra=colour_handles(colours) + style_handles(styles))
     return fig
 
 
