@@ -135,3 +135,11 @@ def test_chapters_02_and_04_state_the_same_decode_power(reference_copy):
     found = page_text(power_page, "findings")        # the reference's instant readings passed 700 W
     assert "readings above it over shorter spans (instant samples, short energy windows) are bursts" in found
     assert re.search(r"the least efficient, \S+ at M = \d+ on \d+x\d+, reaches", found)
+
+
+def test_a_page_lists_the_values_its_profile_gave_the_knobs_left_unset(reference_copy):
+    """Every knob left at None read '(profile default)': the page now says what ran."""
+    page = CHAPTERS["01_fp4_gemm_sweep"].build(str(reference_copy), "none", "full", "cpu", measure=False)
+    shown = page_text(page, "parameters")
+    assert "(profile default)" not in shown
+    assert "8192x8192, 4096x6144, 6144x2048 (the full profile" in shown and "glm-5 (the full profile" in shown

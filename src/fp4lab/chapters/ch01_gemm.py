@@ -7,9 +7,9 @@ resumed run measures nothing twice), then reads the run through fp4lab.analysis.
 
 from __future__ import annotations
 
-from fp4lab import params, text
+from fp4lab import params, profiles, text
 from fp4lab.analysis import gemm as analysis
-from fp4lab.chapters.context import Context, open_context, parameters_block
+from fp4lab.chapters.context import Context, open_context, parameters_block, resolve_parameters
 from fp4lab.plots import gemm as figures
 from fp4lab.plots.tables import Col, html_table
 from fp4lab.references import SEED_SOURCE, seed_sm120_table
@@ -57,6 +57,10 @@ def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", dev
         context.profile, context.device, preset=preset,
         **{name: value for name, value in knobs.items() if name not in ("preset", "repeats")},
         **({"timer": {"repeats": repeats}} if repeats is not None else {}))
+    resolve_parameters(context, backends=config.backends, fmts=config.fmts, m_values=config.m_values,
+                       preset=profiles.section(context.profile, "gemm").get("preset") or "none",
+                       shapes=config.shapes, repeats=config.timer.repeats,
+                       energy_window_s=config.energy_window_s, gpus=config.gpus)
     if measure and context.measures_here:
         from fp4lab.sweep.gemm import run_sweep
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from fp4lab import params, profiles, text
 from fp4lab.analysis import moe as analysis
-from fp4lab.chapters.context import Context, open_context, parameters_block
+from fp4lab.chapters.context import Context, open_context, parameters_block, resolve_parameters
 from fp4lab.moe import layer_model, presets
 from fp4lab.plots import moe as figures
 from fp4lab.plots.tables import Col, html_table
@@ -52,6 +52,10 @@ def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", dev
         context.profile, context.device, preset=preset, routing=routing, batch_sizes=batch_sizes,
         ep_degrees=ep_degrees, fmts=fmts, methods=methods, steps=steps,
         timer={"repeats": repeats} if repeats is not None else None)
+    resolve_parameters(context, preset=config.preset, routing=config.routing, batch_sizes=config.batch_sizes,
+                       ep_degrees=config.ep_degrees, fmts=config.fmts, methods=config.methods,
+                       steps=config.steps, repeats=config.timer.repeats, target_utilization=target,
+                       decode_batch=decode_batch, measure=measure)
     if measure and context.measures_here:
         from fp4lab.sweep.moe import run_sweep
 

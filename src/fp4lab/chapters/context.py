@@ -104,7 +104,18 @@ def parameters_block(context: Context) -> None:
     context.page.html("parameters", f"<details><summary>Parameters of this page</summary>{table}</details>")
 
 
+def resolve_parameters(context: Context, **resolved: Any) -> None:
+    """Knobs left at None (the profile's) are listed with the value the profile gave them, so the
+    page says what ran, not '(profile default)'."""
+    context.parameters = [(name, f"{_shown(resolved[name])} (the {context.profile} profile's)")
+                          if value is None and name in resolved else (name, value)
+                          for name, value in context.parameters]
+
+
 def _shown(value: Any) -> str:
+    if isinstance(value, (list, tuple)) and value and all(
+            isinstance(item, (list, tuple)) and len(item) == 2 for item in value):
+        return ", ".join(f"{n}x{k}" for n, k in value)                  # weight shapes [N, K]
     if isinstance(value, (list, tuple)):
         return ", ".join(_shown(item) for item in value) or "(all)"
     if value is None:
