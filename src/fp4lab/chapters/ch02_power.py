@@ -11,7 +11,7 @@ from __future__ import annotations
 from fp4lab import params, text
 from fp4lab.analysis import gemm as gemm_analysis
 from fp4lab.analysis import power as analysis
-from fp4lab.chapters.context import Context, open_context, parameters_block
+from fp4lab.chapters.context import Context, open_context, parameters_block, resolve_parameters
 from fp4lab.plots import power as figures
 from fp4lab.plots.tables import Col, html_table
 from fp4lab.references import SEED_POWER
@@ -36,6 +36,7 @@ def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", dev
     seconds = params.check_float("duration_s", section["duration_s"] if duration_s is None else duration_s,
                                  0, MAX_DURATION_S, strict_minimum=True)
     sampled = sample_if_missing(context, rate, seconds)
+    resolve_parameters(context, sample_rate_hz=rate, duration_s=seconds)
     parameters_block(context)
     fill(context, sampled)
     return context.page

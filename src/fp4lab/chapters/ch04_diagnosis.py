@@ -9,7 +9,7 @@ from __future__ import annotations
 from fp4lab import text
 from fp4lab.analysis import decode
 from fp4lab.chapters.ch01_gemm import SEED            # one seed table, in chapters 01 and 04 and the front page
-from fp4lab.chapters.context import Context, open_context, parameters_block
+from fp4lab.chapters.context import Context, open_context, parameters_block, resolve_parameters
 from fp4lab.plots import diagnosis as figures
 from fp4lab.plots.tables import Col, html_table
 
@@ -40,6 +40,8 @@ def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", dev
                            decode_batch=decode_batch, backend=backend, routing=routing, steps=steps)
     config = decode.DiagnosisConfig.from_profile(context.profile, preset=preset, decode_batch=decode_batch,
                                                  backend=backend, routing=routing, steps=steps)
+    resolve_parameters(context, preset=config.preset, decode_batch=config.decode_batch, backend=config.backend,
+                       routing=config.routing, steps=config.steps)
     parameters_block(context)
     diagnosis = decode.diagnose(context.run, config)
     fill(context, diagnosis)

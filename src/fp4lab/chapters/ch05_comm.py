@@ -13,7 +13,7 @@ from __future__ import annotations
 from fp4lab import params, profiles, text
 from fp4lab.analysis import comm as comm_analysis
 from fp4lab.analysis import layouts as analysis
-from fp4lab.chapters.context import Context, open_context, parameters_block
+from fp4lab.chapters.context import Context, open_context, parameters_block, resolve_parameters
 from fp4lab.plots import comm as figures
 from fp4lab.plots.tables import Col, html_table
 
@@ -50,6 +50,8 @@ def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", dev
     timeout_s = params.check_float("timeout_s", section["timeout_s"] if timeout_s is None else timeout_s,
                                    0, MAX_TIMEOUT_S, strict_minimum=True)
     nproc = _nproc(context, section["nproc"] if nproc is None else nproc)
+    resolve_parameters(context, measure=measure, nproc=nproc, routing=routing, batches=batches, preset=preset,
+                       decode_batch=decode_batch, timeout_s=timeout_s)
     if measure and context.measures_here and not context.run.has_table("comm"):
         context.parameters.append(("comm run now", measure_comm(context, nproc, routing, timeout_s)))
     parameters_block(context)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fp4lab import params, profiles, text
 from fp4lab.analysis import history as analysis
-from fp4lab.chapters.context import Context, open_context, parameters_block
+from fp4lab.chapters.context import Context, open_context, parameters_block, resolve_parameters
 from fp4lab.plots.history import time_ratios
 from fp4lab.plots.tables import Col, html_table
 from fp4lab.results import REFERENCE_ROOT, find_run_dirs
@@ -30,6 +30,7 @@ def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", dev
     threshold = params.check_float("regression_threshold", profiles.section(context.profile, "history")[
         "regression_threshold"] if regression_threshold is None else regression_threshold, 0, 10, strict_minimum=True)
     params.check_text("runs_dir", runs_dir)
+    resolve_parameters(context, regression_threshold=threshold)
     parameters_block(context)
     fill(context, threshold, Path(runs_dir) if runs_dir else context.run.path.parent, reference_dir)
     return context.page
