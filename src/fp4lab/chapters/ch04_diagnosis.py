@@ -201,8 +201,10 @@ def fill(context: Context, d: decode.Diagnosis) -> None:
                     d.view.caption(f"{d.config.preset}, B={d.config.decode_batch}; floors from the run's measured ceilings"))
         page.prose("breakdown", load_sentence(d))
     if len(d.paths):
-        page.figure("paths", figures.paths(d.paths), d.view.caption("every path at decode; bars: layer time, "
-                                                                     "ticks: its weight-read floor"))
+        drawn = min(len(d.paths), figures.PATHS_DRAWN)
+        which = "every path" if drawn == len(d.paths) else f"the {drawn} fastest of {len(d.paths)} paths (all in the table)"
+        page.figure("paths", figures.paths(d.paths), d.view.caption(
+            f"{which} at decode; bars: layer time, ticks: its weight-read floor"))
         page.html("paths", html_table(d.paths, PATHS))
     page.bullets("power", [line for line in (power_sentence(d), fp4_sentence(d)) if line])
     if len(d.levers):

@@ -32,9 +32,13 @@ def layer_against_floors(path: dict, fp4_floor_us: float | None):
     return fig
 
 
+PATHS_DRAWN = 12      # the fastest paths drawn (the table below the figure holds them all)
+
+
 def paths(frame: pd.DataFrame):
-    """Every measured path's layer time at decode, the diagnosed one first, with its weight-read floor."""
-    frame = frame.head(12)
+    """The fastest measured paths' layer times at decode (linear: bar lengths compare), the
+    diagnosed one first, each with its weight-read floor."""
+    frame = frame.head(PATHS_DRAWN)
     colours = palette(sorted(frame["weight_dtype"].unique()))
     fig, axes = new_figure(height_in=0.32 * len(frame) + 1.3)
     ax = axes[0, 0]
@@ -42,10 +46,12 @@ def paths(frame: pd.DataFrame):
     ax.barh(y, frame["layer_us"] / 1000, color=[colours[d] for d in frame["weight_dtype"]])
     ax.scatter(frame["memory_floor_us"] / 1000, y, marker="|", s=200, color="black", zorder=3,
                label="its weight-read floor")
-    ax.set_yticks(y, [f"{p} ({s})" for p, s in zip(frame["path"], frame["source"])])
+    formats = frame["fmt"] if "fmt" in frame else [None] * len(frame)
+    ax.set_yticks(y, [f"{p}{f' {f}' if isinstance(f, str) else ''} ({s})"      # a path's two formats told apart
+                      for p, f, s in zip(frame["path"], formats, frame["source"])])
     ax.invert_yaxis()
     ax.set(xlabel="milliseconds per MoE layer")
-    log_axis(ax, which="x")
+    ax.set_xlim(0, 1.05 * float(frame["layer_us"].max()) / 1000)
     from matplotlib.patches import Patch
 
     # below the panel: inside it, the legend covers the longest bars
