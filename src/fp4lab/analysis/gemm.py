@@ -209,7 +209,8 @@ def ceilings_table(results: GemmResults) -> pd.DataFrame:
         sheet = (spec.peak_tflops or {}).get(dtype) if spec else None
         if peak is None and sheet is None:
             continue
-        how = details.get(dtype) or (details.get("not_measured") if dtype in str(details.get("not_measured")) else None)
+        unprobed = str(details.get("not_measured") or "")          # e.g. "fp4: no probe for this dtype on ..."
+        how = details.get(dtype) or (unprobed if unprobed.startswith(f"{dtype}:") else None)
         if dtype in results.raised:
             how = f"{how}; {results.raised[dtype]}" if how else results.raised[dtype]
         rows.append({"ceiling": f"{dtype} peak (TFLOP/s)", "measured": peak, "spec": sheet, "how": how})

@@ -202,7 +202,8 @@ def fill(context: Context, d: decode.Diagnosis) -> None:
         page.prose("breakdown", load_sentence(d))
     if len(d.paths):
         drawn = min(len(d.paths), figures.PATHS_DRAWN)
-        which = "every path" if drawn == len(d.paths) else f"the {drawn} fastest of {len(d.paths)} paths (all in the table)"
+        which = ("every path" if drawn == len(d.paths)
+                 else f"the {drawn} fastest of {len(d.paths)} paths (all in the table)")
         page.figure("paths", figures.paths(d.paths), d.view.caption(
             f"{which} at decode; bars: layer time, ticks: its weight-read floor"))
         page.html("paths", html_table(d.paths, PATHS))
