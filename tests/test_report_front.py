@@ -60,3 +60,20 @@ def test_the_front_page_links_the_verdict_to_the_diagnosis_chapter_it_came_from(
     assert book.diagnosis_page(leading, {"chapters": [{"chapter": "04_diagnosis"}]}, leading) == "chapters/04_diagnosis"
     page = book.front_page(run, {**as_reference, "profile": "smoke"}, leading)
     assert "{doc}`chapter 04, the diagnosis <chapters/reference/04_diagnosis>`" in page
+
+
+def test_the_sidebar_leads_with_the_gpu_measurements(tmp_path):
+    """A CPU smoke run's book listed its pipeline check first and the H200 chapters below it."""
+    from fp4lab import book
+
+    reference = RunDir.create(tmp_path, "gpu-ref")
+    reference.update_run_json(None, {"provenance": {"device": {"kind": "cuda", "name": "NVIDIA H200"}}})
+    for kind, first in (("cpu", "Reference run: gpu-ref"), ("cuda", "This run: here")):
+        run = RunDir.create(tmp_path / kind, "here")
+        run.update_run_json(None, {"provenance": {"device": {"kind": kind, "name": "NVIDIA H200" if kind == "cuda"
+                                                             else "Intel(R) Xeon(R)"}}})
+        staged = tmp_path / f"staged-{kind}"
+        staged.mkdir()
+        book.write_toc(staged, ["00_environment"], ["00_environment"], run, reference)
+        captions = [line for line in (staged / "_toc.yml").read_text().splitlines() if "caption" in line]
+        assert first in captions[0] and len(captions) == 2, captions

@@ -1,4 +1,4 @@
-"""The book: executed chapters of one run (and of the reference run, as a second part) plus a
+"""The book: executed chapters of one run (and of the reference run, as a part of its own) plus a
 front page that is the diagnosis, built by Jupyter Book 1 into static HTML.
 
 The front page answers the book's question above the fold: the device and run, the verdict in one
@@ -137,18 +137,24 @@ def stage(run: RunDir, chapters: list[dict[str, Any]], reference: RunDir | None,
 
 def write_toc(staged: Path, local: list[str], references: list[str], run: RunDir,
               reference: RunDir | None) -> None:
-    """The toc of the chapters actually executed; the reference run's as a second part, numbered
-    the same way (the notebooks carry their numbers in their titles)."""
-    from fp4lab.results import device_label
+    """The toc of the chapters actually executed, in two parts numbered the same way (the notebooks
+    carry their numbers in their titles): this run's and the reference run's. When this run is a
+    CPU smoke run the reference part comes first: it holds the GPU measurements the front page
+    diagnoses, and the smoke part is the pipeline check."""
+    from fp4lab.results import device_label, is_gpu_run
 
-    lines = ["format: jb-book", "root: intro", "parts:",
-             f"  - caption: {json.dumps('This run: ' + run.run_id + ' (' + device_label(run.run_json()) + ')')}",
-             "    chapters:"]
-    lines += [f"      - file: {json.dumps('chapters/' + stem)}" for stem in local]
+    this = (f"This run: {run.run_id} ({device_label(run.run_json())})",
+            [f"chapters/{stem}" for stem in local])
+    parts = [this]
     if references:
         caption = f"Reference run: {reference.run_id} ({device_label(reference.run_json())})"
+        parts.append((caption, [f"chapters/reference/{stem}" for stem in references]))
+        if not is_gpu_run(run.run_json()):
+            parts.reverse()
+    lines = ["format: jb-book", "root: intro", "parts:"]
+    for caption, files in parts:
         lines += [f"  - caption: {json.dumps(caption)}", "    chapters:"]
-        lines += [f"      - file: {json.dumps('chapters/reference/' + stem)}" for stem in references]
+        lines += [f"      - file: {json.dumps(path)}" for path in files]
     (staged / "_toc.yml").write_text("\n".join(lines) + "\n")
 
 

@@ -109,7 +109,7 @@ def _speed(page, results, reference, context: Context) -> None:
             "TFLOP/s of every correct point" + ("; the run shown beside dashed on the shapes both measured" if shared else "")))
     if reference is not None and not shared and len(reference.ok):
         page.prose("speed", f"The run shown beside ({text.md(reference.view.device)}) measured other shapes; "
-                            "its own chapter 01, in the book's second part, shows them.")
+                            "its own chapter 01, in the reference part of the book, shows them.")
 
 
 def _four_bit(page, results) -> None:
