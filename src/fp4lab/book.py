@@ -259,7 +259,8 @@ GLOSSARY = (
     ("path", "one way to run the layer: a fused MoE kernel (humming-moe-indexed, triton-w4a16-moe, ...), a "
              "grouped GEMM, or a loop of one GEMM per expert (\"... loop\")"),
     ("weight-read floor", "the bytes of the active experts' weights read once at the copy bandwidth this run "
-                          "measured: no kernel that reads them can be faster"),
+                          "measured: no kernel that reads them is much faster (a read-only stream can beat a "
+                          "copy by a few percent, so a path at ~100% of it is at the floor)"),
     ("launch floor / compute floor", "the path's kernel launches at the measured launch time; its FLOPs at "
                                      "the measured peak of its math dtype"),
     ("memory-bound / kernel-limited", "memory-bound: the weight-read floor is the largest of the three "
