@@ -341,7 +341,7 @@ def floor_gemm_time(ceilings: roofline.Ceilings, weight_dtype: str = "fp4",
 
 # -- published figures ----------------------------------------------------------------------------
 
-REFERENCES_FILE = _REFS = "docs/REFERENCES.md"    # every published figure's source, with its link
+REFERENCES_FILE = "docs/REFERENCES.md"    # every published figure's source, with its link
 PUBLISHED_COLUMNS = ["source", "system", "link", "op", "world_size", "tokens", "hidden", "top_k",
                      "dtype", "us", "note"]
 
@@ -349,10 +349,10 @@ PUBLISHED_COLUMNS = ["source", "system", "link", "op", "world_size", "tokens", "
 def published_comm_figures() -> pd.DataFrame:
     """Published EP all-to-all latencies at decode sizes, each with its source (docs/REFERENCES.md).
     `tokens` are per rank; dtype None where the source does not say."""
-    deepep = f"DeepEP low-latency kernels (as tabulated in {_REFS})"
-    pplx = f"pplx-kernels README ({_REFS})"
-    pr173 = f"deepseek-ai/DeepEP PR#173 ({_REFS})"
-    flashinfer = f"FlashInfer benchmarks/MoE_benchmarks.md ({_REFS})"
+    deepep = f"DeepEP low-latency kernels (as tabulated in {REFERENCES_FILE})"
+    pplx = f"pplx-kernels README ({REFERENCES_FILE})"
+    pr173 = f"deepseek-ai/DeepEP PR#173 ({REFERENCES_FILE})"
+    flashinfer = f"FlashInfer benchmarks/MoE_benchmarks.md ({REFERENCES_FILE})"
     rows = []
     for ep, dispatch, combine in ((8, 77, 114), (32, 155, 273), (256, 194, 360)):
         rows += _pair(deepep, "H800", "RDMA 400 Gb/s", ep, 128, 7168, 8, (None, None),

@@ -59,8 +59,7 @@ class GemmResults:
 
     def caption(self, what: str = "") -> str:
         config = ((self.view.info.get("sweep") or {}).get("config") or {})
-        on_gpu = ((self.view.info.get("provenance") or {}).get("device") or {}).get("kind") == "cuda"
-        conditions = timer_words(config.get("timer") or {}, on_gpu)
+        conditions = timer_words(config.get("timer") or {}, self.view.is_gpu)
         return self.view.caption(what) + (f"; timer: {conditions}" if conditions else "")
 
 

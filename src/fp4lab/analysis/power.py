@@ -1,7 +1,8 @@
 """What a run holds about power: its NVML timeline, the energy window of each sweep point, the
 limit, and the numbers chapter 02 states (ranges, clocks under load, throttle reasons, TFLOPS/W).
 
-"Decode-sized" points are those with M <= SMALL_M: the seed's "235 W of a 600 W TDP" regime.
+"Decode-sized" points are those with M <= analysis.gemm.DECODE_M: the seed's "235 W of a 600 W TDP"
+regime.
 """
 
 from __future__ import annotations
@@ -11,11 +12,10 @@ from typing import Any
 
 import pandas as pd
 
-from fp4lab.analysis.gemm import DECODE_M, GemmResults, gemm_results
+from fp4lab.analysis.gemm import GemmResults, gemm_results
 from fp4lab.analysis.run import RunView, view
 from fp4lab.results import RunDir
 
-SMALL_M = DECODE_M
 BUSY_UTIL_PCT = 50                       # a sample counts as "under load" above this utilisation
 BENIGN_REASONS = {"none", "gpu_idle"}    # clocks-event reasons that are not throttling
 POINT_COLUMNS = ["backend", "fmt", "m", "n", "k", "gpu_index", "tflops", "avg_power_w",

@@ -37,7 +37,7 @@ ANATOMY = [Col("n", "N", "int"), Col("k", "K", "int"), Col("m", "M", "int"), Col
            Col("decode_x2", "decode twice", "us"), Col("copy_floor_us", "copy floor", "us"),
            Col("launch_floor_us", "launch floor", "us"), Col("load_share", "loads / full", "pct")]
 SPREAD = [Col("gpu_index", "GPU", "int"), Col("pci_bus_id", "PCI bus id"),
-          Col("points", "points at M <= 64", "int"),
+          Col("points", f"points at M <= {analysis.DECODE_M}", "int"),
           Col("median_vs_box", "time vs the box's median (median)", "ratio"),
           Col("slowest_vs_box", "time vs the box's median (worst point)", "ratio"),
           Col("median_sm_clock_mhz", "SM clock in the energy windows (MHz)", "sig")]

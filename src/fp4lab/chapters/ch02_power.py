@@ -19,7 +19,7 @@ from fp4lab.references import SEED_POWER
 TITLE = "02 · Power, clocks and energy"
 MAX_DURATION_S = 600.0
 PER_GPU = [Col("gpu_index", "GPU", "int"), Col("pci_bus_id", "PCI bus id"),
-           Col("points", "points at M <= 64", "int"), Col("median_power_w", "median power (W)", "sig"),
+           Col("points", f"points at M <= {gemm_analysis.DECODE_M}", "int"), Col("median_power_w", "median power (W)", "sig"),
            Col("median_sm_clock_mhz", "median SM clock (MHz)", "sig"),
            Col("median_vs_box", "time vs the box's median", "ratio")]
 

@@ -56,8 +56,6 @@ def layer_words(d: decode.Diagnosis) -> str:
     return f"one {text.md(presets.get(d.config.preset).name)} MoE layer at a decode batch of {d.config.decode_batch}"
 
 
-
-
 def verdict_sentence(d: decode.Diagnosis) -> str:
     """The verdict in one sentence with its numbers."""
     if d.smoke:

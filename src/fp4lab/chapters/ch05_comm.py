@@ -142,7 +142,7 @@ def findings(study: analysis.LayoutStudy) -> list[str]:
     lines = []
     smallest = analysis.smallest_time(study)
     device = text.md(study.source.device)
-    if smallest and int(study.frame["world_size"].max()) == 1:
+    if smallest and study.gpus == 1:
         # one rank: each collective is a copy inside one GPU, a floor of the call, not a cost of spreading
         lines.append(f"On {device} every collective ran at one rank, a copy inside one GPU: "
                      f"{text.md(smallest['op'])} at {smallest['tokens']} tokens takes {text.us(smallest['us'])} "

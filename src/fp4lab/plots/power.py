@@ -58,8 +58,8 @@ def per_point(points: pd.DataFrame, limit_w: float | None):
     power_ax, efficiency_ax = axes[0]
     points = points.assign(shape=points["n"].astype(int).astype(str) + "x" + points["k"].astype(int).astype(str))
     colours = palette(sorted(points["backend"].unique()))
-    shapes = sorted(points["shape"].unique(), key=lambda shape: -int(shape.split("x")[0]) * int(shape.split("x")[1]))
-    styles = {shape: SHAPE_STYLES[i % len(SHAPE_STYLES)] for i, shape in enumerate(shapes)}
+    largest_first = points.assign(size=points["n"] * points["k"]).sort_values("size", ascending=False, kind="stable")
+    styles = {shape: SHAPE_STYLES[i % len(SHAPE_STYLES)] for i, shape in enumerate(largest_first["shape"].unique())}
     for (backend, shape), rows in points.sort_values("m").groupby(["backend", "shape"]):
         for ax, column in ((power_ax, "avg_power_w"), (efficiency_ax, "tflops_per_w")):
             ax.plot(rows["m"], rows[column], styles[shape], marker="o", ms=3, color=colours[backend])
