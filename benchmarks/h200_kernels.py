@@ -13,6 +13,8 @@ error is a row with its reason, never a time):
      (`torch-bf16`) at the same points;
   3. anatomy at M = 1 and 16 on the three shapes (nvfp4, the point's winner config): loads only,
      decode without math, math on pre-decoded bf16, full, decode twice (`anatomy_variants`);
+     then the read floor of each shape's weight bytes: the fastest one-launch read of them
+     (`read_floor.py`), what a kernel that only reads them once takes at this size;
   4. `triton-w4a16-moe`: GLM-5 (E=256, k=8, H=6144, I=2048) at B = 512 and 64, uniform routing,
      nvfp4 then mxfp4, four tile configs each (`moe_candidates`), gated by `check_call`.
 Every GEMM result is gated against float64 before it is timed; every time is `fp4lab.bench.
@@ -39,6 +41,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import read_floor  # noqa: E402  (beside this script)
 import tune_w4a16 as tune  # noqa: E402  (the dense grid lives beside this script)
 
 from fp4lab import bench, ceilings, roofline  # noqa: E402
@@ -199,6 +202,24 @@ def phase_anatomy(run: Run, winners: dict, cache: dict) -> None:
             for stage in ("load", "decode", "math", "full", "decode_x2"):
                 what = {**dataclasses.asdict(point), "stage": stage, "label": config.label()}
                 run.step("anatomy", what, lambda s=stage: anatomy_row(run, a, w, config, s))
+
+
+def phase_read_floor(run: Run, cache: dict) -> None:
+    for n, k in run.plan.shapes:
+        point = tune.Point("nvfp4", n, k, 1)
+        _, w = tune.operands(point, run.device, cache)
+        words = read_floor.as_words(w.packed, w.scales)
+        run.step("read_floor", {"n": n, "k": k, "fmt": "nvfp4"},
+                 lambda: read_floor_row(run, words))
+
+
+def read_floor_row(run: Run, words) -> dict:
+    rows = read_floor.measure(words, run.timer, run.device)
+    timed = [r for r in rows if "median_us" in r]
+    if not timed:
+        return {"status": "error", "message": "; ".join(r["message"] for r in rows)}
+    best = min(timed, key=lambda r: r["median_us"])
+    return {**best, "shapes": rows}
 
 
 def anatomy_row(run: Run, a, w, config, stage: str) -> dict:
@@ -370,6 +391,14 @@ def summary(run: Run) -> str:
                  else f"{stages.get(s, {}).get('status', '-'):>9.9}"
                  for s in ("load", "decode", "math", "full", "decode_x2")]
         lines.append(f"{'':<8} {f'{n}x{k}':>10} {m:>4} " + " ".join(cells))
+    lines += ["", "read floor (the fastest one-launch read of the weight bytes)"]
+    for r in rows:
+        if r["kind"] == "read_floor":
+            us = r.get("median_us")
+            shape = f"{r['n']}x{r['k']}"
+            lines.append(f"{'':<8} {shape:>10} "
+                         + (f"{us:9.2f} us {r['tbps']:5.2f} TB/s  {r['label']}" if us
+                            else f"{r['status']}: {r.get('message', '')}"))
     lines += ["", f"{'moe':<4} {'model':<12} {'B':>5} {'fmt':<5} {'us':>9} {'floor':>8} "
                   f"{'x floor':>7} {'rel_err':>8}  config"]
     for r in rows:
@@ -413,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         cache: dict = {}
         dense = phase_dense(run, cache)
         phase_anatomy(run, dense, cache)
+        phase_read_floor(run, cache)
         cache.clear()
         moe = phase_moe(run)
     except KeyboardInterrupt:   # the outer timeout: keep what was measured

@@ -67,11 +67,15 @@ def tile_shapes(m: int) -> list[TileConfig]:
     shared memory), more warps per SM to issue from (8-warp tiles), and smaller tiles with
     little or no split-K (2 warps, mma.sync)."""
     if m <= 16:
-        return [TileConfig(block_m=16, block_n=64, block_k=512, num_stages=2, swap_ab=True),
-                TileConfig(block_m=16, block_n=128, block_k=256, num_warps=8, num_stages=4,
-                           swap_ab=True),
-                TileConfig(block_m=16, block_n=32, block_k=256, num_warps=2, num_stages=4,
-                           swap_ab=True)]
+        shapes = [TileConfig(block_m=16, block_n=64, block_k=512, num_stages=2, swap_ab=True),
+                  TileConfig(block_m=16, block_n=128, block_k=256, num_warps=8, num_stages=3,
+                             swap_ab=True),
+                  TileConfig(block_m=16, block_n=128, block_k=256, num_stages=3, swap_ab=True),
+                  TileConfig(block_m=16, block_n=32, block_k=256, num_warps=2, num_stages=4,
+                             swap_ab=True)]
+        if m == 1:   # CUDA cores: no M padding to 16, no shared-memory operand
+            shapes.append(TileConfig(block_m=1, block_n=64, block_k=256, math="fma"))
+        return shapes
     if m <= 64:
         return [TileConfig(block_m=64, block_n=128, block_k=128, num_stages=4),
                 TileConfig(block_m=64, block_n=64, block_k=256, num_stages=3)]

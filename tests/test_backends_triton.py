@@ -122,13 +122,15 @@ def decode_all(bytes_ptr, scales_ptr, nv_ptr, mx_ptr, lo_ptr, hi_ptr, PTX: tl.co
     scale_bytes = tl.load(scales_ptr + offs)
     tl.store(nv_ptr + offs, kernel.decode_scales_bf16(scale_bytes, True).to(tl.float32))
     tl.store(mx_ptr + offs, kernel.decode_scales_bf16(scale_bytes, False).to(tl.float32))
-    # every byte against one scale: scale byte 127 of mxfp4 is 2^0, times 2^SCALE_EXP
-    scale = kernel.decode_scales_bf16(tl.full((256,), 127, tl.uint8), False)
+    # every byte against one scale per nibble, times 2^SCALE_EXP: mxfp4 scale byte 127 is 2^0
+    # for the low nibbles, 128 is 2^1 for the high ones (each half takes its own block's scale)
+    scale_lo = kernel.decode_scales_bf16(tl.full((256,), 127, tl.uint8), False)
+    scale_hi = kernel.decode_scales_bf16(tl.full((256,), 128, tl.uint8), False)
     packed = tl.load(bytes_ptr + offs)
     if PTX:
-        lo, hi = kernel.decode_ptx(packed, scale)
+        lo, hi = kernel.decode_ptx(packed, scale_lo, scale_hi)
     else:
-        lo, hi = kernel.decode_bits(packed, scale)
+        lo, hi = kernel.decode_bits(packed, scale_lo, scale_hi)
     tl.store(lo_ptr + offs, lo.to(tl.float32))
     tl.store(hi_ptr + offs, hi.to(tl.float32))
 
@@ -171,7 +173,8 @@ def check_decoded(decoded: dict) -> None:
         mx = torch.tensor(values["mxfp4"]).double()
         expected_mx = torch.pow(2.0, torch.arange(low, top + 1, dtype=torch.float64) - 127)
         assert torch.equal(mx[low:top + 1], expected_mx), decode
-        assert values["lo"] == e2m1[0].tolist() and values["hi"] == e2m1[1].tolist(), decode
+        assert values["lo"] == e2m1[0].tolist(), decode
+        assert values["hi"] == (2 * e2m1[1]).tolist(), decode       # its scale is 2^1
 
 
 @interpreter_only

@@ -39,7 +39,7 @@ def test_grid_starts_with_the_pick_and_fills_the_gpu(tune, n, k, m):
     point = tune.Point("nvfp4", n, k, m)
     grid = tune.candidates(point, H200_SMS)
     assert grid[0] == choose_config(m, n, k, H200_SMS)
-    assert len(grid) == len(set(grid)) and len(grid) <= 10
+    assert len(grid) == len(set(grid)) and len(grid) <= 14
     if (n, k) in triton_w4a16.SHAPE_PRESETS:   # the measured winner is the yardstick
         assert grid[0] == triton_w4a16.preset_for(m, triton_w4a16.SHAPE_PRESETS[(n, k)])
     if m <= 16:   # decode: the MMA's M side is the weight tile, and the plain decode is measured
@@ -57,7 +57,7 @@ def test_the_whole_grid_compiles_few_kernels(tune):
                 for p in tune.plan(tune.parse_shapes(tune.DEFAULT_SHAPES),
                                    tune.parse_m(tune.DEFAULT_M), ["nvfp4"])
                 for c in tune.candidates(p, H200_SMS)}
-    assert len(compiled) <= 18
+    assert len(compiled) <= 20
 
 
 def test_presets_rows_load_back_as_shape_presets(tune):
@@ -106,13 +106,16 @@ def test_device_script_smoke_run_gates_every_row_and_writes_its_files(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "measurements.jsonl").read_text().splitlines()]
     kinds = {row["kind"] for row in rows}
-    assert kinds == {"ceilings", "cublas", "dense", "anatomy", "moe_weights", "moe"}
+    assert kinds == {"ceilings", "cublas", "dense", "anatomy", "read_floor", "moe_weights", "moe"}
     assert all(row["status"] == "ok" for row in rows), [r for r in rows if r["status"] != "ok"]
     timed = [row for row in rows if row["kind"] in ("dense", "cublas", "anatomy", "moe")]
     assert all(row["median_us"] > 0 and row["samples"] == 2 for row in timed)
     assert {r["stage"] for r in rows if r["kind"] == "anatomy"} == set(
         triton_w4a16.ANATOMY_STAGES)
     assert all(r["predicted_us"] > 0 for r in rows if r["kind"] == "dense")
+    floor, = [r for r in rows if r["kind"] == "read_floor"]   # every shape checked, best kept
+    assert floor["median_us"] == min(s["median_us"] for s in floor["shapes"])
+    assert {s["status"] for s in floor["shapes"]} == {"ok"} and floor["bytes"] % 4 == 0
     presets = json.loads((tmp_path / "presets.json").read_text())
     assert triton_w4a16.presets_from_json(presets["dense"]["nvfp4"])
     assert {(r["model"], r["fmt"]) for r in presets["moe"]} == {("glm-5-scaled", "nvfp4"),

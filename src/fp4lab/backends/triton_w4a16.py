@@ -227,20 +227,44 @@ class TritonW4A16(Backend):
 class KernelOperands:
     """What the kernel reads for one weight tensor, laid out once at prepare time."""
 
-    packed: torch.Tensor         # [N, K/2] uint8, as formats stores it
-    scale_bytes: torch.Tensor    # [N, K/S] uint8: e5m3 (nvfp4, re-encoded) or e8m0 (mxfp4)
+    packed: torch.Tensor         # [.., N, Kp/2] uint8 in the halves layout (`halves_layout`)
+    scale_bytes: torch.Tensor    # [.., N, Kp/S] uint8: e5m3 (nvfp4, re-encoded) or e8m0 (mxfp4)
     global_scale: torch.Tensor   # [1] float32 encode scale (ones for mxfp4: never read)
 
 
-def kernel_operands(w, device: str) -> KernelOperands:
-    """The kernel's operands for `w` [N, K] (checked: mxfp4 scales in the exact range)."""
+def kernel_operands(w, device: str, block_k: int) -> KernelOperands:
+    """The kernel's operands for `w` [.., N, K] read in BK = `block_k` blocks (checked: mxfp4
+    scales in the exact range)."""
     check_scale_range(w)
     w = w.to(device)
     scales = (e4m3_to_e5m3(w.scales) if w.fmt == "nvfp4"
               else w.scales.contiguous().view(torch.uint8))
     global_scale = (w.global_scale.float().reshape(-1) if w.global_scale is not None
                     else torch.ones(1, dtype=torch.float32, device=device))
-    return KernelOperands(w.packed.contiguous(), scales.contiguous(), global_scale)
+    packed, scales = halves_layout(w.packed, scales, block_k, w.block_size)
+    return KernelOperands(packed, scales, global_scale)
+
+
+def halves_layout(packed: torch.Tensor, scale_bytes: torch.Tensor, block_k: int,
+                  scale_block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP4 codes as formats stores them ([.., N, K/2]: k = 2j in the low nibble of byte j, 2j+1
+    in the high one) -> the kernel's halves layout [.., N, Kp/2], Kp = K rounded up to whole
+    `block_k` blocks: within each block, byte j holds k = j in its low nibble and k = j +
+    block_k/2 in its high one, so a tile's low nibbles are the first half of its K and the high
+    nibbles the second (each half multiplies a contiguous half of the activations). The padding
+    is zero codes, and the scale bytes [.., N, K/S] get zero bytes to [.., N, Kp/S] (the order
+    of the scales is already by k). One slice of the leading dims at a time (bounded memory)."""
+    if packed.dim() > 2:
+        pairs = [halves_layout(p, s, block_k, scale_block) for p, s in zip(packed, scale_bytes)]
+        return (torch.stack([p for p, _ in pairs]), torch.stack([s for _, s in pairs]))
+    rows, k = packed.shape[0], 2 * packed.shape[1]
+    padded = -(-k // block_k) * block_k
+    codes = torch.stack((packed & 0x0F, packed >> 4), dim=-1).reshape(rows, k)    # [N, K]
+    codes = torch.nn.functional.pad(codes, (0, padded - k))                        # [N, Kp]
+    halves = codes.reshape(rows, padded // block_k, 2, block_k // 2)               # [N, B, 2, BK/2]
+    relaid = (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(rows, padded // 2)
+    scales = torch.nn.functional.pad(scale_bytes, (0, (padded - k) // scale_block))
+    return relaid.contiguous(), scales.contiguous()
 
 
 def _prepare(backend: TritonW4A16, a, w, device, config: TileConfig | None, stage: str) -> Prepared:
@@ -252,7 +276,7 @@ def _prepare(backend: TritonW4A16, a, w, device, config: TileConfig | None, stag
     m, k = a.shape
     n = w.shape[0]
     config = config or choose_config(m, n, k, sm_count(device))
-    operands = kernel_operands(w, device)
+    operands = kernel_operands(w, device, config.block_k)
     a_bf16 = a.to(device=device, dtype=torch.bfloat16).contiguous()                # [M, K]
     ref_w = formats.dequantize(w).to(device)                                        # [N, K]
     out_dtype = {"load": torch.int32, "decode": torch.float32}.get(stage, OUTPUT_DTYPE)

@@ -3,9 +3,10 @@
 Imported only when the backend is prepared (importing triton costs seconds and needs a GPU or
 TRITON_INTERPRET=1). Shape legend: `M` activation rows, `N` weight rows, `K` reduction dimension,
 `S` the format's scale block (16 nvfp4, 32 mxfp4); `BM`, `BN`, `BK` the tile sizes, `KH` = BK/2
-bytes of a tile row. Packed weights are [N, K/2] uint8 as `fp4lab.formats` stores them (element 2j
-in the low nibble of byte j, 2j+1 in the high one); block scales [N, K/S] one byte each: e8m0 for
-mxfp4, and for nvfp4 the e4m3 scales re-encoded once at prepare as "e5m3" (see SCALE_EXP below).
+bytes of a tile row, `Kp` K rounded up to whole BK blocks. Packed weights are [N, Kp/2] uint8 in
+the halves layout (below; `fp4lab.formats` stores element 2j in the low nibble of byte j, and
+prepare re-lays them once); block scales [N, Kp/S] one byte each: e8m0 for mxfp4, and for nvfp4
+the e4m3 scales re-encoded once at prepare as "e5m3" (see SCALE_EXP below).
 
 One kernel, two ways to do the math (`MATH`), one K loop:
   - "dot": bf16 tensor cores. At decode-sized M the weight tile is the MMA's M side (SWAP_AB:
@@ -13,15 +14,18 @@ One kernel, two ways to do the math (`MATH`), one K loop:
     to 16 costs tensor-core cycles, which are not what limits a weight read.
   - "fma": CUDA cores, a broadcast multiply-add over [BM, BN, KH] with fp32 accumulators and one
     reduction over K after the loop (BM may be 1).
-Where the time of a weight-only kernel goes, besides the bytes, is the per-weight decode, so:
-  - the nibbles are never interleaved: the low nibbles of a [BN, KH] byte tile are the weights at
-    even k and the high ones those at odd k, so the activations are split the same way (even and
-    odd columns of the [BM, BK] tile, a register-level split) and each half multiplies its own
-    half of the weights; the byte tile then reaches the MMA operand layout with no shuffle;
+Where the time of a weight-only kernel goes, besides the bytes, is the per-weight decode and the
+instructions around it, so:
+  - the weights are read in the "halves" layout that prepare writes once (`halves_layout` in
+    `fp4lab.backends.triton_w4a16`): within each BK block of K, byte j of a row holds k = j in
+    its low nibble and k = j + BK/2 in its high one. The low nibbles of a [BN, KH] byte tile are
+    then the first half of the block's weights and the high nibbles the second half, so each
+    half multiplies a contiguous half of the activation tile, loaded as it lies in memory and
+    handed to the MMA from shared memory as loaded (no register shuffle, no second trip through
+    shared memory), and the byte tile reaches the MMA operand layout with no shuffle either;
   - a code becomes bf16 with no float work (`decode_ptx`: 9 instructions per 4 weights, the block
-    scale included, as one bf16x2 multiply per 2 weights); a block scale is one integer
-    multiply-add. The offline SASS count on sm_90 (triton 3.6) is ~4 instructions per weight in
-    the main loop at M <= 16, against ~17 for the fp16-convert decode this replaced.
+    scales included, as one bf16x2 multiply per 2 weights); a block scale is one integer
+    multiply-add.
 
 Split-K in one launch: each CTA of a split writes its float32 partial tile to a workspace and bumps
 the tile's counter; the CTA that arrives last sums the partials, writes the bf16 output and resets
@@ -87,26 +91,29 @@ def decode_scales_bf16(scale_bytes, IS_NVFP4: tl.constexpr):
 
 
 @triton.jit
-def decode_bits(packed, scale):
-    """Bytes (uint8) and their block's bf16 scale * 2^SCALE_EXP -> (low nibble, high nibble) as
-    bf16 e2m1 * scale * 2^-WEIGHT_SHIFT, in plain Triton (what `decode_ptx` computes)."""
+def decode_bits(packed, scale_lo, scale_hi):
+    """Bytes (uint8) and the bf16 scales * 2^SCALE_EXP of their low and high nibbles' blocks ->
+    (low nibble, high nibble) as bf16 e2m1 * scale * 2^-WEIGHT_SHIFT, in plain Triton (what
+    `decode_ptx` computes)."""
     p = packed.to(tl.uint32)
     lo = ((p & 0x08) << 12) | ((p & 0x07) << 9)       # fp16 bits: e2m1 * 2^-14
     hi = ((p & 0x80) << 8) | ((p & 0x70) << 5)
-    factor = scale.to(tl.float32) * 2.0**-112         # 2^-14 * 2^SCALE_EXP * 2^-112 = 2^-26
-    lo = lo.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * factor
-    hi = hi.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * factor
+    # 2^-14 * 2^SCALE_EXP * 2^-112 = 2^-26
+    lo = (lo.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+          * (scale_lo.to(tl.float32) * 2.0**-112))
+    hi = (hi.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+          * (scale_hi.to(tl.float32) * 2.0**-112))
     return lo.to(tl.bfloat16), hi.to(tl.bfloat16)
 
 
 @triton.jit
-def decode_ptx(packed, scale):
+def decode_ptx(packed, scale_lo, scale_hi):
     """`decode_bits` in 9 instructions per 2 bytes (4 weights), two bytes per call (what the
     tensor-core operand layout holds per register pair): the bytes are spread into the two 16-bit
     lanes of a register (prmt), each nibble half is masked, one multiply moves sign and magnitude
     into bf16 position at once (x * (2^12 + 2^6): the two copies do not overlap), one mask keeps
-    bits 15 and 8..6 of each lane, one bf16x2 multiply applies the two scales. The CPU
-    interpreter cannot run inline PTX: there `decode_bits` runs instead."""
+    bits 15 and 8..6 of each lane, one bf16x2 multiply per nibble half applies its scales. The
+    CPU interpreter cannot run inline PTX: there `decode_bits` runs instead."""
     return tl.inline_asm_elementwise(
         asm="""
         {
@@ -120,48 +127,67 @@ def decode_ptx(packed, scale):
         and.b32 lo, lo, 0x81C081C0;
         and.b32 hi, hi, 0x81C081C0;
         mul.rn.bf16x2 $0, lo, $3;
-        mul.rn.bf16x2 $1, hi, $3;
+        mul.rn.bf16x2 $1, hi, $4;
         }
         """,
-        constraints="=r,=r,r,r",
-        args=[packed, scale], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
+        constraints="=r,=r,r,r,r",
+        args=[packed, scale_lo, scale_hi], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True,
+        pack=2)
 
 
 @triton.jit
-def scaled_halves(packed, scale_bytes, salt, IS_NVFP4: tl.constexpr, SCALE_BLOCK: tl.constexpr,
-                  BLOCK_N: tl.constexpr, KH: tl.constexpr, TWICE: tl.constexpr,
-                  DECODE: tl.constexpr):
-    """Decoded weights of a byte tile [BN, KH] with its scales [BN, KH*2/S]: (even k, odd k) as
-    bf16 [BN, KH] each, e2m1 * scale * 2^-WEIGHT_SHIFT.
+def expand_scales(scale_bytes, IS_NVFP4: tl.constexpr, SCALE_BLOCK: tl.constexpr,
+                  BLOCK_N: tl.constexpr, KH: tl.constexpr):
+    """Scale bytes [BN, KH/S] of one half tile -> their bf16 scale per weight, [BN, KH]."""
+    GROUPS: tl.constexpr = KH // SCALE_BLOCK
+    scale = decode_scales_bf16(scale_bytes, IS_NVFP4)                      # [BN, GROUPS]
+    return tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, GROUPS, SCALE_BLOCK)),
+                      (BLOCK_N, KH))                                       # [BN, KH]
+
+
+@triton.jit
+def scaled_halves(packed, scales_lo, scales_hi, salt, IS_NVFP4: tl.constexpr,
+                  SCALE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, KH: tl.constexpr,
+                  TWICE: tl.constexpr, DECODE: tl.constexpr):
+    """Decoded weights of a byte tile [BN, KH] in the halves layout, with the scale bytes of its
+    two halves [BN, KH/S] each: (first half of the block's k, second half) as bf16 [BN, KH]
+    each, e2m1 * scale * 2^-WEIGHT_SHIFT.
 
     TWICE decodes a second time from `packed ^ salt` (salt = 0, unknown to the compiler) and
     returns the sum of both decodes: twice the weights (exact), twice the decode work.
     """
-    GROUPS: tl.constexpr = KH // (SCALE_BLOCK // 2)
-    scale = decode_scales_bf16(scale_bytes, IS_NVFP4)                      # [BN, GROUPS]
-    scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, GROUPS, SCALE_BLOCK // 2)),
-                       (BLOCK_N, KH))                                      # [BN, KH]
+    scale_lo = expand_scales(scales_lo, IS_NVFP4, SCALE_BLOCK, BLOCK_N, KH)
+    scale_hi = expand_scales(scales_hi, IS_NVFP4, SCALE_BLOCK, BLOCK_N, KH)
     if DECODE == "ptx":
-        lo, hi = decode_ptx(packed, scale)
+        lo, hi = decode_ptx(packed, scale_lo, scale_hi)
     else:
-        lo, hi = decode_bits(packed, scale)
+        lo, hi = decode_bits(packed, scale_lo, scale_hi)
     if TWICE:
         # 2x the weights, exact; the epilogue halves the sum
         if DECODE == "ptx":
-            lo2, hi2 = decode_ptx(packed ^ salt, scale)
+            lo2, hi2 = decode_ptx(packed ^ salt, scale_lo, scale_hi)
             lo = lo + lo2                        # bf16x2 adds
             hi = hi + hi2
         else:  # in float32: the interpreter's bf16 arithmetic adds raw bits
-            lo2, hi2 = decode_bits(packed ^ salt, scale)
+            lo2, hi2 = decode_bits(packed ^ salt, scale_lo, scale_hi)
             lo = (lo.to(tl.float32) + lo2.to(tl.float32)).to(tl.bfloat16)
             hi = (hi.to(tl.float32) + hi2.to(tl.float32)).to(tl.bfloat16)
     return lo, hi
 
 
 @triton.jit
-def even_odd(a, BLOCK_M: tl.constexpr, KH: tl.constexpr):
-    """[BM, 2*KH] -> (even columns, odd columns), [BM, KH] each."""
-    return tl.split(tl.reshape(a, (BLOCK_M, KH, 2)))
+def load_halves(ptr, rows, row_mask, stride, k0, K, KH: tl.constexpr, EVEN_K: tl.constexpr):
+    """Columns k0..k0+KH and k0+KH..k0+2*KH of rows `rows` of a [rows, K] matrix, zero past K
+    and in masked rows: ([R, KH], [R, KH]), each a plain contiguous load."""
+    cols = k0 + tl.arange(0, KH)                                           # [KH]
+    base = ptr + rows[:, None] * stride + cols[None, :]
+    lo_mask = row_mask[:, None]
+    hi_mask = row_mask[:, None]
+    if not EVEN_K:
+        lo_mask = lo_mask & (cols < K)[None, :]
+        hi_mask = hi_mask & (cols + KH < K)[None, :]
+    return (tl.load(base, mask=lo_mask, other=0.0),
+            tl.load(base + KH, mask=hi_mask, other=0.0))
 
 
 @triton.jit
@@ -202,7 +228,8 @@ def w4a16_kernel(
     salt_ptr: an int32 0 (read only in STAGE "decode_x2"); count_ptr: int32 [tiles], zero between
     calls; ws_ptr: the partial tiles [splits, M, N] in the accumulator's type; SPLIT: splits > 1.
 
-    EVEN_K: K is a multiple of BK, so no load needs a K mask. In STAGE "math" `w_ptr` holds bf16
+    EVEN_K: K is a multiple of BK, so no activation load needs a K mask (the weights are padded
+    to whole BK blocks by `halves_layout`: they never need one). In STAGE "math" `w_ptr` holds bf16
     weights [N, K] (stride_wn elements per row) and `s_ptr` is unused. NUM_STAGES: the K loop's
     software-pipeline depth, given to the loop itself: without it Triton pipelines only loads that
     feed a dot, so the stages with no dot ("load", "decode") ran with one K step of loads in flight
@@ -221,8 +248,7 @@ def w4a16_kernel(
     m_mask = offs_m < M
     n_mask = offs_n < N
     offs_j = tl.arange(0, KH)                               # [KH] bytes of a tile row
-    offs_b = tl.arange(0, KS)                               # [KS] scale blocks of a tile row
-    offs_k = tl.arange(0, BLOCK_K)                          # [BK]
+    offs_b = tl.arange(0, KS // 2)                          # [KS/2] scale blocks of a half
 
     CHECKSUM: tl.constexpr = STAGE == "load"
     ROW_SUMS: tl.constexpr = STAGE == "decode"
@@ -247,49 +273,35 @@ def w4a16_kernel(
     k_start = pid_k * blocks_per_split * BLOCK_K
     k_end = tl.minimum(k_start + blocks_per_split * BLOCK_K, K)
     for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
-        k_cols = k0 + offs_k                                                # [BK]
-        a_mask = m_mask[:, None]
-        if not EVEN_K:
-            a_mask = a_mask & (k_cols < K)[None, :]
-        a = tl.load(a_ptr + offs_m[:, None] * stride_am + k_cols[None, :], mask=a_mask,
-                    other=0.0)                                              # [BM, BK] bf16
+        # the block's two halves of K, as the halves layout pairs them      # [BM, KH] each
+        a_lo, a_hi = load_halves(a_ptr, offs_m, m_mask, stride_am, k0, K, KH, EVEN_K)
         if STAGE == "math":
-            w_mask = n_mask[:, None]
-            if not EVEN_K:
-                w_mask = w_mask & (k_cols < K)[None, :]
-            w = tl.load(w_ptr + offs_n[:, None] * stride_wn + k_cols[None, :], mask=w_mask,
-                        other=0.0)                                          # [BN, BK] bf16
-            w_even, w_odd = even_odd(w, BLOCK_N, KH)
+            w_lo, w_hi = load_halves(w_ptr, offs_n, n_mask, stride_wn, k0, K, KH, EVEN_K)
         else:
-            bytes_ = k0 // 2 + offs_j                                       # [KH]
-            blocks = k0 // SCALE_BLOCK + offs_b                             # [KS]
-            byte_mask = n_mask[:, None]
-            scale_mask = n_mask[:, None]
-            if not EVEN_K:
-                byte_mask = byte_mask & (bytes_ < K // 2)[None, :]
-                scale_mask = scale_mask & (blocks < K // SCALE_BLOCK)[None, :]
-            packed = tl.load(w_ptr + offs_n[:, None] * stride_wn + bytes_[None, :],
-                             mask=byte_mask, other=0)                       # [BN, KH] uint8
-            scale_bytes = tl.load(s_ptr + offs_n[:, None] * stride_sn + blocks[None, :],
-                                  mask=scale_mask, other=0)                 # [BN, KS] uint8
+            packed = tl.load(w_ptr + offs_n[:, None] * stride_wn + (k0 // 2 + offs_j)[None, :],
+                             mask=n_mask[:, None], other=0)                 # [BN, KH] uint8
+            scales = s_ptr + offs_n[:, None] * stride_sn + (k0 // SCALE_BLOCK + offs_b)[None, :]
+            scales_lo = tl.load(scales, mask=n_mask[:, None], other=0)      # [BN, KS/2] uint8
+            scales_hi = tl.load(scales + KS // 2, mask=n_mask[:, None], other=0)
         if CHECKSUM:
-            acc_w += tl.sum(packed.to(tl.int32), axis=1) + tl.sum(scale_bytes.to(tl.int32), axis=1)
-            acc_a += tl.sum(a.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF, axis=1)
+            acc_w += (tl.sum(packed.to(tl.int32), axis=1) + tl.sum(scales_lo.to(tl.int32), axis=1)
+                      + tl.sum(scales_hi.to(tl.int32), axis=1))
+            acc_a += (tl.sum(a_lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF, axis=1)
+                      + tl.sum(a_hi.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF, axis=1))
         else:
             if STAGE != "math":
-                w_even, w_odd = scaled_halves(packed, scale_bytes, salt, IS_NVFP4, SCALE_BLOCK,
-                                              BLOCK_N, KH, STAGE == "decode_x2", DECODE)
+                w_lo, w_hi = scaled_halves(packed, scales_lo, scales_hi, salt, IS_NVFP4,
+                                           SCALE_BLOCK, BLOCK_N, KH, STAGE == "decode_x2",
+                                           DECODE)
             if ROW_SUMS:
-                acc_w += tl.sum(w_even.to(tl.float32) + w_odd.to(tl.float32), axis=1)
-                acc_a += tl.sum(a.to(tl.float32), axis=1)
+                acc_w += tl.sum(w_lo.to(tl.float32) + w_hi.to(tl.float32), axis=1)
+                acc_a += tl.sum(a_lo.to(tl.float32) + a_hi.to(tl.float32), axis=1)
+            elif MATH == "fma":
+                acc += (a_lo.to(tl.float32)[:, None, :] * w_lo.to(tl.float32)[None, :, :]
+                        + a_hi.to(tl.float32)[:, None, :] * w_hi.to(tl.float32)[None, :, :])
             else:
-                a_even, a_odd = even_odd(a, BLOCK_M, KH)                    # [BM, KH] each
-                if MATH == "fma":
-                    acc += (a_even.to(tl.float32)[:, None, :] * w_even.to(tl.float32)[None, :, :]
-                            + a_odd.to(tl.float32)[:, None, :] * w_odd.to(tl.float32)[None, :, :])
-                else:
-                    acc = tile_dot(acc, w_even, a_even, SWAP_AB, DOT_IN_FP32)
-                    acc = tile_dot(acc, w_odd, a_odd, SWAP_AB, DOT_IN_FP32)
+                acc = tile_dot(acc, w_lo, a_lo, SWAP_AB, DOT_IN_FP32)
+                acc = tile_dot(acc, w_hi, a_hi, SWAP_AB, DOT_IN_FP32)
 
     # the tile as [BM, BN] in the accumulator's type, weight-derived sums unbiased
     if CHECKSUM:

@@ -2,7 +2,8 @@
 GEMM over all experts.
 
 Imported only when the method is prepared (triton). They reuse the dense kernel's decode and dot
-(`fp4lab.backends.triton_w4a16_kernel`): FP4 weights [E, N, K/2] decoded in registers, bf16
+(`fp4lab.backends.triton_w4a16_kernel`): FP4 weights [E, N, Kp/2] in its halves layout (byte j of
+a BK block holds k = j and j + BK/2), decoded in registers, bf16
 tensor cores with the weight tile as the MMA's M side (out^T = W a^T, `SWAP_AB`) since an expert
 sees few tokens at decode.
 
@@ -26,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4lab.backends.triton_w4a16_kernel import scaled_halves, even_odd, tile_dot
+from fp4lab.backends.triton_w4a16_kernel import load_halves, scaled_halves, tile_dot
 
 
 @triton.jit
@@ -39,25 +40,23 @@ def expert_factor(gs_ptr, e, IS_NVFP4: tl.constexpr):
 
 
 @triton.jit
-def weight_tile(w_ptr, s_ptr, expert_w, expert_s, rows, n_mask, k0, K,
-                stride_wn, stride_sn, IS_NVFP4: tl.constexpr, SCALE_BLOCK: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                DECODE: tl.constexpr):
-    """Decoded rows `rows` [BN] of one expert's weights over k0..k0+BK: (even k, odd k) bf16."""
+def weight_tile(w_ptr, s_ptr, expert_w, expert_s, rows, n_mask, k0, stride_wn, stride_sn,
+                IS_NVFP4: tl.constexpr, SCALE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, DECODE: tl.constexpr):
+    """Decoded rows `rows` [BN] of one expert's weights over k0..k0+BK: (first half of the
+    block's k, second half) bf16 [BN, BK/2] each. The weights are padded to whole BK blocks: no
+    K mask."""
     KH: tl.constexpr = BLOCK_K // 2
-    bytes_ = k0 // 2 + tl.arange(0, KH)                                    # [KH]
-    blocks = k0 // SCALE_BLOCK + tl.arange(0, BLOCK_K // SCALE_BLOCK)      # [KS]
-    byte_mask = n_mask[:, None]
-    scale_mask = n_mask[:, None]
-    if not EVEN_K:
-        byte_mask = byte_mask & (bytes_ < K // 2)[None, :]
-        scale_mask = scale_mask & (blocks < K // SCALE_BLOCK)[None, :]
-    packed = tl.load(w_ptr + expert_w + rows[:, None] * stride_wn + bytes_[None, :],
-                     mask=byte_mask, other=0)                              # [BN, KH] uint8
-    scale_bytes = tl.load(s_ptr + expert_s + rows[:, None] * stride_sn + blocks[None, :],
-                          mask=scale_mask, other=0)                        # [BN, KS] uint8
-    return scaled_halves(packed, scale_bytes, 0, IS_NVFP4, SCALE_BLOCK, BLOCK_N, KH, False,
-                         DECODE)
+    KS: tl.constexpr = BLOCK_K // SCALE_BLOCK
+    packed = tl.load(w_ptr + expert_w + rows[:, None] * stride_wn
+                     + (k0 // 2 + tl.arange(0, KH))[None, :],
+                     mask=n_mask[:, None], other=0)                        # [BN, KH] uint8
+    scales = (s_ptr + expert_s + rows[:, None] * stride_sn
+              + (k0 // SCALE_BLOCK + tl.arange(0, KS // 2))[None, :])
+    scales_lo = tl.load(scales, mask=n_mask[:, None], other=0)             # [BN, KS/2] uint8
+    scales_hi = tl.load(scales + KS // 2, mask=n_mask[:, None], other=0)
+    return scaled_halves(packed, scales_lo, scales_hi, 0, IS_NVFP4, SCALE_BLOCK, BLOCK_N, KH,
+                         False, DECODE)
 
 
 @triton.jit
@@ -91,29 +90,23 @@ def moe_gemm_kernel(
         n_mask = offs_n < N
         expert_w = e.to(tl.int64) * stride_we                              # past 2^31 bytes
         expert_s = e.to(tl.int64) * stride_se
-        offs_k = tl.arange(0, BLOCK_K)
         KH: tl.constexpr = BLOCK_K // 2
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)               # out^T tile
         acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for k0 in tl.range(0, K, BLOCK_K):
-            k_cols = k0 + offs_k
-            a_mask = m_mask[:, None]
-            if not EVEN_K:
-                a_mask = a_mask & (k_cols < K)[None, :]
-            a = tl.load(a_ptr + a_rows[:, None].to(tl.int64) * stride_am + k_cols[None, :],
-                        mask=a_mask, other=0.0)                            # [BM, BK] bf16
-            a_even, a_odd = even_odd(a, BLOCK_M, KH)
-            w_even, w_odd = weight_tile(w_ptr, s_ptr, expert_w, expert_s, offs_n, n_mask, k0,
-                                        K, stride_wn, stride_sn, IS_NVFP4, SCALE_BLOCK,
-                                        BLOCK_N, BLOCK_K, EVEN_K, DECODE)
-            acc = tile_dot(acc, w_even, a_even, True, DOT_IN_FP32)
-            acc = tile_dot(acc, w_odd, a_odd, True, DOT_IN_FP32)
+            a_lo, a_hi = load_halves(a_ptr, a_rows.to(tl.int64), m_mask, stride_am, k0, K, KH,
+                                     EVEN_K)                               # [BM, KH] each
+            w_lo, w_hi = weight_tile(w_ptr, s_ptr, expert_w, expert_s, offs_n, n_mask, k0,
+                                     stride_wn, stride_sn, IS_NVFP4, SCALE_BLOCK, BLOCK_N,
+                                     BLOCK_K, DECODE)
+            acc = tile_dot(acc, w_lo, a_lo, True, DOT_IN_FP32)
+            acc = tile_dot(acc, w_hi, a_hi, True, DOT_IN_FP32)
             if GATE_UP:
-                u_even, u_odd = weight_tile(w_ptr, s_ptr, expert_w, expert_s, N + offs_n,
-                                            n_mask, k0, K, stride_wn, stride_sn, IS_NVFP4,
-                                            SCALE_BLOCK, BLOCK_N, BLOCK_K, EVEN_K, DECODE)
-                acc_up = tile_dot(acc_up, u_even, a_even, True, DOT_IN_FP32)
-                acc_up = tile_dot(acc_up, u_odd, a_odd, True, DOT_IN_FP32)
+                u_lo, u_hi = weight_tile(w_ptr, s_ptr, expert_w, expert_s, N + offs_n, n_mask,
+                                         k0, stride_wn, stride_sn, IS_NVFP4, SCALE_BLOCK,
+                                         BLOCK_N, BLOCK_K, DECODE)
+                acc_up = tile_dot(acc_up, u_lo, a_lo, True, DOT_IN_FP32)
+                acc_up = tile_dot(acc_up, u_hi, a_hi, True, DOT_IN_FP32)
         factor = expert_factor(gs_ptr, e, IS_NVFP4)
         out_mask = m_mask[:, None] & n_mask[None, :]
         if GATE_UP:
