@@ -76,13 +76,18 @@ def tile_shapes(m: int) -> list[TileConfig]:
         if m == 1:   # CUDA cores: no M padding to 16, no shared-memory operand
             shapes.append(TileConfig(block_m=1, block_n=64, block_k=256, math="fma"))
         return shapes
+    # above decode M the weight tile as the MMA's M side too (swap_ab): the decoded weights feed
+    # the MMA from registers, where the other way round they go through shared memory first
     if m <= 64:
         return [TileConfig(block_m=64, block_n=128, block_k=128, num_stages=4),
-                TileConfig(block_m=64, block_n=64, block_k=256, num_stages=3)]
+                TileConfig(block_m=64, block_n=64, block_k=256, num_stages=3),
+                TileConfig(block_m=64, block_n=128, block_k=128, num_stages=3, swap_ab=True)]
     # prefill-sized M: each decoded weight should feed as many rows as possible (the decode is
     # redone for every row tile), so the tiles are tall
     return [TileConfig(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4),
-            TileConfig(block_m=256, block_n=128, block_k=64, num_warps=8)]
+            TileConfig(block_m=256, block_n=128, block_k=64, num_warps=8),
+            TileConfig(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3,
+                       swap_ab=True)]
 
 
 def split_choices(config: TileConfig, point: Point, sms: int) -> list[int]:

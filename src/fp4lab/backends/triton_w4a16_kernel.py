@@ -176,6 +176,18 @@ def scaled_halves(packed, scales_lo, scales_hi, salt, IS_NVFP4: tl.constexpr,
 
 
 @triton.jit
+def scale_halves(s_ptr, rows, row_mask, stride, k0, SCALE_BLOCK: tl.constexpr,
+                 BLOCK_N: tl.constexpr, KS: tl.constexpr):
+    """The scale bytes of the two halves of a BK block for rows `rows`: ([R, KS/2], [R, KS/2]).
+    One [R, KS] load, split in registers: as two half-width loads they fall under cp.async's
+    4-byte minimum on wide tiles and lose the software pipeline."""
+    blocks = k0 // SCALE_BLOCK + tl.arange(0, KS)                          # [KS]
+    both = tl.load(s_ptr + rows[:, None] * stride + blocks[None, :], mask=row_mask[:, None],
+                   other=0)                                                # [R, KS] uint8
+    return tl.split(tl.permute(tl.reshape(both, (BLOCK_N, 2, KS // 2)), (0, 2, 1)))
+
+
+@triton.jit
 def load_halves(ptr, rows, row_mask, stride, k0, K, KH: tl.constexpr, EVEN_K: tl.constexpr):
     """Columns k0..k0+KH and k0+KH..k0+2*KH of rows `rows` of a [rows, K] matrix, zero past K
     and in masked rows: ([R, KH], [R, KH]), each a plain contiguous load."""
@@ -248,16 +260,18 @@ def w4a16_kernel(
     m_mask = offs_m < M
     n_mask = offs_n < N
     offs_j = tl.arange(0, KH)                               # [KH] bytes of a tile row
-    offs_b = tl.arange(0, KS // 2)                          # [KS/2] scale blocks of a half
 
     CHECKSUM: tl.constexpr = STAGE == "load"
     ROW_SUMS: tl.constexpr = STAGE == "decode"
+    # the checks' consumers add elementwise in the loop and reduce once after it: a reduction
+    # across threads in every K step would cost more than the loads they stand in for
     if CHECKSUM:
-        acc_w = tl.zeros((BLOCK_N,), dtype=tl.int32)
-        acc_a = tl.zeros((BLOCK_M,), dtype=tl.int32)
+        acc_w = tl.zeros((BLOCK_N, KH), dtype=tl.int32)
+        acc_s = tl.zeros((BLOCK_N, KS // 2), dtype=tl.int32)
+        acc_a = tl.zeros((BLOCK_M, KH), dtype=tl.int32)
     elif ROW_SUMS:
-        acc_w = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        acc_a = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        acc_w = tl.zeros((BLOCK_N, KH), dtype=tl.float32)
+        acc_a = tl.zeros((BLOCK_M, KH), dtype=tl.float32)
     elif MATH == "fma":
         acc = tl.zeros((BLOCK_M, BLOCK_N, KH), dtype=tl.float32)
     elif SWAP_AB:
@@ -280,22 +294,21 @@ def w4a16_kernel(
         else:
             packed = tl.load(w_ptr + offs_n[:, None] * stride_wn + (k0 // 2 + offs_j)[None, :],
                              mask=n_mask[:, None], other=0)                 # [BN, KH] uint8
-            scales = s_ptr + offs_n[:, None] * stride_sn + (k0 // SCALE_BLOCK + offs_b)[None, :]
-            scales_lo = tl.load(scales, mask=n_mask[:, None], other=0)      # [BN, KS/2] uint8
-            scales_hi = tl.load(scales + KS // 2, mask=n_mask[:, None], other=0)
+            scales_lo, scales_hi = scale_halves(s_ptr, offs_n, n_mask, stride_sn, k0,
+                                                SCALE_BLOCK, BLOCK_N, KS)   # [BN, KS/2] each
         if CHECKSUM:
-            acc_w += (tl.sum(packed.to(tl.int32), axis=1) + tl.sum(scales_lo.to(tl.int32), axis=1)
-                      + tl.sum(scales_hi.to(tl.int32), axis=1))
-            acc_a += (tl.sum(a_lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF, axis=1)
-                      + tl.sum(a_hi.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF, axis=1))
+            acc_w += packed.to(tl.int32)
+            acc_s += scales_lo.to(tl.int32) + scales_hi.to(tl.int32)
+            acc_a += ((a_lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF)
+                      + (a_hi.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF))
         else:
             if STAGE != "math":
                 w_lo, w_hi = scaled_halves(packed, scales_lo, scales_hi, salt, IS_NVFP4,
                                            SCALE_BLOCK, BLOCK_N, KH, STAGE == "decode_x2",
                                            DECODE)
             if ROW_SUMS:
-                acc_w += tl.sum(w_lo.to(tl.float32) + w_hi.to(tl.float32), axis=1)
-                acc_a += tl.sum(a_lo.to(tl.float32) + a_hi.to(tl.float32), axis=1)
+                acc_w += w_lo.to(tl.float32) + w_hi.to(tl.float32)
+                acc_a += a_lo.to(tl.float32) + a_hi.to(tl.float32)
             elif MATH == "fma":
                 acc += (a_lo.to(tl.float32)[:, None, :] * w_lo.to(tl.float32)[None, :, :]
                         + a_hi.to(tl.float32)[:, None, :] * w_hi.to(tl.float32)[None, :, :])
@@ -304,10 +317,12 @@ def w4a16_kernel(
                 acc = tile_dot(acc, w_hi, a_hi, SWAP_AB, DOT_IN_FP32)
 
     # the tile as [BM, BN] in the accumulator's type, weight-derived sums unbiased
-    if CHECKSUM:
-        tile = acc_a[:, None] + acc_w[None, :]
+    if CHECKSUM:   # int32 sums wrap: the order of the adds does not change them
+        tile = (tl.sum(acc_a, axis=1)[:, None]
+                + (tl.sum(acc_w, axis=1) + tl.sum(acc_s, axis=1))[None, :])
     elif ROW_SUMS:
-        tile = acc_a[:, None] + (acc_w * weight_factor(gs_ptr, IS_NVFP4))[None, :]
+        tile = (tl.sum(acc_a, axis=1)[:, None]
+                + (tl.sum(acc_w, axis=1) * weight_factor(gs_ptr, IS_NVFP4))[None, :])
     else:
         if MATH == "fma":
             tile = tl.sum(acc, axis=2)

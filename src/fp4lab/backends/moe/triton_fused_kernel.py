@@ -27,7 +27,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4lab.backends.triton_w4a16_kernel import load_halves, scaled_halves, tile_dot
+from fp4lab.backends.triton_w4a16_kernel import (load_halves, scale_halves, scaled_halves,
+                                                  tile_dot)
 
 
 @triton.jit
@@ -51,10 +52,8 @@ def weight_tile(w_ptr, s_ptr, expert_w, expert_s, rows, n_mask, k0, stride_wn, s
     packed = tl.load(w_ptr + expert_w + rows[:, None] * stride_wn
                      + (k0 // 2 + tl.arange(0, KH))[None, :],
                      mask=n_mask[:, None], other=0)                        # [BN, KH] uint8
-    scales = (s_ptr + expert_s + rows[:, None] * stride_sn
-              + (k0 // SCALE_BLOCK + tl.arange(0, KS // 2))[None, :])
-    scales_lo = tl.load(scales, mask=n_mask[:, None], other=0)             # [BN, KS/2] uint8
-    scales_hi = tl.load(scales + KS // 2, mask=n_mask[:, None], other=0)
+    scales_lo, scales_hi = scale_halves(s_ptr + expert_s, rows, n_mask, stride_sn, k0,
+                                        SCALE_BLOCK, BLOCK_N, KS)          # [BN, KS/2] each
     return scaled_halves(packed, scales_lo, scales_hi, 0, IS_NVFP4, SCALE_BLOCK, BLOCK_N, KH,
                          False, DECODE)
 
