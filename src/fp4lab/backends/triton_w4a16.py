@@ -130,30 +130,35 @@ TILE_PRESETS = (
 # Tuned winners per weight shape (N, K): (largest M covered, config), used exactly as written
 # (split_k included) for M up to the largest measured one; beyond it the generic presets. From the
 # `presets.json` that benchmarks/h200_kernels.py writes (nvfp4, cold L2, CUDA graph, the fastest
-# gated config per measured M; `presets_from_json` loads it): these are the second H200 tuning
-# run of 2026-12-01 (benchmarks/NOTES.md, call 8; us at M = 1: 23.1, 11.8, 9.5 for the three
-# shapes; results/measurements/20261201T101100Z-h200-kernels-2).
+# gated config per measured M; `presets_from_json` loads it): the third H200 tuning run of
+# 2026-12-01, the first in the halves layout (benchmarks/NOTES.md, call 20; us at M = 1: 20.1,
+# 10.8, 8.4 for the three shapes; results/measurements/20261201T1730Z-h200-kernels-4).
 SHAPE_PRESETS: dict[tuple[int, int], tuple[tuple[int | None, TileConfig], ...]] = {
     (4096, 6144): (
         (1, TileConfig(block_m=16, block_n=64, block_k=256, split_k=4, swap_ab=True)),
         (4, TileConfig(block_m=16, block_n=64, block_k=256, split_k=4, swap_ab=True)),
         (16, TileConfig(block_m=16, block_n=64, block_k=256, split_k=4, swap_ab=True)),
         (64, TileConfig(block_m=64, block_n=128, block_k=128, split_k=8)),
-        (256, TileConfig(block_m=128, block_n=128, block_k=128, split_k=4, num_warps=8, num_stages=4)),
+        (256, TileConfig(block_m=128, block_n=128, block_k=128, split_k=4, num_warps=8,
+                      swap_ab=True)),
     ),
     (6144, 2048): (
-        (1, TileConfig(block_m=16, block_n=32, block_k=256, num_warps=2, swap_ab=True)),
-        (4, TileConfig(block_m=16, block_n=32, block_k=256, num_warps=2, swap_ab=True)),
+        (1, TileConfig(block_m=16, block_n=64, block_k=512, split_k=2, num_stages=2,
+                      swap_ab=True)),
+        (4, TileConfig(block_m=16, block_n=64, block_k=512, split_k=2, num_stages=2,
+                      swap_ab=True)),
         (16, TileConfig(block_m=16, block_n=32, block_k=256, num_warps=2, swap_ab=True)),
         (64, TileConfig(block_m=64, block_n=128, block_k=128, split_k=5)),
-        (256, TileConfig(block_m=128, block_n=128, block_k=128, split_k=2, num_warps=8, num_stages=4)),
+        (256, TileConfig(block_m=128, block_n=128, block_k=128, split_k=2, num_warps=8,
+                      swap_ab=True)),
     ),
     (8192, 8192): (
         (1, TileConfig(block_m=16, block_n=64, block_k=256, split_k=2, swap_ab=True)),
         (4, TileConfig(block_m=16, block_n=64, block_k=256, split_k=2, swap_ab=True)),
         (16, TileConfig(block_m=16, block_n=64, block_k=256, split_k=2, swap_ab=True)),
         (64, TileConfig(block_m=64, block_n=128, block_k=128, split_k=4)),
-        (256, TileConfig(block_m=128, block_n=128, block_k=128, split_k=2, num_warps=8, num_stages=4)),
+        (256, TileConfig(block_m=128, block_n=128, block_k=128, split_k=2, num_warps=8,
+                      swap_ab=True)),
     ),
 }
 
