@@ -132,7 +132,7 @@ TILE_PRESETS = (
 # `presets.json` that benchmarks/h200_kernels.py writes (nvfp4, cold L2, CUDA graph, the fastest
 # gated config per measured M; `presets_from_json` loads it): the third H200 tuning run of
 # 2026-12-01, the first in the halves layout (benchmarks/NOTES.md, call 20; us at M = 1: 20.1,
-# 10.8, 8.4 for the three shapes; results/measurements/20261201T1730Z-h200-kernels-4).
+# 10.8, 8.4 for the three shapes; results/measurements/20261201T1650Z-h200-kernels-4).
 SHAPE_PRESETS: dict[tuple[int, int], tuple[tuple[int | None, TileConfig], ...]] = {
     (4096, 6144): (
         (1, TileConfig(block_m=16, block_n=64, block_k=256, split_k=4, swap_ab=True)),
