@@ -60,12 +60,15 @@ class Point:
 def tile_shapes(m: int) -> list[TileConfig]:
     """Tile shapes worth compiling for M's regime besides the pick (split-K is added per point).
 
-    M <= 16 (the weight tile is the MMA's M side): the offline sm_90 SASS of the kernel's main
-    loop has ~4.3-4.5 instructions per weight, so at decode the SMs' issue rate, not the bytes,
-    is what the first H200 run measured. What can still move it: a longer K step (BK 512: the
-    loop's fixed work over twice the weights, ~4.2 per weight; 2 stages keep 2 CTAs per SM in
-    shared memory), more warps per SM to issue from (8-warp tiles), and smaller tiles with
-    little or no split-K (2 warps, mma.sync)."""
+    M <= 16 (the weight tile is the MMA's M side): the offline sm_90 SASS of the main loop in the
+    halves layout (m16n64k256, 4 warps) has ~4.9 instructions per weight: the decode 2.25, the
+    code and scale reads from shared memory and their decode ~0.8, the pipeline's address and
+    loop work the rest; the H200 issues ~2 of 4 per cycle per SM there, so at decode the issue
+    rate and the stalls between instructions, not the bytes, bound it (benchmarks/NOTES.md, calls
+    8 and 20). What can still move it:
+    a longer K step or a wider tile (the loop's fixed work over more weights), more warps per SM
+    to issue from (8-warp tiles), smaller tiles with little or no split-K (2 warps, mma.sync),
+    and at M = 1 the CUDA-core path (no M padding to 16)."""
     if m <= 16:
         shapes = [TileConfig(block_m=16, block_n=64, block_k=512, num_stages=2, swap_ab=True),
                   TileConfig(block_m=16, block_n=128, block_k=256, num_warps=8, num_stages=3,
