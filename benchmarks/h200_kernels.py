@@ -11,10 +11,10 @@ error is a row with its reason, never a time):
      SHAPE_PRESETS, as the yardstick, then the second iteration's variants: pipeline depth, BK
      512, 8-warp and 2-warp tiles), mxfp4 over nvfp4's three best configs per point; cuBLAS bf16
      (`torch-bf16`) at the same points;
-  3. anatomy at M = 1 and 16 on the three shapes (nvfp4, the point's winner config): loads only,
-     decode without math, math on pre-decoded bf16, full, decode twice (`anatomy_variants`);
-     then the read floor of each shape's weight bytes: the fastest one-launch read of them
-     (`read_floor.py`), what a kernel that only reads them once takes at this size;
+  3. anatomy at M = 1 and 16 on the three shapes (nvfp4, the point's winner config): the
+     weight bytes read as a stream, loads only, decode without math, math on pre-decoded bf16,
+     full, decode twice (`anatomy_variants`); then the stream over five launch shapes
+     (`read_floor.py`): how far the anatomy's fixed launch shape is from the best at each size;
   4. `triton-w4a16-moe`: GLM-5 (E=256, k=8, H=6144, I=2048) at B = 512 and 64, uniform routing,
      nvfp4 then mxfp4, four tile configs each (`moe_candidates`), gated by `check_call`.
 Every GEMM result is gated against float64 before it is timed; every time is `fp4lab.bench.
@@ -47,7 +47,8 @@ import tune_w4a16 as tune  # noqa: E402  (the dense grid lives beside this scrip
 from fp4lab import bench, ceilings, roofline  # noqa: E402
 from fp4lab.backends.moe import base as moe_base, get as get_moe  # noqa: E402
 from fp4lab.backends.moe.triton_fused import MoeTileConfig, choose_moe_config  # noqa: E402
-from fp4lab.backends.triton_w4a16 import anatomy_variants, choose_config, sm_count  # noqa: E402
+from fp4lab.backends.triton_w4a16 import (  # noqa: E402
+    ANATOMY_STAGES, anatomy_variants, choose_config, sm_count)
 from fp4lab.moe import presets as model_presets, routing  # noqa: E402
 
 
@@ -199,7 +200,7 @@ def phase_anatomy(run: Run, winners: dict, cache: dict) -> None:
             config = (tune.TileConfig(**best["config"]) if best
                       else choose_config(m, n, k, sm_count(run.device)))
             a, w = tune.operands(point, run.device, cache)
-            for stage in ("load", "decode", "math", "full", "decode_x2"):
+            for stage in ANATOMY_STAGES:
                 what = {**dataclasses.asdict(point), "stage": stage, "label": config.label()}
                 run.step("anatomy", what, lambda s=stage: anatomy_row(run, a, w, config, s))
 
@@ -381,7 +382,7 @@ def summary(run: Run) -> str:
                      f"{ref or float('nan'):7.2f} {(ref or float('nan')) / r['median_us']:5.2f}  "
                      f"{r['label']}")
     lines += ["", f"{'anatomy':<8} {'NxK':>10} {'M':>4} " + " ".join(
-        f"{s:>9}" for s in ("load", "decode", "math", "full", "decode_x2"))]
+        f"{s:>9}" for s in ANATOMY_STAGES)]
     anatomy: dict = {}
     for r in rows:
         if r["kind"] == "anatomy":
@@ -389,7 +390,7 @@ def summary(run: Run) -> str:
     for (n, k, m), stages in anatomy.items():
         cells = [f"{stages[s]['median_us']:9.2f}" if "median_us" in stages.get(s, {})
                  else f"{stages.get(s, {}).get('status', '-'):>9.9}"
-                 for s in ("load", "decode", "math", "full", "decode_x2")]
+                 for s in ANATOMY_STAGES]
         lines.append(f"{'':<8} {f'{n}x{k}':>10} {m:>4} " + " ".join(cells))
     lines += ["", "read floor (the fastest one-launch read of the weight bytes)"]
     for r in rows:

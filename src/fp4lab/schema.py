@@ -137,13 +137,14 @@ GEMM = Table("gemm", key=("backend", "fmt", "n", "k", "m", "gpu_index"), doc=(
 
 ANATOMY = Table("anatomy", key=("backend", "stage", "fmt", "n", "k", "m", "gpu_index"), doc=(
     "One row per stage variant of fp4lab's FP4 decode GEMM at one point: loads only, decode without "
-    "math, math on pre-decoded bf16, the full kernel, the decode done twice; each with its own check."),
+    "math, math on pre-decoded bf16, the full kernel, the decode done twice; beside them the same "
+    "weight bytes read once by a streaming kernel (the floor at this size); each with its own check."),
     columns=_columns(
         ("run_id", "str", "the run folder's id"),
         ("backend", "str", "the kernel dissected (triton-w4a16)"),
-        ("stage", "str", "load | decode | math | full | decode_x2"),
+        ("stage", "str", "stream | load | decode | math | full | decode_x2"),
         ("what", "str", "what the variant does"),
-        ("config", "str", "the tile config every stage of the point shares"),
+        ("config", "str", "the tile config the kernel's stages share (the stream's launch shape)"),
         ("fmt", "str", "FP4 format of the weights"),
         ("m", "int", "tokens"), ("n", "int", "output features"), ("k", "int", "reduction dimension"),
         ("weight_bytes", "float", "bytes of weights one call reads (bf16 for the math stage)"),

@@ -323,7 +323,7 @@ def headline(results: GemmResults) -> dict[str, Any]:
 
 # -- the kernel's anatomy ---------------------------------------------------------------------------
 
-ANATOMY_STAGES = ("load", "decode", "math", "full", "decode_x2")
+ANATOMY_STAGES = ("stream", "load", "decode", "math", "full", "decode_x2")
 
 
 def anatomy(results: GemmResults) -> pd.DataFrame:

@@ -336,6 +336,8 @@ def sm_count(device: str) -> int:
 # --- kernel anatomy ------------------------------------------------------------------------------
 
 ANATOMY_STAGES = {
+    "stream": "the weight bytes read once in one launch, 16-byte loads, no tiles: what any kernel "
+              "that reads them could take at this size",
     "load": "loads only: codes, scales and activations read, summed as integers (a checksum)",
     "decode": "loads and decode, no math: row sums of the decoded weights and activations",
     "math": "the GEMM on pre-decoded bf16 weights (reads 2 B per weight instead of 0.5625)",
@@ -360,7 +362,8 @@ def anatomy_variants(a, w, device, config: TileConfig | None = None,
     """The dense kernel at a [M, K] x w [N, K] with `config` (default: choose_config's), once per
     stage. "full", "decode_x2" and "math" pass the GEMM gate (float64 reference on the operands
     they multiply); "load" must return the exact integer checksum of the bytes it read and
-    "decode" the row sums of the dequantized weights plus those of the activations."""
+    "decode" the row sums of the dequantized weights plus those of the activations; "stream"
+    (not this kernel: `stream_kernel`, the floor beside it) the exact XOR of the bytes."""
     backend = TritonW4A16()
     device = resolve_device(device)
     config = config or choose_config(a.shape[0], w.shape[0], a.shape[1], sm_count(device))
@@ -368,11 +371,26 @@ def anatomy_variants(a, w, device, config: TileConfig | None = None,
     for stage in stages:
         if stage not in ANATOMY_STAGES:
             raise ValueError(f"anatomy stage {stage!r}: use one of {list(ANATOMY_STAGES)}")
-        prepared = _prepare(backend, a, w, device, config, stage)
+        prepared = (_prepare_stream(w, device) if stage == "stream"
+                    else _prepare(backend, a, w, device, config, stage))
         weight_bytes = (2 * w.shape[0] * w.shape[1] if stage == "math" else w.nbytes)
         variants.append(AnatomyVariant(stage, ANATOMY_STAGES[stage], prepared, weight_bytes,
                                        _stage_check(stage, prepared, w.fmt)))
     return variants
+
+
+def _prepare_stream(w, device: str) -> Prepared:
+    """The "stream" stage: `w`'s code and scale bytes as int32 words, read by one launch."""
+    from fp4lab.backends import stream_kernel
+
+    w = w.to(device)
+    words = stream_kernel.as_words(w.packed, w.scales)                         # [W] int32
+    out = torch.empty(stream_kernel.programs(words), dtype=torch.int32, device=device)
+    block, iters, warps = stream_kernel.LAUNCH
+    return prepared_from(stream_kernel.launch_read, (words,), out, ref_a=torch.empty(0),
+                         ref_w=torch.empty(0), info={
+                             "config": f"stream {block}x{iters} words a program, {warps} warps",
+                             "stage": "stream"})
 
 
 def _stage_check(stage: str, prepared: Prepared, fmt: str) -> Callable[[], correctness.GateResult]:
@@ -380,7 +398,22 @@ def _stage_check(stage: str, prepared: Prepared, fmt: str) -> Callable[[], corre
         return lambda: correctness.check_backend(prepared, correctness.TOLERANCE[fmt])
     if stage == "load":
         return lambda: _check_checksum(prepared)
+    if stage == "stream":
+        return lambda: _check_stream(prepared)
     return lambda: _check_row_sums(prepared)
+
+
+def _check_stream(prepared: Prepared) -> correctness.GateResult:
+    from fp4lab.backends import stream_kernel
+
+    (words,) = prepared.args
+    result = _run(prepared).cpu()
+    expected = stream_kernel.expected_xor(words.cpu(), result.numel())
+    wrong = int((result != expected).sum())
+    if wrong:
+        return correctness.GateResult("wrong_result", math.nan,
+                                      f"stream XOR: {wrong} of {expected.numel()} words differ")
+    return correctness.GateResult("ok", 0.0, "stream XOR exact (every word read)")
 
 
 def _run(prepared: Prepared) -> torch.Tensor:

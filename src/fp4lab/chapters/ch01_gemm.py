@@ -7,6 +7,8 @@ resumed run measures nothing twice), then reads the run through fp4lab.analysis.
 
 from __future__ import annotations
 
+import pandas as pd
+
 from fp4lab import params, profiles, text
 from fp4lab.analysis import gemm as analysis
 from fp4lab.chapters.context import Context, open_context, parameters_block, resolve_parameters
@@ -32,7 +34,7 @@ FASTEST = [Col("m", "M (tokens)", "int"), Col("backend", "fastest 4-bit method")
            Col("median speed-up vs bf16", "speed-up vs cuBLAS bf16 (median)", "ratio"),
            Col("median % of FP4 floor", "% of the FP4 read floor reached (median)", "pct")]
 ANATOMY = [Col("n", "N", "int"), Col("k", "K", "int"), Col("m", "M", "int"), Col("fmt", "format"),
-           Col("load", "loads only", "us"), Col("decode", "decode, no math", "us"),
+           Col("stream", "bytes as a stream", "us"), Col("load", "loads only", "us"), Col("decode", "decode, no math", "us"),
            Col("math", "math on bf16", "us"), Col("full", "full kernel", "us"),
            Col("decode_x2", "decode twice", "us"), Col("copy_floor_us", "copy floor", "us"),
            Col("launch_floor_us", "launch floor", "us"), Col("load_share", "loads / full", "pct")]
@@ -134,7 +136,9 @@ def _anatomy(page, results) -> None:
         return
     page.figure("anatomy", figures.anatomy(table), results.caption(
         "each stage variant passed its own check (a checksum of the bytes read, row sums, or the gate)"))
-    page.html("anatomy", html_table(table, ANATOMY))
+    measured = [c for c in ANATOMY if c.source in analysis.ANATOMY_STAGES and table[c.source].notna().any()
+                or c.source not in analysis.ANATOMY_STAGES]            # a stage this run did not time: no column
+    page.html("anatomy", html_table(table, measured))
     page.bullets("anatomy", anatomy_findings(table))
 
 
@@ -157,6 +161,12 @@ def anatomy_findings(table) -> list[str]:
     else:
         head += "decoding and the math add time the loads do not hide."
     lines = [head]
+    if pd.notna(row["stream"]):
+        lines.append(f"Read once as a stream (one launch, no tiles, nothing decoded) the same bytes take "
+                     f"{text.us(row['stream'])}, {text.pct(100 * row['copy_floor_us'] / row['stream'])} of the "
+                     f"copy bandwidth at this size: the floor any kernel that reads them could reach here. The "
+                     f"loads-only variant is {text.ratio(row['load'] / row['stream'])} it, the full kernel "
+                     f"{text.ratio(row['full'] / row['stream'])}.")
     if row["decode"] > row["full"]:
         lines.append(f"Decode without math ({text.us(row['decode'])}) is slower than the full kernel: "
                      "the variants change the pipeline, so the stages are not additive; read them as "

@@ -114,7 +114,7 @@ def roofline(points: pd.DataFrame, roofs: dict[str, tuple[float, dict[str, float
     return fig
 
 
-STAGE_LABELS = {"load": "loads only", "decode": "decode, no math", "math": "math on bf16 weights",
+STAGE_LABELS = {"stream": "bytes as a stream", "load": "loads only", "decode": "decode, no math", "math": "math on bf16 weights",
                 "full": "full kernel", "decode_x2": "decode done twice"}
 
 

@@ -99,7 +99,7 @@ def gemm_points(config) -> list[GemmPoint]:
             for (n, k) in config.shapes for m in sorted(config.m_values)]
 
 
-ANATOMY_STAGES = ("load", "decode", "math", "full", "decode_x2")
+ANATOMY_STAGES = ("stream", "load", "decode", "math", "full", "decode_x2")
 
 
 def anatomy_points(config) -> list[AnatomyPoint]:
