@@ -30,7 +30,11 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """`@pytest.mark.cuda` tests need a CUDA GPU: skipped, with that reason, everywhere else."""
+    """`@pytest.mark.cuda` tests need a CUDA GPU: skipped, with that reason, everywhere else.
+    `@pytest.mark.longest` tests run first: under xdist the longest test then starts at once
+    on its worker (whose other tests the idle workers take) instead of ending the run alone
+    (on the H200, the notebooks with their defaults measure the smoke grid for minutes)."""
+    items.sort(key=lambda item: "longest" not in item.keywords)    # stable: the rest keep order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

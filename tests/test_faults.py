@@ -33,6 +33,10 @@ GRID = ["--profile", "smoke", "--device", "cpu", "--format", "nvfp4", "--shapes"
 M_VALUES = "1,2,4,8,16,32"
 SECRET = "s3cr3t-7f1e9a"  # in the environment of a sweep; never in its run folder
 SLOW = "1.0"           # fake-slow waits a second before each point: time to act mid-sweep, on any CPU
+# the sweep that is killed waits longer: between its first and second row a second sweep starts and
+# is refused, which took ~5 s on the H200 box under 15 xdist workers, long enough for 6 points of
+# 1 s to finish before the kill looked for a worker
+KILLED_SLOW = "3.0"
 
 
 def environment(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -125,7 +129,7 @@ def killed_and_resumed(tmp_path_factory):
     run_path = tmp_path / "runs" / "shared"
     record: dict = {}
     a = start_sweep(tmp_path, *GRID, "--backends", "fake-slow", "--m", M_VALUES, "--run-id", "shared",
-                    FAKE_POINT_DELAY_S=SLOW)
+                    FAKE_POINT_DELAY_S=KILLED_SLOW)
     wait_for(lambda: rows_in(run_path) >= 1, what="sweep A's first row")
     record["holder"] = json.loads((run_path / ".lock").read_text())
     b = start_sweep(tmp_path, *GRID, "--backends", "fake-slow", "--m", M_VALUES, "--run-id", "shared")

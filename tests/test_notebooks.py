@@ -66,6 +66,7 @@ def test_parameters_match_the_chapter_module(path):
 
 
 @pytest.mark.slow
+@pytest.mark.longest
 @pytest.mark.timeout(900)           # on a GPU the smoke grid is measured for real (device auto)
 def test_notebooks_run_in_order_with_their_defaults(tmp_path):
     """As a user in JupyterLab: each notebook top to bottom, defaults only (no papermill
