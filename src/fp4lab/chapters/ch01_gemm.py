@@ -136,10 +136,13 @@ def _anatomy(page, results) -> None:
         return
     page.figure("anatomy", figures.anatomy(table), results.caption(
         "each stage variant passed its own check (a checksum of the bytes read, row sums, or the gate)"))
-    measured = [c for c in ANATOMY if c.source in analysis.ANATOMY_STAGES and table[c.source].notna().any()
-                or c.source not in analysis.ANATOMY_STAGES]            # a stage this run did not time: no column
-    page.html("anatomy", html_table(table, measured))
+    page.html("anatomy", html_table(table, anatomy_columns(table)))
     page.bullets("anatomy", anatomy_findings(table))
+
+
+def anatomy_columns(table) -> list[Col]:
+    """ANATOMY without the stages this run did not time (a run from before the stream stage)."""
+    return [c for c in ANATOMY if c.source not in analysis.ANATOMY_STAGES or table[c.source].notna().any()]
 
 
 def anatomy_findings(table) -> list[str]:

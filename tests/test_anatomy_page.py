@@ -1,0 +1,33 @@
+"""Chapter 01's anatomy section from a table like `analysis.gemm.anatomy` returns: the stream
+stage's line and column appear when the run timed it and not when it did not (older runs)."""
+
+import numpy as np
+import pandas as pd
+
+from fp4lab.analysis import gemm as analysis
+from fp4lab.chapters import ch01_gemm
+
+
+def table(stream: float) -> pd.DataFrame:
+    row = {"fmt": "nvfp4", "n": 8192, "k": 8192, "m": 1, "stream": stream, "load": 14.7,
+           "decode": 23.4, "math": 36.4, "full": 20.2, "decode_x2": 38.2, "copy_floor_us": 8.9,
+           "launch_floor_us": 2.2}
+    frame = pd.DataFrame([row])
+    frame["load_share"] = 100 * frame["load"] / frame["full"]
+    return frame[["fmt", "n", "k", "m", *analysis.ANATOMY_STAGES, "copy_floor_us", "launch_floor_us",
+                  "load_share"]]
+
+
+def test_a_timed_stream_gets_its_line_and_column():
+    lines = ch01_gemm.anatomy_findings(table(10.2))
+    stream, = [line for line in lines if "as a stream" in line]
+    assert "10.2 us" in stream and "87%" in stream          # 8.9 / 10.2 of the copy bandwidth
+    assert "1.4x it" in stream and "kernel 2.0x" in stream    # load 14.7 / 10.2, full 20.2 / 10.2
+    assert "stream" in [c.source for c in ch01_gemm.anatomy_columns(table(10.2))]
+
+
+def test_a_run_without_the_stream_stage_has_neither():
+    old = table(np.nan)
+    assert not any("as a stream" in line for line in ch01_gemm.anatomy_findings(old))
+    sources = [c.source for c in ch01_gemm.anatomy_columns(old)]
+    assert "stream" not in sources and "load" in sources and "full" in sources
