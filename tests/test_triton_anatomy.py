@@ -76,3 +76,10 @@ def test_unknown_stage_is_refused_by_name():
     w = formats.quantize(torch.randn(16, 64), "nvfp4")
     with pytest.raises(ValueError, match="anatomy stage 'mma'"):
         triton_w4a16.anatomy_variants(torch.randn(1, 64), w, "cpu", stages=("mma",))
+
+
+def test_one_list_of_stages_from_the_kernel_to_the_figure():
+    from fp4lab import schema
+    from fp4lab.plots.gemm import STAGE_LABELS
+
+    assert tuple(triton_w4a16.ANATOMY_STAGES) == schema.ANATOMY_STAGES == tuple(STAGE_LABELS)

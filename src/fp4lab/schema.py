@@ -135,6 +135,10 @@ GEMM = Table("gemm", key=("backend", "fmt", "n", "k", "m", "gpu_index"), doc=(
         ("window_end_s", "float", "energy window end (epoch s)"),
     ))
 
+# the stage variants an anatomy row can hold, in the order the book shows them (what each one does:
+# fp4lab.backends.triton_w4a16.ANATOMY_STAGES, which holds the same keys)
+ANATOMY_STAGES = ("stream", "load", "decode", "math", "full", "decode_x2")
+
 ANATOMY = Table("anatomy", key=("backend", "stage", "fmt", "n", "k", "m", "gpu_index"), doc=(
     "One row per stage variant of fp4lab's FP4 decode GEMM at one point: loads only, decode without "
     "math, math on pre-decoded bf16, the full kernel, the decode done twice; beside them the same "
@@ -142,7 +146,7 @@ ANATOMY = Table("anatomy", key=("backend", "stage", "fmt", "n", "k", "m", "gpu_i
     columns=_columns(
         ("run_id", "str", "the run folder's id"),
         ("backend", "str", "the kernel dissected (triton-w4a16)"),
-        ("stage", "str", "stream | load | decode | math | full | decode_x2"),
+        ("stage", "str", " | ".join(ANATOMY_STAGES)),
         ("what", "str", "what the variant does"),
         ("config", "str", "the tile config the kernel's stages share (the stream's launch shape)"),
         ("fmt", "str", "FP4 format of the weights"),

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fp4lab import roofline
+from fp4lab import roofline, schema
 from fp4lab.analysis.run import RunView, view
 from fp4lab.dtypes import WEIGHT_LABELS
 from fp4lab.results import RunDir
@@ -323,7 +323,7 @@ def headline(results: GemmResults) -> dict[str, Any]:
 
 # -- the kernel's anatomy ---------------------------------------------------------------------------
 
-ANATOMY_STAGES = ("stream", "load", "decode", "math", "full", "decode_x2")
+ANATOMY_STAGES = schema.ANATOMY_STAGES
 
 
 def anatomy(results: GemmResults) -> pd.DataFrame:

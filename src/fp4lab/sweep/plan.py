@@ -99,13 +99,10 @@ def gemm_points(config) -> list[GemmPoint]:
             for (n, k) in config.shapes for m in sorted(config.m_values)]
 
 
-ANATOMY_STAGES = ("stream", "load", "decode", "math", "full", "decode_x2")
-
-
 def anatomy_points(config) -> list[AnatomyPoint]:
     """Every stage at the anatomy's Ms on every shape and format of the GEMM grid."""
     return [AnatomyPoint(stage, fmt, n, k, m) for fmt in config.fmts for (n, k) in config.shapes
-            for m in config.anatomy_m for stage in ANATOMY_STAGES]
+            for m in config.anatomy_m for stage in schema.ANATOMY_STAGES]
 
 
 def moe_points(config, method_kinds: dict[str, tuple[str, str]]) -> list[MoePoint]:
