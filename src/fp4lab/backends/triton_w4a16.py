@@ -8,8 +8,10 @@ configured by a `TileConfig` chosen per (N, K, M) from presets the tuner measure
 same launch, so every call is one graph node.
 
 `anatomy_variants` prepares the same kernel with stages left out or doubled (loads only, decode
-without math, math on pre-decoded bf16, decode twice), each with the check that says what it
-computed, so a sweep can show where the time of an FP4 weight-only GEMM goes.
+without math, math on pre-decoded bf16, decode twice) and, beside them, a one-launch stream of the
+same weight bytes (`stream_kernel`: the floor at this size), each with the check that says what it
+computed, so a sweep can show where the time of an FP4 weight-only GEMM goes. The weights reach
+the kernel in the halves layout (`halves_layout`), written once at prepare.
 Shape legend: `M` activation rows, `N` weight rows, `K` reduction dimension, `S` scale block.
 """
 
