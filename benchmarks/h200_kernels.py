@@ -45,6 +45,7 @@ import read_floor  # noqa: E402  (beside this script)
 import tune_w4a16 as tune  # noqa: E402  (the dense grid lives beside this script)
 
 from fp4lab import bench, ceilings, roofline  # noqa: E402
+from fp4lab.backends import stream_kernel  # noqa: E402
 from fp4lab.backends.moe import base as moe_base, get as get_moe  # noqa: E402
 from fp4lab.backends.moe.triton_fused import MoeTileConfig, choose_moe_config  # noqa: E402
 from fp4lab.backends.triton_w4a16 import (  # noqa: E402
@@ -209,7 +210,7 @@ def phase_read_floor(run: Run, cache: dict) -> None:
     for n, k in run.plan.shapes:
         point = tune.Point("nvfp4", n, k, 1)
         _, w = tune.operands(point, run.device, cache)
-        words = read_floor.as_words(w.packed, w.scales)
+        words = stream_kernel.as_words(w.packed, w.scales)
         run.step("read_floor", {"n": n, "k": k, "fmt": "nvfp4"},
                  lambda: read_floor_row(run, words))
 

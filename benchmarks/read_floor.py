@@ -12,7 +12,6 @@ from fp4lab import bench
 from fp4lab.backends import stream_kernel
 
 SHAPES = ((1024, 4, 4), (2048, 4, 8), (1024, 8, 4), (4096, 2, 8), (512, 8, 2))   # BLOCK, ITERS, warps
-as_words = stream_kernel.as_words
 
 
 def measure(words: torch.Tensor, timer: bench.TimerConfig, device: str) -> list[dict]:

@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from fp4lab import correctness
+from fp4lab import correctness, formats
 from fp4lab.backends.base import (
     BF16_MIN_CAPABILITY, OUTPUT_DTYPE, Backend, Prepared, Requirements, prepared_from,
     resolve_device,
@@ -266,7 +266,7 @@ def halves_layout(packed: torch.Tensor, scale_bytes: torch.Tensor, block_k: int,
         return (torch.stack([p for p, _ in pairs]), torch.stack([s for _, s in pairs]))
     rows, k = packed.shape[0], 2 * packed.shape[1]
     padded = -(-k // block_k) * block_k
-    codes = torch.stack((packed & 0x0F, packed >> 4), dim=-1).reshape(rows, k)    # [N, K]
+    codes = formats.unpack_nibbles(packed)                                         # [N, K]
     codes = torch.nn.functional.pad(codes, (0, padded - k))                        # [N, Kp]
     halves = codes.reshape(rows, padded // block_k, 2, block_k // 2)               # [N, B, 2, BK/2]
     relaid = (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(rows, padded // 2)
@@ -275,7 +275,6 @@ def halves_layout(packed: torch.Tensor, scale_bytes: torch.Tensor, block_k: int,
 
 
 def _prepare(backend: TritonW4A16, a, w, device, config: TileConfig | None, stage: str) -> Prepared:
-    from fp4lab import formats
     from fp4lab.backends import triton_w4a16_kernel as kernel
 
     backend.check_inputs(a, w)
