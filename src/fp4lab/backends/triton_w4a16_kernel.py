@@ -176,15 +176,23 @@ def scaled_halves(packed, scales_lo, scales_hi, salt, IS_NVFP4: tl.constexpr,
 
 
 @triton.jit
-def scale_halves(s_ptr, rows, row_mask, stride, k0, SCALE_BLOCK: tl.constexpr,
-                 BLOCK_N: tl.constexpr, KS: tl.constexpr):
-    """The scale bytes of the two halves of a BK block for rows `rows`: ([R, KS/2], [R, KS/2]).
-    One [R, KS] load, split in registers: as two half-width loads they fall under cp.async's
-    4-byte minimum on wide tiles and lose the software pipeline."""
+def load_weight_tile(w_ptr, s_ptr, rows, row_mask, k0, stride_wn, stride_sn,
+                     SCALE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The code bytes [BN, BK/2] of rows `rows` over k0..k0+BK in the halves layout and the scale
+    bytes of the block's two halves ([BN, KS/2] each). The weights are padded to whole BK
+    blocks: no K mask. The scales are one [BN, KS] load split in registers: as two half-width
+    loads they fall under cp.async's 4-byte minimum on wide tiles and lose the software
+    pipeline."""
+    KH: tl.constexpr = BLOCK_K // 2
+    KS: tl.constexpr = BLOCK_K // SCALE_BLOCK
+    packed = tl.load(w_ptr + rows[:, None] * stride_wn + (k0 // 2 + tl.arange(0, KH))[None, :],
+                     mask=row_mask[:, None], other=0)                      # [BN, KH] uint8
     blocks = k0 // SCALE_BLOCK + tl.arange(0, KS)                          # [KS]
-    both = tl.load(s_ptr + rows[:, None] * stride + blocks[None, :], mask=row_mask[:, None],
-                   other=0)                                                # [R, KS] uint8
-    return tl.split(tl.permute(tl.reshape(both, (BLOCK_N, 2, KS // 2)), (0, 2, 1)))
+    both = tl.load(s_ptr + rows[:, None] * stride_sn + blocks[None, :], mask=row_mask[:, None],
+                   other=0)                                                # [BN, KS] uint8
+    halves = tl.permute(tl.reshape(both, (BLOCK_N, 2, KS // 2)), (0, 2, 1))  # [BN, KS/2, 2]
+    scales_lo, scales_hi = tl.split(halves)
+    return packed, scales_lo, scales_hi
 
 
 @triton.jit
@@ -259,7 +267,6 @@ def w4a16_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)        # [BN]
     m_mask = offs_m < M
     n_mask = offs_n < N
-    offs_j = tl.arange(0, KH)                               # [KH] bytes of a tile row
 
     CHECKSUM: tl.constexpr = STAGE == "load"
     ROW_SUMS: tl.constexpr = STAGE == "decode"
@@ -292,10 +299,9 @@ def w4a16_kernel(
         if STAGE == "math":
             w_lo, w_hi = load_halves(w_ptr, offs_n, n_mask, stride_wn, k0, K, KH, EVEN_K)
         else:
-            packed = tl.load(w_ptr + offs_n[:, None] * stride_wn + (k0 // 2 + offs_j)[None, :],
-                             mask=n_mask[:, None], other=0)                 # [BN, KH] uint8
-            scales_lo, scales_hi = scale_halves(s_ptr, offs_n, n_mask, stride_sn, k0,
-                                                SCALE_BLOCK, BLOCK_N, KS)   # [BN, KS/2] each
+            packed, scales_lo, scales_hi = load_weight_tile(w_ptr, s_ptr, offs_n, n_mask, k0,
+                                                            stride_wn, stride_sn, SCALE_BLOCK,
+                                                            BLOCK_N, BLOCK_K)
         if CHECKSUM:
             acc_w += packed.to(tl.int32)
             acc_s += scales_lo.to(tl.int32) + scales_hi.to(tl.int32)

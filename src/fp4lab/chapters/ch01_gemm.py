@@ -34,7 +34,8 @@ FASTEST = [Col("m", "M (tokens)", "int"), Col("backend", "fastest 4-bit method")
            Col("median speed-up vs bf16", "speed-up vs cuBLAS bf16 (median)", "ratio"),
            Col("median % of FP4 floor", "% of the FP4 read floor reached (median)", "pct")]
 ANATOMY = [Col("n", "N", "int"), Col("k", "K", "int"), Col("m", "M", "int"), Col("fmt", "format"),
-           Col("stream", "bytes as a stream", "us"), Col("load", "loads only", "us"), Col("decode", "decode, no math", "us"),
+           Col("stream", "bytes as a stream", "us"), Col("load", "loads only", "us"),
+           Col("decode", "decode, no math", "us"),
            Col("math", "math on bf16", "us"), Col("full", "full kernel", "us"),
            Col("decode_x2", "decode twice", "us"), Col("copy_floor_us", "copy floor", "us"),
            Col("launch_floor_us", "launch floor", "us"), Col("load_share", "loads / full", "pct")]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4lab.backends.triton_w4a16_kernel import (load_halves, scale_halves, scaled_halves,
+from fp4lab.backends.triton_w4a16_kernel import (load_halves, load_weight_tile, scaled_halves,
                                                   tile_dot)
 
 
@@ -45,17 +45,12 @@ def weight_tile(w_ptr, s_ptr, expert_w, expert_s, rows, n_mask, k0, stride_wn, s
                 IS_NVFP4: tl.constexpr, SCALE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, DECODE: tl.constexpr):
     """Decoded rows `rows` [BN] of one expert's weights over k0..k0+BK: (first half of the
-    block's k, second half) bf16 [BN, BK/2] each. The weights are padded to whole BK blocks: no
-    K mask."""
-    KH: tl.constexpr = BLOCK_K // 2
-    KS: tl.constexpr = BLOCK_K // SCALE_BLOCK
-    packed = tl.load(w_ptr + expert_w + rows[:, None] * stride_wn
-                     + (k0 // 2 + tl.arange(0, KH))[None, :],
-                     mask=n_mask[:, None], other=0)                        # [BN, KH] uint8
-    scales_lo, scales_hi = scale_halves(s_ptr + expert_s, rows, n_mask, stride_sn, k0,
-                                        SCALE_BLOCK, BLOCK_N, KS)          # [BN, KS/2] each
-    return scaled_halves(packed, scales_lo, scales_hi, 0, IS_NVFP4, SCALE_BLOCK, BLOCK_N, KH,
-                         False, DECODE)
+    block's k, second half) bf16 [BN, BK/2] each."""
+    packed, scales_lo, scales_hi = load_weight_tile(w_ptr + expert_w, s_ptr + expert_s, rows,
+                                                    n_mask, k0, stride_wn, stride_sn,
+                                                    SCALE_BLOCK, BLOCK_N, BLOCK_K)
+    return scaled_halves(packed, scales_lo, scales_hi, 0, IS_NVFP4, SCALE_BLOCK, BLOCK_N,
+                         BLOCK_K // 2, False, DECODE)
 
 
 @triton.jit
