@@ -409,12 +409,8 @@ def _check_stream(prepared: Prepared) -> correctness.GateResult:
 
     (words,) = prepared.args
     result = _run(prepared).cpu()
-    expected = stream_kernel.expected_xor(words.cpu(), result.numel())
-    wrong = int((result != expected).sum())
-    if wrong:
-        return correctness.GateResult("wrong_result", math.nan,
-                                      f"stream XOR: {wrong} of {expected.numel()} words differ")
-    return correctness.GateResult("ok", 0.0, "stream XOR exact (every word read)")
+    return _exact(result, stream_kernel.expected_xor(words.cpu(), result.numel()),
+                  "stream XOR", "words", "every word read")
 
 
 def _run(prepared: Prepared) -> torch.Tensor:
@@ -438,12 +434,18 @@ def expected_checksum(a_bf16: torch.Tensor, packed: torch.Tensor,
 def _check_checksum(prepared: Prepared) -> correctness.GateResult:
     a_bf16, packed, scale_bytes, _ = prepared.args
     result = _run(prepared).cpu()
-    expected = expected_checksum(a_bf16.cpu(), packed.cpu(), scale_bytes.cpu())
+    return _exact(result, expected_checksum(a_bf16.cpu(), packed.cpu(), scale_bytes.cpu()),
+                  "load checksum", "sums", "int32 sums of every byte read")
+
+
+def _exact(result: torch.Tensor, expected: torch.Tensor, check: str, units: str,
+           what: str) -> correctness.GateResult:
+    """An integer check that must match to the last bit: "ok", or how many `units` differ."""
     wrong = int((result != expected).sum())
     if wrong:
         return correctness.GateResult("wrong_result", math.nan,
-                                      f"load checksum: {wrong} of {expected.numel()} sums differ")
-    return correctness.GateResult("ok", 0.0, "load checksum exact (int32 sums of every byte read)")
+                                      f"{check}: {wrong} of {expected.numel()} {units} differ")
+    return correctness.GateResult("ok", 0.0, f"{check} exact ({what})")
 
 
 def _check_row_sums(prepared: Prepared) -> correctness.GateResult:
