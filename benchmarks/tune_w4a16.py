@@ -65,10 +65,9 @@ def tile_shapes(m: int) -> list[TileConfig]:
     code and scale reads from shared memory and their decode ~0.8, the pipeline's address and
     loop work the rest; the H200 issues ~2 of 4 per cycle per SM there, so at decode the issue
     rate and the stalls between instructions, not the bytes, bound it (benchmarks/NOTES.md, calls
-    8 and 20). What can still move it:
-    a longer K step or a wider tile (the loop's fixed work over more weights), more warps per SM
-    to issue from (8-warp tiles), smaller tiles with little or no split-K (2 warps, mma.sync),
-    and at M = 1 the CUDA-core path (no M padding to 16)."""
+    8 and 20). What can still move it: a longer K step or a wider tile (the loop's fixed work over
+    more weights), more warps per SM to issue from (8-warp tiles), smaller tiles with little or no
+    split-K (2 warps, mma.sync), and at M = 1 the CUDA-core path (no M padding to 16)."""
     if m <= 16:
         shapes = [TileConfig(block_m=16, block_n=64, block_k=512, num_stages=2, swap_ab=True),
                   TileConfig(block_m=16, block_n=128, block_k=256, num_warps=8, num_stages=3,
