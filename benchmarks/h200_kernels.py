@@ -49,7 +49,7 @@ from fp4lab.backends import stream_kernel  # noqa: E402
 from fp4lab.backends.moe import base as moe_base, get as get_moe  # noqa: E402
 from fp4lab.backends.moe.triton_fused import MoeTileConfig, choose_moe_config  # noqa: E402
 from fp4lab.backends.triton_w4a16 import (  # noqa: E402
-    ANATOMY_STAGES, anatomy_variants, choose_config, sm_count)
+    ANATOMY_STAGES, anatomy_variants, choose_config, sm_count, tensor_core_config)
 from fp4lab.moe import presets as model_presets, routing  # noqa: E402
 
 
@@ -70,6 +70,10 @@ class Plan:
 FULL = Plan(shapes=((8192, 8192), (4096, 6144), (6144, 2048)), m_values=(1, 4, 16, 64, 256),
             anatomy_m=(1, 16),
             moe_points=(("glm-5", 512), ("glm-5", 64)))
+# the decode M on the three shapes with the gemv kernel beside the tensor-core one, the anatomy
+# at M = 1, and the DeepSeek-V3 MoE layer (GLM-5's is in FULL)
+DECODE = Plan(shapes=FULL.shapes, m_values=(1, 4), anatomy_m=(1,),
+              moe_points=(("deepseek-v3", 512),), mxfp4_configs=2)
 SMOKE = Plan(shapes=((48, 128),), m_values=(1, 3), anatomy_m=(1,),
              moe_points=(("glm-5", 6),), moe_scaled=True, mxfp4_configs=1, max_configs=2,
              step_limit_s=120.0)
@@ -193,13 +197,21 @@ def phase_dense(run: Run, cache: dict) -> dict:
     return winners
 
 
-def phase_anatomy(run: Run, winners: dict, cache: dict) -> None:
+def best_dot_row(run: Run, n: int, k: int, m: int) -> dict | None:
+    """The fastest timed nvfp4 tensor-core ("dot") config at this point, if any."""
+    rows = [r for r in run.rows if r["kind"] == "dense" and r.get("median_us")
+            and (r["fmt"], r["n"], r["k"], r["m"]) == ("nvfp4", n, k, m)
+            and r["config"]["math"] == "dot"]
+    return min(rows, key=lambda r: r["median_us"], default=None)
+
+
+def phase_anatomy(run: Run, cache: dict) -> None:
     for n, k in run.plan.shapes:
         for m in run.plan.anatomy_m:
             point = tune.Point("nvfp4", n, k, m)
-            best = winners.get(("nvfp4", n, k, m))
+            best = best_dot_row(run, n, k, m)   # the stages are the tensor-core kernel's
             config = (tune.TileConfig(**best["config"]) if best
-                      else choose_config(m, n, k, sm_count(run.device)))
+                      else tensor_core_config(m, n, k, sm_count(run.device)))
             a, w = tune.operands(point, run.device, cache)
             for stage in ANATOMY_STAGES:
                 what = {**dataclasses.asdict(point), "stage": stage, "label": config.label()}
@@ -425,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="wall seconds for all phases (default 150)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes (the CPU test under TRITON_INTERPRET=1)")
+    parser.add_argument("--plan", choices=("full", "decode"), default="full",
+                        help="full: every phase at M = 1..256 and GLM-5; decode: M = 1 and 4 "
+                             "with the gemv kernel, anatomy at M = 1, DeepSeek-V3 (default full)")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and not args.smoke:
@@ -433,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    plan = SMOKE if args.smoke else FULL
+    plan = SMOKE if args.smoke else {"full": FULL, "decode": DECODE}[args.plan]
     run = Run(out, args.budget_s, plan, device)
     if args.smoke:
         run.timer = dataclasses.replace(run.timer, repeats=2, warmup_s=0.0)
@@ -443,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         phase_ceilings(run)
         cache: dict = {}
         dense = phase_dense(run, cache)
-        phase_anatomy(run, dense, cache)
+        phase_anatomy(run, cache)
         phase_read_floor(run, cache)
         cache.clear()
         moe = phase_moe(run)

@@ -67,7 +67,7 @@ def tile_shapes(m: int) -> list[TileConfig]:
     rate and the stalls between instructions, not the bytes, bound it (benchmarks/NOTES.md, calls
     8 and 20). What can still move it: a longer K step or a wider tile (the loop's fixed work over
     more weights), more warps per SM to issue from (8-warp tiles), smaller tiles with little or no
-    split-K (2 warps, mma.sync), and at M = 1 the CUDA-core path (no M padding to 16)."""
+    split-K (2 warps, mma.sync), and at M <= 4 the gemv kernel first (`gemv_shapes`)."""
     if m <= 16:
         shapes = [TileConfig(block_m=16, block_n=64, block_k=512, num_stages=2, swap_ab=True),
                   TileConfig(block_m=16, block_n=128, block_k=256, num_warps=8, num_stages=3,
@@ -75,9 +75,7 @@ def tile_shapes(m: int) -> list[TileConfig]:
                   TileConfig(block_m=16, block_n=128, block_k=256, num_stages=3, swap_ab=True),
                   TileConfig(block_m=16, block_n=32, block_k=256, num_warps=2, num_stages=4,
                              swap_ab=True)]
-        if m == 1:   # CUDA cores: no M padding to 16, no shared-memory operand
-            shapes.append(TileConfig(block_m=1, block_n=64, block_k=256, math="fma"))
-        return shapes
+        return gemv_shapes(m) + shapes
     # above decode M the weight tile as the MMA's M side too (swap_ab): the decoded weights feed
     # the MMA from registers, where the other way round they go through shared memory first
     if m <= 64:
@@ -90,6 +88,21 @@ def tile_shapes(m: int) -> list[TileConfig]:
             TileConfig(block_m=256, block_n=128, block_k=64, num_warps=8),
             TileConfig(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3,
                        swap_ab=True)]
+
+
+def gemv_shapes(m: int) -> list[TileConfig]:
+    """The CUDA-core gemv kernel's tiles (one activation row a program, 16-byte loads straight
+    into registers, ~3.3 instructions per weight in the offline sm_90 SASS against the tensor-
+    core kernel's 4.9): at M = 1 a K step of 256 or 512, 64 or 128 rows, with and without a
+    two-stage cp.async pipeline; above M = 1 every row decodes the weights again, so one shape
+    only, to see that cost."""
+    if m > 4:
+        return []
+    gemv = TileConfig(block_m=1, block_n=64, block_k=256, num_stages=1, math="gemv")
+    if m > 1:
+        return [gemv]
+    return [gemv, dataclasses.replace(gemv, block_k=512), dataclasses.replace(gemv, block_n=128),
+            dataclasses.replace(gemv, num_stages=2)]
 
 
 def split_choices(config: TileConfig, point: Point, sms: int) -> list[int]:

@@ -76,7 +76,9 @@ def case(fmt, m, n, k, config=None, seed=0):
 # Every code path of the kernel at tiny shapes: M in decode and prefill ranges, N tails (odd),
 # K tails shorter than BLOCK_K (EVEN_K off) and K a multiple of it, split-K with uneven splits
 # (the last-CTA reduction) and with more splits requested than K has blocks, swapped and plain
-# tensor-core dots, several M tiles, CUDA-core FMA math at BM = 1, 2, 4, the default choice.
+# tensor-core dots, several M tiles, CUDA-core FMA math at BM = 1, 2, 4, the default choice, and
+# the gemv kernel (one activation row a program): K tails (EVEN_K off, K a multiple of 4 but not
+# of BLOCK_K), split-K with uneven splits, several rows, no software pipeline.
 INTERPRETER_CASES = [
     case(fmt, m, n, k, config)
     for fmt in ("nvfp4", "mxfp4")
@@ -89,6 +91,10 @@ INTERPRETER_CASES = [
         (1, 48, 256, TileConfig(block_m=1, block_n=16, block_k=64, math="fma", split_k=2)),
         (4, 21, 160, TileConfig(block_m=4, block_n=16, block_k=64, math="fma")),
         (2, 32, 128, TileConfig(block_m=2, block_n=32, block_k=128, math="fma", split_k=2)),
+        (1, 40, 256, TileConfig(block_m=1, block_n=16, block_k=64, math="gemv")),
+        (3, 33, 352, TileConfig(block_m=1, block_n=16, block_k=128, math="gemv", split_k=2)),
+        (2, 32, 448, TileConfig(block_m=1, block_n=32, block_k=64, math="gemv", split_k=8,
+                                num_stages=1)),
     ]
 ]
 
@@ -289,9 +295,53 @@ def test_fma_math_allows_single_rows_but_not_large_tiles():
         TileConfig(block_m=32, block_n=64, block_k=128, math="fma")
 
 
+@pytest.mark.parametrize("fields", [{"block_m": 16}, {"block_m": 1, "swap_ab": True}])
+def test_gemv_math_runs_one_row_a_program(fields):
+    assert TileConfig(block_m=1, block_n=64, block_k=256, math="gemv").block_m == 1
+    with pytest.raises(ValueError, match="block_m must be 1 and swap_ab False"):
+        TileConfig(**{"block_n": 64, "block_k": 128, "math": "gemv", **fields})
+
+
+GEMV = TileConfig(block_m=1, block_n=16, block_k=64, math="gemv")
+
+
+def test_gemv_refuses_what_it_cannot_read_with_a_clear_error():
+    from fp4lab.backends import triton_w4a16_kernel as kernel
+
+    with pytest.raises(ValueError, match="K must be a multiple of 4, got 66"):
+        kernel.Launch(m=1, n=16, k=66, fmt="nvfp4", config=GEMV, stage="full", device="cpu")
+    with pytest.raises(ValueError, match="'load' runs on the tensor-core kernel"):
+        kernel.Launch(m=1, n=16, k=64, fmt="nvfp4", config=GEMV, stage="load", device="cpu")
+    launch = kernel.Launch(m=1, n=16, k=64, fmt="nvfp4", config=GEMV, stage="full", device="cpu")
+    shifted = torch.zeros(1, 65, dtype=torch.bfloat16)[:, 1:]           # rows 2 bytes off
+    with pytest.raises(ValueError, match="rows must start 8-byte aligned"):
+        launch(shifted, None, None, None, None)
+
+
 def test_backend_declares_weight_only_roofline_dtypes():
     backend = triton_w4a16.TritonW4A16()
     assert (backend.weight_dtype, backend.act_dtype, backend.math_dtype) == ("fp4", "bf16", "bf16")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("m", [1, 4])
+@pytest.mark.parametrize("decode", ["ptx", "bits"])
+def test_gemv_kernel_on_the_gpu(fmt, m, decode):
+    """The gemv kernel's inline PTX (bf16 products and chain sums) within the gate's reach."""
+    from fp4lab.backends import get
+
+    a = torch.randn(m, 2048 + 64, device="cuda").to(torch.bfloat16)         # K tail: EVEN_K off
+    w = formats.quantize(torch.randn(6144 + 3, 2048 + 64, device="cuda"), fmt)
+    config = TileConfig(block_m=1, block_n=64, block_k=256, split_k=2, math="gemv",
+                        num_stages=1, decode=decode)
+    prepared = get("triton-w4a16").prepare(a, w, "cuda", config=config)
+    ref = prepared.ref_a.double() @ prepared.ref_w.double().T
+    for _ in range(2):
+        prepared.out.fill_(float("nan"))
+        out = prepared.call()
+        assert torch.isfinite(out).all()
+        assert ((out.double() - ref).norm() / ref.norm()).item() < 6e-3
 
 
 @pytest.mark.cuda

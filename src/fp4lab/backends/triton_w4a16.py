@@ -35,7 +35,7 @@ MIN_BLOCK_K = 64                   # >= 32 bytes per row of a tile: one 16-byte 
 DOT_MIN_BLOCK = 16                 # tl.dot needs every tile dimension >= 16
 FMA_MAX_BLOCK_M = 16
 NUM_WARPS = (1, 2, 4, 8)
-MATHS = ("dot", "fma")
+MATHS = ("dot", "fma", "gemv")
 DECODES = ("ptx", "bits")
 MAX_SPLIT_K = 32
 # Must match triton_w4a16_kernel (kept here so choosing a config and checking weights needs no
@@ -69,6 +69,10 @@ class TileConfig:
 
     def __post_init__(self):
         least_m = DOT_MIN_BLOCK if self.math == "dot" else 1
+        if self.math == "gemv" and (self.block_m != 1 or self.swap_ab):
+            raise ValueError("TileConfig with math='gemv' runs one activation row a program: "
+                             f"block_m must be 1 and swap_ab False, got block_m={self.block_m!r}, "
+                             f"swap_ab={self.swap_ab!r}")
         for name, least in (("block_m", least_m), ("block_n", DOT_MIN_BLOCK),
                             ("block_k", MIN_BLOCK_K)):
             value = getattr(self, name)
@@ -193,6 +197,15 @@ def choose_config(m: int, n: int, k: int, sm_count: int = 132) -> TileConfig:
     tuned = preset_for(m, SHAPE_PRESETS.get((n, k), ()))
     if tuned is not None:
         return tuned
+    return auto_split_k(preset_for(m, TILE_PRESETS), m, n, k, sm_count)
+
+
+def tensor_core_config(m: int, n: int, k: int, sm_count: int = 132) -> TileConfig:
+    """`choose_config`'s pick when it runs the tensor-core kernel, else (a gemv preset) the
+    generic tensor-core preset for M: the kernel whose stages the anatomy switches."""
+    pick = choose_config(m, n, k, sm_count)
+    if pick.math == "dot":
+        return pick
     return auto_split_k(preset_for(m, TILE_PRESETS), m, n, k, sm_count)
 
 
@@ -360,14 +373,14 @@ class AnatomyVariant:
 
 def anatomy_variants(a, w, device, config: TileConfig | None = None,
                      stages=tuple(ANATOMY_STAGES)) -> list[AnatomyVariant]:
-    """The dense kernel at a [M, K] x w [N, K] with `config` (default: choose_config's), once per
-    stage. "full", "decode_x2" and "math" pass the GEMM gate (float64 reference on the operands
+    """The dense kernel at a [M, K] x w [N, K] with `config` (default: `tensor_core_config`),
+    once per stage. "full", "decode_x2" and "math" pass the GEMM gate (float64 reference on the operands
     they multiply); "load" must return the exact integer checksum of the bytes it read and
     "decode" the row sums of the dequantized weights plus those of the activations; "stream"
     (not this kernel: `stream_kernel`, the floor beside it) the exact XOR of the bytes."""
     backend = TritonW4A16()
     device = resolve_device(device)
-    config = config or choose_config(a.shape[0], w.shape[0], a.shape[1], sm_count(device))
+    config = config or tensor_core_config(a.shape[0], w.shape[0], a.shape[1], sm_count(device))
     variants = []
     for stage in stages:
         if stage not in ANATOMY_STAGES:

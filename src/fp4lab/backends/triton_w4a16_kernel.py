@@ -53,6 +53,7 @@ import triton.language as tl
 NVFP4_SCALE_BLOCK = 16
 MXFP4_SCALE_BLOCK = 32
 STAGES = ("full", "decode_x2", "decode", "load", "math")
+ACTIVATIONS_PER_WORD = 4         # the gemv kernel reads bf16 activations as int64 words
 # Triton's CPU interpreter multiplies bf16 dot operands as their raw uint16 bits (triton 3.9), so
 # under TRITON_INTERPRET=1 the dot runs on the same bf16-rounded values widened to fp32.
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -340,6 +341,15 @@ def w4a16_kernel(
             tile = tile * (weight_factor(gs_ptr, IS_NVFP4) * 0.5)
         elif STAGE != "math":
             tile = tile * weight_factor(gs_ptr, IS_NVFP4)
+    finish_tile(tile, c_ptr, ws_ptr, count_ptr, pid, pid_k, splits, offs_m, offs_n, m_mask,
+                n_mask, M, N, stride_cm, SPLIT)
+
+
+@triton.jit
+def finish_tile(tile, c_ptr, ws_ptr, count_ptr, pid, pid_k, splits, offs_m, offs_n, m_mask,
+                n_mask, M, N, stride_cm, SPLIT: tl.constexpr):
+    """Write output tile `pid`'s [BM, BN] `tile` of K split `pid_k`: directly, or with SPLIT
+    parked in the workspace, where the split that arrives last sums all of them and stores."""
     if SPLIT:
         # park this split's partial; the last split of the tile to arrive sums them all
         partial = ws_ptr + offs_m[:, None] * N + offs_n[None, :]          # [BM, BN]
@@ -394,20 +404,44 @@ class Launch:
         self.counts = torch.zeros(tiles, dtype=torch.int32, device=device)  # [tiles]
         self.salt = torch.zeros(1, dtype=torch.int32, device=device)
         is_nvfp4 = fmt == "nvfp4"
-        self.constants = dict(
+        common = dict(
             IS_NVFP4=is_nvfp4, SCALE_BLOCK=NVFP4_SCALE_BLOCK if is_nvfp4 else MXFP4_SCALE_BLOCK,
-            BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-            SPLIT=splits > 1, MATH=config.math, SWAP_AB=config.swap_ab, STAGE=stage,
-            EVEN_K=k % config.block_k == 0,
-            DECODE="bits" if INTERPRETED else config.decode, DOT_IN_FP32=INTERPRETED,
+            BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT=splits > 1,
+            EVEN_K=k % config.block_k == 0, DECODE="bits" if INTERPRETED else config.decode,
             NUM_STAGES=config.num_stages, num_warps=config.num_warps, num_stages=config.num_stages)
+        if config.math == "gemv":
+            if stage != "full":
+                raise ValueError(f"stage {stage!r} runs on the tensor-core kernel; math='gemv' "
+                                 "has only 'full'")
+            if k % ACTIVATIONS_PER_WORD:
+                raise ValueError(f"math='gemv' reads activations 4 at a time: K must be a "
+                                 f"multiple of {ACTIVATIONS_PER_WORD}, got {k}")
+            self.constants = common
+        else:
+            self.constants = dict(common, BLOCK_M=config.block_m, MATH=config.math,
+                                  SWAP_AB=config.swap_ab, STAGE=stage, DOT_IN_FP32=INTERPRETED)
 
     def __call__(self, a, w, scale_bytes, global_scale, out):
         """out[M, N] = a[M, K] @ dequant(w)[N, K]^T (or the stage's result); returns out."""
         if a.stride(1) != 1:
             raise ValueError(f"activations a must be contiguous along K, got strides {a.stride()}")
+        if self.config.math == "gemv":
+            return self._gemv(a, w, scale_bytes, global_scale, out)
         w4a16_kernel[self.grid](
             a, w, scale_bytes, global_scale, out, self.workspace, self.counts, self.salt,
+            self.m, self.n, self.k, self.blocks_per_split, self.grid[1],
+            a.stride(0), w.stride(0), scale_bytes.stride(0), out.stride(0), **self.constants)
+        return out
+
+    def _gemv(self, a, w, scale_bytes, global_scale, out):
+        from fp4lab.backends.triton_gemv_kernel import gemv_kernel
+
+        if a.stride(0) % ACTIVATIONS_PER_WORD or a.data_ptr() % 8:
+            raise ValueError("math='gemv' reads activations as 8-byte words: their rows must "
+                             f"start 8-byte aligned, got row stride {a.stride(0)} at address "
+                             f"{a.data_ptr():#x}")
+        gemv_kernel[self.grid](
+            a, w, scale_bytes, global_scale, out, self.workspace, self.counts,
             self.m, self.n, self.k, self.blocks_per_split, self.grid[1],
             a.stride(0), w.stride(0), scale_bytes.stride(0), out.stride(0), **self.constants)
         return out
