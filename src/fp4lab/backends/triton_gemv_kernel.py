@@ -104,6 +104,19 @@ def bias_activations(words):
 
 
 @triton.jit
+def issue_now(w_a, w_b, xl0, xl1, xl2, xl3, xh0, xh1, xh2, xh3, s_lo, s_hi):
+    """An empty asm statement with side effects that names the next tile's loaded values (in a
+    PTX comment: no instruction reads them, so nothing waits for them): the compiler, which
+    moves a load down to its first use, keeps these loads here, ahead of the current tile's
+    decode, instead of at the end of the loop."""
+    return tl.inline_asm_elementwise(
+        asm="// next tile: $1 $2 $3 $4 $5 $6 $7 $8 $9 $10 $11 $12",
+        constraints="=r,l,l,l,l,l,l,l,l,l,l,f,f",
+        args=[w_a, w_b, xl0, xl1, xl2, xl3, xh0, xh1, xh2, xh3, s_lo, s_hi], dtype=tl.int32,
+        is_pure=False, pack=1)
+
+
+@triton.jit
 def bf16_at(words, slot: tl.constexpr):
     """float32 value of bf16 number `slot` (0..3) of int64 words."""
     bits = ((words >> (16 * slot)) & 0xFFFF).to(tl.int32) << 16
@@ -166,6 +179,24 @@ def load_activation_words(acts, row_word, k0, K, e, KE: tl.constexpr,
     return x0, x1, x2, x3
 
 
+@triton.jit
+def load_tile(code_rows, scale_rows, acts, row_word, k0, K, e, IS_NVFP4: tl.constexpr,
+              SCALE_BLOCK: tl.constexpr, KH: tl.constexpr, KE: tl.constexpr,
+              EVEN_K: tl.constexpr):
+    """What one K step reads, for the tile at k0: the elements' two code words [BN, KE] each,
+    the activation words of their low and high nibbles ([KE] x 4 each) and the two halves'
+    float32 block scales [BN, KE]."""
+    words = tl.load(code_rows + (k0 // 16 + 2 * e)[None, :, None]
+                    + tl.arange(0, 2)[None, None, :])                       # [BN, KE, 2] int64
+    w_a, w_b = tl.split(words)                                              # [BN, KE] each
+    xl0, xl1, xl2, xl3 = load_activation_words(acts, row_word, k0, K, e, KE, EVEN_K)
+    xh0, xh1, xh2, xh3 = load_activation_words(acts, row_word, k0 + KH, K, e, KE, EVEN_K)
+    s_lo = scale_f32(tl.load(scale_rows + ((k0 + 16 * e) // SCALE_BLOCK)[None, :]), IS_NVFP4)
+    s_hi = scale_f32(tl.load(scale_rows + ((k0 + KH + 16 * e) // SCALE_BLOCK)[None, :]),
+                     IS_NVFP4)
+    return w_a, w_b, xl0, xl1, xl2, xl3, xh0, xh1, xh2, xh3, s_lo, s_hi
+
+
 # M, the split length and the split count vary per call: one compiled kernel serves them all
 @triton.jit(do_not_specialize=["M", "blocks_per_split", "splits"])
 def gemv_kernel(
@@ -193,25 +224,28 @@ def gemv_kernel(
     acts = a_ptr.to(tl.pointer_type(tl.int64))
     row_word = pid_m * (stride_am // 4)
     e = tl.arange(0, KE)                                                    # [KE]
-    code_rows = codes + offs_n[:, None, None] * (stride_wn // 8)            # [BN, 1, 1]
-    scale_rows = s_ptr + offs_n[:, None] * stride_sn                        # [BN, 1]
+    rows = tl.minimum(offs_n, N - 1)   # rows past N read row N-1 (no load predicates), unstored
+    code_rows = codes + rows[:, None, None] * (stride_wn // 8)              # [BN, 1, 1]
+    scale_rows = s_ptr + rows[:, None] * stride_sn                          # [BN, 1]
     acc = tl.zeros((BLOCK_N, KE), dtype=tl.float32)
 
+    # one tile ahead in registers: the next tile's loads are issued before this tile's decode,
+    # so they are in flight while it runs (left to itself the compiler issues each load just
+    # before its use, and every iteration waits out the memory latency; NOTES, call 24)
     k_start = pid_k * blocks_per_split * BLOCK_K
     k_end = tl.minimum(k_start + blocks_per_split * BLOCK_K, K)
+    k_last = k_start + (k_end - k_start - 1) // BLOCK_K * BLOCK_K
+    w_a, w_b, xl0, xl1, xl2, xl3, xh0, xh1, xh2, xh3, s_lo, s_hi = load_tile(
+        code_rows, scale_rows, acts, row_word, k_start, K, e, IS_NVFP4, SCALE_BLOCK, KH, KE,
+        EVEN_K)
     for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
-        words = tl.load(code_rows + (k0 // 16 + 2 * e)[None, :, None]
-                        + tl.arange(0, 2)[None, None, :],
-                        mask=n_mask[:, None, None], other=0)                # [BN, KE, 2] int64
-        w_a, w_b = tl.split(words)                                          # [BN, KE] each
-        xl0, xl1, xl2, xl3 = load_activation_words(acts, row_word, k0, K, e, KE, EVEN_K)
-        xh0, xh1, xh2, xh3 = load_activation_words(acts, row_word, k0 + KH, K, e, KE,
-                                                       EVEN_K)
-        s_lo = scale_f32(tl.load(scale_rows + ((k0 + 16 * e) // SCALE_BLOCK)[None, :],
-                                 mask=n_mask[:, None], other=0), IS_NVFP4)  # [BN, KE]
-        s_hi = scale_f32(tl.load(scale_rows + ((k0 + KH + 16 * e) // SCALE_BLOCK)[None, :],
-                                 mask=n_mask[:, None], other=0), IS_NVFP4)
+        (nw_a, nw_b, nxl0, nxl1, nxl2, nxl3, nxh0, nxh1, nxh2, nxh3, ns_lo,
+         ns_hi) = load_tile(code_rows, scale_rows, acts, row_word,
+                            tl.minimum(k0 + BLOCK_K, k_last), K, e, IS_NVFP4, SCALE_BLOCK, KH,
+                            KE, EVEN_K)
         if DECODE == "ptx":   # activations [1, KE], broadcast over the rows by the asm
+            issue_now(nw_a, nw_b, nxl0[None, :], nxl1[None, :], nxl2[None, :], nxl3[None, :],
+                      nxh0[None, :], nxh1[None, :], nxh2[None, :], nxh3[None, :], ns_lo, ns_hi)
             acc = element_ptx(w_a, w_b, bias_activations(xl0)[None, :],
                               bias_activations(xl1)[None, :], bias_activations(xl2)[None, :],
                               bias_activations(xl3)[None, :], bias_activations(xh0)[None, :],
@@ -221,6 +255,8 @@ def gemv_kernel(
             acc = element_bits(w_a, w_b, xl0[None, :], xl1[None, :], xl2[None, :], xl3[None, :],
                                xh0[None, :], xh1[None, :], xh2[None, :], xh3[None, :], s_lo,
                                s_hi, acc)
+        w_a, w_b, xl0, xl1, xl2, xl3 = nw_a, nw_b, nxl0, nxl1, nxl2, nxl3
+        xh0, xh1, xh2, xh3, s_lo, s_hi = nxh0, nxh1, nxh2, nxh3, ns_lo, ns_hi
 
     tile = (tl.sum(acc, axis=1) * weight_factor(gs_ptr, IS_NVFP4))[None, :]  # [1, BN]
     finish_tile(tile, c_ptr, ws_ptr, count_ptr, pid, pid_k, splits, offs_m, offs_n, m_mask,
