@@ -5,7 +5,7 @@ tuning runs (what a kernel change does, before it enters the tuner's grid).
         --configs '[{"block_m": 1, "block_n": 64, "block_k": 256, "split_k": 4, "math": "gemv"}]'
 
 Each config is a JSON object of `TileConfig` fields; the default is `PROBE_GRID` (the gemv
-kernel's loads in flight: K splits, rows a tile, pipeline depth). Writes measurements.jsonl under
+kernel's tiles in flight, K splits, rows a tile). Writes measurements.jsonl under
 --out (the tuner's rows) and prints one fixed-width line per config.
 """
 
@@ -23,14 +23,17 @@ import tune_w4a16 as tune  # noqa: E402  (beside this script)
 
 from fp4lab.backends.triton_w4a16 import TileConfig, choose_config, sm_count  # noqa: E402
 
-GEMV = dict(block_m=1, block_n=64, block_k=256, num_stages=1, math="gemv")
-PROBE_GRID = [
-    {**GEMV, "split_k": 4}, {**GEMV, "split_k": 8}, {**GEMV, "split_k": 16},
-    {**GEMV, "block_n": 32, "split_k": 8}, {**GEMV, "block_n": 32, "split_k": 16},
-    {**GEMV, "num_stages": 3, "split_k": 4}, {**GEMV, "num_stages": 3, "split_k": 8},
-    {**GEMV, "num_stages": 4, "split_k": 8}, {**GEMV, "block_k": 512, "split_k": 8},
-    {**GEMV, "num_warps": 8, "block_n": 128, "split_k": 8},
-    {**GEMV, "num_warps": 2, "block_n": 32, "split_k": 8},
+GEMV = dict(block_m=1, block_n=64, block_k=256, num_stages=3, math="gemv")
+PROBE_GRID = [   # num_stages: the gemv kernel's tiles in flight
+    {**GEMV, "num_stages": 1, "split_k": 4}, {**GEMV, "num_stages": 2, "split_k": 4},
+    {**GEMV, "split_k": 2}, {**GEMV, "split_k": 4}, {**GEMV, "split_k": 8},
+    {**GEMV, "block_n": 128, "num_warps": 8, "split_k": 4},
+    {**GEMV, "block_n": 128, "num_warps": 8, "split_k": 8},
+    {**GEMV, "block_n": 32, "block_k": 512, "split_k": 4},
+    {**GEMV, "block_n": 32, "block_k": 512, "split_k": 8},
+    {**GEMV, "block_n": 32, "num_warps": 2, "split_k": 4},
+    {**GEMV, "block_n": 32, "num_warps": 2, "split_k": 8},
+    {**GEMV, "block_k": 512, "split_k": 4},
 ]
 
 

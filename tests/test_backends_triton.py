@@ -92,7 +92,8 @@ INTERPRETER_CASES = [
         (4, 21, 160, TileConfig(block_m=4, block_n=16, block_k=64, math="fma")),
         (2, 32, 128, TileConfig(block_m=2, block_n=32, block_k=128, math="fma", split_k=2)),
         (1, 40, 256, TileConfig(block_m=1, block_n=16, block_k=64, math="gemv")),
-        (3, 33, 352, TileConfig(block_m=1, block_n=16, block_k=128, math="gemv", split_k=2)),
+        (3, 33, 352, TileConfig(block_m=1, block_n=16, block_k=128, math="gemv", split_k=2,
+                                num_stages=2)),
         (2, 32, 448, TileConfig(block_m=1, block_n=32, block_k=64, math="gemv", split_k=8,
                                 num_stages=1)),
     ]

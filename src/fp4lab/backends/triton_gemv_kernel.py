@@ -104,19 +104,6 @@ def bias_activations(words):
 
 
 @triton.jit
-def issue_now(w_a, w_b, xl0, xl1, xl2, xl3, xh0, xh1, xh2, xh3, s_lo, s_hi):
-    """An empty asm statement with side effects that names the next tile's loaded values (in a
-    PTX comment: no instruction reads them, so nothing waits for them): the compiler, which
-    moves a load down to its first use, keeps these loads here, ahead of the current tile's
-    decode, instead of at the end of the loop."""
-    return tl.inline_asm_elementwise(
-        asm="// next tile: $1 $2 $3 $4 $5 $6 $7 $8 $9 $10 $11 $12",
-        constraints="=r,l,l,l,l,l,l,l,l,l,l,f,f",
-        args=[w_a, w_b, xl0, xl1, xl2, xl3, xh0, xh1, xh2, xh3, s_lo, s_hi], dtype=tl.int32,
-        is_pure=False, pack=1)
-
-
-@triton.jit
 def bf16_at(words, slot: tl.constexpr):
     """float32 value of bf16 number `slot` (0..3) of int64 words."""
     bits = ((words >> (16 * slot)) & 0xFFFF).to(tl.int32) << 16
@@ -161,40 +148,57 @@ def scale_f32(scale_bytes, IS_NVFP4: tl.constexpr):
 
 
 @triton.jit
-def load_activation_words(acts, row_word, k0, K, e, KE: tl.constexpr,
-                          EVEN_K: tl.constexpr):
-    """The activation words under the low nibbles of elements `e` (k0 + 16e ..) as four [KE]
-    tensors, 4 k each (K is a multiple of 4: a word is all in or all out)."""
+def load_activation_words(acts, row_word, k0, K, e, EVEN_K: tl.constexpr):
+    """The activation words under the low nibbles of elements `e` (k0 + 16e ..): [KE, 4] int64,
+    4 k each (K is a multiple of 4: a word is all in or all out)."""
     q = tl.arange(0, 4)
-    idx = row_word + k0 // 4 + (4 * e)[:, None] + q[None, :]     # [KE, 4]
+    idx = row_word + k0 // 4 + (4 * e)[:, None] + q[None, :]                # [KE, 4]
     if EVEN_K:
-        words = tl.load(acts + idx)
-    else:
-        k_first = k0 + (16 * e)[:, None] + (4 * q)[None, :]
-        words = tl.load(acts + idx, mask=k_first < K, other=0)
-    # [KE, 4] -> q = 2i + j: split j, then i
-    even, odd = tl.split(tl.reshape(words, (KE, 2, 2)))           # q = 2i, q = 2i + 1
-    x0, x2 = tl.split(even)
-    x1, x3 = tl.split(odd)
-    return x0, x1, x2, x3
+        return tl.load(acts + idx)
+    k_first = k0 + (16 * e)[:, None] + (4 * q)[None, :]
+    return tl.load(acts + idx, mask=k_first < K, other=0)
 
 
 @triton.jit
-def load_tile(code_rows, scale_rows, acts, row_word, k0, K, e, IS_NVFP4: tl.constexpr,
-              SCALE_BLOCK: tl.constexpr, KH: tl.constexpr, KE: tl.constexpr,
-              EVEN_K: tl.constexpr):
-    """What one K step reads, for the tile at k0: the elements' two code words [BN, KE] each,
-    the activation words of their low and high nibbles ([KE] x 4 each) and the two halves'
-    float32 block scales [BN, KE]."""
+def split_words(words, KE: tl.constexpr):
+    """[KE, 4] activation words -> their four columns, [1, KE] each (register moves only)."""
+    even, odd = tl.split(tl.reshape(words, (KE, 2, 2)))                     # q = 2i, 2i + 1
+    x0, x2 = tl.split(even)
+    x1, x3 = tl.split(odd)
+    return x0[None, :], x1[None, :], x2[None, :], x3[None, :]
+
+
+@triton.jit
+def load_tile(code_rows, scale_rows, acts, row_word, k0, K, e, SCALE_BLOCK: tl.constexpr,
+              KH: tl.constexpr, EVEN_K: tl.constexpr):
+    """What one K step reads for the tile at k0, as loaded: the elements' code words [BN, KE, 2]
+    int64, the activation words of their low and high nibbles [KE, 4] int64 each, and the scale
+    bytes of the two halves [BN, KE] each."""
     words = tl.load(code_rows + (k0 // 16 + 2 * e)[None, :, None]
-                    + tl.arange(0, 2)[None, None, :])                       # [BN, KE, 2] int64
+                    + tl.arange(0, 2)[None, None, :])
+    x_lo = load_activation_words(acts, row_word, k0, K, e, EVEN_K)
+    x_hi = load_activation_words(acts, row_word, k0 + KH, K, e, EVEN_K)
+    s_lo = tl.load(scale_rows + ((k0 + 16 * e) // SCALE_BLOCK)[None, :])
+    s_hi = tl.load(scale_rows + ((k0 + KH + 16 * e) // SCALE_BLOCK)[None, :])
+    return words, x_lo, x_hi, s_lo, s_hi
+
+
+@triton.jit
+def consume_tile(acc, words, x_lo, x_hi, s_lo, s_hi, IS_NVFP4: tl.constexpr, KE: tl.constexpr,
+                 DECODE: tl.constexpr):
+    """acc [BN, KE] plus one tile's products (what `load_tile` returned)."""
     w_a, w_b = tl.split(words)                                              # [BN, KE] each
-    xl0, xl1, xl2, xl3 = load_activation_words(acts, row_word, k0, K, e, KE, EVEN_K)
-    xh0, xh1, xh2, xh3 = load_activation_words(acts, row_word, k0 + KH, K, e, KE, EVEN_K)
-    s_lo = scale_f32(tl.load(scale_rows + ((k0 + 16 * e) // SCALE_BLOCK)[None, :]), IS_NVFP4)
-    s_hi = scale_f32(tl.load(scale_rows + ((k0 + KH + 16 * e) // SCALE_BLOCK)[None, :]),
-                     IS_NVFP4)
-    return w_a, w_b, xl0, xl1, xl2, xl3, xh0, xh1, xh2, xh3, s_lo, s_hi
+    xl0, xl1, xl2, xl3 = split_words(x_lo, KE)
+    xh0, xh1, xh2, xh3 = split_words(x_hi, KE)
+    scale_lo = scale_f32(s_lo, IS_NVFP4)
+    scale_hi = scale_f32(s_hi, IS_NVFP4)
+    if DECODE == "ptx":   # the activations [1, KE] broadcast over the rows by the asm
+        return element_ptx(w_a, w_b, bias_activations(xl0), bias_activations(xl1),
+                           bias_activations(xl2), bias_activations(xl3), bias_activations(xh0),
+                           bias_activations(xh1), bias_activations(xh2), bias_activations(xh3),
+                           scale_lo, scale_hi, acc)
+    return element_bits(w_a, w_b, xl0, xl1, xl2, xl3, xh0, xh1, xh2, xh3, scale_lo, scale_hi,
+                        acc)
 
 
 # M, the split length and the split count vary per call: one compiled kernel serves them all
@@ -205,7 +209,7 @@ def gemv_kernel(
     stride_am, stride_wn, stride_sn, stride_cm,
     IS_NVFP4: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT: tl.constexpr, EVEN_K: tl.constexpr, DECODE: tl.constexpr, NUM_STAGES: tl.constexpr,
+    SPLIT: tl.constexpr, EVEN_K: tl.constexpr, DECODE: tl.constexpr, DEPTH: tl.constexpr,
 ):
     """out[m, n-tile] over one K split (program_id(1)) for activation row m = program_id(0) % M.
     a: bf16 [M, K] with K and its row stride multiples of 4 and 8-byte aligned rows; w: the
@@ -229,34 +233,34 @@ def gemv_kernel(
     scale_rows = s_ptr + rows[:, None] * stride_sn                          # [BN, 1]
     acc = tl.zeros((BLOCK_N, KE), dtype=tl.float32)
 
-    # one tile ahead in registers: the next tile's loads are issued before this tile's decode,
-    # so they are in flight while it runs (left to itself the compiler issues each load just
-    # before its use, and every iteration waits out the memory latency; NOTES, call 24)
+    # DEPTH tiles in flight in registers: a tile's loads are issued DEPTH - 1 K steps before
+    # it is decoded, so they overlap the decode of the tiles before it. The compiler issues each
+    # load late in the step that issues it (just before the end of the step, in the sm_90 SASS),
+    # so one step ahead covers little of the memory latency; two steps ahead cover a whole
+    # step's decode (NOTES, calls 24-25). Past the split's last tile the loads repeat it.
     k_start = pid_k * blocks_per_split * BLOCK_K
     k_end = tl.minimum(k_start + blocks_per_split * BLOCK_K, K)
     k_last = k_start + (k_end - k_start - 1) // BLOCK_K * BLOCK_K
-    w_a, w_b, xl0, xl1, xl2, xl3, xh0, xh1, xh2, xh3, s_lo, s_hi = load_tile(
-        code_rows, scale_rows, acts, row_word, k_start, K, e, IS_NVFP4, SCALE_BLOCK, KH, KE,
-        EVEN_K)
-    for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
-        (nw_a, nw_b, nxl0, nxl1, nxl2, nxl3, nxh0, nxh1, nxh2, nxh3, ns_lo,
-         ns_hi) = load_tile(code_rows, scale_rows, acts, row_word,
-                            tl.minimum(k0 + BLOCK_K, k_last), K, e, IS_NVFP4, SCALE_BLOCK, KH,
-                            KE, EVEN_K)
-        if DECODE == "ptx":   # activations [1, KE], broadcast over the rows by the asm
-            issue_now(nw_a, nw_b, nxl0[None, :], nxl1[None, :], nxl2[None, :], nxl3[None, :],
-                      nxh0[None, :], nxh1[None, :], nxh2[None, :], nxh3[None, :], ns_lo, ns_hi)
-            acc = element_ptx(w_a, w_b, bias_activations(xl0)[None, :],
-                              bias_activations(xl1)[None, :], bias_activations(xl2)[None, :],
-                              bias_activations(xl3)[None, :], bias_activations(xh0)[None, :],
-                              bias_activations(xh1)[None, :], bias_activations(xh2)[None, :],
-                              bias_activations(xh3)[None, :], s_lo, s_hi, acc)
+    if DEPTH >= 2:
+        words1, x_lo1, x_hi1, s_lo1, s_hi1 = load_tile(code_rows, scale_rows, acts, row_word,
+                                                       k_start, K, e, SCALE_BLOCK, KH, EVEN_K)
+    if DEPTH >= 3:
+        words2, x_lo2, x_hi2, s_lo2, s_hi2 = load_tile(
+            code_rows, scale_rows, acts, row_word, tl.minimum(k_start + BLOCK_K, k_last), K, e,
+            SCALE_BLOCK, KH, EVEN_K)
+    for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=1):
+        k_ahead = tl.minimum(k0 + (DEPTH - 1) * BLOCK_K, k_last)
+        words, x_lo, x_hi, s_lo, s_hi = load_tile(code_rows, scale_rows, acts, row_word,
+                                                  k_ahead, K, e, SCALE_BLOCK, KH, EVEN_K)
+        if DEPTH == 1:
+            acc = consume_tile(acc, words, x_lo, x_hi, s_lo, s_hi, IS_NVFP4, KE, DECODE)
         else:
-            acc = element_bits(w_a, w_b, xl0[None, :], xl1[None, :], xl2[None, :], xl3[None, :],
-                               xh0[None, :], xh1[None, :], xh2[None, :], xh3[None, :], s_lo,
-                               s_hi, acc)
-        w_a, w_b, xl0, xl1, xl2, xl3 = nw_a, nw_b, nxl0, nxl1, nxl2, nxl3
-        xh0, xh1, xh2, xh3, s_lo, s_hi = nxh0, nxh1, nxh2, nxh3, ns_lo, ns_hi
+            acc = consume_tile(acc, words1, x_lo1, x_hi1, s_lo1, s_hi1, IS_NVFP4, KE, DECODE)
+            if DEPTH == 2:
+                words1, x_lo1, x_hi1, s_lo1, s_hi1 = words, x_lo, x_hi, s_lo, s_hi
+            else:
+                words1, x_lo1, x_hi1, s_lo1, s_hi1 = words2, x_lo2, x_hi2, s_lo2, s_hi2
+                words2, x_lo2, x_hi2, s_lo2, s_hi2 = words, x_lo, x_hi, s_lo, s_hi
 
     tile = (tl.sum(acc, axis=1) * weight_factor(gs_ptr, IS_NVFP4))[None, :]  # [1, BN]
     finish_tile(tile, c_ptr, ws_ptr, count_ptr, pid, pid_k, splits, offs_m, offs_n, m_mask,

@@ -36,6 +36,7 @@ DOT_MIN_BLOCK = 16                 # tl.dot needs every tile dimension >= 16
 FMA_MAX_BLOCK_M = 16
 NUM_WARPS = (1, 2, 4, 8)
 MATHS = ("dot", "fma", "gemv")
+GEMV_DEPTHS = (1, 2, 3)           # the gemv kernel's tiles in flight (its num_stages)
 DECODES = ("ptx", "bits")
 MAX_SPLIT_K = 32
 # Must match triton_w4a16_kernel (kept here so choosing a config and checking weights needs no
@@ -73,6 +74,9 @@ class TileConfig:
             raise ValueError("TileConfig with math='gemv' runs one activation row a program: "
                              f"block_m must be 1 and swap_ab False, got block_m={self.block_m!r}, "
                              f"swap_ab={self.swap_ab!r}")
+        if self.math == "gemv" and self.num_stages not in GEMV_DEPTHS:
+            raise ValueError(f"TileConfig.num_stages (tiles in flight) must be one of "
+                             f"{GEMV_DEPTHS} with math='gemv', got {self.num_stages!r}")
         for name, least in (("block_m", least_m), ("block_n", DOT_MIN_BLOCK),
                             ("block_k", MIN_BLOCK_K)):
             value = getattr(self, name)

@@ -408,7 +408,7 @@ class Launch:
             IS_NVFP4=is_nvfp4, SCALE_BLOCK=NVFP4_SCALE_BLOCK if is_nvfp4 else MXFP4_SCALE_BLOCK,
             BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT=splits > 1,
             EVEN_K=k % config.block_k == 0, DECODE="bits" if INTERPRETED else config.decode,
-            NUM_STAGES=config.num_stages, num_warps=config.num_warps, num_stages=config.num_stages)
+            num_warps=config.num_warps)
         if config.math == "gemv":
             if stage != "full":
                 raise ValueError(f"stage {stage!r} runs on the tensor-core kernel; math='gemv' "
@@ -416,10 +416,12 @@ class Launch:
             if k % ACTIVATIONS_PER_WORD:
                 raise ValueError(f"math='gemv' reads activations 4 at a time: K must be a "
                                  f"multiple of {ACTIVATIONS_PER_WORD}, got {k}")
-            self.constants = common
+            # num_stages counts the tiles in flight in registers (the kernel's own prefetch)
+            self.constants = dict(common, DEPTH=config.num_stages, num_stages=1)
         else:
             self.constants = dict(common, BLOCK_M=config.block_m, MATH=config.math,
-                                  SWAP_AB=config.swap_ab, STAGE=stage, DOT_IN_FP32=INTERPRETED)
+                                  SWAP_AB=config.swap_ab, STAGE=stage, DOT_IN_FP32=INTERPRETED,
+                                  NUM_STAGES=config.num_stages, num_stages=config.num_stages)
 
     def __call__(self, a, w, scale_bytes, global_scale, out):
         """out[M, N] = a[M, K] @ dequant(w)[N, K]^T (or the stage's result); returns out."""
