@@ -93,15 +93,17 @@ def tile_shapes(m: int) -> list[TileConfig]:
 def gemv_shapes(m: int) -> list[TileConfig]:
     """The CUDA-core gemv kernel's tiles (one activation row a program, 16-byte loads straight
     into registers, ~3.3 instructions per weight in the offline sm_90 SASS against the tensor-
-    core kernel's 4.9): at M = 1 a K step of 256 or 512, 64 or 128 rows, with and without a
-    two-stage cp.async pipeline; above M = 1 every row decodes the weights again, so one shape
-    only, to see that cost."""
+    core kernel's 4.9). Calls 24-25 found it bound by the memory latency of each K step, not by
+    instructions, so at M = 1 the tiles keep 3 in flight (num_stages) on 64 or 128 rows or with
+    a 512 K step, and one shape keeps 2; above M = 1 every row decodes the weights again, so one
+    shape only, to see that cost (benchmarks/NOTES.md)."""
     if m > 4:
         return []
-    gemv = TileConfig(block_m=1, block_n=64, block_k=256, num_stages=1, math="gemv")
+    gemv = TileConfig(block_m=1, block_n=64, block_k=256, num_stages=3, math="gemv")
     if m > 1:
         return [gemv]
-    return [gemv, dataclasses.replace(gemv, block_k=512), dataclasses.replace(gemv, block_n=128),
+    return [gemv, dataclasses.replace(gemv, block_n=128, num_warps=8),
+            dataclasses.replace(gemv, block_n=32, block_k=512),
             dataclasses.replace(gemv, num_stages=2)]
 
 

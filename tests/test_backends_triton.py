@@ -76,9 +76,9 @@ def case(fmt, m, n, k, config=None, seed=0):
 # Every code path of the kernel at tiny shapes: M in decode and prefill ranges, N tails (odd),
 # K tails shorter than BLOCK_K (EVEN_K off) and K a multiple of it, split-K with uneven splits
 # (the last-CTA reduction) and with more splits requested than K has blocks, swapped and plain
-# tensor-core dots, several M tiles, CUDA-core FMA math at BM = 1, 2, 4, the default choice, and
-# the gemv kernel (one activation row a program): K tails (EVEN_K off, K a multiple of 4 but not
-# of BLOCK_K), split-K with uneven splits, several rows, no software pipeline.
+# tensor-core dots, several M tiles, the default choice, and the CUDA-core gemv kernel (one
+# activation row a program): K tails (EVEN_K off, K a multiple of 4 but not of BLOCK_K), split-K
+# with uneven splits, several rows, 1, 2 and 3 tiles in flight.
 INTERPRETER_CASES = [
     case(fmt, m, n, k, config)
     for fmt in ("nvfp4", "mxfp4")
@@ -88,9 +88,6 @@ INTERPRETER_CASES = [
         (2, 33, 448, TileConfig(block_m=16, block_n=16, block_k=128, split_k=8, swap_ab=True)),
         (37, 24, 128, TileConfig(block_m=16, block_n=16, block_k=64)),
         (17, 19, 96, TileConfig(block_m=32, block_n=16, block_k=64, swap_ab=True)),
-        (1, 48, 256, TileConfig(block_m=1, block_n=16, block_k=64, math="fma", split_k=2)),
-        (4, 21, 160, TileConfig(block_m=4, block_n=16, block_k=64, math="fma")),
-        (2, 32, 128, TileConfig(block_m=2, block_n=32, block_k=128, math="fma", split_k=2)),
         (1, 40, 256, TileConfig(block_m=1, block_n=16, block_k=64, math="gemv")),
         (3, 33, 352, TileConfig(block_m=1, block_n=16, block_k=128, math="gemv", split_k=2,
                                 num_stages=2)),
@@ -290,17 +287,17 @@ def test_bad_tile_config_names_the_field(field, value):
         TileConfig(**fields)
 
 
-def test_fma_math_allows_single_rows_but_not_large_tiles():
-    assert TileConfig(block_m=1, block_n=64, block_k=128, math="fma").block_m == 1
-    with pytest.raises(ValueError, match="TileConfig.block_m"):
-        TileConfig(block_m=32, block_n=64, block_k=128, math="fma")
-
-
 @pytest.mark.parametrize("fields", [{"block_m": 16}, {"block_m": 1, "swap_ab": True}])
 def test_gemv_math_runs_one_row_a_program(fields):
     assert TileConfig(block_m=1, block_n=64, block_k=256, math="gemv").block_m == 1
     with pytest.raises(ValueError, match="block_m must be 1 and swap_ab False"):
         TileConfig(**{"block_n": 64, "block_k": 128, "math": "gemv", **fields})
+
+
+@pytest.mark.parametrize("depth", [0, 4])
+def test_gemv_keeps_one_to_three_tiles_in_flight(depth):
+    with pytest.raises(ValueError, match=r"num_stages \(tiles in flight\) must be one of"):
+        TileConfig(block_m=1, block_n=64, block_k=256, math="gemv", num_stages=depth)
 
 
 GEMV = TileConfig(block_m=1, block_n=16, block_k=64, math="gemv")

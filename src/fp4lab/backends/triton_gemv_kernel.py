@@ -21,7 +21,15 @@ decodes them with the same bit trick, and multiplies on CUDA cores:
     tensor-core kernel;
   - precision: the products and a chain's sum of 8 of them are rounded to bf16 (8 bits), every
     chain sum then accumulates in float32 (the tensor cores round only the final sum), about
-    2^-9 relative error per chain; the gate checks every configuration before it is timed.
+    2^-9 relative error per chain (the H200 gate: rel_err 3.8e-3 at 8192x8192, the tensor-core
+    kernel 1.6e-3); the gate checks every configuration before it is timed;
+  - mxfp4: the two elements of a 32-weight block each read its scale byte (1/32 B per weight
+    read twice; the L1 serves the second);
+  - what bounds it on the H200 (calls 24-25): the memory latency of each K step, not the
+    instructions: with each load issued at its use it took 37 us at 8192x8192 (the tensor-core
+    kernel 20 us), and more K splits made it slower. So the kernel keeps DEPTH tiles in flight in
+    registers (TileConfig.num_stages): a tile's loads are issued DEPTH - 1 K steps before its
+    decode.
 
 K splits and their one-launch reduction are the tensor-core kernel's (`finish_tile`). Shape
 legend: `N` weight rows, `K` reduction dimension, `BN` x `BK` the tile, `KH` = BK/2 bytes of a
@@ -234,10 +242,10 @@ def gemv_kernel(
     acc = tl.zeros((BLOCK_N, KE), dtype=tl.float32)
 
     # DEPTH tiles in flight in registers: a tile's loads are issued DEPTH - 1 K steps before
-    # it is decoded, so they overlap the decode of the tiles before it. The compiler issues each
-    # load late in the step that issues it (just before the end of the step, in the sm_90 SASS),
-    # so one step ahead covers little of the memory latency; two steps ahead cover a whole
-    # step's decode (NOTES, calls 24-25). Past the split's last tile the loads repeat it.
+    # it is decoded, so they overlap the decode of the tiles before it. ptxas places the loads
+    # in the last part of the step that issues them (the offline sm_90 SASS), so one step ahead
+    # hid little (call 25); two steps ahead leave a whole step's decode between a load and its
+    # use. Past the split's last tile the loads repeat it (no predicates).
     k_start = pid_k * blocks_per_split * BLOCK_K
     k_end = tl.minimum(k_start + blocks_per_split * BLOCK_K, K)
     k_last = k_start + (k_end - k_start - 1) // BLOCK_K * BLOCK_K

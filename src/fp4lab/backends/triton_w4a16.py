@@ -33,9 +33,8 @@ from fp4lab.backends.base import (
 MIN_BLOCK_K = 64                   # >= 32 bytes per row of a tile: one 16-byte load pair, one
                                    # whole mxfp4 scale block per half tile
 DOT_MIN_BLOCK = 16                 # tl.dot needs every tile dimension >= 16
-FMA_MAX_BLOCK_M = 16
 NUM_WARPS = (1, 2, 4, 8)
-MATHS = ("dot", "fma", "gemv")
+MATHS = ("dot", "gemv")
 GEMV_DEPTHS = (1, 2, 3)           # the gemv kernel's tiles in flight (its num_stages)
 DECODES = ("ptx", "bits")
 MAX_SPLIT_K = 32
@@ -52,9 +51,10 @@ class TileConfig:
     """One launch configuration.
 
     `math` "dot" runs bf16 tensor cores (`swap_ab` computes out^T = W a^T, so the weight tile is
-    the MMA's M side: wgmma needs >= 64 rows there, which a decode-sized M cannot give); "fma"
-    runs CUDA cores over [BM, BN, BK/2] (BM may be 1). `split_k` splits K over that many CTAs per
-    output tile, summed in the same launch. `decode` "ptx" decodes with inline PTX, "bits" with
+    the MMA's M side: wgmma needs >= 64 rows there, which a decode-sized M cannot give); "gemv"
+    runs the CUDA-core kernel (`triton_gemv_kernel`: one activation row a program, so block_m is
+    1, and num_stages counts the tiles in flight in registers, 1 to 3). `split_k` splits K over
+    that many CTAs per output tile, summed in the same launch. `decode` "ptx" decodes with inline PTX, "bits" with
     plain Triton (the same values; the interpreter always runs "bits").
     """
 
@@ -83,9 +83,6 @@ class TileConfig:
             if not _is_int(value) or value < least or value & (value - 1):
                 raise ValueError(f"TileConfig.{name} must be a power of two >= {least}, "
                                  f"got {value!r}")
-        if self.math == "fma" and self.block_m > FMA_MAX_BLOCK_M:
-            raise ValueError(f"TileConfig.block_m must be <= {FMA_MAX_BLOCK_M} with math='fma', "
-                             f"got {self.block_m}")
         for name, top in (("split_k", MAX_SPLIT_K), ("num_stages", 8)):
             value = getattr(self, name)
             if not _is_int(value) or not 1 <= value <= top:

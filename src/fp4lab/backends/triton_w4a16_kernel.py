@@ -8,12 +8,11 @@ the halves layout (below; `fp4lab.formats` stores element 2j in the low nibble o
 prepare re-lays them once); block scales [N, Kp/S] one byte each: e8m0 for mxfp4, and for nvfp4
 the e4m3 scales re-encoded once at prepare as "e5m3" (see SCALE_EXP below).
 
-One kernel, two ways to do the math (`MATH`), one K loop:
-  - "dot": bf16 tensor cores. At decode-sized M the weight tile is the MMA's M side (SWAP_AB:
-    out^T = W a^T), since wgmma needs >= 64 rows there and M gives only a few: the padding of M
-    to 16 costs tensor-core cycles, which are not what limits a weight read.
-  - "fma": CUDA cores, a broadcast multiply-add over [BM, BN, KH] with fp32 accumulators and one
-    reduction over K after the loop (BM may be 1).
+One tensor-core kernel (`w4a16_kernel`, MATH "dot": bf16 MMAs, one K loop). At decode-sized M
+the weight tile is the MMA's M side (SWAP_AB: out^T = W a^T), since wgmma needs >= 64 rows there
+and M gives only a few: the padding of M to 16 costs tensor-core cycles, which are not what
+limits a weight read. The CUDA-core path (MATH "gemv") is its own kernel, `triton_gemv_kernel`,
+which shares this module's decode conventions and split-K epilogue.
 Where the time of a weight-only kernel goes, besides the bytes, is the per-weight decode and the
 instructions around it, so:
   - the weights are read in the "halves" layout that prepare writes once (`halves_layout` in
@@ -240,7 +239,7 @@ def w4a16_kernel(
     stride_am, stride_wn, stride_sn, stride_cm,
     IS_NVFP4: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT: tl.constexpr, MATH: tl.constexpr, SWAP_AB: tl.constexpr, STAGE: tl.constexpr,
+    SPLIT: tl.constexpr, SWAP_AB: tl.constexpr, STAGE: tl.constexpr,
     EVEN_K: tl.constexpr, DECODE: tl.constexpr, DOT_IN_FP32: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
@@ -280,8 +279,6 @@ def w4a16_kernel(
     elif ROW_SUMS:
         acc_w = tl.zeros((BLOCK_N, KH), dtype=tl.float32)
         acc_a = tl.zeros((BLOCK_M, KH), dtype=tl.float32)
-    elif MATH == "fma":
-        acc = tl.zeros((BLOCK_M, BLOCK_N, KH), dtype=tl.float32)
     elif SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)   # out^T tile
     else:
@@ -316,9 +313,6 @@ def w4a16_kernel(
             if ROW_SUMS:
                 acc_w += w_lo.to(tl.float32) + w_hi.to(tl.float32)
                 acc_a += a_lo.to(tl.float32) + a_hi.to(tl.float32)
-            elif MATH == "fma":
-                acc += (a_lo.to(tl.float32)[:, None, :] * w_lo.to(tl.float32)[None, :, :]
-                        + a_hi.to(tl.float32)[:, None, :] * w_hi.to(tl.float32)[None, :, :])
             else:
                 acc = tile_dot(acc, w_lo, a_lo, SWAP_AB, DOT_IN_FP32)
                 acc = tile_dot(acc, w_hi, a_hi, SWAP_AB, DOT_IN_FP32)
@@ -331,9 +325,7 @@ def w4a16_kernel(
         tile = (tl.sum(acc_a, axis=1)[:, None]
                 + (tl.sum(acc_w, axis=1) * weight_factor(gs_ptr, IS_NVFP4))[None, :])
     else:
-        if MATH == "fma":
-            tile = tl.sum(acc, axis=2)
-        elif SWAP_AB:
+        if SWAP_AB:
             tile = tl.trans(acc)
         else:
             tile = acc
@@ -419,8 +411,7 @@ class Launch:
             # num_stages counts the tiles in flight in registers (the kernel's own prefetch)
             self.constants = dict(common, DEPTH=config.num_stages, num_stages=1)
         else:
-            self.constants = dict(common, BLOCK_M=config.block_m, MATH=config.math,
-                                  SWAP_AB=config.swap_ab, STAGE=stage, DOT_IN_FP32=INTERPRETED,
+            self.constants = dict(common, BLOCK_M=config.block_m, SWAP_AB=config.swap_ab, STAGE=stage, DOT_IN_FP32=INTERPRETED,
                                   NUM_STAGES=config.num_stages, num_stages=config.num_stages)
 
     def __call__(self, a, w, scale_bytes, global_scale, out):
