@@ -54,8 +54,8 @@ class TileConfig:
     the MMA's M side: wgmma needs >= 64 rows there, which a decode-sized M cannot give); "gemv"
     runs the CUDA-core kernel (`triton_gemv_kernel`: one activation row a program, so block_m is
     1, and num_stages counts the tiles in flight in registers, 1 to 3). `split_k` splits K over
-    that many CTAs per output tile, summed in the same launch. `decode` "ptx" decodes with inline PTX, "bits" with
-    plain Triton (the same values; the interpreter always runs "bits").
+    that many CTAs per output tile, summed in the same launch. `decode` "ptx" decodes with
+    inline PTX, "bits" with plain Triton (the same values; the interpreter always runs "bits").
     """
 
     block_m: int

@@ -8,11 +8,11 @@ the halves layout (below; `fp4lab.formats` stores element 2j in the low nibble o
 prepare re-lays them once); block scales [N, Kp/S] one byte each: e8m0 for mxfp4, and for nvfp4
 the e4m3 scales re-encoded once at prepare as "e5m3" (see SCALE_EXP below).
 
-One tensor-core kernel (`w4a16_kernel`, MATH "dot": bf16 MMAs, one K loop). At decode-sized M
-the weight tile is the MMA's M side (SWAP_AB: out^T = W a^T), since wgmma needs >= 64 rows there
-and M gives only a few: the padding of M to 16 costs tensor-core cycles, which are not what
-limits a weight read. The CUDA-core path (MATH "gemv") is its own kernel, `triton_gemv_kernel`,
-which shares this module's decode conventions and split-K epilogue.
+One tensor-core kernel (`w4a16_kernel`, TileConfig math "dot": bf16 MMAs, one K loop). At
+decode-sized M the weight tile is the MMA's M side (SWAP_AB: out^T = W a^T), since wgmma needs
+>= 64 rows there and M gives only a few: the padding of M to 16 costs tensor-core cycles, which
+are not what limits a weight read. The CUDA-core path (math "gemv") is its own kernel,
+`triton_gemv_kernel`, which shares this module's decode conventions and split-K epilogue.
 Where the time of a weight-only kernel goes, besides the bytes, is the per-weight decode and the
 instructions around it, so:
   - the weights are read in the "halves" layout that prepare writes once (`halves_layout` in
@@ -411,7 +411,8 @@ class Launch:
             # num_stages counts the tiles in flight in registers (the kernel's own prefetch)
             self.constants = dict(common, DEPTH=config.num_stages, num_stages=1)
         else:
-            self.constants = dict(common, BLOCK_M=config.block_m, SWAP_AB=config.swap_ab, STAGE=stage, DOT_IN_FP32=INTERPRETED,
+            self.constants = dict(common, BLOCK_M=config.block_m, SWAP_AB=config.swap_ab,
+                                  STAGE=stage, DOT_IN_FP32=INTERPRETED,
                                   NUM_STAGES=config.num_stages, num_stages=config.num_stages)
 
     def __call__(self, a, w, scale_bytes, global_scale, out):
