@@ -1,6 +1,6 @@
 """One H200 call for fp4lab's own FP4 kernels (issue 13): tune, gate, time, and say where time goes.
 
-    PYTHONPATH=src timeout 170 python3 benchmarks/h200_kernels.py --out $OUT
+    PYTHONPATH=src timeout 170 python3 benchmarks/h200_kernels.py --out $OUT [--plan decode]
 
 Carries nothing beyond the tree (no wheels). In order, each phase inside the --budget-s deadline
 (a phase or point that does not fit is a "skipped" row; every step has its own time limit; an
@@ -24,7 +24,8 @@ Writes under --out: measurements.jsonl (one JSON object per measurement or skip,
 presets.json (the winners, rows that `triton_w4a16.presets_from_json` and
 `triton_fused.moe_presets_from_json` load), presets_snippet.py (the same as Python literals to
 paste as SHAPE_PRESETS / MOE_PRESETS), summary.txt (the table printed last). `--smoke` runs the
-same phases on tiny shapes (the CPU test, under TRITON_INTERPRET=1).
+same phases on tiny shapes (the CPU test, under TRITON_INTERPRET=1); `--plan decode` only M = 1
+and 4 (the gemv kernel beside the tensor-core one), the anatomy at M = 1 and DeepSeek-V3's layer.
 """
 
 from __future__ import annotations

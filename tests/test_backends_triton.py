@@ -303,6 +303,17 @@ def test_gemv_keeps_one_to_three_tiles_in_flight(depth):
 GEMV = TileConfig(block_m=1, block_n=16, block_k=64, math="gemv")
 
 
+def test_the_anatomy_runs_the_tensor_core_kernel_when_a_gemv_preset_wins(monkeypatch):
+    gemv = TileConfig(block_m=1, block_n=64, block_k=256, split_k=4, math="gemv")
+    monkeypatch.setitem(triton_w4a16.SHAPE_PRESETS, (4096, 4096), ((1, gemv),))
+    assert choose_config(1, 4096, 4096, H200_SMS) == gemv
+    config = triton_w4a16.tensor_core_config(1, 4096, 4096, H200_SMS)
+    assert config.math == "dot" and config.swap_ab and config.ctas(1, 4096, 4096) >= H200_SMS
+    # a tensor-core preset is used as it is
+    assert (triton_w4a16.tensor_core_config(1, 8192, 8192, H200_SMS)
+            == choose_config(1, 8192, 8192, H200_SMS))
+
+
 def test_gemv_refuses_what_it_cannot_read_with_a_clear_error():
     from fp4lab.backends import triton_w4a16_kernel as kernel
 
