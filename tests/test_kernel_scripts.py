@@ -1,4 +1,5 @@
-"""benchmarks/tune_w4a16.py (the dense grid) and benchmarks/h200_kernels.py (the H200 call): the
+"""benchmarks/tune_w4a16.py (the dense grid), benchmarks/h200_kernels.py (the H200 call) and
+benchmarks/gemv_probe.py (a probe between tuning runs): the
 grid's shape, the presets they write, and one whole --smoke run of the device script on the CPU
 (TRITON_INTERPRET=1: the same phases, gates and files on tiny shapes)."""
 
@@ -138,3 +139,25 @@ def test_device_script_without_a_gpu_says_so(tmp_path):
                           str(tmp_path)], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": os.path.join(BENCH, "..", "src")})
     assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
+
+
+def run_probe(tmp_path, *args):
+    return subprocess.run([sys.executable, os.path.join(BENCH, "gemv_probe.py"), "--out",
+                           str(tmp_path), *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.path.join(BENCH, "..", "src")})
+
+
+@pytest.mark.parametrize("bad", ["8192x8192:1", "nvfp4:8192by8192:1", "nvfp4:8192x8192:one"])
+def test_probe_names_a_bad_point(tmp_path, bad):
+    run = run_probe(tmp_path, "--point", bad)
+    assert run.returncode == 2 and "--point wants fmt:NxK:M" in run.stderr, run.stderr
+
+
+def test_probe_grid_is_valid_gemv_configs_and_without_a_gpu_it_says_so(tmp_path):
+    probe = load("gemv_probe")
+    grid = [TileConfig(**fields) for fields in probe.PROBE_GRID]
+    assert len(set(grid)) == len(grid) and all(c.math == "gemv" for c in grid)
+    assert {c.num_stages for c in grid} == set(triton_w4a16.GEMV_DEPTHS)
+    if not torch.cuda.is_available():
+        run = run_probe(tmp_path)
+        assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
