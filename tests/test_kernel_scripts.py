@@ -1,7 +1,7 @@
 """benchmarks/tune_w4a16.py (the dense grid), benchmarks/h200_kernels.py (the H200 call) and
-benchmarks/gemv_probe.py (a probe between tuning runs): the
-grid's shape, the presets they write, and one whole --smoke run of the device script on the CPU
-(TRITON_INTERPRET=1: the same phases, gates and files on tiny shapes)."""
+benchmarks/gemv_probe.py (a probe between tuning runs): the grid's shape, the presets they
+write, bad input, and one whole --smoke run of the device script on the CPU (TRITON_INTERPRET=1:
+the same phases, gates and files on tiny shapes)."""
 
 import dataclasses
 import importlib.util
