@@ -78,7 +78,8 @@ def case(fmt, m, n, k, config=None, seed=0):
 # (the last-CTA reduction) and with more splits requested than K has blocks, swapped and plain
 # tensor-core dots, several M tiles, the default choice, and the CUDA-core gemv kernel (one
 # activation row a program): K tails (EVEN_K off, K a multiple of 4 but not of BLOCK_K), split-K
-# with uneven splits, several rows, 1, 2 and 3 tiles in flight.
+# with uneven splits (one of a single K step under 3 tiles in flight), several rows, 1, 2 and 3
+# tiles in flight.
 INTERPRETER_CASES = [
     case(fmt, m, n, k, config)
     for fmt in ("nvfp4", "mxfp4")
@@ -93,6 +94,7 @@ INTERPRETER_CASES = [
                                 num_stages=2)),
         (2, 32, 448, TileConfig(block_m=1, block_n=32, block_k=64, math="gemv", split_k=8,
                                 num_stages=1)),
+        (1, 24, 320, TileConfig(block_m=1, block_n=16, block_k=64, math="gemv", split_k=3)),
     ]
 ]
 
