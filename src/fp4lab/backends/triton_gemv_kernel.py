@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from fp4lab.backends.triton_w4a16_kernel import (
-    E5M3_BIAS, SCALE_EXP, WEIGHT_SHIFT, finish_tile, weight_factor,
+    E5M3_BIAS, SCALE_EXP, WEIGHT_SHIFT, e2m1_times_2_pow_14, finish_tile, weight_factor,
 )
 
 # Globals a @triton.jit function reads are tl.constexpr. The activations are read as int64
@@ -121,9 +121,7 @@ def bf16_at(words, slot: tl.constexpr):
 @triton.jit
 def e2m1_at(word, nibble: tl.constexpr):
     """float32 e2m1 value of 4-bit code `nibble` (0..15) of int64 words."""
-    code = ((word >> (4 * nibble)) & 0xF).to(tl.int32)
-    half_bits = ((code & 0x8) << 12) | ((code & 0x7) << 9)          # fp16 bits: e2m1 * 2^-14
-    return half_bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
+    return e2m1_times_2_pow_14(((word >> (4 * nibble)) & 0xF).to(tl.int32)) * 16384.0
 
 
 @triton.jit

@@ -196,18 +196,19 @@ def choose_config(m: int, n: int, k: int, sm_count: int = 132) -> TileConfig:
     """The tuned config for (N, K) at M when SHAPE_PRESETS covers it (the smallest measured M at
     or above m), else the generic preset for M with split-K when the tiles leave SMs idle."""
     tuned = preset_for(m, SHAPE_PRESETS.get((n, k), ()))
-    if tuned is not None:
-        return tuned
+    return tuned if tuned is not None else generic_config(m, n, k, sm_count)
+
+
+def generic_config(m: int, n: int, k: int, sm_count: int = 132) -> TileConfig:
+    """The generic (tensor-core) preset for M, split-K added when the tiles leave SMs idle."""
     return auto_split_k(preset_for(m, TILE_PRESETS), m, n, k, sm_count)
 
 
 def tensor_core_config(m: int, n: int, k: int, sm_count: int = 132) -> TileConfig:
     """`choose_config`'s pick when it runs the tensor-core kernel, else (a gemv preset) the
-    generic tensor-core preset for M: the kernel whose stages the anatomy switches."""
+    generic preset: the kernel whose stages the anatomy switches."""
     pick = choose_config(m, n, k, sm_count)
-    if pick.math == "dot":
-        return pick
-    return auto_split_k(preset_for(m, TILE_PRESETS), m, n, k, sm_count)
+    return pick if pick.math == "dot" else generic_config(m, n, k, sm_count)
 
 
 def presets_from_json(entries: list[dict]) -> dict[tuple[int, int], tuple]:

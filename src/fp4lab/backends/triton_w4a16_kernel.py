@@ -91,18 +91,22 @@ def decode_scales_bf16(scale_bytes, IS_NVFP4: tl.constexpr):
 
 
 @triton.jit
+def e2m1_times_2_pow_14(code):
+    """float32 e2m1 value of the 4-bit code in the low bits of integers `code` (higher bits
+    ignored), times 2^-14: the code's bits placed as an fp16 (s at bit 15, e1 e0 m at 11..9)."""
+    bits = ((code & 0x08) << 12) | ((code & 0x07) << 9)
+    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
 def decode_bits(packed, scale_lo, scale_hi):
     """Bytes (uint8) and the bf16 scales * 2^SCALE_EXP of their low and high nibbles' blocks ->
     (low nibble, high nibble) as bf16 e2m1 * scale * 2^-WEIGHT_SHIFT, in plain Triton (what
     `decode_ptx` computes)."""
     p = packed.to(tl.uint32)
-    lo = ((p & 0x08) << 12) | ((p & 0x07) << 9)       # fp16 bits: e2m1 * 2^-14
-    hi = ((p & 0x80) << 8) | ((p & 0x70) << 5)
     # 2^-14 * 2^SCALE_EXP * 2^-112 = 2^-26
-    lo = (lo.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-          * (scale_lo.to(tl.float32) * 2.0**-112))
-    hi = (hi.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-          * (scale_hi.to(tl.float32) * 2.0**-112))
+    lo = e2m1_times_2_pow_14(p) * (scale_lo.to(tl.float32) * 2.0**-112)
+    hi = e2m1_times_2_pow_14(p >> 4) * (scale_hi.to(tl.float32) * 2.0**-112)
     return lo.to(tl.bfloat16), hi.to(tl.bfloat16)
 
 
