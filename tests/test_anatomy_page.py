@@ -31,3 +31,13 @@ def test_a_run_without_the_stream_stage_has_neither():
     assert not any("as a stream" in line for line in ch01_gemm.anatomy_findings(old))
     sources = [c.source for c in ch01_gemm.anatomy_columns(old)]
     assert "stream" not in sources and "load" in sources and "full" in sources
+
+
+def test_a_second_m_gets_its_line_against_the_first():
+    """Issue 13 dissects the kernel at M=1 and 16: the larger M is stated against the M=1 time of
+    the same shape and format."""
+    one = table(10.2)
+    sixteen = one.assign(m=16, full=30.0, load=16.0, decode=33.0, copy_floor_us=9.0)
+    lines = ch01_gemm.anatomy_findings(pd.concat([one, sixteen], ignore_index=True))
+    line, = [line for line in lines if line.startswith("At M=16")]
+    assert "30.0 us" in line and "1.5x its M=1 time" in line and "16.0 us" in line and "9.00 us" in line

@@ -77,3 +77,27 @@ def test_the_sidebar_leads_with_the_gpu_measurements(tmp_path):
         book.write_toc(staged, ["00_environment"], ["00_environment"], run, reference)
         captions = [line for line in (staged / "_toc.yml").read_text().splitlines() if "caption" in line]
         assert first in captions[0] and len(captions) == 2, captions
+
+
+def test_the_front_page_shows_the_verdicts_numbers_and_its_three_largest_levers(tmp_path):
+    """Issue 10: beside the verdict, tokens per expert, power against the limit and the largest
+    levers, each value the diagnosis's own (the newest committed GPU run)."""
+    import re
+
+    from fp4lab import book, text
+    from fp4lab.analysis import decode
+    from fp4lab.chapters import ch04_diagnosis as words
+
+    run = RunDir.create(tmp_path, "cpu-run")
+    leading = report.leading_run(run, False, tmp_path)
+    page = book.front_page(run, {"chapters": [], "profile": "smoke"}, leading)
+    d = decode.diagnose(leading, decode.DiagnosisConfig.from_profile("smoke"))
+    glance = words.glance_html(d)
+    assert glance in page and page.index("fp4lab-glance") < page.index(text.html("the seed's table"))
+    shown = d.levers[d.levers["gain"] > 1 + decode.SAME_SPEED_WITHIN].head(words.GLANCE_LEVERS)
+    assert len(shown) == words.GLANCE_LEVERS
+    for lever in shown.itertuples():
+        assert text.html(lever.lever) in glance and text.ratio(lever.gain) in glance
+    assert f"{text.sig(d.load['busiest_m'])} busiest" in glance
+    assert f"of {text.sig(d.decode_power['power_limit_w'])} W" in glance
+    assert not re.search(r"\bnan\b|None", glance)

@@ -2,9 +2,8 @@
 front page that is the diagnosis, built by Jupyter Book 1 into static HTML.
 
 The front page answers the book's question above the fold: the device and run, the verdict in one
-sentence with its numbers, the seed-style table of the diagnosed backend, tokens per expert,
-power against the limit, the levers on the diagnosed path and the largest against other
-baselines. When the local run is a CPU smoke run, the front page leads with the newest GPU run on
+sentence with its numbers, beside it tokens per expert, power against the limit and the three
+largest levers, then the seed-style table of the diagnosed backend. When the local run is a CPU smoke run, the front page leads with the newest GPU run on
 record and labels the smoke run as a check of the pipeline.
 
 Each build stages its own copy of the sources (`book/_stage/<run-id>/`) and publishes to
@@ -203,7 +202,7 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
     """Markdown of the front page (included by intro.md): the diagnosis first, then the runs."""
     from fp4lab.analysis import decode
     from fp4lab.chapters import ch04_diagnosis as words
-    from fp4lab.chapters.ch01_gemm import SEED
+    from fp4lab.chapters.ch01_gemm import SEED, SEED_NOTE
     from fp4lab.plots.tables import html_table
 
     lines = []
@@ -212,27 +211,21 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
         config = decode.DiagnosisConfig.from_profile(report.get("profile") or "full")
         d = decode.diagnose(leading, config)
         if not local_is_gpu:
-            lines += [f"**The diagnosis below is of the newest GPU run on record, {text.code(leading.run_id)}, "
-                      f"measured on {text.md(d.view.device)} ({text.md(d.view.created[:10])})**; this machine's run "
-                      f"{text.code(run.run_id)} is a CPU smoke run: a check of the pipeline, not a measurement of a GPU.", ""]
+            lines += [f"**The newest GPU run on record: {text.code(leading.run_id)}, {text.md(d.view.device)}, "
+                      f"{text.md(d.view.created[:10])}.** This machine's run is a CPU smoke run: a check of the "
+                      "pipeline, not a GPU measurement.", ""]
         lines += ["```{raw} html", words.verdict_box(d), "```", ""]
-        facts = [words.load_sentence(d)]
-        facts += [line for line in (words.power_sentence(d), words.fp4_sentence(d)) if line]
-        on_path, elsewhere = words.lever_lines(d, from_path=True), words.lever_lines(d, top=2, from_path=False)
-        if on_path:
-            facts.append(f"What would make {text.md(d.chosen['path'])} itself faster (each measured or a bound, "
-                         "as it says): " + "; ".join(on_path) + ".")
-        if elsewhere:
-            facts.append("Against other baselines: " + "; ".join(elsewhere) + ".")
+        if not d.smoke:
+            lines += ["```{raw} html", words.glance_html(d), "```", ""]
+        if len(d.seed):
+            seed = html_table(d.seed, SEED, caption=d.gemm.caption(
+                f"{d.seed_backend}, the seed's table for this GPU: {SEED_NOTE}"))
+            lines += ["```{raw} html", f'<div class="fp4lab-seed">{seed}</div>', "```", ""]
+        facts = [line for line in (words.kernel_time_sentence(d), words.fp4_sentence(d)) if line]
         evidence = diagnosis_page(run, report, leading)
         if evidence:
-            facts.append(f"The evidence, every path and floor: {{doc}}`chapter 04, the diagnosis <{evidence}>`.")
+            facts.append(f"The evidence, every path, floor and lever: {{doc}}`chapter 04, the diagnosis <{evidence}>`.")
         lines += [f"- {line}" for line in facts] + [""]
-        if len(d.seed):
-            seed = html_table(d.seed, SEED,
-                              caption=d.gemm.caption(f"{d.seed_backend} at the swept shapes: the seed's table for this GPU"))
-            lines += ["```{raw} html", f"<details><summary>The seed's table for {text.html(d.view.device)} "
-                      f"({text.html(d.seed_backend)})</summary>{seed}</details>", "```", ""]
         lines += ["```{raw} html", f"<details><summary>Terms used here</summary>{glossary_html()}</details>",
                   "```", ""]
     else:

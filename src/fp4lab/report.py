@@ -30,7 +30,7 @@ from typing import Any
 from fp4lab import profiles
 from fp4lab.book import BookResult
 from fp4lab.progress import PROGRESS_ENV
-from fp4lab.results import (REFERENCE_ROOT, REPO_ROOT, RUNS_ROOT, RunDir, latest_gpu_run, new_run_id,
+from fp4lab.results import (REFERENCE_ROOT, REPO_ROOT, RUNS_ROOT, RunDir, git_sha, latest_gpu_run, new_run_id,
                             reference_run, utc_now)
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
@@ -222,6 +222,9 @@ def run_report(profile: str = "auto", run_id: str | None = None, runs_dir: str |
         out_dir.mkdir(exist_ok=True)
         report: dict[str, Any] = {"profile": profile, "device": device, "gpu": _gpu_name() if cuda else None,
                                   "reference_dir": str(reference) if reference else "", "started": utc_now(),
+                                  # the commit that executed these chapters: a resumed run's measurements
+                                  # may be older (provenance.fp4lab_git_sha is the first commit's)
+                                  "fp4lab_git_sha": git_sha(),
                                   "status": "running", "interrupted": None, "chapters": []}
         run.update_run_json("report", report)
         print(f"fp4lab report: profile {profile} ({'a CUDA GPU is here' if cuda else 'no GPU: the CPU smoke profile'}); "

@@ -167,7 +167,7 @@ RUN_JSON_FIELDS: dict[str, type | tuple[type, ...]] = {
     "moe": dict, "moe.config": dict, "moe.model": dict, "moe.status": str, "moe.started": str,
     "sweep_gpus": dict,
     "report": dict, "report.profile": str, "report.chapters": list, "report.reference_dir": str,
-    "report.status": str, "report.started": str, "report.interrupted": dict, "report.stages": dict,
+    "report.status": str, "report.started": str, "report.fp4lab_git_sha": str, "report.interrupted": dict, "report.stages": dict,
     "telemetry": dict, "telemetry.power_limit_w": NUMBER,
     "comm": dict, "comm.status": str, "comm.failure": str,
 }

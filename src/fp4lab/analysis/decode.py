@@ -457,7 +457,8 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
            backend: str | None = None) -> pd.DataFrame:
     """Each measured way to a faster layer, with its gain (time now / time with it), largest first;
     `from_path` says whether "now" is the diagnosed path itself (a lever on it) or another baseline
-    (a loop of bf16 GEMMs, a modelled loop)."""
+    (a loop of bf16 GEMMs, a modelled loop); `kind` is how its numbers were got in one word
+    (measured, modelled or bound; `basis` says it in full)."""
     rows = []
     if chosen is not None and len(d_paths):
         loop = d_paths[d_paths["path"] == "loop-bf16"]
@@ -465,17 +466,17 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
             rows.append({"lever": f"{chosen['path']} instead of a loop of bf16 GEMMs",
                          "gain": float(loop["layer_us"].iloc[0]) / chosen["layer_us"],
                          "basis": "measured (MoE sweep)", "now_us": float(loop["layer_us"].iloc[0]),
-                         "with_us": chosen["layer_us"], "from_path": False})
+                         "with_us": chosen["layer_us"], "from_path": False, "kind": "measured"})
         if fp4 and fp4.get("best") and fp4["best"]["path"] != chosen["path"]:
             rows.append({"lever": f"FP4 weights through {fp4['best']['path']}",
                          "gain": chosen["layer_us"] / fp4["best"]["layer_us"],
                          "basis": f"measured ({fp4['best']['source']})", "now_us": chosen["layer_us"],
-                         "with_us": fp4["best"]["layer_us"], "from_path": True})
+                         "with_us": fp4["best"]["layer_us"], "from_path": True, "kind": "measured"})
     floor = chosen.get("memory_floor_us", np.nan) if chosen is not None else np.nan
     if np.isfinite(floor) and 0 < floor < chosen["layer_us"]:
         rows.append({"lever": f"a kernel that streams {chosen['path']}'s weights at the copy bandwidth",
                      "gain": chosen["layer_us"] / floor, "basis": BOUND, "now_us": chosen["layer_us"],
-                     "with_us": floor, "from_path": True})
+                     "with_us": floor, "from_path": True, "kind": "bound"})
     if len(concurrency) > 1:
         now = concurrency.iloc[(concurrency["batch"] - batch).abs().argmin()]
         best = concurrency.iloc[concurrency["us_per_token"].argmin()]
@@ -484,24 +485,26 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
             rows.append({"lever": f"batch {int(best['batch'])} instead of {int(now['batch'])} (per token, {whose})",
                          "gain": now["us_per_token"] / best["us_per_token"],
                          "basis": concurrency_basis, "now_us": now["us_per_token"],
-                         "with_us": best["us_per_token"], "from_path": concurrency_basis == MEASURED_BATCHES})
+                         "with_us": best["us_per_token"], "from_path": concurrency_basis == MEASURED_BATCHES,
+                         "kind": "measured" if concurrency_basis == MEASURED_BATCHES else "modelled"})
     if len(ep) > 1:
         first, last = ep.iloc[0], ep.iloc[-1]
         with_comm = bool(ep["comm_us"].notna().all())
         column = "us_per_token_with_comm" if with_comm else "us_per_token"
-        rows.append({"lever": f"expert parallelism EP={int(last['ep'])}: {int(last['ep'])} GPUs each bring "
-                              f"B={batch} tokens, so each rank's experts see {int(last['ep'])}x the tokens "
-                              f"(per GPU, a loop of {backend} GEMMs, "
-                              + ("measured all-to-all included)" if with_comm else "communication not included)"),
+        degree = int(last["ep"])
+        rows.append({"lever": f"expert parallelism EP={degree} (per token, a loop of {backend} GEMMs)",
                      "gain": first[column] / last[column],
-                     "basis": MODELLED + (" and all-to-alls" if with_comm else ""),
-                     "now_us": first[column], "with_us": last[column], "from_path": False})
+                     "basis": (MODELLED + (" and all-to-alls" if with_comm else "")
+                               + f": {degree} GPUs each bring B={batch} tokens, so each rank's experts see "
+                               f"{degree}x the tokens; "
+                               + ("measured all-to-all included" if with_comm else "communication not included")),
+                     "now_us": first[column], "with_us": last[column], "from_path": False, "kind": "modelled"})
     if len(graphs):
         rows.append({"lever": "CUDA-graph replay instead of eager launches",
                      "gain": float(graphs["speedup"].median()), "basis": "measured (GEMM sweep, median)",
                      "now_us": float(graphs["eager_us"].median()), "with_us": float(graphs["graph_us"].median()),
-                     "from_path": False})
-    frame = pd.DataFrame(rows, columns=["lever", "gain", "basis", "now_us", "with_us", "from_path"])
+                     "from_path": False, "kind": "measured"})
+    frame = pd.DataFrame(rows, columns=["lever", "gain", "basis", "now_us", "with_us", "from_path", "kind"])
     return frame.sort_values("gain", ascending=False).reset_index(drop=True)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fp4lab import text
 from fp4lab.analysis import decode
-from fp4lab.chapters.ch01_gemm import SEED            # one seed table, in chapters 01 and 04 and the front page
+from fp4lab.chapters.ch01_gemm import SEED, SEED_NOTE  # one seed table, in chapters 01 and 04 and the front page
 from fp4lab.chapters.context import Context, open_context, parameters_block, resolve_parameters
 from fp4lab.plots import diagnosis as figures
 from fp4lab.plots.tables import Col, html_table
@@ -80,17 +80,22 @@ def verdict_sentence(d: decode.Diagnosis) -> str:
                "launch": f"launching its {int(path['kernels'])} kernels at the measured launch floor",
                "compute": f"the arithmetic at the {text.md(path['math_dtype'])} peak"}[v["floor"]]
     tail = f"; {meaning} takes {text.us(v['floor_us'])}, {text.pct(100 * v['explained'])} of the layer"
-    if kernel_gap:
-        tail += (f". The other {text.us(path['layer_us'] - v['floor_us'])} is the kernel's own time above every "
-                 "floor, not HBM: a kernel that streamed these weights at the copy bandwidth would run the layer "
-                 f"{text.ratio(1 / v['explained'])} faster (what such time is made of, for fp4lab's own "
-                 "triton-w4a16 kernel: chapter 01's anatomy; this path's kernel was not profiled).")
-    else:
-        tail += ", and the rest is kernel time above every floor."
+    tail += "." if kernel_gap else ", and the rest is kernel time above every floor."
     if not v.get("reliable", True):
         tail += (" That floor is longer than the layer itself: the ceilings do not describe this device, "
                  "so the verdict is unreliable.")
     return head + tail
+
+
+def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
+    """What a kernel-limited verdict means: the time above the memory floor is the kernel's own."""
+    v, path = d.verdict, d.chosen
+    if d.smoke or v is None or path is None or not (v["floor"] == "memory" and v["explained"] < decode.KERNEL_GAP):
+        return None
+    return (f"The other {text.us(path['layer_us'] - v['floor_us'])} of the layer is the kernel's own time above "
+            "every floor, not HBM: a kernel that streamed these weights at the copy bandwidth would run the layer "
+            f"{text.ratio(1 / v['explained'])} faster (what such time is made of, for fp4lab's own triton-w4a16 "
+            "kernel: chapter 01's anatomy; this path's kernel was not profiled).")
 
 
 def smoke_sentence(d: decode.Diagnosis) -> str:
@@ -157,7 +162,7 @@ def findings(d: decode.Diagnosis) -> list[str]:
     lines = [verdict_sentence(d)]
     if d.smoke:
         return lines + [line for line in gap_lines(d)]
-    lines.append(load_sentence(d))
+    lines += [line for line in (kernel_time_sentence(d), load_sentence(d)) if line]
     lines += [line for line in (power_sentence(d), fp4_sentence(d)) if line]
     if d.chosen is not None:
         lines.append(f"The diagnosed path is {text.md(d.chosen['path'])} because {text.md(d.chosen_reason)}.")
@@ -180,6 +185,8 @@ def gap_lines(d: decode.Diagnosis) -> list[str]:
 def fill(context: Context, d: decode.Diagnosis) -> None:
     page = context.page
     page.html("verdict", verdict_box(d))
+    if not d.smoke:
+        page.html("verdict", glance_html(d))
     if len(d.gate):
         page.html("gate", html_table(d.gate, GATE, caption="these points are excluded from every number below"))
     else:
@@ -193,7 +200,7 @@ def fill(context: Context, d: decode.Diagnosis) -> None:
     if len(d.seed):
         page.html("seed", html_table(d.seed, SEED, caption=d.gemm.caption(
             f"{d.seed_backend}: its GEMM-sweep times model a loop of expert GEMMs fastest at decode (the MoE "
-            "sweep's measured loops can rank otherwise); the seed's table for this GPU")))
+            f"sweep's measured loops can rank otherwise); the seed's table for this GPU; {SEED_NOTE}")))
     if d.chosen is not None:
         page.figure("breakdown", figures.layer_against_floors(d.chosen, d.fp4["floor_us"] if d.fp4 else None),
                     d.view.caption(f"{d.config.preset}, B={d.config.decode_batch}; floors from the run's measured ceilings"))
@@ -261,3 +268,35 @@ def verdict_box(d: decode.Diagnosis) -> str:
 
     title = "CPU smoke run: no GPU verdict" if d.smoke else f"Verdict for {d.view.device}"
     return note_html(verdict_sentence(d), "smoke" if d.smoke else "note", title, markdown=True)
+
+
+GLANCE_LEVERS = 3      # the largest levers the verdict shows beside its numbers
+
+
+def glance_html(d: decode.Diagnosis) -> str:
+    """Under the verdict box, what a reader takes away in 30 seconds besides the verdict's own
+    numbers: tokens per expert, power against the limit, FP4 against bf16 and fp8, and the
+    largest levers (every value from the diagnosis, none computed here)."""
+    from fp4lab.plots.tables import html_table
+
+    facts = {f"tokens per expert at B={d.config.decode_batch}":
+             f"{text.sig(d.load['mean_m'])} mean, {text.sig(d.load['busiest_m'])} busiest"}
+    if d.decode_power:
+        p = d.decode_power
+        facts["power at decode"] = (f"{text.sig(p['avg_power_w'])} W of {text.sig(p['power_limit_w'])} W "
+                                    f"({text.pct(100 * p['fraction'])})")
+    best = (d.fp4 or {}).get("best")
+    others = [(dtype, d.fp4[dtype]) for dtype in ("bf16", "fp8") if best is not None and d.fp4.get(dtype)]
+    if others:
+        facts[f"fastest FP4 path against the best {' / '.join(dtype for dtype, _ in others)}"] = (
+            " / ".join(text.as_fast(best["layer_us"], other["layer_us"]).removesuffix(" as fast as")
+                       for _, other in others) + " as fast")
+    numbers = ('<p class="fp4lab-facts" style="margin:0.4em 0;font-size:0.9em">'
+               + " · ".join(f"<b>{text.html(name)}</b>: {text.html(value)}" for name, value in facts.items()) + "</p>")
+    levers = d.levers[d.levers["gain"] > 1 + decode.SAME_SPEED_WITHIN].head(GLANCE_LEVERS)
+    levers = levers.assign(change=[f"{text.us(r.now_us)} → {text.us(r.with_us)}" for r in levers.itertuples()])
+    lever_table = html_table(levers, [Col("lever", "largest levers"),
+                                      Col("gain", "gain", "ratio"), Col("change", "now → with it"),
+                                      Col("kind", "basis")],
+                             empty="No lever with a measured gain.")
+    return f'<div class="fp4lab-glance">{numbers}{lever_table}</div>'
