@@ -101,3 +101,16 @@ def test_the_front_page_shows_the_verdicts_numbers_and_its_three_largest_levers(
     assert f"{text.sig(d.load['busiest_m'])} busiest" in glance
     assert f"of {text.sig(d.decode_power['power_limit_w'])} W" in glance
     assert not re.search(r"\bnan\b|None", glance)
+
+
+def test_a_committed_reference_resumed_elsewhere_is_not_its_own_reference(tmp_path):
+    """The reference run is resumed on the H200 from a copy of its committed folder: its chapters
+    show the previous committed run beside them, not themselves."""
+    from fp4lab import schema
+    from fp4lab.results import reference_run
+
+    for run_id in ("20261201T1000Z-old", "20261201T2000Z-new"):
+        RunDir.create(tmp_path, run_id).append_rows("gemm", [schema.blank_row("gemm", run_id=run_id, status="ok")])
+    assert reference_run(root=tmp_path).name == "20261201T2000Z-new"
+    assert reference_run(root=tmp_path, exclude="20261201T2000Z-new").name == "20261201T1000Z-old"
+    assert reference_run(root=tmp_path, exclude="20261201T1000Z-old").name == "20261201T2000Z-new"

@@ -215,8 +215,9 @@ def run_report(profile: str = "auto", run_id: str | None = None, runs_dir: str |
     cuda = has_cuda()
     profile = profiles.resolve(profile, cuda)
     paths = notebooks if notebooks is not None else discover_notebooks()
-    reference = reference_run(reference_dir or "", "gemm")
-    run = RunDir.create(runs_dir, run_id=run_id or new_run_id("gpu" if cuda else "cpu"))
+    run_id = run_id or new_run_id("gpu" if cuda else "cpu")
+    reference = reference_run(reference_dir or "", "gemm", exclude=run_id)    # checked before a folder is made
+    run = RunDir.create(runs_dir, run_id=run_id)
     with run.lock("make report"):
         out_dir = run.path / "notebooks"
         out_dir.mkdir(exist_ok=True)

@@ -668,9 +668,10 @@ def find_run_dirs(*roots: str | os.PathLike) -> list[Path]:
 
 
 def reference_run(reference_dir: str | os.PathLike = "", table: str | None = "gemm",
-                  root: str | os.PathLike = REFERENCE_ROOT) -> Path | None:
+                  root: str | os.PathLike = REFERENCE_ROOT, exclude: str | None = None) -> Path | None:
     """The run to show beside this one, for every chapter alike: `reference_dir` when given
-    (checked), None for "none", else the newest committed run under `root` holding `table`."""
+    (checked), None for "none", else the newest committed run under `root` holding `table` other
+    than the run `exclude` names (a committed reference resumed on a GPU is not its own reference)."""
     if str(reference_dir) == NO_REFERENCE:
         return None
     if reference_dir:
@@ -678,7 +679,7 @@ def reference_run(reference_dir: str | os.PathLike = "", table: str | None = "ge
         if table and not run.has_table(table):
             raise RunFolderError(f"reference_dir {str(reference_dir)!r} has no {table} table")
         return run.path
-    runs = [p for p in find_run_dirs(root) if not table or RunDir(p).has_table(table)]
+    runs = [p for p in find_run_dirs(root) if (not table or RunDir(p).has_table(table)) and p.name != exclude]
     return runs[-1] if runs else None
 
 

@@ -80,7 +80,7 @@ def open_context(title: str, run_dir: str = "", reference_dir: str = "", profile
     profile = profiles.resolve(profile, device != "cpu")
     run_path = Path(run_dir or LAB_RUN)
     existing = RunDir.open(run_path) if (run_path / "run.json").exists() else None   # a bad run.json named now
-    reference_path = reference_run(reference_dir, table=None if reference_dir else "gemm")
+    reference_path = reference_run(reference_dir, table=None if reference_dir else "gemm", exclude=run_path.name)
     if reference_path is not None and Path(reference_path).resolve() == run_path.resolve():
         reference_path = None                # a reference run's own pages show no other reference
     reference = view(reference_path) if reference_path is not None else None
