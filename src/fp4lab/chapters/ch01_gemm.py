@@ -33,12 +33,12 @@ FASTEST = [Col("m", "M (tokens)", "int"), Col("backend", "fastest 4-bit method")
            Col("cases won", "cases won (format x shape)"),
            Col("median speed-up vs bf16", "speed-up vs cuBLAS bf16 (median)", "ratio"),
            Col("median % of FP4 floor", "% of the FP4 read floor reached (median)", "pct")]
-ANATOMY = [Col("n", "N", "int"), Col("k", "K", "int"), Col("m", "M", "int"), Col("fmt", "format"),
+ANATOMY = [Col("shape", "N x K"), Col("m", "M", "int"), Col("fmt", "format"),
            Col("stream", "bytes as a stream", "us"), Col("load", "loads only", "us"),
            Col("decode", "decode, no math", "us"),
            Col("math", "math on bf16", "us"), Col("full", "full kernel", "us"),
            Col("decode_x2", "decode twice", "us"), Col("copy_floor_us", "copy floor", "us"),
-           Col("launch_floor_us", "launch floor", "us"), Col("load_share", "loads / full", "pct")]
+           Col("load_share", "loads / full", "pct")]
 SPREAD = [Col("gpu_index", "GPU", "int"), Col("pci_bus_id", "PCI bus id"),
           Col("points", f"points at M <= {analysis.DECODE_M}", "int"),
           Col("median_vs_box", "time vs the box's median (median)", "ratio"),
@@ -141,7 +141,11 @@ def _anatomy(page, results) -> None:
     page.figure("anatomy", figures.anatomy(table[table["fmt"] == shown]), results.caption(
         f"{shown.upper()}" + (f" ({', '.join(f.upper() for f in others)} in the table)" if others else "")
         + "; each stage variant passed its own check (a checksum of the bytes read, row sums, or the gate)"))
-    page.html("anatomy", html_table(table, anatomy_columns(table)))
+    launch = table["launch_floor_us"].dropna()
+    page.html("anatomy", html_table(table.assign(shape=[f"{int(r.n)}x{int(r.k)}" for r in table.itertuples()]),
+                                    anatomy_columns(table), caption=results.caption(
+        "each stage's median time per call; copy floor: the FP4 weights and bf16 activations at the measured "
+        "copy bandwidth" + (f"; launch floor {text.us(launch.iloc[0])} for every row" if len(launch) else ""))))
     page.bullets("anatomy", anatomy_findings(table))
 
 
