@@ -202,3 +202,16 @@ def test_a_page_rendered_inside_the_reference_folder_lists_each_run_once(tmp_pat
     index = history.index_runs(references, reference_root=references)
     assert list(index["kind"]) == ["reference", "reference"]
     assert history.previous_run(references / "20261201T1000Z-b", references) is None
+
+
+def test_a_committed_copy_of_this_run_is_listed_once(tmp_path):
+    """The reference run resumed on the H200 found itself twice, in its run folder and committed."""
+    from fp4lab.chapters import ch06_history
+
+    for root in ("runs", "reference"):
+        RunDir.create(tmp_path / root, run_id="20261201T2000Z-h200-full").append_rows("gemm", [])
+    RunDir.create(tmp_path / "reference", run_id="20261201T1215Z-h200-full").append_rows("gemm", [])
+    index = history.index_runs(tmp_path / "runs", reference_root=tmp_path / "reference")
+    kept = ch06_history.without_copies(index, tmp_path / "runs" / "20261201T2000Z-h200-full")
+    assert sorted(kept["run_id"]) == ["20261201T1215Z-h200-full", "20261201T2000Z-h200-full"] and len(index) == 3
+    assert list(kept.loc[kept["run_id"] == "20261201T2000Z-h200-full", "kind"]) == ["local"]

@@ -46,7 +46,7 @@ def compared_references(context: Context, reference_dir: str) -> list[Path]:
 def fill(context: Context, threshold: float, runs_dir: Path, reference_dir: str = "") -> None:
     page = context.page
     references = compared_references(context, reference_dir)
-    index = analysis.index_runs(runs_dir)
+    index = without_copies(analysis.index_runs(runs_dir), context.run.path)
     page.html("index", html_table(runs_shown(index, context.run.path), INDEX,
                                   caption="local runs and the committed reference runs"))
     comparisons = []
@@ -97,6 +97,15 @@ def summary(c: analysis.Comparison) -> list[str]:
     else:
         lines.append(f"No {noun} regressed, judged {text.md(c.judged)}.")
     return lines
+
+
+def without_copies(index, this_run: Path):
+    """The index without committed copies of this run (a reference run resumed on the machine that
+    measured it is listed once, where it runs)."""
+    if not len(index):
+        return index
+    this = index["path"].map(lambda path: Path(path).resolve() == this_run.resolve())
+    return index[this | (index["run_id"] != this_run.name)].reset_index(drop=True)
 
 
 def runs_shown(index, this_run: Path):
