@@ -114,3 +114,16 @@ def test_a_committed_reference_resumed_elsewhere_is_not_its_own_reference(tmp_pa
     assert reference_run(root=tmp_path).name == "20261201T2000Z-new"
     assert reference_run(root=tmp_path, exclude="20261201T2000Z-new").name == "20261201T1000Z-old"
     assert reference_run(root=tmp_path, exclude="20261201T1000Z-old").name == "20261201T2000Z-new"
+
+
+def test_the_share_file_keeps_what_the_verdict_box_no_longer_says(tmp_path):
+    """The kernel-time sentence left the verdict box for the facts below it: the share file, which
+    has no front page, still states it."""
+    from fp4lab import share, text
+    from fp4lab.analysis import decode
+    from fp4lab.chapters import ch04_diagnosis as words
+
+    leading = RunDir(latest_gpu_run(tmp_path, REFERENCE_ROOT))
+    d = decode.diagnose(leading, decode.DiagnosisConfig.from_profile("full"))
+    sentence = words.kernel_time_sentence(d)
+    assert sentence and text.markdown_to_html(sentence) in share.share_html(leading, "full")

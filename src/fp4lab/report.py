@@ -37,8 +37,11 @@ NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 KERNEL_NAME = "fp4lab"
 CHAPTER_PATTERN = re.compile(r"^\d\d_[A-Za-z0-9_]+\.ipynb$")
 EXIT_FAILED, EXIT_USAGE, EXIT_REGRESSION, EXIT_INTERRUPTED = 1, 2, 3, 130
-# the kernel's own log stays quiet (its "running over TCP" notice is about a local socket)
-KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
+# the kernel's own log stays quiet: its "running over TCP" notice is about a local socket, and
+# jupyter_client interrupts a kernel before shutting it down, which it logs at ERROR ("KeyboardInterrupt
+# caught in kernel") when the interrupt lands while it is still busy. A cell's error reaches the
+# report through papermill, not through this log.
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
 
 
 @dataclass

@@ -60,7 +60,8 @@ def share_html(run: RunDir, profile: str = "full") -> str:
               f"<b>profile</b> {text.html(d.view.profile or 'unknown')} · <b>{text.html(kind)}</b></p>")
     body = [header, words.verdict_box(d)]
     if not d.smoke:
-        sentences = [words.load_sentence(d), words.power_sentence(d), words.fp4_sentence(d)]
+        sentences = [words.kernel_time_sentence(d), words.load_sentence(d), words.power_sentence(d),
+                     words.fp4_sentence(d)]
         body.append("<ul>" + "".join(f"<li>{text.markdown_to_html(s)}</li>" for s in sentences if s) + "</ul>")
         if d.chosen is not None:
             png = figure_png(figures.layer_against_floors(d.chosen, d.fp4["floor_us"] if d.fp4 else None))
