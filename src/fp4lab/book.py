@@ -2,9 +2,10 @@
 front page that is the diagnosis, built by Jupyter Book 1 into static HTML.
 
 The front page answers the book's question above the fold: the device and run, the verdict in one
-sentence with its numbers, beside it tokens per expert, power against the limit and the three
-largest levers, then the seed-style table of the diagnosed backend. When the local run is a CPU smoke run, the front page leads with the newest GPU run on
-record and labels the smoke run as a check of the pipeline.
+sentence with its numbers, under it tokens per expert, power against the limit and the levers on
+the diagnosed path, then the seed-style table of the diagnosed backend. When the local run is a
+CPU smoke run, the front page leads with the newest GPU run on record and labels the smoke run as
+a check of the pipeline.
 
 Each build stages its own copy of the sources (`book/_stage/<run-id>/`) and publishes to
 `book/_build/html` under a lock, so two reports never mix runs in one book: the second waits.
@@ -219,7 +220,7 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
             lines += ["```{raw} html", words.glance_html(d), "```", ""]
         if len(d.seed):
             seed = html_table(d.seed, SEED, caption=d.gemm.caption(
-                f"{d.seed_backend}, the seed's table for this GPU: {SEED_NOTE}"))
+                f"GEMM speed by M, {d.seed_backend} on {d.view.device} (the seed's table, measured): {SEED_NOTE}"))
             lines += ["```{raw} html", f'<div class="fp4lab-seed">{seed}</div>', "```", ""]
         facts = [line for line in (words.kernel_time_sentence(d), words.fp4_sentence(d)) if line]
         evidence = diagnosis_page(run, report, leading)

@@ -492,7 +492,8 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
         with_comm = bool(ep["comm_us"].notna().all())
         column = "us_per_token_with_comm" if with_comm else "us_per_token"
         degree = int(last["ep"])
-        rows.append({"lever": f"expert parallelism EP={degree} (per token, a loop of {backend} GEMMs)",
+        rows.append({"lever": f"expert parallelism EP={degree} (per token, a loop of {backend} GEMMs, "
+                              + ("all-to-all included)" if with_comm else "communication not included)"),
                      "gain": first[column] / last[column],
                      "basis": (MODELLED + (" and all-to-alls" if with_comm else "")
                                + f": {degree} GPUs each bring B={batch} tokens, so each rank's experts see "

@@ -270,7 +270,7 @@ def verdict_box(d: decode.Diagnosis) -> str:
     return note_html(verdict_sentence(d), "smoke" if d.smoke else "note", title, markdown=True)
 
 
-GLANCE_LEVERS = 3      # the largest levers the verdict shows beside its numbers
+GLANCE_LEVERS = 3      # the levers the verdict shows under its numbers: on the diagnosed path first
 
 
 def glance_html(d: decode.Diagnosis) -> str:
@@ -283,8 +283,8 @@ def glance_html(d: decode.Diagnosis) -> str:
              f"{text.sig(d.load['mean_m'])} mean, {text.sig(d.load['busiest_m'])} busiest"}
     if d.decode_power:
         p = d.decode_power
-        facts["power at decode"] = (f"{text.sig(p['avg_power_w'])} W of {text.sig(p['power_limit_w'])} W "
-                                    f"({text.pct(100 * p['fraction'])})")
+        facts[f"power at decode ({p['backend']} GEMMs, M = {text.join(p['m_values'])})"] = (
+            f"{text.sig(p['avg_power_w'])} W of {text.sig(p['power_limit_w'])} W ({text.pct(100 * p['fraction'])})")
     best = (d.fp4 or {}).get("best")
     others = [(dtype, d.fp4[dtype]) for dtype in ("bf16", "fp8") if best is not None and d.fp4.get(dtype)]
     if others:
@@ -293,10 +293,12 @@ def glance_html(d: decode.Diagnosis) -> str:
                        for _, other in others) + " as fast")
     numbers = ('<p class="fp4lab-facts" style="margin:0.4em 0;font-size:0.9em">'
                + " · ".join(f"<b>{text.html(name)}</b>: {text.html(value)}" for name, value in facts.items()) + "</p>")
-    levers = d.levers[d.levers["gain"] > 1 + decode.SAME_SPEED_WITHIN].head(GLANCE_LEVERS)
-    levers = levers.assign(change=[f"{text.us(r.now_us)} → {text.us(r.with_us)}" for r in levers.itertuples()])
-    lever_table = html_table(levers, [Col("lever", "largest levers"),
-                                      Col("gain", "gain", "ratio"), Col("change", "now → with it"),
-                                      Col("kind", "basis")],
+    # what would make the diagnosed path faster comes first; a baseline it already beats fills in
+    levers = d.levers[d.levers["gain"] > 1 + decode.SAME_SPEED_WITHIN]
+    levers = levers.sort_values(["from_path", "gain"], ascending=False, kind="stable").head(GLANCE_LEVERS)
+    levers = levers.assign(change=[f"{text.us(r.now_us)} → {text.us(r.with_us)} ({r.kind})" for r in levers.itertuples()])
+    path = d.chosen["path"] if d.chosen is not None else "the layer"
+    lever_table = html_table(levers, [Col("lever", f"what would make {path} faster"),
+                                      Col("gain", "gain", "ratio"), Col("change", "now → with it (basis)")],
                              empty="No lever with a measured gain.")
     return f'<div class="fp4lab-glance">{numbers}{lever_table}</div>'

@@ -27,6 +27,24 @@ def palette(names) -> dict[str, tuple]:
     return dict(zip(names, colours))
 
 
+# each GEMM backend's colour in every figure of the book: the ones that run on Hopper take the
+# strong tab10 colours first (tests/test_power_timeline.py checks that every registered backend
+# is listed; plots do not import the backends)
+BACKEND_COLOUR_ORDER = ("torch-bf16", "torch-fp8", "triton-w4a16", "humming-w4a16", "tinygemm-int4",
+                        "gemlite-w4a16", "emulated", "humming-w4a4", "torch-fp4", "flashinfer-cutlass",
+                        "flashinfer-cudnn", "flashinfer-trtllm", "sgl-cutlass")
+
+
+def backend_palette(names) -> dict[str, tuple]:
+    """A colour per backend that is the same in every figure (chapter 01's speed and FP4-floor
+    figures once gave triton-w4a16 two colours), distinct across all of them."""
+    order = list(dict.fromkeys([*BACKEND_COLOUR_ORDER, *names]))
+    colours = sns.color_palette("tab10", 10) + sns.color_palette("tab20", 20)[1::2]
+    if len(order) > len(colours):
+        colours = sns.color_palette("husl", len(order))
+    return {name: colours[order.index(name)] for name in dict.fromkeys(names)}
+
+
 def new_figure(nrows: int = 1, ncols: int = 1, height_in: float | None = None, **kwargs):
     """A figure of the page's width: (fig, axes) with axes always a 2-D array. The figure is not
     registered with pyplot, so it appears on a page only where the page shows it."""

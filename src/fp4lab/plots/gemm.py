@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 
 from fp4lab import text
-from fp4lab.plots.common import (colour_handles, figure_legend, grid_shape, hide_unused, log_axis,
-                                 marker_handles, new_figure, palette, style_handles, tokens_axis)
+from fp4lab.plots.common import (backend_palette, colour_handles, figure_legend, grid_shape, hide_unused,
+                                 log_axis, marker_handles, new_figure, palette, style_handles, tokens_axis)
 
 
 def _shapes(frame: pd.DataFrame) -> list[tuple[int, int]]:
@@ -28,7 +28,7 @@ def speed_by_m(runs: dict[str, pd.DataFrame], metric: str = "tflops", ylabel: st
     if not len(everything):
         raise ValueError(f"no correct points with {metric} to draw")
     shapes = _shapes(everything)
-    colours = palette(sorted(everything["backend"].unique()))
+    colours = backend_palette(sorted(everything["backend"].unique()))
     rows, columns = grid_shape(len(shapes))
     fig, axes = new_figure(rows, columns, sharex=True)
     styles = dict(zip(frames, ["-", "--", ":"]))
@@ -61,7 +61,7 @@ def four_bit_vs_floor(points: pd.DataFrame, baseline: str = "torch-bf16"):
     (format, shape), with the FP4 weight-read floor (black dashed): how close each gets."""
     panels = sorted({(fmt, int(n), int(k)) for fmt, n, k in zip(points["fmt"], points["n"], points["k"])},
                     key=lambda p: (p[0], -p[1] * p[2]))
-    colours = palette(sorted(points["backend"].unique()))
+    colours = backend_palette(sorted(points["backend"].unique()))
     rows, columns = grid_shape(len(panels))
     fig, axes = new_figure(rows, columns, sharex=True)
     for ax, (fmt, n, k) in zip(axes.flat, panels):
@@ -95,7 +95,7 @@ def roofline(points: pd.DataFrame, roofs: dict[str, tuple[float, dict[str, float
     intensity = points["tflops"] / points["tbps"]
     fig, axes = new_figure(height_in=4.2)
     ax = axes[0, 0]
-    colours = palette(sorted(points["backend"].unique()))
+    colours = backend_palette(sorted(points["backend"].unique()))
     for backend, rows in points.groupby("backend"):
         ax.scatter(rows["tflops"] / rows["tbps"], rows["tflops"], s=14, color=colours[backend],
                    label=backend, zorder=3)

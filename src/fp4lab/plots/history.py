@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fp4lab.plots.common import figure_legend, log_axis, new_figure, palette, tokens_axis
+from fp4lab.plots.common import backend_palette, figure_legend, log_axis, new_figure, tokens_axis
 
 
 def time_ratios(ratios: pd.DataFrame, threshold: float | None):
@@ -12,7 +12,7 @@ def time_ratios(ratios: pd.DataFrame, threshold: float | None):
     point is slower than the threshold (filled: also beyond the measurement spread)."""
     fig, axes = new_figure(height_in=3.6)
     ax = axes[0, 0]
-    colours = palette(sorted(ratios["backend"].unique()))
+    colours = backend_palette(sorted(ratios["backend"].unique()))
     for backend, rows in ratios.groupby("backend"):
         beyond = rows[rows["beyond_spread"]]
         within = rows[~rows["beyond_spread"]]

@@ -3,47 +3,81 @@ and TFLOPS/W per sweep point, and the throttle reasons. Frames in, figures out."
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
-from fp4lab.plots.common import (colour_handles, figure_legend, log_axis, new_figure, palette, style_handles,
-                                 tokens_axis)
+from fp4lab.plots.common import (backend_palette, colour_handles, figure_legend, log_axis, new_figure, palette,
+                                 style_handles, tokens_axis)
 
 
-def _seconds(frame: pd.DataFrame, t0: float) -> pd.Series:
-    return frame["t"] - t0
+GAP_S = 5.0         # a pause in sampling longer than this is a resumed session ...
+GAP_SHOWN_S = 2.0   # ... cut from the time axis down to this, and marked
 
 
-def _windows(ax, points: pd.DataFrame, t0: float, colours: dict) -> None:
+class SampledTime:
+    """Seconds since the first sample with the pauses between resumed sessions cut out, so a run
+    resumed after half an hour draws its sessions side by side, not a straight line over the gap."""
+
+    def __init__(self, t: pd.Series):
+        times = np.unique(t.to_numpy(dtype=float))
+        gaps = np.diff(times)
+        cut = np.flatnonzero(gaps > GAP_S)
+        self.t0, self.starts = times[0], times[cut + 1]
+        self.removed = np.concatenate([[0.0], np.cumsum(gaps[cut] - GAP_SHOWN_S)])
+
+    def session(self, t) -> np.ndarray:
+        return np.searchsorted(self.starts, np.asarray(t, dtype=float), side="right")
+
+    def __call__(self, t) -> np.ndarray:
+        t = np.asarray(t, dtype=float)
+        return t - self.t0 - self.removed[self.session(t)]
+
+    def cuts(self) -> np.ndarray:
+        """Where the axis was cut, in axis seconds (the middle of each shown gap)."""
+        return self(self.starts) - GAP_SHOWN_S / 2
+
+
+def _windows(ax, points: pd.DataFrame, axis: SampledTime, colours: dict) -> None:
     """Shade each energy window in its backend's colour: which backend ran when."""
     for row in points.dropna(subset=["window_start_s", "window_end_s"]).itertuples(index=False):
-        ax.axvspan(row.window_start_s - t0, row.window_end_s - t0, color=colours[row.backend],
+        ax.axvspan(axis(row.window_start_s), axis(row.window_end_s), color=colours[row.backend],
                    alpha=0.18, lw=0, zorder=0, label=f"window: {row.backend}")
+
+
+def _plot(ax, rows: pd.DataFrame, column: str, axis: SampledTime, **style) -> None:
+    """One line per sampling session (no line drawn across a cut), labelled once."""
+    for index, (_, session) in enumerate(rows.groupby(axis.session(rows["t"]))):
+        ax.plot(axis(session["t"]), session[column], **(style if index == 0 else {**style, "label": None}))
 
 
 def timeline(telemetry: pd.DataFrame, points: pd.DataFrame, limit_w: float | None):
     """Top: instant and ~1 s averaged power with the enforced limit; bottom: the SM clock. Shaded
-    spans are the sweep's energy windows, coloured by the backend measured in them."""
+    spans are the sweep's energy windows, coloured by the backend measured in them; dotted
+    verticals mark where a resumed run's pause between sessions was cut from the time axis."""
     fig, axes = new_figure(2, 1, height_in=5.4, sharex=True)
     power_ax, clock_ax = axes[:, 0]
-    t0 = float(telemetry["t"].min())
-    colours = palette(sorted(points["backend"].unique())) if len(points) else {}
+    telemetry = telemetry.sort_values("t")
+    axis = SampledTime(telemetry["t"])
+    colours = backend_palette(sorted(points["backend"].unique())) if len(points) else {}
     gpus = telemetry["gpu"].nunique()
     for ax in (power_ax, clock_ax):
-        _windows(ax, points, t0, colours)
+        _windows(ax, points, axis, colours)
+        for index, cut in enumerate(axis.cuts()):
+            ax.axvline(cut, color="0.35", ls=":", lw=1.0, label="run resumed (pause cut)" if index == 0 else None)
     lines = palette(["instant", "average"] + [f"clock {g}" for g in sorted(telemetry["gpu"].unique())])
     for gpu, rows in telemetry.groupby("gpu"):
         tag = f" (GPU {gpu})" if gpus > 1 else ""
-        power_ax.plot(_seconds(rows, t0), rows["power_instant_w"], lw=0.9, color=lines["instant"],
-                      label=f"instant power{tag}")
-        power_ax.plot(_seconds(rows, t0), rows["power_avg_w"], lw=1.8, color=lines["average"],
-                      label=f"~1 s average (nvmlDeviceGetPowerUsage){tag}")
-        clock_ax.plot(_seconds(rows, t0), rows["sm_clock_mhz"], lw=1.1, color=lines[f"clock {gpu}"],
-                      label=f"SM clock{tag}")
+        _plot(power_ax, rows, "power_instant_w", axis, lw=0.9, color=lines["instant"], label=f"instant power{tag}")
+        _plot(power_ax, rows, "power_avg_w", axis, lw=1.8, color=lines["average"],
+              label=f"~1 s average (nvmlDeviceGetPowerUsage){tag}")
+        _plot(clock_ax, rows, "sm_clock_mhz", axis, lw=1.1, color=lines[f"clock {gpu}"], label=f"SM clock{tag}")
     if limit_w:
         power_ax.axhline(limit_w, color="firebrick", ls="--", lw=1.2, label=f"enforced limit {limit_w:.0f} W")
     top = max(limit_w or 0, telemetry[["power_instant_w", "power_avg_w"]].max().max())
     power_ax.set(ylabel="board power (W)", ylim=(0, 1.12 * top))
-    clock_ax.set(ylabel="SM clock (MHz)", ylim=(0, None), xlabel="seconds since the first sample")
+    cut = len(axis.starts) > 0
+    xlabel = "seconds of sampling" + (" (pauses between sessions cut)" if cut else " since the first sample")
+    clock_ax.set(ylabel="SM clock (MHz)", ylim=(0, None), xlabel=xlabel)
     figure_legend(fig, axes, columns=3)
     return fig
 
@@ -57,7 +91,7 @@ def per_point(points: pd.DataFrame, limit_w: float | None):
     fig, axes = new_figure(1, 2, height_in=4.2, sharex=True)
     power_ax, efficiency_ax = axes[0]
     points = points.assign(shape=points["n"].astype(int).astype(str) + "x" + points["k"].astype(int).astype(str))
-    colours = palette(sorted(points["backend"].unique()))
+    colours = backend_palette(sorted(points["backend"].unique()))
     largest_first = points.assign(size=points["n"] * points["k"]).sort_values("size", ascending=False, kind="stable")
     styles = {shape: SHAPE_STYLES[i % len(SHAPE_STYLES)] for i, shape in enumerate(largest_first["shape"].unique())}
     for (backend, shape), rows in points.sort_values("m").groupby(["backend", "shape"]):
