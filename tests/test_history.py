@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from fp4lab import report
@@ -215,3 +217,29 @@ def test_a_committed_copy_of_this_run_is_listed_once(tmp_path):
     kept = ch06_history.without_copies(index, tmp_path / "runs" / "20261201T2000Z-h200-full")
     assert sorted(kept["run_id"]) == ["20261201T1215Z-h200-full", "20261201T2000Z-h200-full"] and len(index) == 3
     assert list(kept.loc[kept["run_id"] == "20261201T2000Z-h200-full", "kind"]) == ["local"]
+
+
+def ratios_frame(per_backend: dict[str, tuple[float, ...]]) -> pd.DataFrame:
+    return pd.DataFrame([{"backend": backend, "time_ratio": ratio}
+                         for backend, values in per_backend.items() for ratio in values])
+
+
+def test_a_busier_cpu_slowing_every_backend_is_not_a_regression():
+    """Seen here: a smoke report run while CI's tests shared the 2 cores came out 1.51x
+    (emulated), 1.13x and 1.22x slower: the machine, not one backend, changed."""
+    busy = ratios_frame({"emulated": (1.6, 1.5, 1.45, 1.5), "tinygemm-int4": (1.1, 1.15, 1.1, 1.15),
+                         "torch-bf16": (1.2, 1.25, 1.2, 1.25)})
+    assert history.backend_regressions(busy).empty
+    everything_twice = ratios_frame({name: (2.0, 2.0, 2.1, 1.9) for name in ("a", "b", "c")})
+    assert history.backend_regressions(everything_twice).empty
+
+
+def test_one_backend_twice_slower_among_steady_ones_is_flagged_against_them():
+    steady_and_slow = ratios_frame({"emulated": (1.0, 1.05, 0.95, 1.0), "torch-bf16": (1.3, 1.25, 1.3, 1.2),
+                                    "fake-slow": (2.6, 2.5, 2.7, 2.6)})
+    flagged = history.backend_regressions(steady_and_slow)
+    assert list(flagged["backend"]) == ["fake-slow"]
+    row = flagged.iloc[0]
+    assert row["machine_ratio"] == pytest.approx(np.exp(np.log([1.3, 1.25, 1.3, 1.2]).mean()) / 2
+                                                 + np.exp(np.log([1.0, 1.05, 0.95, 1.0]).mean()) / 2)
+    assert row["beyond_machine"] > history.CPU_BACKEND_THRESHOLD and row["share_slower"] == 1.0

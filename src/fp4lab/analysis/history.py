@@ -7,9 +7,11 @@ When is a slower point a regression? Timing noise is real, so a point is flagged
 slower by more than the threshold AND by more than the spread of the two measurements: its p20
 now is above its p80 then (the interquartile-ish ranges do not overlap). On a CPU (a smoke run
 on a shared machine) single points move by several times between identical runs, so the judge
-is per backend instead: a backend regresses when the geometric mean of its points' ratios exceeds
-CPU_BACKEND_THRESHOLD and most of its points got slower. Runs on different GPUs are compared
-too, but labelled: their ratios measure hardware, not software.
+is per backend instead: a backend regresses when the geometric mean of its points' ratios, over
+the other backends' when they got slower too (the median of theirs: the machine's own change of
+speed, a busy or throttled CPU slowing every backend at once), exceeds CPU_BACKEND_THRESHOLD and
+most of its points got slower by more than that machine factor. Runs on different GPUs are compared too, but labelled:
+their ratios measure hardware, not software.
 """
 
 from __future__ import annotations
@@ -95,15 +97,24 @@ def point_regressions(ratios: pd.DataFrame, threshold: float) -> pd.DataFrame:
 
 
 def backend_regressions(ratios: pd.DataFrame) -> pd.DataFrame:
-    """CPU runs: backends whose points got slower overall (geometric mean) and mostly."""
+    """CPU runs: backends whose points got slower overall (geometric mean) and mostly, beyond what
+    the other backends of the same runs did (a machine twice as busy the second time slows them
+    all; one backend twice slower stands out against the rest)."""
+    geomeans = {backend: float(np.exp(np.log(group["time_ratio"]).mean()))
+                for backend, group in ratios.groupby("backend")}
     rows = []
     for backend, group in ratios.groupby("backend"):
-        geomean = float(np.exp(np.log(group["time_ratio"]).mean()))
-        share = float((group["time_ratio"] > 1).mean())
-        if geomean > CPU_BACKEND_THRESHOLD and share >= CPU_MAJORITY:
-            rows.append({"backend": backend, "points": len(group), "geomean_ratio": geomean,
-                         "share_slower": share})
-    return pd.DataFrame(rows, columns=["backend", "points", "geomean_ratio", "share_slower"])
+        others = [value for name, value in geomeans.items() if name != backend]
+        # only a slower machine excuses a slower backend: others that got faster (the earlier run
+        # was the busy one) must not make a steady backend look slow
+        machine = max(1.0, float(np.median(others))) if others else 1.0
+        beyond = geomeans[backend] / machine
+        share = float((group["time_ratio"] > machine).mean())
+        if beyond > CPU_BACKEND_THRESHOLD and share >= CPU_MAJORITY:
+            rows.append({"backend": backend, "points": len(group), "geomean_ratio": geomeans[backend],
+                         "machine_ratio": machine, "beyond_machine": beyond, "share_slower": share})
+    return pd.DataFrame(rows, columns=["backend", "points", "geomean_ratio", "machine_ratio", "beyond_machine",
+                                       "share_slower"])
 
 
 def provenance_fields(run_json: dict[str, Any]) -> dict[str, Any]:
@@ -142,8 +153,9 @@ class Comparison:
     @property
     def judged(self) -> str:
         if self.on_cpu:
-            return (f"per backend (CPU timing noise): geometric-mean slowdown over "
-                    f"{CPU_BACKEND_THRESHOLD:g}x with {CPU_MAJORITY:.0%} of its points slower")
+            return (f"per backend (CPU timing noise): geometric-mean slowdown over {CPU_BACKEND_THRESHOLD:g}x "
+                    f"beyond the other backends' (the machine's own change), with {CPU_MAJORITY:.0%} of its "
+                    "points slower")
         return f"per point: over {self.threshold:.0%} slower and beyond the p20-p80 spread of both runs"
 
 

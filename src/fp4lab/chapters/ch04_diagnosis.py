@@ -296,9 +296,10 @@ def glance_html(d: decode.Diagnosis) -> str:
     # what would make the diagnosed path faster comes first; a baseline it already beats fills in
     levers = d.levers[d.levers["gain"] > 1 + decode.SAME_SPEED_WITHIN]
     levers = levers.sort_values(["from_path", "gain"], ascending=False, kind="stable").head(GLANCE_LEVERS)
-    levers = levers.assign(change=[f"{text.us(r.now_us)} → {text.us(r.with_us)} ({r.kind})" for r in levers.itertuples()])
-    path = d.chosen["path"] if d.chosen is not None else "the layer"
-    lever_table = html_table(levers, [Col("lever", f"what would make {path} faster"),
+    levers = levers.assign(change=[f"{text.us(r.now_us)} → {text.us(r.with_us)} ({r.kind})"
+                                   for r in levers.itertuples()])
+    header = f"largest levers, those on {d.chosen['path']} first" if d.chosen is not None else "largest levers"
+    lever_table = html_table(levers, [Col("lever", header),
                                       Col("gain", "gain", "ratio"), Col("change", "now → with it (basis)")],
                              empty="No lever with a measured gain.")
     return f'<div class="fp4lab-glance">{numbers}{lever_table}</div>'

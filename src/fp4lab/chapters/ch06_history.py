@@ -19,7 +19,9 @@ POINTS = [Col("backend", "backend"), Col("fmt", "format"), Col("m", "M", "int"),
           Col("k", "K", "int"), Col("before_us", "then", "us"), Col("now_us", "now", "us"),
           Col("time_ratio", "now / then", "ratio")]
 BACKENDS = [Col("backend", "backend"), Col("points", "points", "int"),
-            Col("geomean_ratio", "now / then (geometric mean)", "ratio"), Col("share_slower", "share of points slower", "pct")]
+            Col("geomean_ratio", "now / then (geometric mean)", "ratio"),
+            Col("machine_ratio", "the other backends' (median)", "ratio"),
+            Col("beyond_machine", "beyond them", "ratio"), Col("share_slower", "share of points slower", "pct")]
 CHANGES = [Col("field", "what"), Col("before", "then"), Col("now", "now")]
 
 
