@@ -243,3 +243,16 @@ def test_one_backend_twice_slower_among_steady_ones_is_flagged_against_them():
     assert row["machine_ratio"] == pytest.approx(np.exp(np.log([1.3, 1.25, 1.3, 1.2]).mean()) / 2
                                                  + np.exp(np.log([1.0, 1.05, 0.95, 1.0]).mean()) / 2)
     assert row["beyond_machine"] > history.CPU_BACKEND_THRESHOLD and row["share_slower"] == 1.0
+
+
+def test_the_runs_table_lists_every_reference_and_the_newest_local_runs():
+    """A nightly box keeps months of runs: this box's history page had grown to 45 rows."""
+    from fp4lab.chapters import ch06_history
+
+    kinds = ["reference", *["local"] * 14, "reference", *["local"] * 5]
+    index = pd.DataFrame({"run_id": [f"run{i:02d}" for i in range(len(kinds))], "kind": kinds})
+    listed = ch06_history.recent(index)
+    local = listed[listed["kind"] == "local"]
+    assert list(listed[listed["kind"] == "reference"]["run_id"]) == ["run00", "run15"]
+    assert len(local) == ch06_history.LOCAL_RUNS_LISTED and local["run_id"].iloc[-1] == "run20"
+    assert list(listed["run_id"]) == sorted(listed["run_id"])          # still oldest first

@@ -49,8 +49,12 @@ def fill(context: Context, threshold: float, runs_dir: Path, reference_dir: str 
     page = context.page
     references = compared_references(context, reference_dir)
     index = without_copies(analysis.index_runs(runs_dir), context.run.path)
-    page.html("index", html_table(runs_shown(index, context.run.path), INDEX,
-                                  caption="local runs and the committed reference runs"))
+    listed = recent(index)
+    older = len(index) - len(listed)
+    page.html("index", html_table(runs_shown(listed, context.run.path), INDEX, caption=(
+        "the committed reference runs and the newest local runs" + (
+            f"; {text.count(older, 'older local run')} not listed (python -m fp4lab runs lists every one)"
+            if older else ""))))
     comparisons = []
     previous = analysis.previous_run(context.run.path, runs_dir)
     if previous is None and analysis.is_reference_root(runs_dir):
@@ -108,6 +112,18 @@ def without_copies(index, this_run: Path):
         return index
     this = index["path"].map(lambda path: Path(path).resolve() == this_run.resolve())
     return index[this | (index["run_id"] != this_run.name)].reset_index(drop=True)
+
+
+LOCAL_RUNS_LISTED = 10   # a nightly box keeps months of runs: the table lists the newest
+
+
+def recent(index):
+    """Every reference run and the newest local ones, oldest first, as the index orders them."""
+    if not len(index):
+        return index
+    local = index[index["kind"] != "reference"]
+    keep = index["kind"].eq("reference") | index.index.isin(local.index[-LOCAL_RUNS_LISTED:])
+    return index[keep]
 
 
 def runs_shown(index, this_run: Path):
