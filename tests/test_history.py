@@ -256,3 +256,13 @@ def test_the_runs_table_lists_every_reference_and_the_newest_local_runs():
     assert list(listed[listed["kind"] == "reference"]["run_id"]) == ["run00", "run15"]
     assert len(local) == ch06_history.LOCAL_RUNS_LISTED and local["run_id"].iloc[-1] == "run20"
     assert list(listed["run_id"]) == sorted(listed["run_id"])          # still oldest first
+
+
+def test_runs_are_listed_by_when_they_were_made_not_by_name(tmp_path):
+    runs = tmp_path / "runs"
+    for run_id, created in (("smoke5", "2026-12-01T09:35:00+00:00"), ("20261201T2155Z-cpu", "2026-12-01T21:55:00+00:00"),
+                            ("20261201T1000Z-cpu", "2026-12-01T11:00:00+01:00"), ("no-time", None)):
+        run = RunDir.create(runs, run_id=run_id)
+        run.update_run_json(None, {"created": created})
+    index = history.index_runs(runs, reference_root=tmp_path / "no-references")
+    assert list(index["run_id"]) == ["no-time", "smoke5", "20261201T1000Z-cpu", "20261201T2155Z-cpu"]

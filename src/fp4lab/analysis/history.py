@@ -43,7 +43,12 @@ def index_runs(runs_dir: str | os.PathLike, reference_root: str | os.PathLike = 
     frames = [f for f in (local, reference) if len(f)]
     if not frames:
         return local
-    return pd.concat(frames, ignore_index=True).sort_values("run_id").reset_index(drop=True)
+    index = pd.concat(frames, ignore_index=True)
+    # oldest first by creation time (a run named by hand, "smoke5", sorts by when it was made);
+    # a run.json without a readable time goes first, then the name decides
+    created = pd.to_datetime(index["created"], utc=True, errors="coerce", format="ISO8601")
+    order = index.assign(_created=created).sort_values(["_created", "run_id"], na_position="first", kind="stable")
+    return order.drop(columns="_created").reset_index(drop=True)
 
 
 def is_reference_root(runs_dir: str | os.PathLike, reference_root: str | os.PathLike | None = None) -> bool:
