@@ -89,7 +89,7 @@ def test_memory_bound_verdict_counts_the_weights_the_path_reads(tmp_path):
     assert path["path"] == "torch-bf16 loop" and path["memory_floor_us"] == pytest.approx(bf16_bytes / 4e6)
     assert path["layer_us"] == pytest.approx(experts * 2 * 10.0)            # 16 tokens/expert: 10 us each
     assert path["launch_floor_us"] == pytest.approx(2 * experts * 2.0)
-    assert d.verdict["verdict"] == "memory-bound"
+    assert d.verdict["verdict"] == "memory-bound" and not d.verdict["kernel_limited"]
     assert d.verdict["explained"] == pytest.approx(path["memory_floor_us"] / path["layer_us"])
 
 
@@ -100,7 +100,7 @@ def test_a_path_far_above_its_memory_floor_is_called_kernel_limited_with_a_bound
 
     slow = {m: 4 * us for m, us in DECODE_MS.items()}                   # 4x the times above
     d = decode.diagnose(run_with(tmp_path, glm5_gemm_rows("torch-bf16", slow)), decode.DiagnosisConfig(steps=8))
-    assert d.verdict["floor"] == "memory" and d.verdict["explained"] < decode.KERNEL_GAP
+    assert d.verdict["floor"] == "memory" and d.verdict["explained"] < decode.KERNEL_GAP and d.verdict["kernel_limited"]
     sentence = words.verdict_sentence(d)
     assert "**kernel-limited above its memory floor** (memory is its largest floor)" in sentence
     assert "**memory-bound**" not in sentence and "was not profiled" in words.kernel_time_sentence(d)

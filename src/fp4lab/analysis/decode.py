@@ -290,17 +290,21 @@ def choose(paths: pd.DataFrame, wanted: str) -> tuple[dict | None, str]:
 
 def verdict(path: dict, power: dict | None, config: DiagnosisConfig) -> dict[str, Any]:
     """Power-bound when the GPU sits at its limit at the decode point, else the largest floor;
-    `explained` is that floor's share of the measured layer time."""
+    `explained` is that floor's share of the measured layer time; `kernel_limited`: the memory
+    floor is the largest but under KERNEL_GAP of the layer, so the rest is the kernel's own time."""
     if power and power["fraction"] >= config.power_bound_fraction:
-        return {"verdict": "power-bound", "floor": None, "floor_us": np.nan, "explained": np.nan}
+        return {"verdict": "power-bound", "floor": None, "floor_us": np.nan, "explained": np.nan,
+                "kernel_limited": False}
     floors = {name: path[f"{name}_floor_us"] for name in ("launch", "memory", "compute")
               if np.isfinite(path.get(f"{name}_floor_us", np.nan))}
     if not floors:
-        return {"verdict": "unclassified", "floor": None, "floor_us": np.nan, "explained": np.nan}
+        return {"verdict": "unclassified", "floor": None, "floor_us": np.nan, "explained": np.nan,
+                "kernel_limited": False}
     name = max(floors, key=floors.get)
     explained = floors[name] / path["layer_us"]
     return {"verdict": f"{name}-bound", "floor": name, "floor_us": floors[name],
-            "explained": explained, "reliable": explained <= 1 + SAME_SPEED_WITHIN}
+            "explained": explained, "reliable": explained <= 1 + SAME_SPEED_WITHIN,
+            "kernel_limited": name == "memory" and explained < KERNEL_GAP}
 
 
 # -- power at the decode point ----------------------------------------------------------------------

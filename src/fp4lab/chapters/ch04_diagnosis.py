@@ -63,9 +63,8 @@ def verdict_sentence(d: decode.Diagnosis) -> str:
     if d.chosen is None or d.verdict is None:
         return f"No verdict for {text.md(d.view.device)}: " + text.md(d.chosen_reason) + "."
     path, v = d.chosen, d.verdict
-    kernel_gap = v["floor"] == "memory" and v["explained"] < decode.KERNEL_GAP
     # far above its memory floor, the bold words must not read as "HBM is the limit"
-    regime = ("**kernel-limited above its memory floor** (memory is its largest floor)" if kernel_gap
+    regime = ("**kernel-limited above its memory floor** (memory is its largest floor)" if v["kernel_limited"]
               else f"**{v['verdict']}**")
     head = (f"On {text.md(d.view.device)}, {layer_words(d)} is {regime}: its fastest measured "
             f"path, {text.md(path['path'])}, takes {text.us(path['layer_us'])}")
@@ -80,7 +79,7 @@ def verdict_sentence(d: decode.Diagnosis) -> str:
                "launch": f"launching its {int(path['kernels'])} kernels at the measured launch floor",
                "compute": f"the arithmetic at the {text.md(path['math_dtype'])} peak"}[v["floor"]]
     tail = f"; {meaning} takes {text.us(v['floor_us'])}, {text.pct(100 * v['explained'])} of the layer"
-    tail += "." if kernel_gap else ", and the rest is kernel time above every floor."
+    tail += "." if v["kernel_limited"] else ", and the rest is kernel time above every floor."
     if not v.get("reliable", True):
         tail += (" That floor is longer than the layer itself: the ceilings do not describe this device, "
                  "so the verdict is unreliable.")
@@ -90,7 +89,7 @@ def verdict_sentence(d: decode.Diagnosis) -> str:
 def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
     """What a kernel-limited verdict means: the time above the memory floor is the kernel's own."""
     v, path = d.verdict, d.chosen
-    if d.smoke or v is None or path is None or not (v["floor"] == "memory" and v["explained"] < decode.KERNEL_GAP):
+    if d.smoke or v is None or path is None or not v["kernel_limited"]:
         return None
     return (f"The other {text.us(path['layer_us'] - v['floor_us'])} of the layer is the kernel's own time above "
             "every floor, not HBM: a kernel that streamed these weights at the copy bandwidth would run the layer "
