@@ -266,3 +266,18 @@ def test_runs_are_listed_by_when_they_were_made_not_by_name(tmp_path):
         run.update_run_json(None, {"created": created})
     index = history.index_runs(runs, reference_root=tmp_path / "no-references")
     assert list(index["run_id"]) == ["no-time", "smoke5", "20261201T1000Z-cpu", "20261201T2155Z-cpu"]
+
+
+def test_a_committed_copy_of_this_run_is_not_compared_with_it(tmp_path, monkeypatch):
+    """The history chapter of a reference run resumed on the GPU compared it with its own
+    committed copy: like `reference_run`, the references skip this run by name."""
+    from types import SimpleNamespace
+
+    from fp4lab.chapters import ch06_history
+
+    for run_id in ("20261201T1215Z-h200-full", "20261201T2000Z-h200-full"):
+        RunDir.create(tmp_path / "reference", run_id=run_id).append_rows("gemm", [])
+    monkeypatch.setattr(ch06_history, "REFERENCE_ROOT", tmp_path / "reference")
+    here = RunDir.create(tmp_path / "runs", run_id="20261201T2000Z-h200-full")
+    context = SimpleNamespace(run=SimpleNamespace(path=here.path), reference=None)
+    assert [p.name for p in ch06_history.compared_references(context, "")] == ["20261201T1215Z-h200-full"]

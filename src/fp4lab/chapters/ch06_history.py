@@ -39,10 +39,11 @@ def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", dev
 
 
 def compared_references(context: Context, reference_dir: str) -> list[Path]:
-    """"" = every committed reference run (but this one), "none" = none, else the one given."""
+    """"" = every committed reference run (but this one, or a committed copy of it), "none" =
+    none, else the one given."""
     if reference_dir:
         return [context.reference.run.path] if context.reference else []
-    return [path for path in find_run_dirs(REFERENCE_ROOT) if path.resolve() != context.run.path.resolve()]
+    return [path for path in find_run_dirs(REFERENCE_ROOT) if path.name != context.run.path.name]
 
 
 def fill(context: Context, threshold: float, runs_dir: Path, reference_dir: str = "") -> None:
@@ -110,8 +111,12 @@ def without_copies(index, this_run: Path):
     measured it is listed once, where it runs)."""
     if not len(index):
         return index
-    this = index["path"].map(lambda path: Path(path).resolve() == this_run.resolve())
-    return index[this | (index["run_id"] != this_run.name)].reset_index(drop=True)
+    return index[is_this_run(index, this_run) | (index["run_id"] != this_run.name)].reset_index(drop=True)
+
+
+def is_this_run(index, this_run: Path):
+    """Per row of the index: is it this run's own folder."""
+    return index["path"].map(lambda path: Path(path).resolve() == this_run.resolve())
 
 
 LOCAL_RUNS_LISTED = 10   # a nightly box keeps months of runs: the table lists the newest
@@ -131,8 +136,7 @@ def runs_shown(index, this_run: Path):
     one where it ran), times to the minute, the tables spaced so the column wraps."""
     shown = index.copy()
     if len(shown):
-        this = shown["path"].map(lambda path: Path(path).resolve() == this_run.resolve())
-        shown.loc[this, "kind"] = "this run"
+        shown.loc[is_this_run(shown, this_run), "kind"] = "this run"
         shown["created"] = shown["created"].map(text.minute_utc)
         shown["tables"] = shown["tables"].fillna("").str.replace(",", ", ")
         shown["fp4lab_git_sha"] = shown["fp4lab_git_sha"].map(text.short_sha)
