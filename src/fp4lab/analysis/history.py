@@ -105,10 +105,10 @@ def backend_regressions(ratios: pd.DataFrame) -> pd.DataFrame:
     """CPU runs: backends whose points got slower overall (geometric mean) and mostly, beyond what
     the other backends of the same runs did (a machine twice as busy the second time slows them
     all; one backend twice slower stands out against the rest)."""
-    geomeans = {backend: float(np.exp(np.log(group["time_ratio"]).mean()))
-                for backend, group in ratios.groupby("backend")}
+    groups = dict(tuple(ratios.groupby("backend")))
+    geomeans = {backend: float(np.exp(np.log(group["time_ratio"]).mean())) for backend, group in groups.items()}
     rows = []
-    for backend, group in ratios.groupby("backend"):
+    for backend, group in groups.items():
         others = [value for name, value in geomeans.items() if name != backend]
         # only a slower machine excuses a slower backend: others that got faster (the earlier run
         # was the busy one) must not make a steady backend look slow
