@@ -26,6 +26,8 @@ presets.json (the winners, rows that `triton_w4a16.presets_from_json` and
 paste as SHAPE_PRESETS / MOE_PRESETS), summary.txt (the table printed last). `--smoke` runs the
 same phases on tiny shapes (the CPU test, under TRITON_INTERPRET=1); `--plan decode` only M = 1
 and 4 (the gemv kernel beside the tensor-core one), the anatomy at M = 1 and DeepSeek-V3's layer.
+Every grid holds both load paths, cp.async pointer loads and TMA tensor descriptors, unless the
+plan names one (`Plan.loads`); the anatomy times the fastest config of each.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from fp4lab.backends import stream_kernel  # noqa: E402
 from fp4lab.backends.moe import base as moe_base, get as get_moe  # noqa: E402
 from fp4lab.backends.moe.triton_fused import MoeTileConfig, choose_moe_config  # noqa: E402
 from fp4lab.backends.triton_w4a16 import (  # noqa: E402
-    ANATOMY_STAGES, anatomy_variants, choose_config, sm_count, tensor_core_config)
+    ANATOMY_STAGES, LOADS, anatomy_variants, choose_config, sm_count, tensor_core_config)
 from fp4lab.moe import presets as model_presets, routing  # noqa: E402
 
 
@@ -66,6 +68,7 @@ class Plan:
     mxfp4_configs: int = 3                      # nvfp4's best configs re-timed in mxfp4
     max_configs: int | None = None              # cap on the nvfp4 grid per point (smoke)
     step_limit_s: float = 60.0                  # one step (compile + gate + time) at most
+    loads: tuple[str, ...] = LOADS              # the kernels' load paths in the grids
 
 
 FULL = Plan(shapes=((8192, 8192), (4096, 6144), (6144, 2048)), m_values=(1, 4, 16, 64, 256),
@@ -77,6 +80,7 @@ DECODE = Plan(shapes=FULL.shapes, m_values=(1, 4), anatomy_m=(1,),
               moe_points=(("deepseek-v3", 512),), mxfp4_configs=2)
 SMOKE = Plan(shapes=((48, 128),), m_values=(1, 3), anatomy_m=(1,),
              moe_points=(("glm-5", 6),), moe_scaled=True, mxfp4_configs=1, max_configs=2,
+             loads=("tma",),   # the pick (pointer loads) and its TMA twin: both paths run
              step_limit_s=120.0)
 FORMATS = ("nvfp4", "mxfp4")
 LAUNCH_PREDICTION_NOTE = "predicted = FP4 bytes / measured copy bandwidth + measured launch floor"
@@ -170,7 +174,8 @@ def phase_dense(run: Run, cache: dict) -> dict:
         for n, k in run.plan.shapes:
             for m in run.plan.m_values:
                 point = tune.Point(fmt, n, k, m)
-                grid = (tune.candidates(point, sms)[:run.plan.max_configs] if fmt == "nvfp4"
+                grid = (tune.candidates(point, sms, run.plan.loads)[:run.plan.max_configs]
+                        if fmt == "nvfp4"
                         else ranked.get((n, k, m), [])[:run.plan.mxfp4_configs])
                 a, w = tune.operands(point, run.device, cache)
                 if fmt == "nvfp4":
@@ -198,25 +203,35 @@ def phase_dense(run: Run, cache: dict) -> dict:
     return winners
 
 
-def best_dot_row(run: Run, n: int, k: int, m: int) -> dict | None:
-    """The fastest timed nvfp4 tensor-core ("dot") config at this point, if any."""
-    rows = [r for r in run.rows if r["kind"] == "dense" and r.get("median_us")
-            and (r["fmt"], r["n"], r["k"], r["m"]) == ("nvfp4", n, k, m)
-            and r["config"]["math"] == "dot"]
-    return min(rows, key=lambda r: r["median_us"], default=None)
+def best_dot_rows(run: Run, n: int, k: int, m: int) -> list[dict]:
+    """The fastest timed nvfp4 tensor-core ("dot") config at this point for each load path
+    ("pointer", "tma") that has one, fastest first."""
+    best: dict[str, dict] = {}
+    for r in run.rows:
+        if (r["kind"] == "dense" and r.get("median_us") and r["config"]["math"] == "dot"
+                and (r["fmt"], r["n"], r["k"], r["m"]) == ("nvfp4", n, k, m)):
+            kind = r["config"].get("loads", "pointer")
+            if kind not in best or r["median_us"] < best[kind]["median_us"]:
+                best[kind] = r
+    return sorted(best.values(), key=lambda r: r["median_us"])
 
 
 def phase_anatomy(run: Run, cache: dict) -> None:
+    """Every stage of the tensor-core kernel with the point's fastest config of each load path
+    (the preset when none was timed)."""
     for n, k in run.plan.shapes:
         for m in run.plan.anatomy_m:
             point = tune.Point("nvfp4", n, k, m)
-            best = best_dot_row(run, n, k, m)   # the stages are the tensor-core kernel's
-            config = (tune.TileConfig(**best["config"]) if best
-                      else tensor_core_config(m, n, k, sm_count(run.device)))
+            configs = ([tune.TileConfig(**r["config"]) for r in best_dot_rows(run, n, k, m)]
+                       or [tensor_core_config(m, n, k, sm_count(run.device))])
             a, w = tune.operands(point, run.device, cache)
-            for stage in ANATOMY_STAGES:
-                what = {**dataclasses.asdict(point), "stage": stage, "label": config.label()}
-                run.step("anatomy", what, lambda s=stage: anatomy_row(run, a, w, config, s))
+            for config in configs:
+                for stage in ANATOMY_STAGES:
+                    if stage == "stream" and config is not configs[0]:
+                        continue   # the same bytes, whatever the kernel's config
+                    what = {**dataclasses.asdict(point), "stage": stage, "label": config.label()}
+                    run.step("anatomy", what,
+                             lambda s=stage, c=config: anatomy_row(run, a, w, c, s))
 
 
 def phase_read_floor(run: Run, cache: dict) -> None:
@@ -255,16 +270,20 @@ def moe_model(name: str, scaled: bool):
     return model_presets.scaled_down(preset) if scaled else preset
 
 
-def moe_candidates(pairs: int, experts: int) -> list[MoeTileConfig]:
-    """The preset's config (the first H200 run's winner), the same with the neighbouring pair
-    tile (16 <-> 32, 64 -> 32: a taller one spills registers), one pipeline stage deeper (bytes
-    in flight), and with BK 256 on 8 warps (half the K steps' fixed work per weight, the
-    registers of the doubled tile spread over twice the threads)."""
+def moe_candidates(pairs: int, experts: int, loads=LOADS) -> list[MoeTileConfig]:
+    """The preset's config (the measured winner) first, then for each of `loads` the same with
+    that load path, with the neighbouring pair tile (16 <-> 32, 64 -> 32: a taller one spills
+    registers), one pipeline stage deeper (bytes in flight), and with BK 256 on 8 warps (half
+    the K steps' fixed work per weight, the registers of the doubled tile spread over twice the
+    threads)."""
     pick = choose_moe_config(pairs, experts)
-    return list(dict.fromkeys([
-        pick, dataclasses.replace(pick, block_m=32 if pick.block_m != 32 else 16),
-        dataclasses.replace(pick, num_stages=pick.num_stages + 1),
-        dataclasses.replace(pick, block_k=256, num_warps=8)]))
+    grid = [pick]
+    for kind in loads:
+        base = dataclasses.replace(pick, loads=kind)
+        grid += [base, dataclasses.replace(base, block_m=32 if base.block_m != 32 else 16),
+                 dataclasses.replace(base, num_stages=base.num_stages + 1),
+                 dataclasses.replace(base, block_k=256, num_warps=8)]
+    return list(dict.fromkeys(grid))
 
 
 def moe_fallback(pairs: int, experts: int) -> MoeTileConfig:
@@ -293,7 +312,7 @@ def phase_moe(run: Run) -> list[dict]:
                                                   weights=weights_for[model.key])
             timed = []
             pairs = batch * model.top_k
-            for config in moe_candidates(pairs, model.experts):
+            for config in moe_candidates(pairs, model.experts, run.plan.loads):
                 row = run.step("moe", {**what, "label": config.label()},
                                lambda c=config: moe_row(run, problem, c))
                 if row and "median_us" in row:
@@ -396,16 +415,20 @@ def summary(run: Run) -> str:
                      f"{ref or float('nan'):7.2f} {(ref or float('nan')) / r['median_us']:5.2f}  "
                      f"{r['label']}")
     lines += ["", f"{'anatomy':<8} {'NxK':>10} {'M':>4} " + " ".join(
-        f"{s:>9}" for s in ANATOMY_STAGES)]
+        f"{s:>9}" for s in ANATOMY_STAGES) + "  config"]
     anatomy: dict = {}
+    streams: dict = {}                     # one stream a point: the same bytes for every config
     for r in rows:
-        if r["kind"] == "anatomy":
-            anatomy.setdefault((r["n"], r["k"], r["m"]), {})[r["stage"]] = r
-    for (n, k, m), stages in anatomy.items():
+        if r["kind"] == "anatomy" and r["stage"] == "stream":
+            streams[(r["n"], r["k"], r["m"])] = r
+        elif r["kind"] == "anatomy":
+            anatomy.setdefault((r["n"], r["k"], r["m"], r["label"]), {})[r["stage"]] = r
+    for (n, k, m, label), stages in anatomy.items():
+        stages = {"stream": streams.get((n, k, m), {}), **stages}
         cells = [f"{stages[s]['median_us']:9.2f}" if "median_us" in stages.get(s, {})
                  else f"{stages.get(s, {}).get('status', '-'):>9.9}"
                  for s in ANATOMY_STAGES]
-        lines.append(f"{'':<8} {f'{n}x{k}':>10} {m:>4} " + " ".join(cells))
+        lines.append(f"{'':<8} {f'{n}x{k}':>10} {m:>4} " + " ".join(cells) + f"  {label}")
     lines += ["", "read floor (the fastest one-launch read of the weight bytes)"]
     for r in rows:
         if r["kind"] == "read_floor":

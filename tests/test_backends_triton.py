@@ -20,7 +20,7 @@ import torch
 
 from fp4lab import formats
 from fp4lab.backends import triton_w4a16
-from fp4lab.backends.triton_w4a16 import TileConfig, choose_config
+from fp4lab.backends.triton_w4a16 import TileConfig, choose_config, tensor_core_config
 
 H200_SMS = 132
 REPO = os.path.join(os.path.dirname(__file__), "..")
@@ -79,7 +79,8 @@ def case(fmt, m, n, k, config=None, seed=0):
 # tensor-core dots, several M tiles, the default choice, and the CUDA-core gemv kernel (one
 # activation row a program): K tails (EVEN_K off, K a multiple of 4 but not of BLOCK_K), split-K
 # with uneven splits (one of a single K step under 3 tiles in flight), several rows, 1, 2 and 3
-# tiles in flight.
+# tiles in flight; and TMA loads (tensor descriptors) with the same tails, both dots, split-K, the
+# scales by pointer (BK/S < 16 bytes) and by descriptor (BK 256 in nvfp4, 512 in both formats).
 INTERPRETER_CASES = [
     case(fmt, m, n, k, config)
     for fmt in ("nvfp4", "mxfp4")
@@ -95,6 +96,13 @@ INTERPRETER_CASES = [
         (2, 32, 448, TileConfig(block_m=1, block_n=32, block_k=64, math="gemv", split_k=8,
                                 num_stages=1)),
         (1, 24, 320, TileConfig(block_m=1, block_n=16, block_k=64, math="gemv", split_k=3)),
+        (3, 40, 320, TileConfig(block_m=16, block_n=32, block_k=64, split_k=3, swap_ab=True,
+                                loads="tma")),
+        (2, 33, 448, TileConfig(block_m=16, block_n=16, block_k=128, split_k=8, swap_ab=True,
+                                loads="tma")),
+        (37, 24, 640, TileConfig(block_m=16, block_n=16, block_k=256, loads="tma")),
+        (1, 24, 1120, TileConfig(block_m=16, block_n=16, block_k=512, split_k=2, swap_ab=True,
+                                 loads="tma")),
     ]
 ]
 
@@ -296,6 +304,14 @@ def test_gemv_math_runs_one_row_a_program(fields):
         TileConfig(**{"block_n": 64, "block_k": 128, "math": "gemv", **fields})
 
 
+def test_tma_loads_need_the_tensor_core_kernel_and_a_known_name():
+    with pytest.raises(ValueError, match="loads='tma'.*math='dot'"):
+        TileConfig(block_m=1, block_n=16, block_k=64, math="gemv", loads="tma")
+    with pytest.raises(ValueError, match="TileConfig.loads must be one of"):
+        TileConfig(block_m=16, block_n=16, block_k=64, loads="bulk")
+    assert TileConfig(block_m=16, block_n=16, block_k=64, loads="tma").label().endswith(" tma")
+
+
 @pytest.mark.parametrize("depth", [0, 4])
 def test_gemv_keeps_one_to_three_tiles_in_flight(depth):
     with pytest.raises(ValueError, match=r"num_stages \(tiles in flight\) must be one of"):
@@ -359,13 +375,15 @@ def test_gemv_kernel_on_the_gpu(fmt, m, decode):
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("m", [1, 16, 100, 1024])
 @pytest.mark.parametrize("decode", ["ptx", "bits"])
-def test_kernel_on_the_gpu(fmt, m, decode):
+@pytest.mark.parametrize("loads", ["pointer", "tma"])
+def test_kernel_on_the_gpu(fmt, m, decode, loads):
     from fp4lab.backends import get
 
     a = torch.randn(m, 2048, device="cuda").to(torch.bfloat16)
     w = formats.quantize(torch.randn(6144 + 3, 2048, device="cuda"), fmt)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    config = dataclasses.replace(choose_config(m, 6144 + 3, 2048, sms), decode=decode)
+    config = dataclasses.replace(tensor_core_config(m, 6144 + 3, 2048, sms), decode=decode,
+                                 loads=loads)
     prepared = get("triton-w4a16").prepare(a, w, "cuda", config=config)
     ref = prepared.ref_a.double() @ prepared.ref_w.double().T
     for _ in range(2):   # split-K counters back at zero after each call

@@ -40,7 +40,12 @@ def test_grid_starts_with_the_pick_and_fills_the_gpu(tune, n, k, m):
     point = tune.Point("nvfp4", n, k, m)
     grid = tune.candidates(point, H200_SMS)
     assert grid[0] == choose_config(m, n, k, H200_SMS)
-    assert len(grid) == len(set(grid)) and len(grid) <= (22 if m == 1 else 16)
+    assert len(grid) == len(set(grid)) and len(grid) <= (32 if m == 1 else 25)
+    pointer = [c for c in grid if c.loads == "pointer"]
+    tma = [c for c in grid if c.loads == "tma"]   # every tensor-core config on both load paths
+    assert {dataclasses.replace(c, loads="pointer") for c in tma} == {
+        c for c in pointer if c.math == "dot" and c.decode == "ptx"}
+    assert tune.candidates(point, H200_SMS, ("tma",))[1:] == tma
     if (n, k) in triton_w4a16.SHAPE_PRESETS:   # the measured winner is the yardstick
         assert grid[0] == triton_w4a16.preset_for(m, triton_w4a16.SHAPE_PRESETS[(n, k)])
     if m <= 16:   # decode: the MMA's M side is the weight tile, and the plain decode is measured
@@ -59,7 +64,7 @@ def test_the_whole_grid_compiles_few_kernels(tune):
                 for p in tune.plan(tune.parse_shapes(tune.DEFAULT_SHAPES),
                                    tune.parse_m(tune.DEFAULT_M), ["nvfp4"])
                 for c in tune.candidates(p, H200_SMS)}
-    assert len(compiled) <= 32
+    assert len(compiled) <= 56
 
 
 def test_presets_rows_load_back_as_shape_presets(tune):
@@ -85,11 +90,12 @@ def test_moe_candidates_start_with_the_preset_and_vary_one_thing_each(device_scr
 
     pick = choose_moe_config(pairs, 256)
     grid = device_script.moe_candidates(pairs, 256)
-    assert grid[0] == pick and len(set(grid)) == len(grid) == 4
+    assert grid[0] == pick and len(set(grid)) == len(grid) == 8
     for config in grid[1:]:
         changed = {f.name for f in dataclasses.fields(config)
-                   if getattr(config, f.name) != getattr(pick, f.name)}
-        assert changed in ({"block_m"}, {"num_stages"}, {"block_k", "num_warps"}), changed
+                   if getattr(config, f.name) != getattr(pick, f.name)} - {"loads"}
+        assert changed in (set(), {"block_m"}, {"num_stages"}, {"block_k", "num_warps"}), changed
+    assert [c.loads for c in grid] == ["pointer"] * 4 + ["tma"] * 4
 
 
 @pytest.mark.parametrize("bad", ["8192", "8192x16", "axb"])
@@ -114,6 +120,10 @@ def test_device_script_smoke_run_gates_every_row_and_writes_its_files(tmp_path):
     assert all(row["median_us"] > 0 and row["samples"] == 2 for row in timed)
     assert {r["stage"] for r in rows if r["kind"] == "anatomy"} == set(
         triton_w4a16.ANATOMY_STAGES)
+    loads = {r["label"].endswith(" tma") for r in rows if r["kind"] == "anatomy"
+             and r["stage"] == "load"}
+    assert loads == {True, False}           # the anatomy of both load paths
+    assert {r["config"]["loads"] for r in rows if r["kind"] == "moe"} == {"pointer", "tma"}
     assert all(r["predicted_us"] > 0 for r in rows if r["kind"] == "dense")
     floor, = [r for r in rows if r["kind"] == "read_floor"]   # every shape checked, best kept
     assert floor["median_us"] == min(s["median_us"] for s in floor["shapes"])

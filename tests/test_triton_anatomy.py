@@ -38,9 +38,11 @@ for fmt, config in json.loads(sys.argv[1]):
 print(json.dumps(results))
 """
 
-CONFIGS = [   # split-K with the swapped dot; the plain dot (and the other format)
+CONFIGS = [   # split-K with the swapped dot; the plain dot (and the other format); TMA loads
     ("nvfp4", {"block_m": 16, "block_n": 16, "block_k": 64, "split_k": 3, "swap_ab": True}),
     ("mxfp4", {"block_m": 16, "block_n": 32, "block_k": 64, "split_k": 2}),
+    ("nvfp4", {"block_m": 16, "block_n": 16, "block_k": 256, "split_k": 2, "swap_ab": True,
+               "loads": "tma"}),
 ]
 
 

@@ -49,7 +49,8 @@ def test_presets_cover_the_busiest_uniform_expert_at_glm5_batches(pairs, block_m
 
 
 @pytest.mark.parametrize("field,value", [("block_m", 8), ("block_n_down", 96), ("block_k", 32),
-                                         ("num_warps", 3), ("num_stages", 0), ("decode", "x")])
+                                         ("num_warps", 3), ("num_stages", 0), ("decode", "x"),
+                                         ("loads", "bulk")])
 def test_bad_moe_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"MoeTileConfig.{field}"):
         MoeTileConfig(**{field: value})
@@ -85,7 +86,9 @@ print(json.dumps({"routing": routing, "layers": results}))
 """
 
 # both formats; H and I tails shorter than BLOCK_K (EVEN_K off) and exact multiples; a busy expert
-# with more pairs than BLOCK_M (several work items), idle experts (no work item)
+# with more pairs than BLOCK_M (several work items), idle experts (no work item); TMA weight
+# loads with the scales by pointer (BK/S < 16) and, at BK 256 in nvfp4, by descriptor too, with
+# weight tiles that run past an expert's rows (N 160 and 96 in tiles of 64)
 MOE_CASES = [
     {"fmt": fmt, "tokens": tokens, "experts": 8, "top_k": 2, "hidden": hidden, "inter": inter,
      "seed": seed, "config": config}
@@ -95,6 +98,10 @@ MOE_CASES = [
                           "block_k": 64}),
         (9, 160, 96, 1, {"block_m": 16, "block_n_gate_up": 32, "block_n_down": 64,
                          "block_k": 128}),
+        (20, 128, 64, 2, {"block_m": 16, "block_n_gate_up": 16, "block_n_down": 32,
+                          "block_k": 64, "loads": "tma"}),
+        (9, 96, 160, 3, {"block_m": 16, "block_n_gate_up": 64, "block_n_down": 64,
+                         "block_k": 256, "loads": "tma"}),
     ]
 ]
 

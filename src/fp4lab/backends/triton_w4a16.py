@@ -37,6 +37,7 @@ NUM_WARPS = (1, 2, 4, 8)
 MATHS = ("dot", "gemv")
 GEMV_DEPTHS = (1, 2, 3)           # the gemv kernel's tiles in flight (its num_stages)
 DECODES = ("ptx", "bits")
+LOADS = ("pointer", "tma")
 MAX_SPLIT_K = 32
 # Must match triton_w4a16_kernel (kept here so choosing a config and checking weights needs no
 # triton import): scales enter the kernel as bf16 * 2^SCALE_EXP.
@@ -56,6 +57,8 @@ class TileConfig:
     1, and num_stages counts the tiles in flight in registers, 1 to 3). `split_k` splits K over
     that many CTAs per output tile, summed in the same launch. `decode` "ptx" decodes with
     inline PTX, "bits" with plain Triton (the same values; the interpreter always runs "bits").
+    `loads` "pointer" moves tiles into shared memory with per-thread cp.async loads, "tma" with
+    one TMA copy a tile through tensor descriptors (Hopper's bulk copy engine; "dot" only).
     """
 
     block_m: int
@@ -67,6 +70,7 @@ class TileConfig:
     math: str = "dot"
     swap_ab: bool = False
     decode: str = "ptx"
+    loads: str = "pointer"
 
     def __post_init__(self):
         least_m = DOT_MIN_BLOCK if self.math == "dot" else 1
@@ -97,6 +101,11 @@ class TileConfig:
             raise ValueError(f"TileConfig.swap_ab must be True or False, got {self.swap_ab!r}")
         if self.decode not in DECODES:
             raise ValueError(f"TileConfig.decode must be one of {DECODES}, got {self.decode!r}")
+        if self.loads not in LOADS:
+            raise ValueError(f"TileConfig.loads must be one of {LOADS}, got {self.loads!r}")
+        if self.loads == "tma" and self.math != "dot":
+            raise ValueError("TileConfig.loads='tma' feeds the tensor-core kernel's shared "
+                             f"memory: it needs math='dot', got math={self.math!r}")
 
     def blocks_per_split(self, k: int) -> int:
         """BLOCK_K blocks of K each split covers (the last may cover fewer)."""
@@ -111,10 +120,10 @@ class TileConfig:
         return -(-m // self.block_m) * -(-n // self.block_n) * self.splits(k)
 
     def label(self) -> str:
-        """Compact, e.g. "dot m16n128k256 s4 w4 st3 swap ptx"."""
+        """Compact, e.g. "dot m16n128k256 s4 w4 st3 swap ptx" (" tma" when loads is)."""
         return (f"{self.math} m{self.block_m}n{self.block_n}k{self.block_k} s{self.split_k} "
                 f"w{self.num_warps} st{self.num_stages}{' swap' if self.swap_ab else ''} "
-                f"{self.decode}")
+                f"{self.decode}{' tma' if self.loads == 'tma' else ''}")
 
 
 def _is_int(value) -> bool:

@@ -53,6 +53,8 @@ NVFP4_SCALE_BLOCK = 16
 MXFP4_SCALE_BLOCK = 32
 STAGES = ("full", "decode_x2", "decode", "load", "math")
 ACTIVATIONS_PER_WORD = 4         # the gemv kernel reads bf16 activations as int64 words
+TMA_MIN_BOX_BYTES = 16           # a TMA box row is at least 16 bytes: narrower scale tiles
+                                 # (BK/S < 16) are read by pointer
 # Triton's CPU interpreter multiplies bf16 dot operands as their raw uint16 bits (triton 3.9), so
 # under TRITON_INTERPRET=1 the dot runs on the same bf16-rounded values widened to fp32.
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -184,18 +186,51 @@ def load_weight_tile(w_ptr, s_ptr, rows, row_mask, k0, stride_wn, stride_sn,
                      SCALE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """The code bytes [BN, BK/2] of rows `rows` over k0..k0+BK in the halves layout and the scale
     bytes of the block's two halves ([BN, KS/2] each). The weights are padded to whole BK
-    blocks: no K mask. The scales are one [BN, KS] load split in registers: as two half-width
-    loads they fall under cp.async's 4-byte minimum on wide tiles and lose the software
-    pipeline."""
+    blocks: no K mask."""
     KH: tl.constexpr = BLOCK_K // 2
-    KS: tl.constexpr = BLOCK_K // SCALE_BLOCK
     packed = tl.load(w_ptr + rows[:, None] * stride_wn + (k0 // 2 + tl.arange(0, KH))[None, :],
                      mask=row_mask[:, None], other=0)                      # [BN, KH] uint8
+    scales_lo, scales_hi = load_scale_halves(s_ptr, rows, row_mask, k0, stride_sn, SCALE_BLOCK,
+                                             BLOCK_N, BLOCK_K)
+    return packed, scales_lo, scales_hi
+
+
+@triton.jit
+def load_scale_halves(s_ptr, rows, row_mask, k0, stride_sn, SCALE_BLOCK: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The scale bytes of rows `rows` for the BK block at k0, as its two halves ([BN, KS/2]
+    each): one [BN, KS] load split in registers (as two half-width loads they fall under
+    cp.async's 4-byte minimum on wide tiles and lose the software pipeline)."""
+    KS: tl.constexpr = BLOCK_K // SCALE_BLOCK
     blocks = k0 // SCALE_BLOCK + tl.arange(0, KS)                          # [KS]
     both = tl.load(s_ptr + rows[:, None] * stride_sn + blocks[None, :], mask=row_mask[:, None],
                    other=0)                                                # [BN, KS] uint8
+    return split_scale_halves(both, BLOCK_N, KS)
+
+
+@triton.jit
+def split_scale_halves(both, BLOCK_N: tl.constexpr, KS: tl.constexpr):
+    """Scale bytes [BN, KS] of one BK block -> those of its first and second half of K."""
     halves = tl.permute(tl.reshape(both, (BLOCK_N, 2, KS // 2)), (0, 2, 1))  # [BN, KS/2, 2]
-    scales_lo, scales_hi = tl.split(halves)
+    return tl.split(halves)
+
+
+@triton.jit
+def load_weight_tile_tma(w_desc, s_desc, row0, rows, row_mask, k0, stride_sn,
+                         SCALE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, SCALES_TMA: tl.constexpr):
+    """`load_weight_tile` through tensor descriptors: the code tile [BN, BK/2] from rows row0..
+    as one TMA copy (rows past N read as zero), the scale tile too when SCALES_TMA (its rows
+    are >= 16 bytes: TMA's least box width), else by pointer (`s_desc` is then a pointer)."""
+    KH: tl.constexpr = BLOCK_K // 2
+    KS: tl.constexpr = BLOCK_K // SCALE_BLOCK
+    packed = w_desc.load([row0, k0 // 2])                                  # [BN, KH] uint8
+    if SCALES_TMA:
+        scales_lo, scales_hi = split_scale_halves(s_desc.load([row0, k0 // SCALE_BLOCK]),
+                                                  BLOCK_N, KS)
+    else:
+        scales_lo, scales_hi = load_scale_halves(s_desc, rows, row_mask, k0, stride_sn,
+                                                 SCALE_BLOCK, BLOCK_N, BLOCK_K)
     return packed, scales_lo, scales_hi
 
 
@@ -245,7 +280,7 @@ def w4a16_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT: tl.constexpr, SWAP_AB: tl.constexpr, STAGE: tl.constexpr,
     EVEN_K: tl.constexpr, DECODE: tl.constexpr, DOT_IN_FP32: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
+    NUM_STAGES: tl.constexpr, TMA: tl.constexpr, SCALES_TMA: tl.constexpr,
 ):
     """One [BM, BN] output tile over one K split (program_id(1)); see the module doc.
 
@@ -258,6 +293,12 @@ def w4a16_kernel(
     software-pipeline depth, given to the loop itself: without it Triton pipelines only loads that
     feed a dot, so the stages with no dot ("load", "decode") ran with one K step of loads in flight
     (no cp.async in their SASS) and measured latency, not the GEMM's load stage.
+
+    TMA: `a_ptr`, `w_ptr` (and `s_ptr` when SCALES_TMA) are tensor descriptors whose boxes are
+    the kernel's tiles ([BM, KH] activations, [BN, KH] codes or bf16 weights, [BN, KS] scales):
+    one TMA copy moves a whole tile into shared memory, where pointer loads issue one cp.async
+    per 16 bytes per thread with its address arithmetic. Out-of-range rows and columns read as
+    zero, as the masked loads' `other=0` does.
     """
     KH: tl.constexpr = BLOCK_K // 2
     KS: tl.constexpr = BLOCK_K // SCALE_BLOCK
@@ -297,9 +338,20 @@ def w4a16_kernel(
     k_end = tl.minimum(k_start + blocks_per_split * BLOCK_K, K)
     for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
         # the block's two halves of K, as the halves layout pairs them      # [BM, KH] each
-        a_lo, a_hi = load_halves(a_ptr, offs_m, m_mask, stride_am, k0, K, KH, EVEN_K)
-        if STAGE == "math":
+        if TMA:
+            a_lo = a_ptr.load([pid_m * BLOCK_M, k0])
+            a_hi = a_ptr.load([pid_m * BLOCK_M, k0 + KH])
+        else:
+            a_lo, a_hi = load_halves(a_ptr, offs_m, m_mask, stride_am, k0, K, KH, EVEN_K)
+        if STAGE == "math" and TMA:
+            w_lo = w_ptr.load([pid_n * BLOCK_N, k0])
+            w_hi = w_ptr.load([pid_n * BLOCK_N, k0 + KH])
+        elif STAGE == "math":
             w_lo, w_hi = load_halves(w_ptr, offs_n, n_mask, stride_wn, k0, K, KH, EVEN_K)
+        elif TMA:
+            packed, scales_lo, scales_hi = load_weight_tile_tma(
+                w_ptr, s_ptr, pid_n * BLOCK_N, offs_n, n_mask, k0, stride_sn, SCALE_BLOCK,
+                BLOCK_N, BLOCK_K, SCALES_TMA)
         else:
             packed, scales_lo, scales_hi = load_weight_tile(w_ptr, s_ptr, offs_n, n_mask, k0,
                                                             stride_wn, stride_sn, SCALE_BLOCK,
@@ -400,6 +452,7 @@ class Launch:
         self.counts = torch.zeros(tiles, dtype=torch.int32, device=device)  # [tiles]
         self.salt = torch.zeros(1, dtype=torch.int32, device=device)
         is_nvfp4 = fmt == "nvfp4"
+        self.tma = config.loads == "tma"
         common = dict(
             IS_NVFP4=is_nvfp4, SCALE_BLOCK=NVFP4_SCALE_BLOCK if is_nvfp4 else MXFP4_SCALE_BLOCK,
             BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT=splits > 1,
@@ -415,9 +468,12 @@ class Launch:
             # num_stages counts the tiles in flight in registers (the kernel's own prefetch)
             self.constants = dict(common, DEPTH=config.num_stages, num_stages=1)
         else:
+            scale_row = config.block_k // common["SCALE_BLOCK"]
             self.constants = dict(common, BLOCK_M=config.block_m, SWAP_AB=config.swap_ab,
                                   STAGE=stage, DOT_IN_FP32=INTERPRETED,
-                                  NUM_STAGES=config.num_stages, num_stages=config.num_stages)
+                                  NUM_STAGES=config.num_stages, num_stages=config.num_stages,
+                                  TMA=self.tma,
+                                  SCALES_TMA=self.tma and scale_row >= TMA_MIN_BOX_BYTES)
 
     def __call__(self, a, w, scale_bytes, global_scale, out):
         """out[M, N] = a[M, K] @ dequant(w)[N, K]^T (or the stage's result); returns out."""
@@ -425,11 +481,39 @@ class Launch:
             raise ValueError(f"activations a must be contiguous along K, got strides {a.stride()}")
         if self.config.math == "gemv":
             return self._gemv(a, w, scale_bytes, global_scale, out)
+        strides = (a.stride(0), w.stride(0), scale_bytes.stride(0), out.stride(0))
+        a_arg, w_arg, s_arg = self._tma_operands(a, w, scale_bytes) if self.tma else (
+            a, w, scale_bytes)
         w4a16_kernel[self.grid](
-            a, w, scale_bytes, global_scale, out, self.workspace, self.counts, self.salt,
-            self.m, self.n, self.k, self.blocks_per_split, self.grid[1],
-            a.stride(0), w.stride(0), scale_bytes.stride(0), out.stride(0), **self.constants)
+            a_arg, w_arg, s_arg, global_scale, out, self.workspace, self.counts, self.salt,
+            self.m, self.n, self.k, self.blocks_per_split, self.grid[1], *strides,
+            **self.constants)
         return out
+
+    def _tma_operands(self, a, w, scale_bytes):
+        """Tensor descriptors whose boxes are the kernel's tiles (the scales stay a pointer when
+        their tile rows are narrower than TMA's least box)."""
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        half_k = self.config.block_k // 2
+        boxes = [(a, "activations a", [self.config.block_m, half_k]),
+                 (w, "weights", [self.config.block_n, half_k])]
+        if self.constants["SCALES_TMA"]:
+            scale_row = self.config.block_k // self.constants["SCALE_BLOCK"]
+            boxes.append((scale_bytes, "scale bytes", [self.config.block_n, scale_row]))
+        descriptors = []
+        for tensor, name, box in boxes:
+            row_bytes = tensor.stride(0) * tensor.element_size()
+            if tensor.stride(1) != 1 or row_bytes % 16 or tensor.data_ptr() % 16:
+                raise ValueError(f"loads='tma' reads {name} through a tensor descriptor: rows "
+                                 "must be contiguous and start 16-byte aligned, got strides "
+                                 f"{tensor.stride()} ({row_bytes} B a row) at address "
+                                 f"{tensor.data_ptr():#x}")
+            descriptors.append(TensorDescriptor(tensor, list(tensor.shape),
+                                                list(tensor.stride()), box))
+        if not self.constants["SCALES_TMA"]:
+            descriptors.append(scale_bytes)
+        return descriptors
 
     def _gemv(self, a, w, scale_bytes, global_scale, out):
         from fp4lab.backends.triton_gemv_kernel import gemv_kernel

@@ -22,12 +22,14 @@ from fp4lab.backends.moe.base import (
 )
 
 DECODES = ("ptx", "bits")
+LOADS = ("pointer", "tma")
 
 
 @dataclass(frozen=True)
 class MoeTileConfig:
     """Tiles of both launches: `block_m` pairs of one expert per tile, `block_n_*` weight rows,
-    `block_k` the reduction step; "ptx" or "bits" decode as in `triton_w4a16.TileConfig`."""
+    `block_k` the reduction step; "ptx" or "bits" decode and "pointer" or "tma" weight loads
+    as in `triton_w4a16.TileConfig`."""
 
     block_m: int = 16
     block_n_gate_up: int = 64
@@ -36,6 +38,7 @@ class MoeTileConfig:
     num_warps: int = 4
     num_stages: int = 3
     decode: str = "ptx"
+    loads: str = "pointer"
 
     def __post_init__(self):
         for name in ("block_m", "block_n_gate_up", "block_n_down", "block_k"):
@@ -52,10 +55,13 @@ class MoeTileConfig:
             raise ValueError(f"MoeTileConfig.num_stages must be in 1..8, got {self.num_stages!r}")
         if self.decode not in DECODES:
             raise ValueError(f"MoeTileConfig.decode must be one of {DECODES}, got {self.decode!r}")
+        if self.loads not in LOADS:
+            raise ValueError(f"MoeTileConfig.loads must be one of {LOADS}, got {self.loads!r}")
 
     def label(self) -> str:
         return (f"m{self.block_m} n{self.block_n_gate_up}/{self.block_n_down} k{self.block_k} "
-                f"w{self.num_warps} st{self.num_stages} {self.decode}")
+                f"w{self.num_warps} st{self.num_stages} {self.decode}"
+                f"{' tma' if self.loads == 'tma' else ''}")
 
 
 # By the mean pairs per expert (T*k/E) each covers (None = any more): a tile of pairs holds about

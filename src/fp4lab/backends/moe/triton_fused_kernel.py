@@ -27,8 +27,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp4lab.backends.triton_w4a16_kernel import (load_halves, load_weight_tile, scaled_halves,
-                                                  tile_dot)
+from fp4lab.backends.triton_w4a16_kernel import (
+    TMA_MIN_BOX_BYTES, load_halves, load_weight_tile, load_weight_tile_tma, scaled_halves,
+    tile_dot,
+)
 
 
 @triton.jit
@@ -41,14 +43,27 @@ def expert_factor(gs_ptr, e, IS_NVFP4: tl.constexpr):
 
 
 @triton.jit
-def weight_tile(w_ptr, s_ptr, expert_w, expert_s, rows, n_mask, k0, stride_wn, stride_sn,
-                IS_NVFP4: tl.constexpr, SCALE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, DECODE: tl.constexpr):
-    """Decoded rows `rows` [BN] of one expert's weights over k0..k0+BK: (first half of the
-    block's k, second half) bf16 [BN, BK/2] each."""
-    packed, scales_lo, scales_hi = load_weight_tile(w_ptr + expert_w, s_ptr + expert_s, rows,
-                                                    n_mask, k0, stride_wn, stride_sn,
-                                                    SCALE_BLOCK, BLOCK_N, BLOCK_K)
+def weight_tile(w_ptr, s_ptr, e, w_rows, expert_w, expert_s, row0, rows, n_mask, k0, stride_wn,
+                stride_sn, IS_NVFP4: tl.constexpr, SCALE_BLOCK: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr,
+                TMA: tl.constexpr, SCALES_TMA: tl.constexpr):
+    """Decoded rows `rows` [BN] (the first is row0) of expert e's weights over k0..k0+BK: (first
+    half of the block's k, second half) bf16 [BN, BK/2] each. With TMA the weights are
+    descriptors over all experts' rows ([E * w_rows, ..]): a tile that runs past the expert's
+    last row reads the next expert's first rows, which only feed output columns past N (never
+    stored)."""
+    if TMA and SCALES_TMA:
+        packed, scales_lo, scales_hi = load_weight_tile_tma(
+            w_ptr, s_ptr, e * w_rows + row0, rows, n_mask, k0, stride_sn, SCALE_BLOCK, BLOCK_N,
+            BLOCK_K, True)
+    elif TMA:
+        packed, scales_lo, scales_hi = load_weight_tile_tma(
+            w_ptr, s_ptr + expert_s, e * w_rows + row0, rows, n_mask, k0, stride_sn,
+            SCALE_BLOCK, BLOCK_N, BLOCK_K, False)
+    else:
+        packed, scales_lo, scales_hi = load_weight_tile(w_ptr + expert_w, s_ptr + expert_s, rows,
+                                                        n_mask, k0, stride_wn, stride_sn,
+                                                        SCALE_BLOCK, BLOCK_N, BLOCK_K)
     return scaled_halves(packed, scales_lo, scales_hi, 0, IS_NVFP4, SCALE_BLOCK, BLOCK_N,
                          BLOCK_K // 2, False, DECODE)
 
@@ -57,16 +72,20 @@ def weight_tile(w_ptr, s_ptr, expert_w, expert_s, rows, n_mask, k0, stride_wn, s
 def moe_gemm_kernel(
     a_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, sorted_ptr, route_w_ptr,
     work_expert_ptr, work_start_ptr, work_rows_ptr,
-    N, K, TOP_K, OUT_N,
+    N, K, TOP_K, OUT_N, W_ROWS,
     stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_om,
     GATE_UP: tl.constexpr, IS_NVFP4: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, DECODE: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    TMA: tl.constexpr, SCALES_TMA: tl.constexpr,
 ):
     """One (N tile, work item); see the module doc. GATE_UP: N is I (the gate half; the up half
     is rows N..2N of each expert), `a` is x [T, H] gathered by token, out is act [P, I] by sorted
     position. Else: `a` is act [P, I] by sorted position, out is y [P, H] by pair id, times the
-    pair's routing weight. OUT_N: columns of the output (I or H)."""
+    pair's routing weight. OUT_N: columns of the output (I or H); W_ROWS: rows of one expert's
+    weights (2I or H). TMA: `w_ptr` (and `s_ptr` when SCALES_TMA) are tensor descriptors over
+    all experts' rows, [E * W_ROWS, Kp/2] and [E * W_ROWS, Kp/S], boxes [BN, BK/2] and
+    [BN, BK/S]; the activations stay pointer loads (gate_up gathers them by token)."""
     pid_n = tl.program_id(0)
     work = tl.program_id(1)
     e = tl.load(work_expert_ptr + work)
@@ -90,15 +109,17 @@ def moe_gemm_kernel(
         for k0 in tl.range(0, K, BLOCK_K):
             a_lo, a_hi = load_halves(a_ptr, a_rows.to(tl.int64), m_mask, stride_am, k0, K, KH,
                                      EVEN_K)                               # [BM, KH] each
-            w_lo, w_hi = weight_tile(w_ptr, s_ptr, expert_w, expert_s, offs_n, n_mask, k0,
-                                     stride_wn, stride_sn, IS_NVFP4, SCALE_BLOCK, BLOCK_N,
-                                     BLOCK_K, DECODE)
+            w_lo, w_hi = weight_tile(w_ptr, s_ptr, e, W_ROWS, expert_w, expert_s,
+                                     pid_n * BLOCK_N, offs_n, n_mask, k0, stride_wn, stride_sn,
+                                     IS_NVFP4, SCALE_BLOCK, BLOCK_N, BLOCK_K, DECODE, TMA,
+                                     SCALES_TMA)
             acc = tile_dot(acc, w_lo, a_lo, True, DOT_IN_FP32)
             acc = tile_dot(acc, w_hi, a_hi, True, DOT_IN_FP32)
             if GATE_UP:
-                u_lo, u_hi = weight_tile(w_ptr, s_ptr, expert_w, expert_s, N + offs_n, n_mask,
-                                         k0, stride_wn, stride_sn, IS_NVFP4, SCALE_BLOCK,
-                                         BLOCK_N, BLOCK_K, DECODE)
+                u_lo, u_hi = weight_tile(w_ptr, s_ptr, e, W_ROWS, expert_w, expert_s,
+                                         N + pid_n * BLOCK_N, N + offs_n, n_mask, k0, stride_wn,
+                                         stride_sn, IS_NVFP4, SCALE_BLOCK, BLOCK_N, BLOCK_K,
+                                         DECODE, TMA, SCALES_TMA)
                 acc_up = tile_dot(acc_up, u_lo, a_lo, True, DOT_IN_FP32)
                 acc_up = tile_dot(acc_up, u_hi, a_hi, True, DOT_IN_FP32)
         factor = expert_factor(gs_ptr, e, IS_NVFP4)
@@ -190,16 +211,37 @@ def launch(a, w_packed, w_scales, global_scales, out, sorted_pairs, route_w, wor
 
     work_expert, work_start, work_rows = work
     is_nvfp4 = fmt == "nvfp4"
+    scale_block = NVFP4_SCALE_BLOCK if is_nvfp4 else MXFP4_SCALE_BLOCK
     block_n = config.block_n_gate_up if gate_up else config.block_n_down
     grid = (triton.cdiv(n, block_n), work_expert.shape[0])
+    tma = config.loads == "tma"
+    scales_tma = tma and config.block_k // scale_block >= TMA_MIN_BOX_BYTES
+    strides = (a.stride(0), w_packed.stride(0), w_packed.stride(1), w_scales.stride(0),
+               w_scales.stride(1), out.stride(0))
+    w_arg, s_arg = w_packed, w_scales
+    if tma:
+        w_arg = expert_rows_descriptor(w_packed, [block_n, config.block_k // 2])
+        if scales_tma:
+            s_arg = expert_rows_descriptor(w_scales, [block_n, config.block_k // scale_block])
     moe_gemm_kernel[grid](
-        a, w_packed, w_scales, global_scales, out, sorted_pairs, route_w,
+        a, w_arg, s_arg, global_scales, out, sorted_pairs, route_w,
         work_expert, work_start, work_rows,
-        n, k, top_k, out.shape[1],
-        a.stride(0), w_packed.stride(0), w_packed.stride(1), w_scales.stride(0),
-        w_scales.stride(1), out.stride(0),
-        GATE_UP=gate_up, IS_NVFP4=is_nvfp4,
-        SCALE_BLOCK=NVFP4_SCALE_BLOCK if is_nvfp4 else MXFP4_SCALE_BLOCK,
+        n, k, top_k, out.shape[1], w_packed.shape[1], *strides,
+        GATE_UP=gate_up, IS_NVFP4=is_nvfp4, SCALE_BLOCK=scale_block,
         BLOCK_M=config.block_m, BLOCK_N=block_n, BLOCK_K=config.block_k,
         EVEN_K=k % config.block_k == 0, DECODE="bits" if interpreted else config.decode,
-        DOT_IN_FP32=interpreted, num_warps=config.num_warps, num_stages=config.num_stages)
+        DOT_IN_FP32=interpreted, TMA=tma, SCALES_TMA=scales_tma, num_warps=config.num_warps,
+        num_stages=config.num_stages)
+
+
+def expert_rows_descriptor(weights, box: list[int]):
+    """A tensor descriptor over every expert's rows of `weights` [E, R, C] (contiguous) as one
+    [E * R, C] matrix, box [BN, BC]."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if not weights.is_contiguous() or weights.shape[2] % 16 or weights.data_ptr() % 16:
+        raise ValueError("loads='tma' reads expert weights through a tensor descriptor: they must "
+                         f"be contiguous with 16-byte rows, got shape {tuple(weights.shape)}, "
+                         f"strides {weights.stride()}")
+    flat = weights.view(-1, weights.shape[2])                              # [E * R, C]
+    return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), box)
