@@ -80,7 +80,6 @@ DECODE = Plan(shapes=FULL.shapes, m_values=(1, 4), anatomy_m=(1,),
               moe_points=(("deepseek-v3", 512),), mxfp4_configs=2)
 SMOKE = Plan(shapes=((48, 128),), m_values=(1, 3), anatomy_m=(1,),
              moe_points=(("glm-5", 6),), moe_scaled=True, mxfp4_configs=1, max_configs=2,
-             loads=("tma",),   # the pick (pointer loads) and its TMA twin: both paths run
              step_limit_s=120.0)
 FORMATS = ("nvfp4", "mxfp4")
 LAUNCH_PREDICTION_NOTE = "predicted = FP4 bytes / measured copy bandwidth + measured launch floor"
@@ -271,19 +270,17 @@ def moe_model(name: str, scaled: bool):
 
 
 def moe_candidates(pairs: int, experts: int, loads=LOADS) -> list[MoeTileConfig]:
-    """The preset's config (the measured winner) first, then for each of `loads` the same with
-    that load path, with the neighbouring pair tile (16 <-> 32, 64 -> 32: a taller one spills
+    """The preset's config (the measured winner) first, then on each of `loads` in turn: the
+    same, with the neighbouring pair tile (16 <-> 32, 64 -> 32: a taller one spills
     registers), one pipeline stage deeper (bytes in flight), and with BK 256 on 8 warps (half
     the K steps' fixed work per weight, the registers of the doubled tile spread over twice the
     threads)."""
     pick = choose_moe_config(pairs, experts)
-    grid = [pick]
-    for kind in loads:
-        base = dataclasses.replace(pick, loads=kind)
-        grid += [base, dataclasses.replace(base, block_m=32 if base.block_m != 32 else 16),
-                 dataclasses.replace(base, num_stages=base.num_stages + 1),
-                 dataclasses.replace(base, block_k=256, num_warps=8)]
-    return list(dict.fromkeys(grid))
+    variants = [pick, dataclasses.replace(pick, block_m=32 if pick.block_m != 32 else 16),
+                dataclasses.replace(pick, num_stages=pick.num_stages + 1),
+                dataclasses.replace(pick, block_k=256, num_warps=8)]
+    return list(dict.fromkeys([pick] + [dataclasses.replace(config, loads=kind)
+                                        for config in variants for kind in loads]))
 
 
 def moe_fallback(pairs: int, experts: int) -> MoeTileConfig:

@@ -122,31 +122,32 @@ def split_choices(config: TileConfig, point: Point, sms: int) -> list[int]:
 
 def candidates(point: Point, sms: int, loads=LOADS) -> list[TileConfig]:
     """choose_config's pick first (the measured winner where SHAPE_PRESETS has the shape: the
-    yardstick), then for each of `loads` ("pointer": cp.async, "tma": tensor descriptors): the
-    pick one pipeline stage shallower and two deeper (bytes in flight per SM), every tile shape at
-    its split choices (gemv shapes with pointer loads only: TMA feeds shared memory), then (M <=
-    16, pointer loads) the pick with the plain-Triton decode: what the inline-PTX decode buys,
-    measured, and a winner even if the PTX decode failed the gate on this GPU. No duplicates."""
+    yardstick), then on each of `loads` in turn ("pointer": cp.async, "tma": tensor
+    descriptors): the pick, the pick one pipeline stage shallower and two deeper (bytes in
+    flight per SM), every tile shape at its split choices (gemv shapes once, with pointer
+    loads: TMA feeds shared memory), then (M <= 16) the pick with the plain-Triton decode: what
+    the inline-PTX decode buys, measured, and a winner even if the PTX decode failed the gate on
+    this GPU. No duplicates."""
     pick = choose_config(point.m, point.n, point.k, sms)
     grid = [pick]
-    for kind in loads:
-        grid += [dataclasses.replace(config, loads=kind)
-                 for config in load_candidates(pick, point, sms, gemv=kind == "pointer")]
-    if point.m <= 16 and "pointer" in loads:
+    for config in tensor_core_variants(pick, point, sms):
+        if config.math == "gemv":
+            grid += [config] if "pointer" in loads else []
+        else:
+            grid += [dataclasses.replace(config, loads=kind) for kind in loads]
+    if point.m <= 16:
         grid.append(dataclasses.replace(pick, decode="bits"))
     return list(dict.fromkeys(grid))
 
 
-def load_candidates(pick: TileConfig, point: Point, sms: int, gemv: bool) -> list[TileConfig]:
+def tensor_core_variants(pick: TileConfig, point: Point, sms: int) -> list[TileConfig]:
     """The pick (when it is a tensor-core config), its pipeline depths, the tile shapes."""
     grid = [pick] if pick.math == "dot" else []
     if point.m <= 16 and pick.math == "dot":
         grid += [dataclasses.replace(pick, num_stages=stages)
                  for stages in (pick.num_stages - 1, pick.num_stages + 2) if 2 <= stages <= 8]
     for shape in tile_shapes(point.m):
-        if shape.math == "dot" or gemv:
-            grid += [dataclasses.replace(shape, split_k=s)
-                     for s in split_choices(shape, point, sms)]
+        grid += [dataclasses.replace(shape, split_k=s) for s in split_choices(shape, point, sms)]
     return grid
 
 

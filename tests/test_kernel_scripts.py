@@ -41,11 +41,11 @@ def test_grid_starts_with_the_pick_and_fills_the_gpu(tune, n, k, m):
     grid = tune.candidates(point, H200_SMS)
     assert grid[0] == choose_config(m, n, k, H200_SMS)
     assert len(grid) == len(set(grid)) and len(grid) <= (32 if m == 1 else 25)
-    pointer = [c for c in grid if c.loads == "pointer"]
-    tma = [c for c in grid if c.loads == "tma"]   # every tensor-core config on both load paths
-    assert {dataclasses.replace(c, loads="pointer") for c in tma} == {
-        c for c in pointer if c.math == "dot" and c.decode == "ptx"}
-    assert tune.candidates(point, H200_SMS, ("tma",))[1:] == tma
+    assert grid[1] == dataclasses.replace(grid[0], loads={"pointer": "tma", "tma": "pointer"}[
+        grid[0].loads]) or grid[0].math == "gemv"               # the pick's twin next
+    ptx = [c for c in grid if c.decode == "ptx"]   # every tensor-core config on both paths
+    assert {dataclasses.replace(c, loads="pointer") for c in ptx if c.loads == "tma"} == {
+        c for c in ptx if c.loads == "pointer" and c.math == "dot"}
     if (n, k) in triton_w4a16.SHAPE_PRESETS:   # the measured winner is the yardstick
         assert grid[0] == triton_w4a16.preset_for(m, triton_w4a16.SHAPE_PRESETS[(n, k)])
     if m <= 16:   # decode: the MMA's M side is the weight tile, and the plain decode is measured
@@ -95,7 +95,8 @@ def test_moe_candidates_start_with_the_preset_and_vary_one_thing_each(device_scr
         changed = {f.name for f in dataclasses.fields(config)
                    if getattr(config, f.name) != getattr(pick, f.name)} - {"loads"}
         assert changed in (set(), {"block_m"}, {"num_stages"}, {"block_k", "num_warps"}), changed
-    assert [c.loads for c in grid] == ["pointer"] * 4 + ["tma"] * 4
+    assert sorted(c.loads for c in grid) == ["pointer"] * 4 + ["tma"] * 4
+    assert {grid[1].loads, grid[0].loads} == {"pointer", "tma"}    # the pick's twin next
 
 
 @pytest.mark.parametrize("bad", ["8192", "8192x16", "axb"])

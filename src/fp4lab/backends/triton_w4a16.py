@@ -135,28 +135,35 @@ def _is_int(value) -> bool:
 # has not measured; `auto_split_k` adds split-K when the output tiles alone leave SMs idle.
 # Decode-sized M: the weight tile is the wgmma M side (swap_ab) and K is split over the SMs;
 # 8 warps hold a 128 x 256 decoded tile in ~160 registers a thread (4 warps need 255 and spill).
+# From M = 64 to 256 the tuned winners on all three tuned shapes load through TMA with swap_ab
+# (call 31), so the generic presets there do too; prefill M keeps the measured cp.async tile.
 TILE_PRESETS = (
     (16, TileConfig(block_m=16, block_n=128, block_k=256, num_warps=8, swap_ab=True)),
     (32, TileConfig(block_m=32, block_n=128, block_k=256, num_warps=8, swap_ab=True)),
-    (64, TileConfig(block_m=64, block_n=128, block_k=128, num_stages=3, swap_ab=True)),
-    (128, TileConfig(block_m=64, block_n=128, block_k=128, num_stages=3)),
+    (64, TileConfig(block_m=64, block_n=128, block_k=128, num_stages=3, swap_ab=True,
+                    loads="tma")),
+    (128, TileConfig(block_m=64, block_n=128, block_k=128, num_stages=3, swap_ab=True,
+                     loads="tma")),
+    (256, TileConfig(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3,
+                     swap_ab=True, loads="tma")),
     (None, TileConfig(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3)),
 )
 
 # Tuned winners per weight shape (N, K): (largest M covered, config), used exactly as written
 # (split_k included) for M up to the largest measured one; beyond it the generic presets. From the
 # `presets.json` that benchmarks/h200_kernels.py writes (nvfp4, cold L2, CUDA graph, the fastest
-# gated config per measured M; `presets_from_json` loads it): the third H200 tuning run of
-# 2026-12-01, the first in the halves layout (benchmarks/NOTES.md, call 20; us at M = 1: 20.1,
-# 10.8, 8.4 for the three shapes; results/measurements/20261201T1650Z-h200-kernels-4).
+# gated config per measured M; `presets_from_json` loads it): the H200 tuning run of 2026-12-01
+# with both load paths (benchmarks/NOTES.md, call 31; results/measurements/20261201T2300Z-h200-
+# kernels-tma). TMA loads win from M = 64 (1.03-1.38x over cp.async) and tie at decode M.
 SHAPE_PRESETS: dict[tuple[int, int], tuple[tuple[int | None, TileConfig], ...]] = {
     (4096, 6144): (
         (1, TileConfig(block_m=16, block_n=64, block_k=256, split_k=4, swap_ab=True)),
         (4, TileConfig(block_m=16, block_n=64, block_k=256, split_k=4, swap_ab=True)),
         (16, TileConfig(block_m=16, block_n=64, block_k=256, split_k=4, swap_ab=True)),
-        (64, TileConfig(block_m=64, block_n=128, block_k=128, split_k=8)),
+        (64, TileConfig(block_m=64, block_n=128, block_k=128, split_k=8, swap_ab=True,
+                      loads="tma")),
         (256, TileConfig(block_m=128, block_n=128, block_k=128, split_k=4, num_warps=8,
-                      swap_ab=True)),
+                      swap_ab=True, loads="tma")),
     ),
     (6144, 2048): (
         (1, TileConfig(block_m=16, block_n=64, block_k=512, split_k=2, num_stages=2,
@@ -164,17 +171,20 @@ SHAPE_PRESETS: dict[tuple[int, int], tuple[tuple[int | None, TileConfig], ...]] 
         (4, TileConfig(block_m=16, block_n=64, block_k=512, split_k=2, num_stages=2,
                       swap_ab=True)),
         (16, TileConfig(block_m=16, block_n=32, block_k=256, num_warps=2, swap_ab=True)),
-        (64, TileConfig(block_m=64, block_n=128, block_k=128, split_k=5)),
+        (64, TileConfig(block_m=64, block_n=128, block_k=128, split_k=5, swap_ab=True,
+                      loads="tma")),
         (256, TileConfig(block_m=128, block_n=128, block_k=128, split_k=2, num_warps=8,
-                      swap_ab=True)),
+                      swap_ab=True, loads="tma")),
     ),
     (8192, 8192): (
-        (1, TileConfig(block_m=16, block_n=64, block_k=256, split_k=2, swap_ab=True)),
+        (1, TileConfig(block_m=16, block_n=128, block_k=256, split_k=4, swap_ab=True,
+                      loads="tma")),
         (4, TileConfig(block_m=16, block_n=64, block_k=256, split_k=2, swap_ab=True)),
         (16, TileConfig(block_m=16, block_n=64, block_k=256, split_k=2, swap_ab=True)),
-        (64, TileConfig(block_m=64, block_n=128, block_k=128, split_k=4)),
+        (64, TileConfig(block_m=64, block_n=128, block_k=128, split_k=4, swap_ab=True,
+                      loads="tma")),
         (256, TileConfig(block_m=128, block_n=128, block_k=128, split_k=2, num_warps=8,
-                      swap_ab=True)),
+                      swap_ab=True, loads="tma")),
     ),
 }
 

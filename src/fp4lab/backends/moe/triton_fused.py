@@ -67,12 +67,12 @@ class MoeTileConfig:
 # By the mean pairs per expert (T*k/E) each covers (None = any more): a tile of pairs holds about
 # the busiest expert's load (uniform routing: ~1.8x the mean at 16), so weights are read once.
 # block_k 128 keeps both kernels under 255 registers at these tiles (offline sm_90 build). The
-# H200 run of 2026-12-01 (GLM-5 nvfp4, `moe_presets_from_json` rows): m16 at a mean of 2 pairs
-# (B=64, 2.11 ms), m32 at 16 (B=512, 2.98 ms) and at 64 (B=2048, 7.60 ms; m64 spilled: 8.16).
+# H200 run of 2026-12-01 with both load paths (GLM-5 nvfp4, `moe_presets_from_json` rows,
+# benchmarks/NOTES.md call 31): m16 at a mean of 2 pairs (B=64, 1.83 ms), m32 at 16 (B=512,
+# 2.34 ms), TMA weight loads both (cp.async: 2.01 and 2.80 ms).
 MOE_PRESETS: tuple[tuple[float | None, MoeTileConfig], ...] = (
-    (2.0, MoeTileConfig(block_m=16, block_k=128)),
-    (16.0, MoeTileConfig(block_m=32, block_k=128)),
-    (None, MoeTileConfig(block_m=32, block_k=128)),
+    (2.0, MoeTileConfig(block_m=16, block_k=128, loads="tma")),
+    (None, MoeTileConfig(block_m=32, block_k=128, loads="tma")),
 )
 
 
