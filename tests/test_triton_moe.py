@@ -158,3 +158,21 @@ def test_moe_presets_from_json_orders_by_mean_and_covers_every_batch():
             for mean, c in ((16.0, mid), (2.0, small), (64.0, big), (16.0, small))]
     rows.append({"fmt": "mxfp4", "mean_pairs_per_expert": 1.0, "config": vars(big)})
     assert moe_presets_from_json(rows) == ((2.0, small), (16.0, mid), (None, big))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("loads", ["pointer", "tma"])
+@pytest.mark.parametrize("block_k", [128, 256])
+def test_fused_moe_on_the_gpu(fmt, loads, block_k):
+    """Both load paths compiled: N tails (I 352 and H 1056 in tiles of 64 and 128 rows), a busy
+    expert over several work items, idle experts; the gate twice on the same call."""
+    from fp4lab.backends.moe import base
+
+    ids = skewed_ids(40, 8, 2, busy=3, seed=4)
+    problem = base.make_layer_problem(ids, 8, 1056, 352, fmt, "cuda", seed=4)
+    config = MoeTileConfig(block_m=16, block_k=block_k, loads=loads)
+    call = moe.get("triton-w4a16-moe").prepare(problem, config=config)
+    for _ in range(2):
+        gate = base.check_call(call, problem)
+        assert gate.ok, gate.message
