@@ -275,7 +275,8 @@ def findings(results: analysis.GemmResults, reference: analysis.GemmResults | No
             f"{backend} {status} x{count}" for (backend, status), count in numbers["failures"].items())) + ".")
     if reference is not None and "best" in analysis.headline(reference):
         ref = analysis.headline(reference)
-        lines.append(f"On the reference {text.md(reference.view.device)}, the fastest point is "
+        lines.append(f"In the run shown beside ({text.code(reference.view.run_id)}, "
+                     f"{text.md(reference.view.device)}), the fastest point is "
                      f"{text.md(ref['best']['backend'])} at {text.sig(ref['best']['tflops'], 4)} TFLOP/s "
                      f"(M={ref['best']['m']}) and the fastest reader at M={ref['smallest']['m']} moves "
                      f"{text.sig(ref['smallest']['tbps'])} TB/s.")
