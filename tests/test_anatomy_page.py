@@ -41,3 +41,16 @@ def test_a_second_m_gets_its_line_against_the_first():
     lines = ch01_gemm.anatomy_findings(pd.concat([one, sixteen], ignore_index=True))
     line, = [line for line in lines if line.startswith("At M=16")]
     assert "30.0 us" in line and "1.5x its M=1 time" in line and "16.0 us" in line and "9.00 us" in line
+
+
+def test_each_row_says_how_its_kernel_moved_the_tiles():
+    """The committed H200 reference timed the anatomy with the presets: TMA at 8192x8192 M=1,
+    cp.async at M=16 (benchmarks/NOTES.md, call 31); the table says which, per row."""
+    import os
+
+    run = os.path.join(os.path.dirname(__file__), "..", "results", "reference", "20261201T2315Z-h200-full")
+    wide = analysis.anatomy(analysis.gemm_results(run)).set_index(["fmt", "n", "k", "m"])
+    assert wide.loc[("nvfp4", 8192, 8192, 1), "loads"] == "TMA"
+    assert wide.loc[("nvfp4", 8192, 8192, 16), "loads"] == "cp.async"
+    assert "loads" in [c.source for c in ch01_gemm.anatomy_columns(wide.reset_index())]
+    assert [analysis.load_path(v) for v in ("dot m16n64k256 s2 w4 st3 swap ptx", None)] == ["cp.async", "—"]

@@ -128,6 +128,19 @@ def test_gpu_points_are_flagged_only_beyond_threshold_and_spread(gpu_pair):
     assert report.count_regressions(after) == 2
 
 
+def test_a_point_faster_beyond_threshold_and_spread_is_named_as_such(gpu_pair):
+    from fp4lab.chapters import ch06_history
+
+    before, after = gpu_pair
+    comparison = history.compare(after.path, before.path, "previous", threshold=0.10)
+    assert list(comparison.improvements["m"]) == [8]                  # 10.0 -> 9.0 us, apart
+    assert comparison.improvements["time_ratio"].tolist() == pytest.approx([0.9])
+    line, = [line for line in ch06_history.summary(comparison) if "faster" in line]
+    assert line.startswith("1 point got faster by over 10%") and "M=8: 10.0 us → 9.00 us" in line
+    assert "1 point faster" in ch06_history.findings(history.index_runs(before.path.parent), [comparison])[1]
+    assert not len(history.compare(after.path, before.path, "previous", threshold=0.2).improvements)
+
+
 def test_the_threshold_decides_how_much_slower_counts(gpu_pair):
     before, after = gpu_pair
     strict = history.compare(after.path, before.path, "previous", threshold=0.04)

@@ -328,22 +328,34 @@ ANATOMY_STAGES = schema.ANATOMY_STAGES
 
 def anatomy(results: GemmResults) -> pd.DataFrame:
     """Per format, shape and M: each stage variant's time beside the copy floor (the FP4 weights and
-    activations at the measured bandwidth) and the launch floor, and the share of the full kernel
-    the loads alone take."""
+    activations at the measured bandwidth) and the launch floor, the share of the full kernel the
+    loads alone take, and how the kernel's config moves its tiles ("TMA" or "cp.async")."""
     frame = results.view.run.read_table("anatomy")
     frame = of_gpu(frame, lead_gpu(frame)) if len(frame) else frame
     ok = frame[(frame["status"] == "ok") & frame["stage"].isin(ANATOMY_STAGES)] if len(frame) else frame
-    columns = ["fmt", "n", "k", "m", *ANATOMY_STAGES, "copy_floor_us", "launch_floor_us", "load_share"]
+    columns = ["fmt", "n", "k", "m", "loads", *ANATOMY_STAGES, "copy_floor_us", "launch_floor_us",
+               "load_share"]
     if not len(ok):
         return pd.DataFrame(columns=columns)
-    wide = ok.pivot_table(index=["fmt", "n", "k", "m"], columns="stage", values="median_us", aggfunc="median")
+    point = ["fmt", "n", "k", "m"]
+    wide = ok.pivot_table(index=point, columns="stage", values="median_us", aggfunc="median")
     wide = wide.reindex(columns=list(ANATOMY_STAGES)).reset_index()
+    kernel = (ok[ok["stage"] == "full"].groupby(point)["config"].first() if "config" in ok
+              else pd.Series(dtype=object))                          # runs from before the column
+    wide["loads"] = [load_path(kernel.get(tuple(key))) for key in wide[point].itertuples(index=False)]
     bandwidth = results.bandwidth_tbps
     wide["copy_floor_us"] = [roofline.gemm_bytes(int(r.m), int(r.n), int(r.k), "fp4", r.fmt, "bf16") /
                              (bandwidth * 1e6) if bandwidth else np.nan for r in wide.itertuples(index=False)]
     wide["launch_floor_us"] = results.launch_us if results.launch_us else np.nan
     wide["load_share"] = 100 * wide["load"] / wide["full"]
     return wide[columns]
+
+
+def load_path(config_label) -> str:
+    """"TMA" or "cp.async" from a `TileConfig.label()` (its " tma" suffix); "—" when unknown."""
+    if not isinstance(config_label, str):
+        return "—"
+    return "TMA" if config_label.endswith(" tma") else "cp.async"
 
 
 # -- across GPUs ------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ is per backend instead: a backend regresses when the geometric mean of its point
 the other backends' when they got slower too (the median of theirs: the machine's own change of
 speed, a busy or throttled CPU slowing every backend at once), exceeds CPU_BACKEND_THRESHOLD and
 most of its points got slower by more than that machine factor. Runs on different GPUs are compared too, but labelled:
-their ratios measure hardware, not software.
+their ratios measure hardware, not software. A GPU point got faster by the mirror rule: by more than the
+threshold and its p80 now below its p20 then.
 """
 
 from __future__ import annotations
@@ -92,6 +93,9 @@ def point_ratios(current: RunDir, other: RunDir) -> pd.DataFrame:
     p20_now = joined["p20_us_now"].fillna(joined["now_us"])
     p80_before = joined["p80_us_before"].fillna(joined["before_us"])
     joined["beyond_spread"] = p20_now > p80_before
+    # faster beyond the spread: the slow end of now is below the fast end of then
+    joined["faster_beyond_spread"] = (joined["p80_us_now"].fillna(joined["now_us"])
+                                      < joined["p20_us_before"].fillna(joined["before_us"]))
     return joined.sort_values(POINT_KEY).reset_index(drop=True)
 
 
@@ -99,6 +103,12 @@ def point_regressions(ratios: pd.DataFrame, threshold: float) -> pd.DataFrame:
     """GPU runs: points slower than the threshold and beyond the spread, worst first."""
     slower = ratios[(ratios["time_ratio"] > 1 + threshold) & ratios["beyond_spread"]]
     return slower.sort_values("time_ratio", ascending=False).reset_index(drop=True)
+
+
+def point_improvements(ratios: pd.DataFrame, threshold: float) -> pd.DataFrame:
+    """GPU runs: points faster than the threshold and beyond the spread, most improved first."""
+    faster = ratios[(ratios["time_ratio"] < 1 / (1 + threshold)) & ratios["faster_beyond_spread"]]
+    return faster.sort_values("time_ratio").reset_index(drop=True)
 
 
 def backend_regressions(ratios: pd.DataFrame) -> pd.DataFrame:
@@ -152,6 +162,7 @@ class Comparison:
     on_cpu: bool                    # judged per backend (CPU noise) instead of per point
     ratios: pd.DataFrame
     regressions: pd.DataFrame       # points (GPU) or backends (CPU)
+    improvements: pd.DataFrame      # points faster beyond the noise (GPU; empty on a CPU)
     changes: pd.DataFrame
     threshold: float
 
@@ -170,8 +181,9 @@ def compare(run_dir, other_dir, other_kind: str = "previous", threshold: float =
     now, then = provenance_fields(current.run_json()), provenance_fields(other.run_json())
     on_cpu = (current.run_json().get("provenance") or {}).get("device", {}).get("kind") != "cuda"
     regressed = backend_regressions(ratios) if on_cpu else point_regressions(ratios, threshold)
+    improved = ratios.iloc[0:0] if on_cpu else point_improvements(ratios, threshold)
     return Comparison(current.run_id, other.run_id, other_kind, now["device"] == then["device"],
-                      (now["device"], then["device"]), on_cpu, ratios, regressed,
+                      (now["device"], then["device"]), on_cpu, ratios, regressed, improved,
                       version_changes(current.run_json(), other.run_json()), threshold)
 
 

@@ -33,7 +33,7 @@ FASTEST = [Col("m", "M (tokens)", "int"), Col("backend", "fastest 4-bit method")
            Col("cases won", "cases won (format x shape)"),
            Col("median speed-up vs bf16", "speed-up vs cuBLAS bf16 (median)", "ratio"),
            Col("median % of FP4 floor", "% of the FP4 read floor reached (median)", "pct")]
-ANATOMY = [Col("shape", "N x K"), Col("m", "M", "int"), Col("fmt", "format"),
+ANATOMY = [Col("shape", "N x K"), Col("m", "M", "int"), Col("fmt", "format"), Col("loads", "tiles by"),
            Col("stream", "bytes as a stream", "us"), Col("load", "loads only", "us"),
            Col("decode", "decode, no math", "us"),
            Col("math", "math on bf16", "us"), Col("full", "full kernel", "us"),

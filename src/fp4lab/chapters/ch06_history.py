@@ -103,7 +103,19 @@ def summary(c: analysis.Comparison) -> list[str]:
         lines.append(f"{text.count(len(c.regressions), noun)} regressed, judged {text.md(c.judged)}.")
     else:
         lines.append(f"No {noun} regressed, judged {text.md(c.judged)}.")
+    if len(c.improvements):
+        lines.append(improvement_sentence(c.improvements, c.threshold))
     return lines
+
+
+def improvement_sentence(improved, threshold: float, shown: int = 3) -> str:
+    """How many points got faster beyond the noise, by backend, and the most improved ones."""
+    by_backend = improved["backend"].value_counts()
+    backends = ", ".join(f"{text.md(name)} {count}" for name, count in by_backend.items())
+    top = "; ".join(f"{text.md(r.backend)} {text.md(r.fmt)} {r.n}x{r.k} M={r.m}: {text.us(r.before_us)} → "
+                    f"{text.us(r.now_us)}" for r in improved.head(shown).itertuples())
+    return (f"{text.count(len(improved), 'point')} got faster by over {threshold:.0%} and beyond the "
+            f"p20-p80 spread of both runs ({backends}); the most: {top}.")
 
 
 def without_copies(index, this_run: Path):
@@ -150,7 +162,10 @@ def findings(index, comparisons: list[analysis.Comparison]) -> list[str]:
     same = [c for c in comparisons if c.same_device]
     if same:
         flagged = sum(len(c.regressions) for c in same)
-        lines.append(f"On the same device, {flagged} regression{'s' if flagged != 1 else ''} flagged.")
+        faster = max(len(c.improvements) for c in same)
+        lines.append(f"On the same device, {flagged} regression{'s' if flagged != 1 else ''} flagged"
+                     + (f"; up to {text.count(faster, 'point')} faster beyond the noise" if faster else "")
+                     + ".")
     else:
         lines.append("No earlier run on this device: no regression can be judged yet.")
     return lines
