@@ -52,5 +52,8 @@ def test_each_row_says_how_its_kernel_moved_the_tiles():
     wide = analysis.anatomy(analysis.gemm_results(run)).set_index(["fmt", "n", "k", "m"])
     assert wide.loc[("nvfp4", 8192, 8192, 1), "loads"] == "TMA"
     assert wide.loc[("nvfp4", 8192, 8192, 16), "loads"] == "cp.async"
-    assert "loads" in [c.source for c in ch01_gemm.anatomy_columns(wide.reset_index())]
+    note = ch01_gemm.load_paths_note(wide.reset_index())
+    assert note == ("; tiles moved by TMA at 8192x8192 M=1 (nvfp4, mxfp4), by cp.async in the "
+                    "other rows")
+    assert ch01_gemm.load_paths_note(table(10.2)) == ""                # a run without the column
     assert [analysis.load_path(v) for v in ("dot m16n64k256 s2 w4 st3 swap ptx", None)] == ["cp.async", "—"]

@@ -33,7 +33,7 @@ FASTEST = [Col("m", "M (tokens)", "int"), Col("backend", "fastest 4-bit method")
            Col("cases won", "cases won (format x shape)"),
            Col("median speed-up vs bf16", "speed-up vs cuBLAS bf16 (median)", "ratio"),
            Col("median % of FP4 floor", "% of the FP4 read floor reached (median)", "pct")]
-ANATOMY = [Col("shape", "N x K"), Col("m", "M", "int"), Col("fmt", "format"), Col("loads", "tiles by"),
+ANATOMY = [Col("shape", "N x K"), Col("m", "M", "int"), Col("fmt", "format"),
            Col("stream", "bytes as a stream", "us"), Col("load", "loads only", "us"),
            Col("decode", "decode, no math", "us"),
            Col("math", "math on bf16", "us"), Col("full", "full kernel", "us"),
@@ -145,8 +145,29 @@ def _anatomy(page, results) -> None:
     page.html("anatomy", html_table(table.assign(shape=[f"{int(r.n)}x{int(r.k)}" for r in table.itertuples()]),
                                     anatomy_columns(table), caption=results.caption(
         "each stage's median time per call; copy floor: the FP4 weights and bf16 activations at the measured "
-        "copy bandwidth" + (f"; launch floor {text.us(launch.iloc[0])} for every row" if len(launch) else ""))))
+        "copy bandwidth" + (f"; launch floor {text.us(launch.iloc[0])} for every row" if len(launch) else "")
+        + load_paths_note(table))))
     page.bullets("anatomy", anatomy_findings(table))
+
+
+def load_paths_note(table) -> str:
+    """"; tiles moved by TMA at 8192x8192 M=1 (nvfp4, mxfp4), by cp.async in the other rows" (the
+    kernel config of each row, its preset), or nothing when the run did not record them."""
+    if "loads" not in table:
+        return ""
+    known = table[table["loads"] != "—"]
+    paths = known["loads"].value_counts()
+    if not len(paths):
+        return ""
+    if len(paths) == 1:
+        return f"; tiles moved by {paths.index[0]} in every row"
+    rare, common = paths.index[-1], paths.index[0]
+    formats: dict[tuple[int, int, int], list[str]] = {}
+    rows = known[known["loads"] == rare].sort_values(["n", "k", "m", "fmt"], ascending=[True, True, True, False])
+    for r in rows.itertuples():                                  # nvfp4 before mxfp4
+        formats.setdefault((int(r.n), int(r.k), int(r.m)), []).append(r.fmt)
+    where = ", ".join(f"{n}x{k} M={m} ({', '.join(fmts)})" for (n, k, m), fmts in sorted(formats.items()))
+    return f"; tiles moved by {rare} at {where}, by {common} in the other rows"
 
 
 def anatomy_columns(table) -> list[Col]:
