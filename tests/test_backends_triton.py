@@ -345,6 +345,17 @@ def test_gemv_refuses_what_it_cannot_read_with_a_clear_error():
         launch(shifted, None, None, None, None)
 
 
+def test_tma_loads_refuse_a_misaligned_operand_with_a_clear_error():
+    from fp4lab.backends import triton_w4a16_kernel as kernel
+
+    config = TileConfig(block_m=16, block_n=16, block_k=64, loads="tma")
+    launch = kernel.Launch(m=1, n=16, k=64, fmt="nvfp4", config=config, stage="full", device="cpu")
+    shifted = torch.zeros(1, 65, dtype=torch.bfloat16)[:, 1:]           # rows 2 bytes off
+    codes = torch.zeros(16, 32, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="loads='tma' reads activations a .* 16-byte aligned"):
+        launch(shifted, codes, torch.zeros(16, 4, dtype=torch.uint8), None, torch.empty(1, 16))
+
+
 def test_backend_declares_weight_only_roofline_dtypes():
     backend = triton_w4a16.TritonW4A16()
     assert (backend.weight_dtype, backend.act_dtype, backend.math_dtype) == ("fp4", "bf16", "bf16")
