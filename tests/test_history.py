@@ -63,15 +63,17 @@ def test_two_sweeps_of_unchanged_code_flag_no_regression(tmp_path):
     assert report.count_regressions(second) == 0
 
 
-def test_a_twice_slower_backend_is_flagged_and_only_it(tmp_path, fake_backends_env, monkeypatch):
+def test_a_three_times_slower_backend_is_flagged_and_only_it(tmp_path, fake_backends_env, monkeypatch):
     from fp4lab.sweep.registry import load_extra_backends
 
     load_extra_backends()
-    # 1024 x 1024: the GEMM, not the per-call overhead, sets the time, so doing it twice shows as 2x
+    # 1024 x 1024: the GEMM, not the per-call overhead, sets the time, so doing it three times shows
+    # as ~3x; on a CI box whose 2 cores are shared a 2x slowdown measured as 1.48x (the rule's
+    # threshold is 1.5x), so the synthetic regression is 3x
     backends, shape, m_values = ["fake-ok", "fake-slow"], [1024, 1024], [1, 8, 32, 64]
     monkeypatch.setenv("FAKE_SLOWDOWN", "1")
     before = sweep_into(tmp_path, "20260101T000000Z-cpu-a", backends, shape, m_values)
-    monkeypatch.setenv("FAKE_SLOWDOWN", "2")
+    monkeypatch.setenv("FAKE_SLOWDOWN", "3")
     after = sweep_into(tmp_path, "20260101T000000Z-cpu-b", backends, shape, m_values)
     comparison = judged(after, before)
     assert list(comparison.regressions["backend"]) == ["fake-slow"], comparison.ratios.to_string()
