@@ -234,6 +234,22 @@ def test_a_committed_copy_of_this_run_is_listed_once(tmp_path):
     assert list(kept.loc[kept["run_id"] == "20261201T2000Z-h200-full", "kind"]) == ["local"]
 
 
+def test_a_local_copy_of_another_reference_run_is_listed_once_as_the_reference(tmp_path):
+    """The partial folder a reference run was resumed from, left in runs/ after it was committed."""
+    from fp4lab.chapters import ch06_history
+
+    for root in ("runs", "reference"):
+        RunDir.create(tmp_path / root, run_id="20261201T2315Z-h200-full").append_rows("gemm", [])
+    RunDir.create(tmp_path / "runs", run_id="20261202T0000Z-cpu").append_rows("gemm", [])
+    index = history.index_runs(tmp_path / "runs", reference_root=tmp_path / "reference")
+    kept = ch06_history.without_copies(index, tmp_path / "runs" / "20261202T0000Z-cpu")
+    assert len(index) == 3 and sorted(zip(kept["run_id"], kept["kind"])) == [
+        ("20261201T2315Z-h200-full", "reference"), ("20261202T0000Z-cpu", "local")]
+    # nor is it this run's previous local run: it is compared as the reference it is
+    assert history.previous_run(tmp_path / "runs" / "20261202T0000Z-cpu", tmp_path / "runs",
+                                reference_root=tmp_path / "reference") is None
+
+
 def ratios_frame(per_backend: dict[str, tuple[float, ...]]) -> pd.DataFrame:
     return pd.DataFrame([{"backend": backend, "time_ratio": ratio}
                          for backend, values in per_backend.items() for ratio in values])

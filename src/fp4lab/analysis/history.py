@@ -56,17 +56,20 @@ def is_reference_root(runs_dir: str | os.PathLike, reference_root: str | os.Path
     return Path(runs_dir).resolve() == Path(REFERENCE_ROOT if reference_root is None else reference_root).resolve()
 
 
-def previous_run(run_dir: str | os.PathLike, runs_dir: str | os.PathLike) -> Path | None:
+def previous_run(run_dir: str | os.PathLike, runs_dir: str | os.PathLike,
+                 reference_root: str | os.PathLike | None = None) -> Path | None:
     """The latest local run created before this one that has GEMM rows (none among the committed
-    reference runs: those are compared as references)."""
-    if is_reference_root(runs_dir):
+    reference runs, nor a local copy of one: those are compared as references)."""
+    reference_root = REFERENCE_ROOT if reference_root is None else reference_root
+    if is_reference_root(runs_dir, reference_root):
         return None
     run_dir = Path(run_dir).resolve()
     mine = RunDir.open(run_dir).run_json().get("created") or ""
+    references = set(list_runs(reference_root)["run_id"]) - {run_dir.name}
     earlier = []
     for path in list_runs(runs_dir)["path"]:
         path = Path(path).resolve()
-        if path == run_dir or not RunDir(path).has_table("gemm"):
+        if path == run_dir or path.name in references or not RunDir(path).has_table("gemm"):
             continue
         created = RunDir(path).run_json().get("created") or ""
         if created < mine or (created == mine and path.name < run_dir.name):

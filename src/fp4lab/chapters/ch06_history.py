@@ -119,11 +119,16 @@ def improvement_sentence(improved, threshold: float, shown: int = 3) -> str:
 
 
 def without_copies(index, this_run: Path):
-    """The index without committed copies of this run (a reference run resumed on the machine that
-    measured it is listed once, where it runs)."""
+    """The index with each run once: without committed copies of this run (a reference run resumed
+    on the machine that measured it is listed where it runs) and without local copies of other
+    committed reference runs (the folder a resumed reference run was carried in: the committed one
+    is the whole run)."""
     if not len(index):
         return index
-    return index[is_this_run(index, this_run) | (index["run_id"] != this_run.name)].reset_index(drop=True)
+    this = is_this_run(index, this_run)
+    references = set(index.loc[index["kind"] == "reference", "run_id"])
+    local_copy = (index["kind"] != "reference") & index["run_id"].isin(references)
+    return index[this | ((index["run_id"] != this_run.name) & ~local_copy)].reset_index(drop=True)
 
 
 def is_this_run(index, this_run: Path):
