@@ -221,32 +221,34 @@ def test_a_page_rendered_inside_the_reference_folder_lists_each_run_once(tmp_pat
     assert history.previous_run(references / "20261201T1000Z-b", references) is None
 
 
-def test_a_committed_copy_of_this_run_is_listed_once(tmp_path):
-    """The reference run resumed on the H200 found itself twice, in its run folder and committed."""
+def listed_once(tmp_path, runs: list[tuple[str, str]], this_run: str):
+    """Run folders {(root, run id)} under tmp_path ("runs" local, "reference" committed): the index
+    and what `without_copies` keeps of it for `this_run` (a folder under runs/)."""
     from fp4lab.chapters import ch06_history
 
-    for root in ("runs", "reference"):
-        RunDir.create(tmp_path / root, run_id="20261201T2000Z-h200-full").append_rows("gemm", [])
-    RunDir.create(tmp_path / "reference", run_id="20261201T1215Z-h200-full").append_rows("gemm", [])
+    for root, run_id in runs:
+        RunDir.create(tmp_path / root, run_id=run_id).append_rows("gemm", [])
     index = history.index_runs(tmp_path / "runs", reference_root=tmp_path / "reference")
-    kept = ch06_history.without_copies(index, tmp_path / "runs" / "20261201T2000Z-h200-full")
-    assert sorted(kept["run_id"]) == ["20261201T1215Z-h200-full", "20261201T2000Z-h200-full"] and len(index) == 3
-    assert list(kept.loc[kept["run_id"] == "20261201T2000Z-h200-full", "kind"]) == ["local"]
+    return index, ch06_history.without_copies(index, tmp_path / "runs" / this_run)
+
+
+def test_a_committed_copy_of_this_run_is_listed_once(tmp_path):
+    """The reference run resumed on the H200 found itself twice, in its run folder and committed."""
+    run = "20261201T2000Z-h200-full"
+    index, kept = listed_once(tmp_path, [("runs", run), ("reference", run),
+                                         ("reference", "20261201T1215Z-h200-full")], run)
+    assert sorted(kept["run_id"]) == ["20261201T1215Z-h200-full", run] and len(index) == 3
+    assert list(kept.loc[kept["run_id"] == run, "kind"]) == ["local"]
 
 
 def test_a_local_copy_of_another_reference_run_is_listed_once_as_the_reference(tmp_path):
     """The partial folder a reference run was resumed from, left in runs/ after it was committed."""
-    from fp4lab.chapters import ch06_history
-
-    for root in ("runs", "reference"):
-        RunDir.create(tmp_path / root, run_id="20261201T2315Z-h200-full").append_rows("gemm", [])
-    RunDir.create(tmp_path / "runs", run_id="20261202T0000Z-cpu").append_rows("gemm", [])
-    index = history.index_runs(tmp_path / "runs", reference_root=tmp_path / "reference")
-    kept = ch06_history.without_copies(index, tmp_path / "runs" / "20261202T0000Z-cpu")
+    copy, here = "20261201T2315Z-h200-full", "20261202T0000Z-cpu"
+    index, kept = listed_once(tmp_path, [("runs", copy), ("reference", copy), ("runs", here)], here)
     assert len(index) == 3 and sorted(zip(kept["run_id"], kept["kind"])) == [
-        ("20261201T2315Z-h200-full", "reference"), ("20261202T0000Z-cpu", "local")]
+        (copy, "reference"), (here, "local")]
     # nor is it this run's previous local run: it is compared as the reference it is
-    assert history.previous_run(tmp_path / "runs" / "20261202T0000Z-cpu", tmp_path / "runs",
+    assert history.previous_run(tmp_path / "runs" / here, tmp_path / "runs",
                                 reference_root=tmp_path / "reference") is None
 
 
