@@ -92,13 +92,11 @@ def point_ratios(current: RunDir, other: RunDir) -> pd.DataFrame:
     joined = now.merge(before, on=POINT_KEY, suffixes=("_now", "_before"))
     joined = joined.rename(columns={"median_us_now": "now_us", "median_us_before": "before_us"})
     joined["time_ratio"] = joined["now_us"] / joined["before_us"]
-    # slower beyond the spread: the fast end of now is above the slow end of then
-    p20_now = joined["p20_us_now"].fillna(joined["now_us"])
-    p80_before = joined["p80_us_before"].fillna(joined["before_us"])
-    joined["beyond_spread"] = p20_now > p80_before
-    # faster beyond the spread: the slow end of now is below the fast end of then
-    joined["faster_beyond_spread"] = (joined["p80_us_now"].fillna(joined["now_us"])
-                                      < joined["p20_us_before"].fillna(joined["before_us"]))
+    # each run's p20-p80 spread (its median where a percentile is missing)
+    p20_now, p80_now, p20_before, p80_before = (joined[f"{p}_us_{run}"].fillna(joined[f"{run}_us"])
+                                                for run in ("now", "before") for p in ("p20", "p80"))
+    joined["beyond_spread"] = p20_now > p80_before           # slower: the fast end now above the slow end then
+    joined["faster_beyond_spread"] = p80_now < p20_before    # faster: the slow end now below the fast end then
     return joined.sort_values(POINT_KEY).reset_index(drop=True)
 
 

@@ -433,6 +433,19 @@ def store_tile(c_ptr, tile, offs_m, offs_n, m_mask, n_mask, stride_cm):
              tile.to(c_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
+def tma_descriptor(tensor: torch.Tensor, name: str, box: list[int]):
+    """A tensor descriptor over the 2-D `tensor` whose box (a TMA copy) is `box`; a ValueError
+    naming `name` when TMA cannot read it (rows not contiguous or not 16-byte aligned)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    row_bytes = tensor.stride(0) * tensor.element_size()
+    if tensor.stride(1) != 1 or row_bytes % 16 or tensor.data_ptr() % 16:
+        raise ValueError(f"loads='tma' reads {name} through a tensor descriptor: rows must be "
+                         f"contiguous and start 16-byte aligned, got strides {tensor.stride()} "
+                         f"({row_bytes} B a row) at address {tensor.data_ptr():#x}")
+    return TensorDescriptor(tensor, list(tensor.shape), list(tensor.stride()), box)
+
+
 class Launch:
     """One configured kernel launch at one (M, N, K): grid, constants, and the split-K workspace
     and tile counters it owns (the counters return to zero at the end of every call)."""
@@ -468,12 +481,15 @@ class Launch:
             # num_stages counts the tiles in flight in registers (the kernel's own prefetch)
             self.constants = dict(common, DEPTH=config.num_stages, num_stages=1)
         else:
-            scale_row = config.block_k // common["SCALE_BLOCK"]
+            half_k, scale_row = config.block_k // 2, config.block_k // common["SCALE_BLOCK"]
+            scales_tma = self.tma and scale_row >= TMA_MIN_BOX_BYTES
+            # the TMA boxes are the kernel's tiles: activations, codes (or bf16 weights), scales
+            self.boxes = ([config.block_m, half_k], [config.block_n, half_k],
+                          [config.block_n, scale_row] if scales_tma else None)
             self.constants = dict(common, BLOCK_M=config.block_m, SWAP_AB=config.swap_ab,
                                   STAGE=stage, DOT_IN_FP32=INTERPRETED,
                                   NUM_STAGES=config.num_stages, num_stages=config.num_stages,
-                                  TMA=self.tma,
-                                  SCALES_TMA=self.tma and scale_row >= TMA_MIN_BOX_BYTES)
+                                  TMA=self.tma, SCALES_TMA=scales_tma)
 
     def __call__(self, a, w, scale_bytes, global_scale, out):
         """out[M, N] = a[M, K] @ dequant(w)[N, K]^T (or the stage's result); returns out."""
@@ -482,38 +498,17 @@ class Launch:
         if self.config.math == "gemv":
             return self._gemv(a, w, scale_bytes, global_scale, out)
         strides = (a.stride(0), w.stride(0), scale_bytes.stride(0), out.stride(0))
-        a_arg, w_arg, s_arg = self._tma_operands(a, w, scale_bytes) if self.tma else (
-            a, w, scale_bytes)
+        a_arg, w_arg, s_arg = a, w, scale_bytes
+        if self.tma:
+            a_box, w_box, s_box = self.boxes
+            a_arg = tma_descriptor(a, "activations a", a_box)
+            w_arg = tma_descriptor(w, "weights", w_box)
+            s_arg = tma_descriptor(scale_bytes, "scale bytes", s_box) if s_box else scale_bytes
         w4a16_kernel[self.grid](
             a_arg, w_arg, s_arg, global_scale, out, self.workspace, self.counts, self.salt,
             self.m, self.n, self.k, self.blocks_per_split, self.grid[1], *strides,
             **self.constants)
         return out
-
-    def _tma_operands(self, a, w, scale_bytes):
-        """Tensor descriptors whose boxes are the kernel's tiles (the scales stay a pointer when
-        their tile rows are narrower than TMA's least box)."""
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        half_k = self.config.block_k // 2
-        boxes = [(a, "activations a", [self.config.block_m, half_k]),
-                 (w, "weights", [self.config.block_n, half_k])]
-        if self.constants["SCALES_TMA"]:
-            scale_row = self.config.block_k // self.constants["SCALE_BLOCK"]
-            boxes.append((scale_bytes, "scale bytes", [self.config.block_n, scale_row]))
-        descriptors = []
-        for tensor, name, box in boxes:
-            row_bytes = tensor.stride(0) * tensor.element_size()
-            if tensor.stride(1) != 1 or row_bytes % 16 or tensor.data_ptr() % 16:
-                raise ValueError(f"loads='tma' reads {name} through a tensor descriptor: rows "
-                                 "must be contiguous and start 16-byte aligned, got strides "
-                                 f"{tensor.stride()} ({row_bytes} B a row) at address "
-                                 f"{tensor.data_ptr():#x}")
-            descriptors.append(TensorDescriptor(tensor, list(tensor.shape),
-                                                list(tensor.stride()), box))
-        if not self.constants["SCALES_TMA"]:
-            descriptors.append(scale_bytes)
-        return descriptors
 
     def _gemv(self, a, w, scale_bytes, global_scale, out):
         from fp4lab.backends.triton_gemv_kernel import gemv_kernel

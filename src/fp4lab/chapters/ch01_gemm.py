@@ -163,8 +163,7 @@ def load_paths_note(table) -> str:
         return f"; tiles moved by {paths.index[0]} in every row"
     rare, common = paths.index[-1], paths.index[0]
     formats: dict[tuple[int, int, int], list[str]] = {}
-    rows = known[known["loads"] == rare].sort_values(["n", "k", "m", "fmt"], ascending=[True, True, True, False])
-    for r in rows.itertuples():                                  # nvfp4 before mxfp4
+    for r in known[known["loads"] == rare].sort_values("fmt", ascending=False).itertuples():  # nvfp4 first
         formats.setdefault((int(r.n), int(r.k), int(r.m)), []).append(r.fmt)
     where = ", ".join(f"{n}x{k} M={m} ({', '.join(fmts)})" for (n, k, m), fmts in sorted(formats.items()))
     return f"; tiles moved by {rare} at {where}, by {common} in the other rows"

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from fp4lab.backends.triton_w4a16_kernel import (
     TMA_MIN_BOX_BYTES, load_halves, load_weight_tile, load_weight_tile_tma, scaled_halves,
-    tile_dot,
+    tile_dot, tma_descriptor,
 )
 
 
@@ -235,13 +235,10 @@ def launch(a, w_packed, w_scales, global_scales, out, sorted_pairs, route_w, wor
 
 
 def expert_rows_descriptor(weights, box: list[int]):
-    """A tensor descriptor over every expert's rows of `weights` [E, R, C] (contiguous) as one
-    [E * R, C] matrix, box [BN, BC]."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    if not weights.is_contiguous() or weights.shape[2] % 16 or weights.data_ptr() % 16:
-        raise ValueError("loads='tma' reads expert weights through a tensor descriptor: they must "
-                         f"be contiguous with 16-byte rows, got shape {tuple(weights.shape)}, "
-                         f"strides {weights.stride()}")
-    flat = weights.view(-1, weights.shape[2])                              # [E * R, C]
-    return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), box)
+    """A tensor descriptor over every expert's rows of `weights` [E, R, C] as one [E * R, C]
+    matrix, box [BN, BC] (`tma_descriptor`'s checks; the experts must lie back to back)."""
+    if not weights.is_contiguous():
+        raise ValueError("loads='tma' reads expert weights as one matrix of all experts' rows: "
+                         f"they must be contiguous, got shape {tuple(weights.shape)}, strides "
+                         f"{weights.stride()}")
+    return tma_descriptor(weights.view(-1, weights.shape[2]), "expert weights", box)  # [E*R, C]
