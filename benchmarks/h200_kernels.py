@@ -15,8 +15,10 @@ error is a row with its reason, never a time):
      weight bytes read as a stream, loads only, decode without math, math on pre-decoded bf16,
      full, decode twice (`anatomy_variants`); then the stream over five launch shapes
      (`read_floor.py`): how far the anatomy's fixed launch shape is from the best at each size;
-  4. `triton-w4a16-moe`: GLM-5 (E=256, k=8, H=6144, I=2048) at B = 512 and 64, uniform routing,
-     nvfp4 then mxfp4, four tile configs each (`moe_candidates`), gated by `check_call`.
+  4. `triton-w4a16-moe`: GLM-5 (E=256, k=8, H=6144, I=2048) at B = 512 and 64 and DeepSeek-V3
+     at B = 512, uniform routing, nvfp4 then mxfp4, the tile configs of `moe_candidates`, gated
+     by `check_call`; the best config's call then stopped after each launch (routing, gate_up,
+     down), so the summary gives each launch's time.
 Every GEMM result is gated against float64 before it is timed; every time is `fp4lab.bench.
 time_call` with TimerConfig(repeats=30, warmup_s=1.0): cold L2, CUDA-graph replay.
 
@@ -26,8 +28,9 @@ presets.json (the winners, rows that `triton_w4a16.presets_from_json` and
 paste as SHAPE_PRESETS / MOE_PRESETS), summary.txt (the table printed last). `--smoke` runs the
 same phases on tiny shapes (the CPU test, under TRITON_INTERPRET=1); `--plan decode` only M = 1
 and 4 (the gemv kernel beside the tensor-core one), the anatomy at M = 1 and DeepSeek-V3's layer.
-Every grid holds both load paths, cp.async pointer loads and TMA tensor descriptors, unless the
-plan names one (`Plan.loads`); the anatomy times the fastest config of each.
+Every grid holds both load paths, cp.async pointer loads and TMA tensor descriptors, and both
+weight layouts of the dense kernel, row by row and tile by tile, unless the plan names one
+(`Plan.loads`, `Plan.layouts`); the anatomy times the fastest config of each.
 """
 
 from __future__ import annotations
@@ -50,9 +53,11 @@ import tune_w4a16 as tune  # noqa: E402  (the dense grid lives beside this scrip
 from fp4lab import bench, ceilings, roofline  # noqa: E402
 from fp4lab.backends import stream_kernel  # noqa: E402
 from fp4lab.backends.moe import base as moe_base, get as get_moe  # noqa: E402
-from fp4lab.backends.moe.triton_fused import MoeTileConfig, choose_moe_config  # noqa: E402
+from fp4lab.backends.moe.triton_fused import (  # noqa: E402
+    CALL_PARTS, MoeTileConfig, choose_moe_config)
 from fp4lab.backends.triton_w4a16 import (  # noqa: E402
-    ANATOMY_STAGES, LOADS, anatomy_variants, choose_config, sm_count, tensor_core_config)
+    ANATOMY_STAGES, LAYOUTS, LOADS, anatomy_variants, choose_config, sm_count,
+    tensor_core_config)
 from fp4lab.moe import presets as model_presets, routing  # noqa: E402
 
 
@@ -69,17 +74,18 @@ class Plan:
     max_configs: int | None = None              # cap on the nvfp4 grid per point (smoke)
     step_limit_s: float = 60.0                  # one step (compile + gate + time) at most
     loads: tuple[str, ...] = LOADS              # the kernels' load paths in the grids
+    layouts: tuple[str, ...] = LAYOUTS          # the dense kernel's weight layouts in the grids
 
 
 FULL = Plan(shapes=((8192, 8192), (4096, 6144), (6144, 2048)), m_values=(1, 4, 16, 64, 256),
             anatomy_m=(1, 16),
-            moe_points=(("glm-5", 512), ("glm-5", 64)))
+            moe_points=(("glm-5", 512), ("glm-5", 64), ("deepseek-v3", 512)))
 # the decode M on the three shapes with the gemv kernel beside the tensor-core one, the anatomy
 # at M = 1, and the DeepSeek-V3 MoE layer (GLM-5's is in FULL)
 DECODE = Plan(shapes=FULL.shapes, m_values=(1, 4), anatomy_m=(1,),
               moe_points=(("deepseek-v3", 512),), mxfp4_configs=2)
 SMOKE = Plan(shapes=((48, 128),), m_values=(1, 3), anatomy_m=(1,),
-             moe_points=(("glm-5", 6),), moe_scaled=True, mxfp4_configs=1, max_configs=2,
+             moe_points=(("glm-5", 6),), moe_scaled=True, mxfp4_configs=1, max_configs=4,
              step_limit_s=120.0)
 FORMATS = ("nvfp4", "mxfp4")
 LAUNCH_PREDICTION_NOTE = "predicted = FP4 bytes / measured copy bandwidth + measured launch floor"
@@ -173,7 +179,8 @@ def phase_dense(run: Run, cache: dict) -> dict:
         for n, k in run.plan.shapes:
             for m in run.plan.m_values:
                 point = tune.Point(fmt, n, k, m)
-                grid = (tune.candidates(point, sms, run.plan.loads)[:run.plan.max_configs]
+                grid = (tune.candidates(point, sms, run.plan.loads,
+                                        run.plan.layouts)[:run.plan.max_configs]
                         if fmt == "nvfp4"
                         else ranked.get((n, k, m), [])[:run.plan.mxfp4_configs])
                 a, w = tune.operands(point, run.device, cache)
@@ -204,12 +211,12 @@ def phase_dense(run: Run, cache: dict) -> dict:
 
 def best_dot_rows(run: Run, n: int, k: int, m: int) -> list[dict]:
     """The fastest timed nvfp4 tensor-core ("dot") config at this point for each load path
-    ("pointer", "tma") that has one, fastest first."""
-    best: dict[str, dict] = {}
+    ("pointer", "tma") and weight layout ("rows", "tiles") that has one, fastest first."""
+    best: dict[tuple, dict] = {}
     for r in run.rows:
         if (r["kind"] == "dense" and r.get("median_us") and r["config"]["math"] == "dot"
                 and (r["fmt"], r["n"], r["k"], r["m"]) == ("nvfp4", n, k, m)):
-            kind = r["config"].get("loads", "pointer")
+            kind = (r["config"].get("loads", "pointer"), r["config"].get("layout", "rows"))
             if kind not in best or r["median_us"] < best[kind]["median_us"]:
                 best[kind] = r
     return sorted(best.values(), key=lambda r: r["median_us"])
@@ -217,7 +224,7 @@ def best_dot_rows(run: Run, n: int, k: int, m: int) -> list[dict]:
 
 def phase_anatomy(run: Run, cache: dict) -> None:
     """Every stage of the tensor-core kernel with the point's fastest config of each load path
-    (the preset when none was timed)."""
+    and layout (the preset when none was timed)."""
     for n, k in run.plan.shapes:
         for m in run.plan.anatomy_m:
             point = tune.Point("nvfp4", n, k, m)
@@ -325,7 +332,20 @@ def phase_moe(run: Run) -> list[dict]:
                 winners.append({**what, "mean_pairs_per_expert": batch * model.top_k /
                                 model.experts, "config": best["config"],
                                 "median_us": best["median_us"]})
+                config = MoeTileConfig(**best["config"])
+                for until in CALL_PARTS[:-1]:
+                    run.step("moe_part", {**what, "label": config.label(), "until": until},
+                             lambda u=until: moe_part_row(run, problem, config, u))
     return winners
+
+
+def moe_part_row(run: Run, problem, config: MoeTileConfig, until: str) -> dict:
+    """The best config's call stopped after launch `until` (timed, not gated: its output is a
+    prefix's; the whole call passed the gate): the launches' times are the differences."""
+    call = get_moe("triton-w4a16-moe").prepare(problem, config=config, until=until)
+    timing = bench.time_call(call.make_call, call.args, call.out, run.timer, run.device)
+    return {"status": "ok", "message": f"the call up to {until}, not gated",
+            "config": dataclasses.asdict(config), **tune.timing_fields(timing)}
 
 
 def build_weights(run: Run, model, fmt: str, weights_for: dict) -> dict:
@@ -444,11 +464,35 @@ def summary(run: Run) -> str:
                          f"{us if us else float('nan'):9.1f} {floor or float('nan'):8.1f} "
                          f"{(us / floor) if us and floor else float('nan'):7.2f} "
                          f"{r.get('rel_err', float('nan')):8.1e}  {r['label']} {r['status']}")
+    lines += moe_parts_lines(rows)
     counts: dict = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     lines += ["", "rows by status: " + ", ".join(f"{s} {n}" for s, n in sorted(counts.items()))]
     return "\n".join(lines)
+
+
+def moe_parts_lines(rows: list[dict]) -> list[str]:
+    """The best MoE config's launches apart: each part is its prefix's time minus the one before
+    (route, gate_up, down, then torch's top-k sum: the whole call)."""
+    lines = ["", f"{'moe parts':<10} {'model':<12} {'B':>5} {'fmt':<5} "
+             + " ".join(f"{p:>8}" for p in CALL_PARTS) + "  (us; config)"]
+    for r in rows:
+        if r["kind"] != "moe" or "median_us" not in r:
+            continue
+        prefixes = {p["until"]: p.get("median_us") for p in rows if p["kind"] == "moe_part"
+                    and (p["model"], p["batch"], p["fmt"], p["label"])
+                    == (r["model"], r["batch"], r["fmt"], r["label"])}
+        if not prefixes:
+            continue
+        prefixes["sum"] = r["median_us"]
+        times = [prefixes.get(p) for p in CALL_PARTS]
+        parts = [t - (times[i - 1] or 0.0) if t and (i == 0 or times[i - 1]) else None
+                 for i, t in enumerate(times)]
+        lines.append(f"{'':<10} {r['model']:<12} {r['batch']:>5} {r['fmt']:<5} "
+                     + " ".join(f"{p:8.1f}" if p is not None else f"{'-':>8}" for p in parts)
+                     + f"  {r['label']}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

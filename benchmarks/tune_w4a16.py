@@ -29,7 +29,7 @@ import torch
 from fp4lab import bench, correctness, formats, roofline
 from fp4lab.backends import get
 from fp4lab.backends.triton_w4a16 import (
-    LOADS, MAX_SPLIT_K, MIN_K_BLOCKS_PER_SPLIT, TileConfig, choose_config, sm_count,
+    LAYOUTS, LOADS, MAX_SPLIT_K, MIN_K_BLOCKS_PER_SPLIT, TileConfig, choose_config, sm_count,
 )
 
 DEFAULT_SHAPES = "8192x8192,4096x6144,6144x2048"   # square, GLM-5 gate_up, GLM-5 down
@@ -120,21 +120,23 @@ def split_choices(config: TileConfig, point: Point, sms: int) -> list[int]:
     return sorted(splits)
 
 
-def candidates(point: Point, sms: int, loads=LOADS) -> list[TileConfig]:
+def candidates(point: Point, sms: int, loads=LOADS, layouts=LAYOUTS) -> list[TileConfig]:
     """choose_config's pick first (the measured winner where SHAPE_PRESETS has the shape: the
-    yardstick), then on each of `loads` in turn ("pointer": cp.async, "tma": tensor
-    descriptors): the pick, the pick one pipeline stage shallower and two deeper (bytes in
-    flight per SM), every tile shape at its split choices (gemv shapes once, with pointer
-    loads: TMA feeds shared memory), then (M <= 16) the pick with the plain-Triton decode: what
-    the inline-PTX decode buys, measured, and a winner even if the PTX decode failed the gate on
+    yardstick), then on each of `layouts` ("rows", "tiles": each tile's bytes contiguous) and
+    `loads` in turn ("pointer": cp.async, "tma": tensor descriptors): the pick, the pick one
+    pipeline stage shallower and two deeper (bytes in flight per SM), every tile shape at its
+    split choices (gemv shapes once, with pointer loads and rows: TMA and tiles are the
+    tensor-core kernel's), then (M <= 16) the pick with the plain-Triton decode: what the
+    inline-PTX decode buys, measured, and a winner even if the PTX decode failed the gate on
     this GPU. No duplicates."""
     pick = choose_config(point.m, point.n, point.k, sms)
     grid = [pick]
     for config in tensor_core_variants(pick, point, sms):
         if config.math == "gemv":
-            grid += [config] if "pointer" in loads else []
+            grid += [config] if "pointer" in loads and "rows" in layouts else []
         else:
-            grid += [dataclasses.replace(config, loads=kind) for kind in loads]
+            grid += [dataclasses.replace(config, loads=kind, layout=layout)
+                     for layout in layouts for kind in loads]
     if point.m <= 16:
         grid.append(dataclasses.replace(pick, decode="bits"))
     return list(dict.fromkeys(grid))

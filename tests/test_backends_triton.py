@@ -79,8 +79,9 @@ def case(fmt, m, n, k, config=None, seed=0):
 # tensor-core dots, several M tiles, the default choice, and the CUDA-core gemv kernel (one
 # activation row a program): K tails (EVEN_K off, K a multiple of 4 but not of BLOCK_K), split-K
 # with uneven splits (one of a single K step under 3 tiles in flight), several rows, 1, 2 and 3
-# tiles in flight; and TMA loads (tensor descriptors) with the same tails, both dots, split-K, the
-# scales by pointer (BK/S < 16 bytes) and by descriptor (BK 256 in nvfp4, 512 in both formats).
+# tiles in flight; TMA loads (tensor descriptors) with the same tails, both dots, split-K, the
+# scales by pointer (BK/S < 16 bytes) and by descriptor (BK 256 in nvfp4, 512 in both formats);
+# and the tiled weight layout (N padded to whole tiles) on both load paths, both dots, split-K.
 INTERPRETER_CASES = [
     case(fmt, m, n, k, config)
     for fmt in ("nvfp4", "mxfp4")
@@ -103,6 +104,13 @@ INTERPRETER_CASES = [
         (37, 24, 640, TileConfig(block_m=16, block_n=16, block_k=256, loads="tma")),
         (1, 24, 1120, TileConfig(block_m=16, block_n=16, block_k=512, split_k=2, swap_ab=True,
                                  loads="tma")),
+        (3, 40, 320, TileConfig(block_m=16, block_n=32, block_k=64, split_k=3, swap_ab=True,
+                                layout="tiles")),
+        (37, 24, 128, TileConfig(block_m=16, block_n=16, block_k=64, layout="tiles")),
+        (2, 33, 448, TileConfig(block_m=16, block_n=16, block_k=128, split_k=8, swap_ab=True,
+                                loads="tma", layout="tiles")),
+        (1, 24, 1120, TileConfig(block_m=16, block_n=16, block_k=512, split_k=2, swap_ab=True,
+                                 loads="tma", layout="tiles")),
     ]
 ]
 
@@ -312,6 +320,29 @@ def test_tma_loads_need_the_tensor_core_kernel_and_a_known_name():
     assert TileConfig(block_m=16, block_n=16, block_k=64, loads="tma").label().endswith(" tma")
 
 
+def test_tiled_layout_needs_the_tensor_core_kernel_and_a_known_name():
+    with pytest.raises(ValueError, match="layout='tiles'.*math='dot'"):
+        TileConfig(block_m=1, block_n=16, block_k=64, math="gemv", layout="tiles")
+    with pytest.raises(ValueError, match="TileConfig.layout must be one of"):
+        TileConfig(block_m=16, block_n=16, block_k=64, layout="columns")
+    assert TileConfig(block_m=16, block_n=16, block_k=64, loads="tma",
+                      layout="tiles").label().endswith(" tma tiles")
+
+
+@pytest.mark.parametrize("n,tile_rows,tile_cols,cols", [(5, 2, 4, 8), (16, 16, 8, 24), (1, 4, 2, 2)])
+def test_tiled_layout_puts_each_tile_in_one_run_and_undoes_exactly(n, tile_rows, tile_cols, cols):
+    rows = torch.randint(0, 256, (n, cols), dtype=torch.uint8)
+    tiles = triton_w4a16.tiled_layout(rows, tile_rows, tile_cols)
+    steps = cols // tile_cols
+    assert tiles.shape == (-(-n // tile_rows) * steps * tile_rows, tile_cols)
+    # tile (band 0, K step 1) is rows 0..BN of columns tc..2tc, as one contiguous run
+    if steps > 1:
+        first = tiles[tile_rows:2 * tile_rows]
+        assert torch.equal(first[:min(n, tile_rows)], rows[:tile_rows, tile_cols:2 * tile_cols])
+    assert int(tiles[:, :].long().sum()) == int(rows.long().sum())   # the padding is zeros
+    assert torch.equal(triton_w4a16.untiled(tiles, n, tile_rows), rows)
+
+
 @pytest.mark.parametrize("depth", [0, 4])
 def test_gemv_keeps_one_to_three_tiles_in_flight(depth):
     with pytest.raises(ValueError, match=r"num_stages \(tiles in flight\) must be one of"):
@@ -386,15 +417,16 @@ def test_gemv_kernel_on_the_gpu(fmt, m, decode):
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("m", [1, 16, 100, 1024])
 @pytest.mark.parametrize("decode", ["ptx", "bits"])
-@pytest.mark.parametrize("loads", ["pointer", "tma"])
-def test_kernel_on_the_gpu(fmt, m, decode, loads):
+@pytest.mark.parametrize("loads,layout", [("pointer", "rows"), ("tma", "rows"),
+                                          ("pointer", "tiles"), ("tma", "tiles")])
+def test_kernel_on_the_gpu(fmt, m, decode, loads, layout):
     from fp4lab.backends import get
 
     a = torch.randn(m, 2048, device="cuda").to(torch.bfloat16)
     w = formats.quantize(torch.randn(6144 + 3, 2048, device="cuda"), fmt)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     config = dataclasses.replace(tensor_core_config(m, 6144 + 3, 2048, sms), decode=decode,
-                                 loads=loads)
+                                 loads=loads, layout=layout)
     prepared = get("triton-w4a16").prepare(a, w, "cuda", config=config)
     ref = prepared.ref_a.double() @ prepared.ref_w.double().T
     for _ in range(2):   # split-K counters back at zero after each call

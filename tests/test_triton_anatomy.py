@@ -38,11 +38,16 @@ for fmt, config in json.loads(sys.argv[1]):
 print(json.dumps(results))
 """
 
-CONFIGS = [   # split-K with the swapped dot; the plain dot (and the other format); TMA loads
+CONFIGS = [   # split-K with the swapped dot; the plain dot (and the other format); TMA loads;
+              # the tiled layout (N 40 padded to 48 rows) by pointer and by TMA
     ("nvfp4", {"block_m": 16, "block_n": 16, "block_k": 64, "split_k": 3, "swap_ab": True}),
     ("mxfp4", {"block_m": 16, "block_n": 32, "block_k": 64, "split_k": 2}),
     ("nvfp4", {"block_m": 16, "block_n": 16, "block_k": 256, "split_k": 2, "swap_ab": True,
                "loads": "tma"}),
+    ("mxfp4", {"block_m": 16, "block_n": 16, "block_k": 64, "split_k": 3, "swap_ab": True,
+               "layout": "tiles"}),
+    ("nvfp4", {"block_m": 16, "block_n": 16, "block_k": 256, "split_k": 2, "swap_ab": True,
+               "loads": "tma", "layout": "tiles"}),
 ]
 
 

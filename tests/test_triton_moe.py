@@ -13,7 +13,7 @@ import torch
 
 from fp4lab.backends import moe
 from fp4lab.backends.moe.triton_fused import (
-    MoeTileConfig, TritonW4A16Moe, choose_moe_config, max_work_items,
+    CALL_PARTS, MoeTileConfig, TritonW4A16Moe, choose_moe_config, max_work_items,
 )
 
 REPO = os.path.join(os.path.dirname(__file__), "..")
@@ -59,7 +59,7 @@ def test_bad_moe_config_names_the_field(field, value):
 MOE_SCRIPT = r"""
 import json, sys, numpy as np, torch
 from fp4lab.backends.moe import base, get, triton_fused_kernel
-from fp4lab.backends.moe.triton_fused import MoeTileConfig, RouteTables
+from fp4lab.backends.moe.triton_fused import CALL_PARTS, MoeTileConfig, RouteTables
 sys.path.insert(0, sys.argv[2])
 from test_triton_moe import skewed_ids
 
@@ -82,7 +82,19 @@ for case in json.loads(sys.argv[1]):
     gates = [base.check_call(call, problem) for _ in range(2)]
     results.append({"ok": [g.ok for g in gates], "message": gates[0].message,
                     "loads": problem.loads.tolist(), "weight_bytes": call.weight_bytes})
-print(json.dumps({"routing": routing, "layers": results}))
+
+# the call stopped after each launch (timed apart on the GPU): the output is left alone until
+# the top-k sum writes it, and the whole call is the gated one
+parts = {}
+for until in CALL_PARTS:
+    call = get("triton-w4a16-moe").prepare(problem, MoeTileConfig(**case["config"]), until=until)
+    call.out.fill_(float("nan"))
+    parts[until] = bool(torch.isnan(call.call()).all())
+try:
+    get("triton-w4a16-moe").prepare(problem, until="gate")
+except ValueError as exc:
+    parts["refused"] = str(exc)
+print(json.dumps({"routing": routing, "layers": results, "parts": parts}))
 """
 
 # both formats; H and I tails shorter than BLOCK_K (EVEN_K off) and exact multiples; a busy expert
@@ -124,6 +136,9 @@ def test_fused_moe_passes_the_layer_gate_in_the_interpreter():
         assert result["weight_bytes"] == pytest.approx(active * per_expert)
     assert max(r["loads"][1] for r in report["layers"]) > 16   # a case with several work items
     check_routing(report["routing"], experts=8, block_m=16, busy=5)
+    parts = report["parts"]
+    assert [parts[p] for p in CALL_PARTS] == [True, True, True, False]   # only the sum writes out
+    assert "until must be one of" in parts["refused"] and "'gate_up'" in parts["refused"]
 
 
 def check_routing(routing: dict, experts: int, block_m: int, busy: int) -> None:

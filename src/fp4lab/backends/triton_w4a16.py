@@ -38,6 +38,7 @@ MATHS = ("dot", "gemv")
 GEMV_DEPTHS = (1, 2, 3)           # the gemv kernel's tiles in flight (its num_stages)
 DECODES = ("ptx", "bits")
 LOADS = ("pointer", "tma")
+LAYOUTS = ("rows", "tiles")
 MAX_SPLIT_K = 32
 # Must match triton_w4a16_kernel (kept here so choosing a config and checking weights needs no
 # triton import): scales enter the kernel as bf16 * 2^SCALE_EXP.
@@ -59,6 +60,9 @@ class TileConfig:
     inline PTX, "bits" with plain Triton (the same values; the interpreter always runs "bits").
     `loads` "pointer" moves tiles into shared memory with per-thread cp.async loads, "tma" with
     one TMA copy a tile through tensor descriptors (Hopper's bulk copy engine; "dot" only).
+    `layout` "rows" stores the packed weights row by row ([N, Kp/2]: a tile is BN runs of BK/2
+    bytes, one per row, a row apart), "tiles" each [BN, BK] tile's codes and scales contiguous
+    (`tiled_layout`: a K step reads one run of BN*BK/2 bytes, as a stream does; "dot" only).
     """
 
     block_m: int
@@ -71,6 +75,7 @@ class TileConfig:
     swap_ab: bool = False
     decode: str = "ptx"
     loads: str = "pointer"
+    layout: str = "rows"
 
     def __post_init__(self):
         least_m = DOT_MIN_BLOCK if self.math == "dot" else 1
@@ -106,6 +111,11 @@ class TileConfig:
         if self.loads == "tma" and self.math != "dot":
             raise ValueError("TileConfig.loads='tma' feeds the tensor-core kernel's shared "
                              f"memory: it needs math='dot', got math={self.math!r}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"TileConfig.layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.layout == "tiles" and self.math != "dot":
+            raise ValueError("TileConfig.layout='tiles' is the tensor-core kernel's tile order: "
+                             f"it needs math='dot', got math={self.math!r}")
 
     def blocks_per_split(self, k: int) -> int:
         """BLOCK_K blocks of K each split covers (the last may cover fewer)."""
@@ -120,10 +130,12 @@ class TileConfig:
         return -(-m // self.block_m) * -(-n // self.block_n) * self.splits(k)
 
     def label(self) -> str:
-        """Compact, e.g. "dot m16n128k256 s4 w4 st3 swap ptx" (" tma" when loads is)."""
+        """Compact, e.g. "dot m16n128k256 s4 w4 st3 swap ptx" (" tma" when loads is, " tiles"
+        when layout is)."""
         return (f"{self.math} m{self.block_m}n{self.block_n}k{self.block_k} s{self.split_k} "
                 f"w{self.num_warps} st{self.num_stages}{' swap' if self.swap_ab else ''} "
-                f"{self.decode}{' tma' if self.loads == 'tma' else ''}")
+                f"{self.decode}{' tma' if self.loads == 'tma' else ''}"
+                f"{' tiles' if self.layout == 'tiles' else ''}")
 
 
 def _is_int(value) -> bool:
@@ -268,14 +280,16 @@ class TritonW4A16(Backend):
 class KernelOperands:
     """What the kernel reads for one weight tensor, laid out once at prepare time."""
 
-    packed: torch.Tensor         # [.., N, Kp/2] uint8 in the halves layout (`halves_layout`)
-    scale_bytes: torch.Tensor    # [.., N, Kp/S] uint8: e5m3 (nvfp4, re-encoded) or e8m0 (mxfp4)
+    packed: torch.Tensor         # [.., N, Kp/2] uint8 in the halves layout (`halves_layout`),
+                                 # or [Np/BN * Kp/BK * BN, BK/2] in tiles (`tiled_layout`)
+    scale_bytes: torch.Tensor    # [.., N, Kp/S] uint8: e5m3 (nvfp4, re-encoded) or e8m0 (mxfp4);
+                                 # [Np/BN * Kp/BK * BN, BK/S] in tiles
     global_scale: torch.Tensor   # [1] float32 encode scale (ones for mxfp4: never read)
 
 
-def kernel_operands(w, device: str, block_k: int) -> KernelOperands:
+def kernel_operands(w, device: str, block_k: int, tile_rows: int | None = None) -> KernelOperands:
     """The kernel's operands for `w` [.., N, K] read in BK = `block_k` blocks (checked: mxfp4
-    scales in the exact range)."""
+    scales in the exact range); with `tile_rows` = BN (a 2-D `w`), in `tiled_layout`."""
     check_scale_range(w)
     w = w.to(device)
     scales = (e4m3_to_e5m3(w.scales) if w.fmt == "nvfp4"
@@ -283,7 +297,31 @@ def kernel_operands(w, device: str, block_k: int) -> KernelOperands:
     global_scale = (w.global_scale.float().reshape(-1) if w.global_scale is not None
                     else torch.ones(1, dtype=torch.float32, device=device))
     packed, scales = halves_layout(w.packed, scales, block_k, w.block_size)
+    if tile_rows is not None:
+        packed, scales = (tiled_layout(packed, tile_rows, block_k // 2),
+                          tiled_layout(scales, tile_rows, block_k // w.block_size))
     return KernelOperands(packed, scales, global_scale)
+
+
+def tiled_layout(rows: torch.Tensor, tile_rows: int, tile_cols: int) -> torch.Tensor:
+    """[N, C] (C a multiple of `tile_cols`) -> [Np/BN * C/tc * BN, tc]: the [BN, tc] tiles one
+    after another, K fastest (tile (n, j) starts at row (n * C/tc + j) * BN), so the K steps of
+    one weight tile walk contiguous memory. N is padded to whole tiles with zero bytes (zero codes
+    and scales: nothing added)."""
+    n, cols = rows.shape
+    bands, steps = -(-n // tile_rows), cols // tile_cols
+    padded = torch.nn.functional.pad(rows, (0, 0, 0, bands * tile_rows - n))       # [Np, C]
+    tiles = padded.reshape(bands, tile_rows, steps, tile_cols).permute(0, 2, 1, 3)  # [B, J, BN, tc]
+    return tiles.contiguous().reshape(bands * steps * tile_rows, tile_cols)
+
+
+def untiled(tiles: torch.Tensor, n: int, tile_rows: int) -> torch.Tensor:
+    """`tiled_layout`'s inverse: [Np/BN * J * BN, tc] -> [N, J * tc]."""
+    tile_cols = tiles.shape[1]
+    bands = -(-n // tile_rows)
+    steps = tiles.shape[0] // (bands * tile_rows)
+    rows = tiles.reshape(bands, steps, tile_rows, tile_cols).permute(0, 2, 1, 3)   # [B, BN, J, tc]
+    return rows.reshape(bands * tile_rows, steps * tile_cols)[:n]
 
 
 def halves_layout(packed: torch.Tensor, scale_bytes: torch.Tensor, block_k: int,
@@ -316,7 +354,8 @@ def _prepare(backend: TritonW4A16, a, w, device, config: TileConfig | None, stag
     m, k = a.shape
     n = w.shape[0]
     config = config or choose_config(m, n, k, sm_count(device))
-    operands = kernel_operands(w, device, config.block_k)
+    operands = kernel_operands(w, device, config.block_k,
+                               config.block_n if config.layout == "tiles" else None)
     a_bf16 = a.to(device=device, dtype=torch.bfloat16).contiguous()                # [M, K]
     ref_w = formats.dequantize(w).to(device)                                        # [N, K]
     out_dtype = {"load": torch.int32, "decode": torch.float32}.get(stage, OUTPUT_DTYPE)
@@ -410,7 +449,7 @@ def anatomy_variants(a, w, device, config: TileConfig | None = None,
                     else _prepare(backend, a, w, device, config, stage))
         weight_bytes = (2 * w.shape[0] * w.shape[1] if stage == "math" else w.nbytes)
         variants.append(AnatomyVariant(stage, ANATOMY_STAGES[stage], prepared, weight_bytes,
-                                       _stage_check(stage, prepared, w.fmt)))
+                                       _stage_check(stage, prepared, w.fmt, config)))
     return variants
 
 
@@ -428,11 +467,12 @@ def _prepare_stream(w, device: str) -> Prepared:
                              "stage": "stream"})
 
 
-def _stage_check(stage: str, prepared: Prepared, fmt: str) -> Callable[[], correctness.GateResult]:
+def _stage_check(stage: str, prepared: Prepared, fmt: str,
+                 config: TileConfig) -> Callable[[], correctness.GateResult]:
     if stage in ("full", "decode_x2", "math"):
         return lambda: correctness.check_backend(prepared, correctness.TOLERANCE[fmt])
     if stage == "load":
-        return lambda: _check_checksum(prepared)
+        return lambda: _check_checksum(prepared, config)
     if stage == "stream":
         return lambda: _check_stream(prepared)
     return lambda: _check_row_sums(prepared)
@@ -465,8 +505,12 @@ def expected_checksum(a_bf16: torch.Tensor, packed: torch.Tensor,
     return torch.where(total >= 2**31, total - 2**32, total).to(torch.int32)
 
 
-def _check_checksum(prepared: Prepared) -> correctness.GateResult:
+def _check_checksum(prepared: Prepared, config: TileConfig) -> correctness.GateResult:
     a_bf16, packed, scale_bytes, _ = prepared.args
+    if config.layout == "tiles":   # the sums are per weight row
+        n = prepared.out.shape[1]
+        packed, scale_bytes = (untiled(packed, n, config.block_n),
+                               untiled(scale_bytes, n, config.block_n))
     result = _run(prepared).cpu()
     return _exact(result, expected_checksum(a_bf16.cpu(), packed.cpu(), scale_bytes.cpu()),
                   "load checksum", "sums", "int32 sums of every byte read")

@@ -281,6 +281,7 @@ def w4a16_kernel(
     SPLIT: tl.constexpr, SWAP_AB: tl.constexpr, STAGE: tl.constexpr,
     EVEN_K: tl.constexpr, DECODE: tl.constexpr, DOT_IN_FP32: tl.constexpr,
     NUM_STAGES: tl.constexpr, TMA: tl.constexpr, SCALES_TMA: tl.constexpr,
+    TILED: tl.constexpr,
 ):
     """One [BM, BN] output tile over one K split (program_id(1)); see the module doc.
 
@@ -299,6 +300,11 @@ def w4a16_kernel(
     one TMA copy moves a whole tile into shared memory, where pointer loads issue one cp.async
     per 16 bytes per thread with its address arithmetic. Out-of-range rows and columns read as
     zero, as the masked loads' `other=0` does.
+
+    TILED: the codes and scales are in `tiled_layout` (each [BN, BK] tile's bytes contiguous,
+    tile (n, j) at rows (n * Kp/BK + j) * BN of a matrix BK/2 (BK/S) bytes wide), so a K step
+    reads one contiguous run instead of BN runs a row apart; stride_wn and stride_sn are then
+    those matrices' row strides.
     """
     KH: tl.constexpr = BLOCK_K // 2
     KS: tl.constexpr = BLOCK_K // SCALE_BLOCK
@@ -334,6 +340,7 @@ def w4a16_kernel(
     else:
         salt = 0
     # in whole BK blocks, so the compiler sees every tile start aligned (16-byte loads)
+    k_blocks = tl.cdiv(K, BLOCK_K)        # BK blocks a weight row holds (TILED's tile index)
     k_start = pid_k * blocks_per_split * BLOCK_K
     k_end = tl.minimum(k_start + blocks_per_split * BLOCK_K, K)
     for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
@@ -348,14 +355,22 @@ def w4a16_kernel(
             w_hi = w_ptr.load([pid_n * BLOCK_N, k0 + KH])
         elif STAGE == "math":
             w_lo, w_hi = load_halves(w_ptr, offs_n, n_mask, stride_wn, k0, K, KH, EVEN_K)
-        elif TMA:
-            packed, scales_lo, scales_hi = load_weight_tile_tma(
-                w_ptr, s_ptr, pid_n * BLOCK_N, offs_n, n_mask, k0, stride_sn, SCALE_BLOCK,
-                BLOCK_N, BLOCK_K, SCALES_TMA)
         else:
-            packed, scales_lo, scales_hi = load_weight_tile(w_ptr, s_ptr, offs_n, n_mask, k0,
-                                                            stride_wn, stride_sn, SCALE_BLOCK,
-                                                            BLOCK_N, BLOCK_K)
+            if TILED:   # this K step's tile: its own rows of the tiled matrix, from column 0
+                w_row0 = (pid_n * k_blocks + k0 // BLOCK_K) * BLOCK_N
+                w_k0 = 0
+            else:
+                w_row0 = pid_n * BLOCK_N
+                w_k0 = k0
+            w_rows = w_row0 + tl.arange(0, BLOCK_N)                         # [BN]
+            if TMA:
+                packed, scales_lo, scales_hi = load_weight_tile_tma(
+                    w_ptr, s_ptr, w_row0, w_rows, n_mask, w_k0, stride_sn, SCALE_BLOCK,
+                    BLOCK_N, BLOCK_K, SCALES_TMA)
+            else:
+                packed, scales_lo, scales_hi = load_weight_tile(
+                    w_ptr, s_ptr, w_rows, n_mask, w_k0, stride_wn, stride_sn, SCALE_BLOCK,
+                    BLOCK_N, BLOCK_K)
         if CHECKSUM:
             acc_w += packed.to(tl.int32)
             acc_s += scales_lo.to(tl.int32) + scales_hi.to(tl.int32)
@@ -489,7 +504,8 @@ class Launch:
             self.constants = dict(common, BLOCK_M=config.block_m, SWAP_AB=config.swap_ab,
                                   STAGE=stage, DOT_IN_FP32=INTERPRETED,
                                   NUM_STAGES=config.num_stages, num_stages=config.num_stages,
-                                  TMA=self.tma, SCALES_TMA=scales_tma)
+                                  TMA=self.tma, SCALES_TMA=scales_tma,
+                                  TILED=config.layout == "tiles")
 
     def __call__(self, a, w, scale_bytes, global_scale, out):
         """out[M, N] = a[M, K] @ dequant(w)[N, K]^T (or the stage's result); returns out."""

@@ -23,6 +23,9 @@ from fp4lab.backends.moe.base import (
 
 DECODES = ("ptx", "bits")
 LOADS = ("pointer", "tma")
+# the call's launches in order; a call prepared `until` one of them stops after it (timing the
+# launches apart: each part's time is the difference of two prefixes; only "sum" is gated)
+CALL_PARTS = ("route", "gate_up", "down", "sum")
 
 
 @dataclass(frozen=True)
@@ -147,14 +150,18 @@ class TritonW4A16Moe(MoeMethod):
         return backends.get("triton-w4a16").capability_reason(capability)
 
     def prepare(self, problem: LayerProblem, fmt: str | None = None,
-                config: MoeTileConfig | None = None) -> MoeCall:
-        """`problem` on "cpu" only under TRITON_INTERPRET=1."""
+                config: MoeTileConfig | None = None, until: str = "sum") -> MoeCall:
+        """`problem` on "cpu" only under TRITON_INTERPRET=1. `until` (one of CALL_PARTS) ends
+        the call after that launch: a prefix to time, whose output is not the layer's."""
         from fp4lab.backends.moe import triton_fused_kernel as kernel
         from fp4lab.backends.triton_w4a16 import kernel_operands
         from fp4lab.backends.triton_w4a16_kernel import INTERPRETED
 
         if problem.fmt not in self.formats:
             raise ValueError(f"{self.name} takes formats {list(self.formats)}, not {problem.fmt!r}")
+        if until not in CALL_PARTS:
+            raise ValueError(f"until must be one of {CALL_PARTS}, got {until!r}")
+        last = CALL_PARTS.index(until)
         device = problem.x.device
         tokens, top_k = problem.topk_ids.shape
         experts, hidden, inter = problem.experts, problem.hidden, problem.intermediate
@@ -174,14 +181,20 @@ class TritonW4A16Moe(MoeMethod):
 
             def call():
                 kernel.launch_route(topk_ids, experts, config.block_m, tables)
+                if last == 0:
+                    return out
                 work = (tables.work_expert, tables.work_start, tables.work_rows)
                 route_w = topk_weights.reshape(-1)                                  # [P]
                 kernel.launch(x, w13_ops.packed, w13_ops.scale_bytes, w13_ops.global_scale,
                               act, tables.sorted_pairs, route_w, work, n=inter, k=hidden,
                               gate_up=True, **common)
+                if last == 1:
+                    return out
                 kernel.launch(act, w2_ops.packed, w2_ops.scale_bytes, w2_ops.global_scale, y,
                               tables.sorted_pairs, route_w, work, n=hidden, k=inter,
                               gate_up=False, **common)
+                if last == 2:
+                    return out
                 return torch.sum(y.view(tokens, top_k, hidden), dim=1, dtype=torch.float32,
                                  out=out)
             return call
