@@ -57,3 +57,9 @@ def test_each_row_says_how_its_kernel_moved_the_tiles():
                     "other rows")
     assert ch01_gemm.load_paths_note(table(10.2)) == ""                # a run without the column
     assert [analysis.load_path(v) for v in ("dot m16n64k256 s2 w4 st3 swap ptx", None)] == ["cp.async", "—"]
+    assert analysis.load_path("dot m16n128k256 s4 w4 st3 swap ptx tma tiles") == "TMA from tile-ordered bytes"
+    three = wide.reset_index().assign(loads=["TMA from tile-ordered bytes"] + ["TMA"] + ["cp.async"] * (len(wide) - 2))
+    first, second = three.iloc[0], three.iloc[1]
+    assert ch01_gemm.load_paths_note(three) == (
+        f"; tiles moved by TMA from tile-ordered bytes at {first.n}x{first.k} M={first.m} ({first.fmt}); "
+        f"by TMA at {second.n}x{second.k} M={second.m} ({second.fmt}); by cp.async in the other rows")

@@ -329,7 +329,7 @@ ANATOMY_STAGES = schema.ANATOMY_STAGES
 def anatomy(results: GemmResults) -> pd.DataFrame:
     """Per format, shape and M: each stage variant's time beside the copy floor (the FP4 weights and
     activations at the measured bandwidth) and the launch floor, the share of the full kernel the
-    loads alone take, and how the kernel's config moves its tiles ("TMA" or "cp.async")."""
+    loads alone take, and how the kernel's config moves its tiles (`load_path`)."""
     frame = results.view.run.read_table("anatomy")
     frame = of_gpu(frame, lead_gpu(frame)) if len(frame) else frame
     ok = frame[(frame["status"] == "ok") & frame["stage"].isin(ANATOMY_STAGES)] if len(frame) else frame
@@ -352,10 +352,14 @@ def anatomy(results: GemmResults) -> pd.DataFrame:
 
 
 def load_path(config_label) -> str:
-    """"TMA" or "cp.async" from a `TileConfig.label()` (its " tma" suffix); "—" when unknown."""
+    """How a `TileConfig.label()` moves its weight tiles: "TMA" or "cp.async" (its " tma"
+    word), "... from tile-ordered bytes" with its " tiles" word (layout "tiles"); "—" when
+    unknown."""
     if not isinstance(config_label, str):
         return "—"
-    return "TMA" if config_label.endswith(" tma") else "cp.async"
+    words = config_label.split()
+    return (("TMA" if "tma" in words else "cp.async")
+            + (" from tile-ordered bytes" if "tiles" in words else ""))
 
 
 # -- across GPUs ------------------------------------------------------------------------------------

@@ -152,7 +152,8 @@ def _anatomy(page, results) -> None:
 
 def load_paths_note(table) -> str:
     """"; tiles moved by TMA at 8192x8192 M=1 (nvfp4, mxfp4), by cp.async in the other rows" (the
-    kernel config of each row, its preset), or nothing when the run did not record them."""
+    kernel config of each row, its preset: every path but the most common one named with its
+    rows), or nothing when the run did not record them."""
     if "loads" not in table:
         return ""
     known = table[table["loads"] != "—"]
@@ -161,12 +162,15 @@ def load_paths_note(table) -> str:
         return ""
     if len(paths) == 1:
         return f"; tiles moved by {paths.index[0]} in every row"
-    rare, common = paths.index[-1], paths.index[0]
-    formats: dict[tuple[int, int, int], list[str]] = {}
-    for r in known[known["loads"] == rare].sort_values("fmt", ascending=False).itertuples():  # nvfp4 first
-        formats.setdefault((int(r.n), int(r.k), int(r.m)), []).append(r.fmt)
-    where = ", ".join(f"{n}x{k} M={m} ({', '.join(fmts)})" for (n, k, m), fmts in sorted(formats.items()))
-    return f"; tiles moved by {rare} at {where}, by {common} in the other rows"
+    named = []
+    for path in paths.index[1:]:
+        formats: dict[tuple[int, int, int], list[str]] = {}
+        for r in known[known["loads"] == path].sort_values("fmt", ascending=False).itertuples():  # nvfp4 first
+            formats.setdefault((int(r.n), int(r.k), int(r.m)), []).append(r.fmt)
+        where = ", ".join(f"{n}x{k} M={m} ({', '.join(fmts)})" for (n, k, m), fmts in sorted(formats.items()))
+        named.append(f"by {path} at {where}")
+    sep = "; " if len(named) > 1 else ", "       # commas already separate the rows of one path
+    return f"; tiles moved {sep.join(named)}{sep}by {paths.index[0]} in the other rows"
 
 
 def anatomy_columns(table) -> list[Col]:
