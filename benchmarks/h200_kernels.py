@@ -79,7 +79,7 @@ class Plan:
 
 FULL = Plan(shapes=((8192, 8192), (4096, 6144), (6144, 2048)), m_values=(1, 4, 16, 64, 256),
             anatomy_m=(1, 16),
-            moe_points=(("glm-5", 512), ("glm-5", 64), ("deepseek-v3", 512)))
+            moe_points=(("glm-5", 512), ("deepseek-v3", 512), ("glm-5", 64)))
 # the decode M on the three shapes with the gemv kernel beside the tensor-core one, the anatomy
 # at M = 1, and the DeepSeek-V3 MoE layer (GLM-5's is in FULL)
 DECODE = Plan(shapes=FULL.shapes, m_values=(1, 4), anatomy_m=(1,),
@@ -276,18 +276,32 @@ def moe_model(name: str, scaled: bool):
     return model_presets.scaled_down(preset) if scaled else preset
 
 
-def moe_candidates(pairs: int, experts: int, loads=LOADS) -> list[MoeTileConfig]:
+def moe_candidates(pairs: int, experts: int, loads=LOADS, layouts=LAYOUTS,
+                   inter_hidden: tuple[int, int] = (2048, 6144)) -> list[MoeTileConfig]:
     """The preset's config (the measured winner) first, then on each of `loads` in turn: the
     same, with the neighbouring pair tile (16 <-> 32, 64 -> 32: a taller one spills
     registers), one pipeline stage deeper (bytes in flight), and with BK 256 on 8 warps (half
     the K steps' fixed work per weight, the registers of the doubled tile spread over twice the
-    threads)."""
+    threads); then the preset in each other layout of `layouts` on each of `loads` (its N tiles
+    narrowed where they do not divide the model's I and H, `inter_hidden`: "tiles" needs it)."""
     pick = choose_moe_config(pairs, experts)
     variants = [pick, dataclasses.replace(pick, block_m=32 if pick.block_m != 32 else 16),
                 dataclasses.replace(pick, num_stages=pick.num_stages + 1),
                 dataclasses.replace(pick, block_k=256, num_warps=8)]
-    return list(dict.fromkeys([pick] + [dataclasses.replace(config, loads=kind)
-                                        for config in variants for kind in loads]))
+    grid = [dataclasses.replace(config, loads=kind) for config in variants for kind in loads]
+    inter, hidden = inter_hidden
+    fitted = dataclasses.replace(pick, block_n_gate_up=dividing_tile(pick.block_n_gate_up, inter),
+                                 block_n_down=dividing_tile(pick.block_n_down, hidden))
+    grid += [dataclasses.replace(fitted, loads=kind, layout=layout) for layout in layouts
+             if layout != pick.layout for kind in loads]
+    return list(dict.fromkeys([pick] + grid))
+
+
+def dividing_tile(block_n: int, n: int) -> int:
+    """The largest power of two <= block_n that divides n (at least 16, MoeTileConfig's least)."""
+    while block_n > 16 and n % block_n:
+        block_n //= 2
+    return block_n
 
 
 def moe_fallback(pairs: int, experts: int) -> MoeTileConfig:
@@ -316,7 +330,9 @@ def phase_moe(run: Run) -> list[dict]:
                                                   weights=weights_for[model.key])
             timed = []
             pairs = batch * model.top_k
-            for config in moe_candidates(pairs, model.experts, run.plan.loads):
+            for config in moe_candidates(pairs, model.experts, run.plan.loads,
+                                         run.plan.layouts,
+                                         (model.moe_intermediate, model.hidden)):
                 row = run.step("moe", {**what, "label": config.label()},
                                lambda c=config: moe_row(run, problem, c))
                 if row and "median_us" in row:

@@ -94,12 +94,14 @@ def test_moe_candidates_start_with_the_preset_and_vary_one_thing_each(device_scr
 
     pick = choose_moe_config(pairs, 256)
     grid = device_script.moe_candidates(pairs, 256)
-    assert grid[0] == pick and len(set(grid)) == len(grid) == 8
+    assert grid[0] == pick and len(set(grid)) == len(grid) == 10
     for config in grid[1:]:
         changed = {f.name for f in dataclasses.fields(config)
                    if getattr(config, f.name) != getattr(pick, f.name)} - {"loads"}
-        assert changed in (set(), {"block_m"}, {"num_stages"}, {"block_k", "num_warps"}), changed
-    assert sorted(c.loads for c in grid) == ["pointer"] * 4 + ["tma"] * 4
+        assert changed in (set(), {"block_m"}, {"num_stages"}, {"block_k", "num_warps"},
+                           {"layout"}), changed
+    assert sorted(c.loads for c in grid) == ["pointer"] * 5 + ["tma"] * 5
+    assert [c.layout for c in grid[-2:]] == ["tiles", "tiles"]   # the preset in tiles, both paths
     assert {grid[1].loads, grid[0].loads} == {"pointer", "tma"}    # the pick's twin next
 
 

@@ -78,7 +78,7 @@ for case in json.loads(sys.argv[1]):
     ids = skewed_ids(case["tokens"], case["experts"], case["top_k"], busy=1, seed=case["seed"])
     problem = base.make_layer_problem(ids, case["experts"], case["hidden"], case["inter"],
                                       case["fmt"], "cpu", seed=case["seed"])
-    call = get("triton-w4a16-moe").prepare(problem, MoeTileConfig(**case["config"]))
+    call = get("triton-w4a16-moe").prepare(problem, config=MoeTileConfig(**case["config"]))
     gates = [base.check_call(call, problem) for _ in range(2)]
     results.append({"ok": [g.ok for g in gates], "message": gates[0].message,
                     "loads": problem.loads.tolist(), "weight_bytes": call.weight_bytes})
@@ -87,20 +87,25 @@ for case in json.loads(sys.argv[1]):
 # the top-k sum writes it, and the whole call is the gated one
 parts = {}
 for until in CALL_PARTS:
-    call = get("triton-w4a16-moe").prepare(problem, MoeTileConfig(**case["config"]), until=until)
+    call = get("triton-w4a16-moe").prepare(problem, config=MoeTileConfig(**case["config"]), until=until)
     call.out.fill_(float("nan"))
     parts[until] = bool(torch.isnan(call.call()).all())
 try:
     get("triton-w4a16-moe").prepare(problem, until="gate")
 except ValueError as exc:
     parts["refused"] = str(exc)
+try:   # an N tile that does not divide I: a tile would span the gate and up halves
+    get("triton-w4a16-moe").prepare(problem, config=MoeTileConfig(block_n_gate_up=128, layout="tiles"))
+except ValueError as exc:
+    parts["tiles_refused"] = str(exc)
 print(json.dumps({"routing": routing, "layers": results, "parts": parts}))
 """
 
 # both formats; H and I tails shorter than BLOCK_K (EVEN_K off) and exact multiples; a busy expert
 # with more pairs than BLOCK_M (several work items), idle experts (no work item); TMA weight
 # loads with the scales by pointer (BK/S < 16) and, at BK 256 in nvfp4, by descriptor too, with
-# weight tiles that run past an expert's rows (N 160 and 96 in tiles of 64)
+# weight tiles that run past an expert's rows (N 160 and 96 in tiles of 64); the tiled weight
+# layout over all experts' rows by pointer and by TMA (with K tails: H 160 and I 96 in BK 256)
 MOE_CASES = [
     {"fmt": fmt, "tokens": tokens, "experts": 8, "top_k": 2, "hidden": hidden, "inter": inter,
      "seed": seed, "config": config}
@@ -114,6 +119,10 @@ MOE_CASES = [
                           "block_k": 64, "loads": "tma"}),
         (9, 96, 160, 3, {"block_m": 16, "block_n_gate_up": 64, "block_n_down": 64,
                          "block_k": 256, "loads": "tma"}),
+        (20, 128, 64, 4, {"block_m": 16, "block_n_gate_up": 16, "block_n_down": 32,
+                          "block_k": 64, "layout": "tiles"}),
+        (9, 160, 96, 5, {"block_m": 16, "block_n_gate_up": 32, "block_n_down": 32,
+                         "block_k": 256, "loads": "tma", "layout": "tiles"}),
     ]
 ]
 
@@ -139,6 +148,7 @@ def test_fused_moe_passes_the_layer_gate_in_the_interpreter():
     parts = report["parts"]
     assert [parts[p] for p in CALL_PARTS] == [True, True, True, False]   # only the sum writes out
     assert "until must be one of" in parts["refused"] and "'gate_up'" in parts["refused"]
+    assert "needs I (gate_up) = 96 to be a multiple of its N tile, 128" in parts["tiles_refused"]
 
 
 def check_routing(routing: dict, experts: int, block_m: int, busy: int) -> None:
@@ -179,14 +189,17 @@ def test_moe_presets_from_json_orders_by_mean_and_covers_every_batch():
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("loads", ["pointer", "tma"])
 @pytest.mark.parametrize("block_k", [128, 256])
-def test_fused_moe_on_the_gpu(fmt, loads, block_k):
-    """Both load paths compiled: N tails (I 352 and H 1056 in tiles of 64 and 128 rows), a busy
-    expert over several work items, idle experts; the gate twice on the same call."""
+@pytest.mark.parametrize("layout", ["rows", "tiles"])
+def test_fused_moe_on_the_gpu(fmt, loads, block_k, layout):
+    """Both load paths and layouts compiled: N tails (I 352 and H 1056 in tiles of 64 and 128
+    rows; the tiled layout in whole tiles of 32), a busy expert over several work items, idle
+    experts; the gate twice on the same call."""
     from fp4lab.backends.moe import base
 
     ids = skewed_ids(40, 8, 2, busy=3, seed=4)
     problem = base.make_layer_problem(ids, 8, 1056, 352, fmt, "cuda", seed=4)
-    config = MoeTileConfig(block_m=16, block_k=block_k, loads=loads)
+    tiles = dict(block_n_gate_up=32, block_n_down=32) if layout == "tiles" else {}
+    config = MoeTileConfig(block_m=16, block_k=block_k, loads=loads, layout=layout, **tiles)
     call = moe.get("triton-w4a16-moe").prepare(problem, config=config)
     for _ in range(2):
         gate = base.check_call(call, problem)

@@ -23,6 +23,7 @@ from fp4lab.backends.moe.base import (
 
 DECODES = ("ptx", "bits")
 LOADS = ("pointer", "tma")
+LAYOUTS = ("rows", "tiles")
 # the call's launches in order; a call prepared `until` one of them stops after it (timing the
 # launches apart: each part's time is the difference of two prefixes; only "sum" is gated)
 CALL_PARTS = ("route", "gate_up", "down", "sum")
@@ -31,8 +32,9 @@ CALL_PARTS = ("route", "gate_up", "down", "sum")
 @dataclass(frozen=True)
 class MoeTileConfig:
     """Tiles of both launches: `block_m` pairs of one expert per tile, `block_n_*` weight rows,
-    `block_k` the reduction step; "ptx" or "bits" decode and "pointer" or "tma" weight loads
-    as in `triton_w4a16.TileConfig`."""
+    `block_k` the reduction step; "ptx" or "bits" decode, "pointer" or "tma" weight loads and
+    "rows" or "tiles" weight layout as in `triton_w4a16.TileConfig` ("tiles" over all experts'
+    rows: each launch's N tile must divide an expert's rows, I for gate_up, H for down)."""
 
     block_m: int = 16
     block_n_gate_up: int = 64
@@ -42,6 +44,7 @@ class MoeTileConfig:
     num_stages: int = 3
     decode: str = "ptx"
     loads: str = "pointer"
+    layout: str = "rows"
 
     def __post_init__(self):
         for name in ("block_m", "block_n_gate_up", "block_n_down", "block_k"):
@@ -60,11 +63,15 @@ class MoeTileConfig:
             raise ValueError(f"MoeTileConfig.decode must be one of {DECODES}, got {self.decode!r}")
         if self.loads not in LOADS:
             raise ValueError(f"MoeTileConfig.loads must be one of {LOADS}, got {self.loads!r}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"MoeTileConfig.layout must be one of {LAYOUTS}, "
+                             f"got {self.layout!r}")
 
     def label(self) -> str:
         return (f"m{self.block_m} n{self.block_n_gate_up}/{self.block_n_down} k{self.block_k} "
                 f"w{self.num_warps} st{self.num_stages} {self.decode}"
-                f"{' tma' if self.loads == 'tma' else ''}")
+                f"{' tma' if self.loads == 'tma' else ''}"
+                f"{' tiles' if self.layout == 'tiles' else ''}")
 
 
 # By the mean pairs per expert (T*k/E) each covers (None = any more): a tile of pairs holds about
@@ -159,6 +166,9 @@ class TritonW4A16Moe(MoeMethod):
 
         if problem.fmt not in self.formats:
             raise ValueError(f"{self.name} takes formats {list(self.formats)}, not {problem.fmt!r}")
+        if fmt is not None and not isinstance(fmt, str):   # prepare(problem, config) by mistake
+            raise TypeError(f"{self.name}.prepare: fmt must be a format name or None, got "
+                            f"{type(fmt).__name__}; pass a tile config as config=")
         if until not in CALL_PARTS:
             raise ValueError(f"until must be one of {CALL_PARTS}, got {until!r}")
         last = CALL_PARTS.index(until)
@@ -169,6 +179,12 @@ class TritonW4A16Moe(MoeMethod):
         config = config or choose_moe_config(pairs, experts)
         w13 = kernel_operands(problem.w13, str(device), config.block_k)     # [E, 2I, Hp/2] ...
         w2 = kernel_operands(problem.w2, str(device), config.block_k)       # [E, H, Ip/2] ...
+        if config.layout == "tiles":
+            scale_block = problem.w13.block_size
+            w13 = tiled_moe_weights(w13, config.block_n_gate_up, config.block_k, scale_block,
+                                    inter, "I (gate_up)")
+            w2 = tiled_moe_weights(w2, config.block_n_down, config.block_k, scale_block,
+                                   hidden, "H (down)")
         if problem.w13.global_scale is None:   # mxfp4: one (never read) scale per expert
             w13.global_scale = w2.global_scale = torch.ones(experts, device=device)
         tables = RouteTables.empty(pairs, experts, config.block_m, device)
@@ -207,6 +223,23 @@ class TritonW4A16Moe(MoeMethod):
                           weight_bytes=layer_weight_bytes(problem),
                           note=f"{active} experts, 2 Triton launches ({config.label()}); "
                                f"{self.note}")
+
+
+def tiled_moe_weights(ops, block_n: int, block_k: int, scale_block: int, n: int, what: str):
+    """`ops` (KernelOperands [E, R, C]) with all experts' rows [E * R, C] in `tiled_layout`
+    (tiles of `block_n` rows by a BK block), which needs the launch's N (`n`: an expert's I or
+    H) to be whole tiles, so that no tile spans two experts or the gate and up halves."""
+    from fp4lab.backends.triton_w4a16 import tiled_layout
+
+    if n % block_n:
+        raise ValueError(f"MoeTileConfig.layout='tiles' needs {what} = {n} to be a multiple of "
+                         f"its N tile, {block_n}")
+
+    def tiled(rows, cols):                                   # [E, R, C] -> [E*R/BN * C/cols * BN, cols]
+        return tiled_layout(rows.reshape(-1, rows.shape[-1]), block_n, cols)
+
+    return dataclasses.replace(ops, packed=tiled(ops.packed, block_k // 2),
+                               scale_bytes=tiled(ops.scale_bytes, block_k // scale_block))
 
 
 def config_from_dict(fields: dict) -> MoeTileConfig:

@@ -43,16 +43,30 @@ def expert_factor(gs_ptr, e, IS_NVFP4: tl.constexpr):
 
 
 @triton.jit
-def weight_tile(w_ptr, s_ptr, e, w_rows, expert_w, expert_s, row0, rows, n_mask, k0, stride_wn,
-                stride_sn, IS_NVFP4: tl.constexpr, SCALE_BLOCK: tl.constexpr,
+def weight_tile(w_ptr, s_ptr, e, w_rows, expert_w, expert_s, row0, rows, n_mask, k0, k_blocks,
+                stride_wn, stride_sn, IS_NVFP4: tl.constexpr, SCALE_BLOCK: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr,
-                TMA: tl.constexpr, SCALES_TMA: tl.constexpr):
+                TMA: tl.constexpr, SCALES_TMA: tl.constexpr, TILED: tl.constexpr):
     """Decoded rows `rows` [BN] (the first is row0) of expert e's weights over k0..k0+BK: (first
     half of the block's k, second half) bf16 [BN, BK/2] each. With TMA the weights are
     descriptors over all experts' rows ([E * w_rows, ..]): a tile that runs past the expert's
     last row reads the next expert's first rows, which only feed output columns past N (never
-    stored)."""
-    if TMA and SCALES_TMA:
+    stored). TILED: all experts' rows in `tiled_layout` (w_rows a multiple of BN, row0 too):
+    the tile is one contiguous run, rows ((e * w_rows/BN + row0/BN) * k_blocks + k0/BK) * BN
+    of the tiled matrix, from column 0, whichever load path."""
+    if TILED:
+        band = e * (w_rows // BLOCK_N) + row0 // BLOCK_N
+        t_row0 = (band * k_blocks + k0 // BLOCK_K) * BLOCK_N
+        t_rows = t_row0.to(tl.int64) + tl.arange(0, BLOCK_N)               # past 2^31 bytes
+        if TMA:
+            packed, scales_lo, scales_hi = load_weight_tile_tma(
+                w_ptr, s_ptr, t_row0, t_rows, n_mask, 0, stride_sn, SCALE_BLOCK, BLOCK_N,
+                BLOCK_K, SCALES_TMA)
+        else:
+            packed, scales_lo, scales_hi = load_weight_tile(w_ptr, s_ptr, t_rows, n_mask, 0,
+                                                            stride_wn, stride_sn, SCALE_BLOCK,
+                                                            BLOCK_N, BLOCK_K)
+    elif TMA and SCALES_TMA:
         packed, scales_lo, scales_hi = load_weight_tile_tma(
             w_ptr, s_ptr, e * w_rows + row0, rows, n_mask, k0, stride_sn, SCALE_BLOCK, BLOCK_N,
             BLOCK_K, True)
@@ -77,7 +91,7 @@ def moe_gemm_kernel(
     GATE_UP: tl.constexpr, IS_NVFP4: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, DECODE: tl.constexpr, DOT_IN_FP32: tl.constexpr,
-    TMA: tl.constexpr, SCALES_TMA: tl.constexpr,
+    TMA: tl.constexpr, SCALES_TMA: tl.constexpr, TILED: tl.constexpr,
 ):
     """One (N tile, work item); see the module doc. GATE_UP: N is I (the gate half; the up half
     is rows N..2N of each expert), `a` is x [T, H] gathered by token, out is act [P, I] by sorted
@@ -85,7 +99,9 @@ def moe_gemm_kernel(
     pair's routing weight. OUT_N: columns of the output (I or H); W_ROWS: rows of one expert's
     weights (2I or H). TMA: `w_ptr` (and `s_ptr` when SCALES_TMA) are tensor descriptors over
     all experts' rows, [E * W_ROWS, Kp/2] and [E * W_ROWS, Kp/S], boxes [BN, BK/2] and
-    [BN, BK/S]; the activations stay pointer loads (gate_up gathers them by token)."""
+    [BN, BK/S]; the activations stay pointer loads (gate_up gathers them by token). TILED: the
+    weights in `tiled_layout` over all experts' rows (see `weight_tile`; the strides are then
+    the tiled matrices' rows)."""
     pid_n = tl.program_id(0)
     work = tl.program_id(1)
     e = tl.load(work_expert_ptr + work)
@@ -106,20 +122,21 @@ def moe_gemm_kernel(
         KH: tl.constexpr = BLOCK_K // 2
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)               # out^T tile
         acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        k_blocks = tl.cdiv(K, BLOCK_K)
         for k0 in tl.range(0, K, BLOCK_K):
             a_lo, a_hi = load_halves(a_ptr, a_rows.to(tl.int64), m_mask, stride_am, k0, K, KH,
                                      EVEN_K)                               # [BM, KH] each
             w_lo, w_hi = weight_tile(w_ptr, s_ptr, e, W_ROWS, expert_w, expert_s,
-                                     pid_n * BLOCK_N, offs_n, n_mask, k0, stride_wn, stride_sn,
-                                     IS_NVFP4, SCALE_BLOCK, BLOCK_N, BLOCK_K, DECODE, TMA,
-                                     SCALES_TMA)
+                                     pid_n * BLOCK_N, offs_n, n_mask, k0, k_blocks, stride_wn,
+                                     stride_sn, IS_NVFP4, SCALE_BLOCK, BLOCK_N, BLOCK_K, DECODE,
+                                     TMA, SCALES_TMA, TILED)
             acc = tile_dot(acc, w_lo, a_lo, True, DOT_IN_FP32)
             acc = tile_dot(acc, w_hi, a_hi, True, DOT_IN_FP32)
             if GATE_UP:
                 u_lo, u_hi = weight_tile(w_ptr, s_ptr, e, W_ROWS, expert_w, expert_s,
-                                         N + pid_n * BLOCK_N, N + offs_n, n_mask, k0, stride_wn,
-                                         stride_sn, IS_NVFP4, SCALE_BLOCK, BLOCK_N, BLOCK_K,
-                                         DECODE, TMA, SCALES_TMA)
+                                         N + pid_n * BLOCK_N, N + offs_n, n_mask, k0, k_blocks,
+                                         stride_wn, stride_sn, IS_NVFP4, SCALE_BLOCK, BLOCK_N,
+                                         BLOCK_K, DECODE, TMA, SCALES_TMA, TILED)
                 acc_up = tile_dot(acc_up, u_lo, a_lo, True, DOT_IN_FP32)
                 acc_up = tile_dot(acc_up, u_hi, a_hi, True, DOT_IN_FP32)
         factor = expert_factor(gs_ptr, e, IS_NVFP4)
@@ -206,7 +223,8 @@ def launch_route(topk_ids, experts: int, block_m: int, tables) -> None:
 def launch(a, w_packed, w_scales, global_scales, out, sorted_pairs, route_w, work, *, n: int,
            k: int, top_k: int, gate_up: bool, fmt: str, config, interpreted: bool) -> None:
     """One MoE GEMM over every work item. `work` = (expert, start, rows) int32 [W] each;
-    w_packed [E, rows, K/2] uint8, w_scales [E, rows, K/S] uint8, global_scales [E] fp32."""
+    w_packed [E, rows, K/2] uint8, w_scales [E, rows, K/S] uint8 (config.layout "tiles": the
+    `tiled_moe_weights` matrices), global_scales [E] fp32."""
     from fp4lab.backends.triton_w4a16_kernel import MXFP4_SCALE_BLOCK, NVFP4_SCALE_BLOCK
 
     work_expert, work_start, work_rows = work
@@ -215,28 +233,38 @@ def launch(a, w_packed, w_scales, global_scales, out, sorted_pairs, route_w, wor
     block_n = config.block_n_gate_up if gate_up else config.block_n_down
     grid = (triton.cdiv(n, block_n), work_expert.shape[0])
     tma = config.loads == "tma"
+    tiled = config.layout == "tiles"
     scales_tma = tma and config.block_k // scale_block >= TMA_MIN_BOX_BYTES
-    strides = (a.stride(0), w_packed.stride(0), w_packed.stride(1), w_scales.stride(0),
-               w_scales.stride(1), out.stride(0))
+    boxes = ([block_n, config.block_k // 2], [block_n, config.block_k // scale_block])
+    if tiled:   # 2-D already; an expert's rows: both halves (gate_up) or H (down)
+        expert_rows = 2 * n if gate_up else n
+        strides = (a.stride(0), 0, w_packed.stride(0), 0, w_scales.stride(0), out.stride(0))
+    else:
+        expert_rows = w_packed.shape[1]
+        strides = (a.stride(0), w_packed.stride(0), w_packed.stride(1), w_scales.stride(0),
+                   w_scales.stride(1), out.stride(0))
     w_arg, s_arg = w_packed, w_scales
     if tma:
-        w_arg = expert_rows_descriptor(w_packed, [block_n, config.block_k // 2])
+        w_arg = expert_rows_descriptor(w_packed, boxes[0])
         if scales_tma:
-            s_arg = expert_rows_descriptor(w_scales, [block_n, config.block_k // scale_block])
+            s_arg = expert_rows_descriptor(w_scales, boxes[1])
     moe_gemm_kernel[grid](
         a, w_arg, s_arg, global_scales, out, sorted_pairs, route_w,
         work_expert, work_start, work_rows,
-        n, k, top_k, out.shape[1], w_packed.shape[1], *strides,
+        n, k, top_k, out.shape[1], expert_rows, *strides,
         GATE_UP=gate_up, IS_NVFP4=is_nvfp4, SCALE_BLOCK=scale_block,
         BLOCK_M=config.block_m, BLOCK_N=block_n, BLOCK_K=config.block_k,
         EVEN_K=k % config.block_k == 0, DECODE="bits" if interpreted else config.decode,
-        DOT_IN_FP32=interpreted, TMA=tma, SCALES_TMA=scales_tma, num_warps=config.num_warps,
-        num_stages=config.num_stages)
+        DOT_IN_FP32=interpreted, TMA=tma, SCALES_TMA=scales_tma, TILED=tiled,
+        num_warps=config.num_warps, num_stages=config.num_stages)
 
 
 def expert_rows_descriptor(weights, box: list[int]):
     """A tensor descriptor over every expert's rows of `weights` [E, R, C] as one [E * R, C]
-    matrix, box [BN, BC] (`tma_descriptor`'s checks; the experts must lie back to back)."""
+    matrix (or over a 2-D tiled matrix as it is), box [BN, BC] (`tma_descriptor`'s checks; the
+    experts must lie back to back)."""
+    if weights.dim() == 2:
+        return tma_descriptor(weights, "expert weights", box)
     if not weights.is_contiguous():
         raise ValueError("loads='tma' reads expert weights as one matrix of all experts' rows: "
                          f"they must be contiguous, got shape {tuple(weights.shape)}, strides "
