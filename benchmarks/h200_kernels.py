@@ -503,8 +503,8 @@ def moe_parts_lines(rows: list[dict]) -> list[str]:
             continue
         prefixes["sum"] = r["median_us"]
         times = [prefixes.get(p) for p in CALL_PARTS]
-        parts = [t - (times[i - 1] or 0.0) if t and (i == 0 or times[i - 1]) else None
-                 for i, t in enumerate(times)]
+        parts = [times[0]] + [t - before if t and before else None
+                              for before, t in zip(times, times[1:])]
         lines.append(f"{'':<10} {r['model']:<12} {r['batch']:>5} {r['fmt']:<5} "
                      + " ".join(f"{p:8.1f}" if p is not None else f"{'-':>8}" for p in parts)
                      + f"  {r['label']}")

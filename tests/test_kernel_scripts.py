@@ -209,3 +209,12 @@ def test_layout_probe_expected_xor_is_per_program():
     want = probe.expected(words, bn=2, bkw=2, steps=2)            # programs [4 bands, 2 chunks]
     assert want.shape == (4, 2)
     assert want[1, 1] == np.bitwise_xor.reduce(words[2:4, 4:8], axis=None)
+
+
+def test_moe_parts_are_differences_of_the_timed_prefixes(device_script):
+    what = {"model": "m", "batch": 1, "fmt": "nvfp4", "label": "L"}
+    rows = [{"kind": "moe", "median_us": 100.0, **what}] + [
+        {"kind": "moe_part", "until": until, "median_us": us, **what}
+        for until, us in (("route", 10.0), ("gate_up", 60.0), ("down", 95.0))]
+    line = device_script.moe_parts_lines(rows)[-1]
+    assert line.split()[3:8] == ["10.0", "50.0", "35.0", "5.0", "L"]
