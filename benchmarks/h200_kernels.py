@@ -27,7 +27,8 @@ presets.json (the winners, rows that `triton_w4a16.presets_from_json` and
 `triton_fused.moe_presets_from_json` load), presets_snippet.py (the same as Python literals to
 paste as SHAPE_PRESETS / MOE_PRESETS), summary.txt (the table printed last). `--smoke` runs the
 same phases on tiny shapes (the CPU test, under TRITON_INTERPRET=1); `--plan decode` only M = 1
-and 4 (the gemv kernel beside the tensor-core one), the anatomy at M = 1 and DeepSeek-V3's layer.
+and 4 (the gemv kernel beside the tensor-core one), the anatomy at M = 1 and DeepSeek-V3's layer;
+`--plan moe` only the fused MoE's points.
 Every grid holds both load paths, cp.async pointer loads and TMA tensor descriptors, and both
 weight layouts of the dense kernel, row by row and tile by tile, unless the plan names one
 (`Plan.loads`, `Plan.layouts`); the anatomy times the fastest config of each.
@@ -84,6 +85,8 @@ FULL = Plan(shapes=((8192, 8192), (4096, 6144), (6144, 2048)), m_values=(1, 4, 1
 # at M = 1, and the DeepSeek-V3 MoE layer (GLM-5's is in FULL)
 DECODE = Plan(shapes=FULL.shapes, m_values=(1, 4), anatomy_m=(1,),
               moe_points=(("deepseek-v3", 512),), mxfp4_configs=2)
+# the fused MoE alone: its three points, no dense phase
+MOE = Plan(shapes=(), m_values=(), anatomy_m=(), moe_points=FULL.moe_points)
 SMOKE = Plan(shapes=((48, 128),), m_values=(1, 3), anatomy_m=(1,),
              moe_points=(("glm-5", 6),), moe_scaled=True, mxfp4_configs=1, max_configs=4,
              step_limit_s=120.0)
@@ -282,16 +285,24 @@ def moe_candidates(pairs: int, experts: int, loads=LOADS, layouts=LAYOUTS,
     same, with the neighbouring pair tile (16 <-> 32, 64 -> 32: a taller one spills
     registers), one pipeline stage deeper (bytes in flight), and with BK 256 on 8 warps (half
     the K steps' fixed work per weight, the registers of the doubled tile spread over twice the
-    threads); then the preset in each other layout of `layouts` on each of `loads` (its N tiles
-    narrowed where they do not divide the model's I and H, `inter_hidden`: "tiles" needs it)."""
+    threads); then on the preset's load path, 8 warps with twice the N tile of gate_up, of down,
+    of both and of neither (each work item's gathered activations are re-read from L2 by every
+    N tile: N/BN times; the wider tile's registers spread over twice the threads); then the
+    preset in each other layout of `layouts` on each of `loads` (its N tiles narrowed where
+    they do not divide the model's I and H, `inter_hidden`: "tiles" needs it)."""
     pick = choose_moe_config(pairs, experts)
     variants = [pick, dataclasses.replace(pick, block_m=32 if pick.block_m != 32 else 16),
                 dataclasses.replace(pick, num_stages=pick.num_stages + 1),
                 dataclasses.replace(pick, block_k=256, num_warps=8)]
     grid = [dataclasses.replace(config, loads=kind) for config in variants for kind in loads]
     inter, hidden = inter_hidden
-    fitted = dataclasses.replace(pick, block_n_gate_up=dividing_tile(pick.block_n_gate_up, inter),
-                                 block_n_down=dividing_tile(pick.block_n_down, hidden))
+    gate_up, down = pick.block_n_gate_up, pick.block_n_down
+    grid += [dataclasses.replace(pick, num_warps=8,
+                                 block_n_gate_up=dividing_tile(gate_up * g, inter),
+                                 block_n_down=dividing_tile(down * d, hidden))
+             for g, d in ((1, 1), (2, 1), (1, 2), (2, 2))]
+    fitted = dataclasses.replace(pick, block_n_gate_up=dividing_tile(gate_up, inter),
+                                 block_n_down=dividing_tile(down, hidden))
     grid += [dataclasses.replace(fitted, loads=kind, layout=layout) for layout in layouts
              if layout != pick.layout for kind in loads]
     return list(dict.fromkeys([pick] + grid))
@@ -518,9 +529,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="wall seconds for all phases (default 150)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes (the CPU test under TRITON_INTERPRET=1)")
-    parser.add_argument("--plan", choices=("full", "decode"), default="full",
-                        help="full: every phase at M = 1..256 and GLM-5; decode: M = 1 and 4 "
-                             "with the gemv kernel, anatomy at M = 1, DeepSeek-V3 (default full)")
+    parser.add_argument("--plan", choices=("full", "decode", "moe"), default="full",
+                        help="full: every phase at M = 1..256, GLM-5 and DeepSeek-V3; decode: "
+                             "M = 1 and 4 with the gemv kernel, anatomy at M = 1, DeepSeek-V3; "
+                             "moe: the fused MoE's points only (default full)")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and not args.smoke:
@@ -529,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    plan = SMOKE if args.smoke else {"full": FULL, "decode": DECODE}[args.plan]
+    plan = SMOKE if args.smoke else {"full": FULL, "decode": DECODE, "moe": MOE}[args.plan]
     run = Run(out, args.budget_s, plan, device)
     if args.smoke:
         run.timer = dataclasses.replace(run.timer, repeats=2, warmup_s=0.0)
