@@ -225,3 +225,18 @@ def test_moe_parts_are_differences_of_the_timed_prefixes(device_script):
         for until, us in (("route", 10.0), ("gate_up", 60.0), ("down", 95.0))]
     line = device_script.moe_parts_lines(rows)[-1]
     assert line.split()[3:8] == ["10.0", "50.0", "35.0", "5.0", "L"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter run (CPU-only machines)")
+def test_ncu_driver_gates_and_runs_every_launch_it_profiles(tmp_path):
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "src")}
+    run = subprocess.run([sys.executable, os.path.join(BENCH, "ncu_profile.py"), "--smoke"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    labels = [line for line in run.stdout.splitlines() if line.startswith("profiled: ")]
+    assert [label.split()[4] for label in labels[:4]] == ["full", "load", "stream", "full"]
+    assert labels[-1].startswith("profiled: moe glm-5-scaled")
+    metrics = subprocess.run([sys.executable, os.path.join(BENCH, "ncu_profile.py"), "--metrics"],
+                             env=env, capture_output=True, text=True, timeout=120).stdout.strip()
+    assert metrics.startswith("gpu__time_duration.sum,") and " " not in metrics

@@ -1,0 +1,105 @@
+"""The kernels behind issue 13's two open targets, each gated once and then launched once inside
+a CUDA profiler range, for Nsight Compute (`ncu --profile-from-start off`) to read their hardware
+counters: where a kernel's cycles go when the time-variant anatomy cannot say.
+
+    ncu --clock-control none --profile-from-start off --csv --page raw \\
+        --metrics "$(python3 benchmarks/ncu_profile.py --metrics)" \\
+        --log-file $OUT/ncu.csv env PYTHONPATH=src python3 benchmarks/ncu_profile.py
+
+In order (one profiled launch each; the MoE call is four: routing, gate_up, down, top-k sum):
+  - `triton-w4a16` at 8192x8192 M=1 NVFP4 with its preset, its "load" stage, the "stream" of the
+    same bytes, and the preset at M=16;
+  - `triton-w4a16-moe` at GLM-5 B=512 (uniform routing) NVFP4 with its preset.
+Without ncu it runs the same launches and prints their labels (the check that the driver works);
+`--smoke` runs tiny stand-ins on a CPU under TRITON_INTERPRET=1 (the test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tune_w4a16 as tune  # noqa: E402  (beside this script)
+
+from fp4lab import correctness  # noqa: E402
+from fp4lab.backends.moe import base as moe_base, get as get_moe  # noqa: E402
+from fp4lab.backends.triton_w4a16 import anatomy_variants  # noqa: E402
+from fp4lab.moe import presets as model_presets, routing  # noqa: E402
+
+# what each launch did: time, DRAM and L2 bytes and throughput, instructions and issue slots,
+# occupancy and registers, and why warps waited (stall cycles per issued instruction, by reason)
+METRICS = [
+    "gpu__time_duration.sum", "dram__bytes_read.sum", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "lts__t_bytes.sum", "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed", "smsp__inst_executed.sum",
+    "smsp__issue_active.avg.pct_of_peak_sustained_active",
+    "sm__warps_active.avg.pct_of_peak_sustained_active", "launch__registers_per_thread",
+    "launch__grid_size", "launch__block_size", "launch__occupancy_limit_registers",
+    "launch__occupancy_limit_shared_mem", "smsp__warps_launched.sum",
+    "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio",
+]
+
+
+def dense_launches(device: str, smoke: bool):
+    n, k = (48, 256) if smoke else (8192, 8192)
+    cache: dict = {}
+    for m, stages in ((1, ("full", "load", "stream")), (16, ("full",))):
+        a, w = tune.operands(tune.Point("nvfp4", n, k, m), device, cache)
+        for variant in anatomy_variants(a, w, device, stages=stages):
+            gate = variant.check()
+            if not gate.ok:
+                raise SystemExit(f"{variant.stage} at M={m} failed its check: {gate.message}")
+            yield (f"dense {n}x{k} M={m} {variant.stage} {variant.prepared.info['config']}",
+                   variant.prepared.call)
+
+
+def moe_launch(device: str, smoke: bool):
+    model = model_presets.get("glm-5")
+    batch = 512
+    if smoke:
+        model, batch = model_presets.scaled_down(model), 6
+    ids = routing.sample_expert_ids("uniform", model.experts, model.top_k, batch, 1)[0]
+    problem = moe_base.make_layer_problem(ids, model.experts, model.hidden,
+                                          model.moe_intermediate, "nvfp4", device)
+    call = get_moe("triton-w4a16-moe").prepare(problem)
+    gate = moe_base.check_call(call, problem)
+    if not gate.ok:
+        raise SystemExit(f"the fused MoE failed its gate: {gate.message}")
+    yield f"moe {model.key} B={batch} nvfp4 ({call.note})", call.call
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--metrics", action="store_true",
+                        help="print the metric list for ncu --metrics and exit")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny stand-ins (the CPU test, under TRITON_INTERPRET=1)")
+    args = parser.parse_args(argv)
+    if args.metrics:
+        print(",".join(METRICS))
+        return 0
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not args.smoke:
+        print("ncu_profile: needs a CUDA GPU (torch sees none); use --smoke on a CPU",
+              file=sys.stderr)
+        return 2
+    launches = [*dense_launches(device, args.smoke), *moe_launch(device, args.smoke)]
+    for label, call in launches:
+        call()                                     # compiled and warm before its range
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.profiler.start()
+        call()
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+        print(f"profiled: {label}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
