@@ -69,7 +69,9 @@ def tile_shapes(m: int) -> list[TileConfig]:
     more weights), more warps per SM to issue from (8-warp tiles), smaller tiles with little or no
     split-K (2 warps, mma.sync), and at M <= 4 the gemv kernel first (`gemv_shapes`)."""
     if m <= 16:
-        shapes = [TileConfig(block_m=16, block_n=64, block_k=512, num_stages=2, swap_ab=True),
+        # m16n64k256 split 4: 6% faster than the preset at 6144x2048 M=1 (NOTES.md, call 38)
+        shapes = [TileConfig(block_m=16, block_n=64, block_k=256, num_stages=3, swap_ab=True),
+                  TileConfig(block_m=16, block_n=64, block_k=512, num_stages=2, swap_ab=True),
                   TileConfig(block_m=16, block_n=128, block_k=256, num_warps=8, num_stages=3,
                              swap_ab=True),
                   TileConfig(block_m=16, block_n=128, block_k=256, num_stages=3, swap_ab=True),
