@@ -11,12 +11,16 @@ In order (one profiled launch each; the MoE call is four: routing, gate_up, down
     same bytes, and the preset at M=16;
   - `triton-w4a16-moe` at GLM-5 B=512 (uniform routing) NVFP4 with its preset.
 Without ncu it runs the same launches and prints their labels (the check that the driver works);
-`--smoke` runs tiny stand-ins on a CPU under TRITON_INTERPRET=1 (the test).
+`--smoke` runs tiny stand-ins on a CPU under TRITON_INTERPRET=1 (the test). `--launches FILE`
+writes launches.json: one entry per kernel launch ncu will see, in order (its label and the
+weights it reads), which `fp4lab.analysis.counters` joins with ncu's rows; `--describe` writes it
+and runs nothing (no GPU needed).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -27,7 +31,7 @@ import tune_w4a16 as tune  # noqa: E402  (beside this script)
 
 from fp4lab import correctness  # noqa: E402
 from fp4lab.backends.moe import base as moe_base, get as get_moe  # noqa: E402
-from fp4lab.backends.triton_w4a16 import anatomy_variants  # noqa: E402
+from fp4lab.backends.triton_w4a16 import anatomy_variants, tensor_core_config  # noqa: E402
 from fp4lab.moe import presets as model_presets, routing  # noqa: E402
 
 # what each launch did: time, DRAM and L2 bytes and throughput, instructions and issue slots,
@@ -44,10 +48,48 @@ METRICS = [
 ]
 
 
+DENSE_POINTS = ((1, ("full", "load", "stream")), (16, ("full",)))     # (M, anatomy stages)
+MOE_POINT = ("glm-5", 512)
+SMS = 132   # the H200's (the configs a CPU describes are the GPU's)
+
+
+def dense_shape(smoke: bool) -> tuple[int, int]:
+    return (48, 256) if smoke else (8192, 8192)
+
+
+def moe_point(smoke: bool):
+    model, batch = model_presets.get(MOE_POINT[0]), MOE_POINT[1]
+    if smoke:
+        model, batch = model_presets.scaled_down(model), 6
+    ids = routing.sample_expert_ids("uniform", model.experts, model.top_k, batch, 1)[0]
+    return model, batch, ids
+
+
+def launch_plan(smoke: bool) -> list[dict]:
+    """Every kernel launch the profiled calls make, in order: {"launch", "kernel", "weights"}
+    (the weights it reads; 0 for routing and the top-k sum)."""
+    n, k = dense_shape(smoke)
+    plan = []
+    for m, stages in DENSE_POINTS:
+        config = tensor_core_config(m, n, k, SMS)
+        plan += [{"launch": f"dense {n}x{k} M={m} {stage}",
+                  "kernel": "stream" if stage == "stream" else config.label(),
+                  "weights": n * k} for stage in stages]
+    model, batch, ids = moe_point(smoke)
+    active = len(set(ids.reshape(-1).tolist()))
+    h, i = model.hidden, model.moe_intermediate
+    where = f"moe {model.key} B={batch}"
+    plan += [{"launch": f"{where} route", "kernel": "route", "weights": 0},
+             {"launch": f"{where} gate_up", "kernel": "fused MoE", "weights": active * 2 * i * h},
+             {"launch": f"{where} down", "kernel": "fused MoE", "weights": active * h * i},
+             {"launch": f"{where} top-k sum", "kernel": "torch.sum", "weights": 0}]
+    return plan
+
+
 def dense_launches(device: str, smoke: bool):
-    n, k = (48, 256) if smoke else (8192, 8192)
+    n, k = dense_shape(smoke)
     cache: dict = {}
-    for m, stages in ((1, ("full", "load", "stream")), (16, ("full",))):
+    for m, stages in DENSE_POINTS:
         a, w = tune.operands(tune.Point("nvfp4", n, k, m), device, cache)
         for variant in anatomy_variants(a, w, device, stages=stages):
             gate = variant.check()
@@ -58,11 +100,7 @@ def dense_launches(device: str, smoke: bool):
 
 
 def moe_launch(device: str, smoke: bool):
-    model = model_presets.get("glm-5")
-    batch = 512
-    if smoke:
-        model, batch = model_presets.scaled_down(model), 6
-    ids = routing.sample_expert_ids("uniform", model.experts, model.top_k, batch, 1)[0]
+    model, batch, ids = moe_point(smoke)
     problem = moe_base.make_layer_problem(ids, model.experts, model.hidden,
                                           model.moe_intermediate, "nvfp4", device)
     call = get_moe("triton-w4a16-moe").prepare(problem)
@@ -78,9 +116,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="print the metric list for ncu --metrics and exit")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny stand-ins (the CPU test, under TRITON_INTERPRET=1)")
+    parser.add_argument("--launches", type=Path,
+                        help="write launches.json (what each kernel launch is) to this file")
+    parser.add_argument("--describe", action="store_true",
+                        help="only write --launches (no GPU, nothing run)")
     args = parser.parse_args(argv)
     if args.metrics:
         print(",".join(METRICS))
+        return 0
+    if args.launches:
+        args.launches.write_text(json.dumps(launch_plan(args.smoke), indent=1) + "\n")
+    if args.describe:
+        if not args.launches:
+            parser.error("--describe writes --launches FILE: name it")
         return 0
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and not args.smoke:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from fp4lab import params, profiles, text
-from fp4lab.analysis import gemm as analysis
+from fp4lab.analysis import counters as kernel_counters, gemm as analysis
 from fp4lab.chapters.context import Context, open_context, parameters_block, resolve_parameters
 from fp4lab.plots import gemm as figures
 from fp4lab.plots.tables import Col, html_table
@@ -44,18 +44,24 @@ SPREAD = [Col("gpu_index", "GPU", "int"), Col("pci_bus_id", "PCI bus id"),
           Col("median_vs_box", "time vs the box's median (median)", "ratio"),
           Col("slowest_vs_box", "time vs the box's median (worst point)", "ratio"),
           Col("median_sm_clock_mhz", "SM clock in the energy windows (MHz)", "sig")]
+COUNTERS = [Col("launch", "launch"), Col("us", "time", "us"), Col("dram_pct", "DRAM % of peak", "pct"),
+            Col("instr_per_weight", "instructions per weight", "sig"),
+            Col("issue_pct", "issue slots busy", "pct"), Col("warps_active_pct", "warp slots occupied", "pct"),
+            Col("registers", "registers a thread", "int"), Col("l2_over_dram", "L2 / DRAM bytes", "ratio"),
+            Col("stalls", "stall cycles per instruction (largest)")]
 PUBLISHED = [Col("M", "M (tokens)"), Col("TFLOP/s", "TFLOP/s"), Col("% of ~2000 TOPS", "% of ~2000 TOPS"),
              Col("regime (as the seed read it)", "regime (as the seed read it)")]
 
 
 def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", device: str = "auto", *,
           backends=None, fmts=None, m_values=None, preset=None, shapes=None, repeats=None,
-          energy_window_s=None, gpus=None, measure: bool = True):
+          energy_window_s=None, gpus=None, measure: bool = True, counters_dir: str = ""):
     """Check the parameters, measure what the run lacks, and fill the page."""
     knobs = dict(backends=backends, fmts=fmts, m_values=m_values, preset=preset, shapes=shapes,
                  repeats=repeats, energy_window_s=energy_window_s, gpus=gpus)
     context = open_context(TITLE, run_dir, reference_dir, profile, device, **knobs)
     measure = params.check_bool("measure", measure)
+    counters = kernel_counters.find_profile(params.check_text("counters_dir", counters_dir))
     config = GemmSweep.from_profile(
         context.profile, context.device, preset=preset,
         **{name: value for name, value in knobs.items() if name not in ("preset", "repeats")},
@@ -64,6 +70,9 @@ def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", dev
                        preset=profiles.section(context.profile, "gemm").get("preset") or "none",
                        shapes=config.shapes, repeats=config.timer.repeats,
                        energy_window_s=config.energy_window_s, gpus=config.gpus)
+    context.parameters.append(("counters_dir", f"results/measurements/{counters.name}"
+                               if counters and counters.parent == kernel_counters.MEASUREMENTS_ROOT
+                               else str(counters or "none")))
     if measure and context.measures_here:
         from fp4lab.sweep.gemm import run_sweep
 
@@ -71,6 +80,8 @@ def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", dev
         context.parameters.append(("points measured now", measured))
     parameters_block(context)
     fill(context)
+    if counters is not None:
+        _counters(context.page, counters)
     return context.page
 
 
@@ -171,6 +182,14 @@ def load_paths_note(table) -> str:
         named.append(f"by {path} at {where}")
     sep = "; " if len(named) > 1 else ", "       # commas already separate the rows of one path
     return f"; tiles moved {sep.join(named)}{sep}by {paths.index[0]} in the other rows"
+
+
+def _counters(page, folder) -> None:
+    """A committed Nsight Compute profile of the kernels, labelled as its own measurement."""
+    profile = kernel_counters.read_counters(folder)
+    page.html("counters", html_table(profile.table, COUNTERS, caption=profile.caption(
+        "each kernel launch under Nsight Compute")))
+    page.bullets("counters", kernel_counters.counters_findings(profile))
 
 
 def anatomy_columns(table) -> list[Col]:

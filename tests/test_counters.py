@@ -1,0 +1,81 @@
+"""The committed Nsight Compute profile read into one row per kernel launch, what the chapter
+says from it, and the errors a broken profile folder gets."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from fp4lab.analysis import counters
+
+REPO = os.path.join(os.path.dirname(__file__), "..")
+PROFILE = os.path.join(REPO, "results", "measurements", "20261202T0215Z-h200-ncu")
+
+
+def test_the_committed_profile_reads_as_one_row_per_launch():
+    profile = counters.read_counters(PROFILE)
+    table = profile.table.set_index("launch")
+    assert len(table) == 8 and profile.device == "NVIDIA H200"
+    full = table.loc["dense 8192x8192 M=1 full"]
+    assert full["us"] == pytest.approx(21.152) and full["registers"] == 171
+    # 8.44 M warp instructions x 32 lanes over 67.1 M weights
+    assert full["instr_per_weight"] == pytest.approx(8_441_280 * 32 / 8192**2)
+    assert full["stalls"].startswith("long scoreboard 0.67") and "selected" not in full["stalls"]
+    assert table.loc["moe glm-5 B=512 gate_up", "l2_over_dram"] == pytest.approx(8_297_289_888 / 3_687_810_304)
+    assert table["instr_per_weight"].isna().sum() == 2           # routing and the top-k sum read no weights
+
+
+def test_findings_come_from_the_rows():
+    lines = counters.counters_findings(counters.read_counters(PROFILE))
+    dense, moe = lines
+    assert "4.0 instructions per weight" in dense and "49% of cycles" in dense and "11% of warp" in dense
+    assert "39% of peak" in dense and "reaches 69%" in dense
+    assert "its instructions, not its bytes, set its time" in dense     # 8.07 us / 0.49 of 21.2 us
+    assert "gate\\_up 1.56 ms" in moe and "4.6 instructions per weight" in moe
+
+
+def test_find_profile_picks_the_newest_or_the_named_or_none(tmp_path):
+    for name in ("20261201T0000Z-a", "20261202T0000Z-b", "20261203T0000Z-c"):
+        (tmp_path / name).mkdir()
+    for name in ("20261201T0000Z-a", "20261202T0000Z-b"):             # c holds no profile
+        (tmp_path / name / "raw.csv").write_text("")
+        (tmp_path / name / "launches.json").write_text("[]")
+    assert counters.find_profile("", tmp_path).name == "20261202T0000Z-b"
+    assert counters.find_profile("none", tmp_path) is None
+    assert counters.find_profile(str(tmp_path / "20261201T0000Z-a"), tmp_path).name == "20261201T0000Z-a"
+    with pytest.raises(counters.CountersError, match="no raw.csv there"):
+        counters.find_profile(str(tmp_path / "20261203T0000Z-c"), tmp_path)
+    assert counters.find_profile("", tmp_path / "absent") is None
+
+
+def test_a_profile_whose_launches_disagree_with_ncu_says_so(tmp_path):
+    broken = tmp_path / "p"
+    shutil.copytree(PROFILE, broken)
+    launches = json.loads((broken / "launches.json").read_text())
+    (broken / "launches.json").write_text(json.dumps(launches[:-1]))
+    with pytest.raises(counters.CountersError, match="8 kernel rows in raw.csv but 7 launches"):
+        counters.read_counters(broken)
+    (broken / "run.json").unlink()
+    with pytest.raises(counters.CountersError, match="no run.json"):
+        counters.read_counters(broken)
+
+
+def test_a_value_that_is_not_a_number_is_named(tmp_path):
+    broken = tmp_path / "p"
+    shutil.copytree(PROFILE, broken)
+    raw = (broken / "raw.csv").read_text().replace('"21,152"', '"n/a"')   # .avg .max .min .sum
+    (broken / "raw.csv").write_text(raw)
+    with pytest.raises(counters.CountersError, match="'n/a' is not a number"):
+        counters.read_counters(broken)
+
+
+def test_the_driver_describes_the_launches_the_profile_holds(tmp_path):
+    out = tmp_path / "launches.json"
+    run = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "ncu_profile.py"),
+                          "--describe", "--launches", str(out)], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": os.path.join(REPO, "src")})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(out.read_text()) == json.loads(open(os.path.join(PROFILE, "launches.json")).read())
