@@ -11,7 +11,10 @@ In order (one profiled launch each; the MoE call is four: routing, gate_up, down
     same bytes, and the preset at M=16;
   - `triton-w4a16-moe` at GLM-5 B=512 (uniform routing) NVFP4 with its preset.
 Without ncu it runs the same launches and prints their labels (the check that the driver works);
-`--smoke` runs tiny stand-ins on a CPU under TRITON_INTERPRET=1 (the test). `--launches FILE`
+`--smoke` runs tiny stand-ins on a CPU under TRITON_INTERPRET=1 (the test). `--peers` profiles
+instead the fastest peers at the same two points, humming-w4a16 and humming-moe-indexed (NVFP4;
+the humming wheel installed), whose kernel count per call the driver does not know, so it writes
+no launches.json: their rows are read by hand (benchmarks/NOTES.md). `--launches FILE`
 writes launches.json: one entry per kernel launch ncu will see, in order (its label and the
 weights it reads), which `fp4lab.analysis.counters` joins with ncu's rows; `--describe` writes it
 and runs nothing (no GPU needed).
@@ -29,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tune_w4a16 as tune  # noqa: E402  (beside this script)
 
-from fp4lab import correctness  # noqa: E402
+from fp4lab import backends, correctness  # noqa: E402
 from fp4lab.backends.moe import base as moe_base, get as get_moe  # noqa: E402
 from fp4lab.backends.triton_w4a16 import anatomy_variants, tensor_core_config  # noqa: E402
 from fp4lab.moe import presets as model_presets, routing  # noqa: E402
@@ -110,12 +113,33 @@ def moe_launch(device: str, smoke: bool):
     yield f"moe {model.key} B={batch} nvfp4 ({call.note})", call.call
 
 
+def peer_launches(device: str):
+    """humming-w4a16 at 8192x8192 M=1 and humming-moe-indexed at GLM-5 B=512, NVFP4, gated."""
+    n, k = dense_shape(False)
+    a, w = tune.operands(tune.Point("nvfp4", n, k, 1), device, {})
+    prepared = backends.get("humming-w4a16").prepare(a, w, device)
+    gate = correctness.check_backend(prepared, correctness.TOLERANCE["nvfp4"])
+    if not gate.ok:
+        raise SystemExit(f"humming-w4a16 failed its gate: {gate.message}")
+    yield f"humming-w4a16 {n}x{k} M=1 nvfp4", prepared.call
+    model, batch, ids = moe_point(False)
+    problem = moe_base.make_layer_problem(ids, model.experts, model.hidden,
+                                          model.moe_intermediate, "nvfp4", device)
+    call = get_moe("humming-moe-indexed").prepare(problem)
+    gate = moe_base.check_call(call, problem)
+    if not gate.ok:
+        raise SystemExit(f"humming-moe-indexed failed its gate: {gate.message}")
+    yield f"humming-moe-indexed {model.key} B={batch} nvfp4 ({call.note})", call.call
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--metrics", action="store_true",
                         help="print the metric list for ncu --metrics and exit")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny stand-ins (the CPU test, under TRITON_INTERPRET=1)")
+    parser.add_argument("--peers", action="store_true",
+                        help="profile humming's dense and MoE kernels at the same points instead")
     parser.add_argument("--launches", type=Path,
                         help="write launches.json (what each kernel launch is) to this file")
     parser.add_argument("--describe", action="store_true",
@@ -135,7 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         print("ncu_profile: needs a CUDA GPU (torch sees none); use --smoke on a CPU",
               file=sys.stderr)
         return 2
-    launches = [*dense_launches(device, args.smoke), *moe_launch(device, args.smoke)]
+    if args.peers and (args.smoke or args.launches):
+        parser.error("--peers profiles the GPU's humming kernels: no --smoke, no --launches")
+    launches = (list(peer_launches(device)) if args.peers
+                else [*dense_launches(device, args.smoke), *moe_launch(device, args.smoke)])
     for label, call in launches:
         call()                                     # compiled and warm before its range
         if device == "cuda":
