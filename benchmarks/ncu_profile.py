@@ -13,8 +13,8 @@ In order (one profiled launch each; the MoE call is four: routing, gate_up, down
 Without ncu it runs the same launches and prints their labels (the check that the driver works);
 `--smoke` runs tiny stand-ins on a CPU under TRITON_INTERPRET=1 (the test). `--peers` profiles
 instead the fastest peers at the same two points, humming-w4a16 and humming-moe-indexed (NVFP4;
-the humming wheel installed), whose kernel count per call the driver does not know, so it writes
-no launches.json: their rows are read by hand (benchmarks/NOTES.md). `--launches FILE`
+the humming wheel installed; their launches as fp4lab's wrappers make them, `PEER_MOE_KERNELS`).
+`--launches FILE`
 writes launches.json: one entry per kernel launch ncu will see, in order (its label and the
 weights it reads), which `fp4lab.analysis.counters` joins with ncu's rows; `--describe` writes it
 and runs nothing (no GPU needed).
@@ -89,6 +89,25 @@ def launch_plan(smoke: bool) -> list[dict]:
     return plan
 
 
+# humming-moe-indexed's call (fp4lab.backends.moe.humming): gate_up, two torch kernels (SiLU * up),
+# down, three torch kernels (the scatter copy, the routing weights, the top-k sum)
+PEER_MOE_KERNELS = ("gate_up", "torch", "torch", "down", "torch", "torch", "torch")
+
+
+def peer_plan() -> list[dict]:
+    """`launch_plan` for --peers: humming's dense GEMM, then its MoE call's kernels."""
+    n, k = dense_shape(False)
+    model, batch, ids = moe_point(False)
+    active = len(set(ids.reshape(-1).tolist()))
+    h, i = model.hidden, model.moe_intermediate
+    weights = {"gate_up": active * 2 * i * h, "down": active * h * i, "torch": 0}
+    where = f"humming-moe-indexed {model.key} B={batch}"
+    return ([{"launch": f"humming-w4a16 {n}x{k} M=1", "kernel": "humming", "weights": n * k}]
+            + [{"launch": f"{where} {'torch glue' if part == 'torch' else part}",
+                "kernel": "torch" if part == "torch" else "humming MoE", "weights": weights[part]}
+               for part in PEER_MOE_KERNELS])
+
+
 def dense_launches(device: str, smoke: bool):
     n, k = dense_shape(smoke)
     cache: dict = {}
@@ -148,8 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.metrics:
         print(",".join(METRICS))
         return 0
+    if args.peers and args.smoke:
+        parser.error("--peers profiles the GPU's humming kernels: no --smoke")
     if args.launches:
-        args.launches.write_text(json.dumps(launch_plan(args.smoke), indent=1) + "\n")
+        plan = peer_plan() if args.peers else launch_plan(args.smoke)
+        args.launches.write_text(json.dumps(plan, indent=1) + "\n")
     if args.describe:
         if not args.launches:
             parser.error("--describe writes --launches FILE: name it")
@@ -159,8 +181,6 @@ def main(argv: list[str] | None = None) -> int:
         print("ncu_profile: needs a CUDA GPU (torch sees none); use --smoke on a CPU",
               file=sys.stderr)
         return 2
-    if args.peers and (args.smoke or args.launches):
-        parser.error("--peers profiles the GPU's humming kernels: no --smoke, no --launches")
     launches = (list(peer_launches(device)) if args.peers
                 else [*dense_launches(device, args.smoke), *moe_launch(device, args.smoke)])
     for label, call in launches:

@@ -13,6 +13,7 @@ from fp4lab.analysis import counters
 
 REPO = os.path.join(os.path.dirname(__file__), "..")
 PROFILE = os.path.join(REPO, "results", "measurements", "20261202T0215Z-h200-ncu")
+PEERS = os.path.join(REPO, "results", "measurements", "20261202T0230Z-h200-ncu-humming")
 
 
 def test_the_committed_profile_reads_as_one_row_per_launch():
@@ -29,26 +30,38 @@ def test_the_committed_profile_reads_as_one_row_per_launch():
 
 
 def test_findings_come_from_the_rows():
-    lines = counters.counters_findings(counters.read_counters(PROFILE))
-    dense, moe = lines
+    ours, humming = counters.read_counters(PROFILE), counters.read_counters(PEERS)
+    assert ours.issue_slots_per_ns == pytest.approx(132 * 4 * 1.98)      # from ncu's device attributes
+    dense, moe, peer_dense, peer_moe, bound = counters.counters_findings([ours, humming], 4.24)
     assert "4.0 instructions per weight" in dense and "49% of cycles" in dense and "11% of warp" in dense
     assert "39% of peak" in dense and "reaches 69%" in dense
     assert "its instructions, not its bytes, set its time" in dense     # 8.07 us / 0.49 of 21.2 us
-    assert "gate\\_up 1.56 ms" in moe and "4.6 instructions per weight" in moe
+    assert moe.startswith("The fused MoE") and "gate\\_up 1.56 ms" in moe and "4.6 instructions" in moe
+    assert peer_dense.startswith("humming\\-w4a16") and "4.7 instructions per weight" in peer_dense
+    assert peer_moe.startswith("Humming's MoE GEMMs") and "torch kernels between its GEMMs take 228 us" in peer_moe
+    # 32 lanes x 4.18e12 warp instructions/s x 0.5625 B / 4.24e12 B/s
+    assert "runs 4.0-5.0 instructions per weight" in bound and "At 4.4 instructions" in bound
+    assert "the copy bandwidth measured in this run (4.24 TB/s)" in bound and "78% of cycles" in bound
+    spec = counters.counters_findings([ours])[-1]                       # no run bandwidth: the spec's
+    assert "the spec sheet's bandwidth (4.80 TB/s)" in spec and "At 3.9 instructions" in spec
 
 
-def test_find_profile_picks_the_newest_or_the_named_or_none(tmp_path):
-    for name in ("20261201T0000Z-a", "20261202T0000Z-b", "20261203T0000Z-c"):
+def test_find_profiles_picks_the_newest_of_each_kind_or_the_named_or_none(tmp_path):
+    kinds = {"20261201T0000Z-a": "fp4lab", "20261202T0000Z-b": "fp4lab", "20261202T0100Z-p": "humming",
+             "20261203T0000Z-c": None}                                  # c holds no profile
+    for name, kind in kinds.items():
         (tmp_path / name).mkdir()
-    for name in ("20261201T0000Z-a", "20261202T0000Z-b"):             # c holds no profile
-        (tmp_path / name / "raw.csv").write_text("")
-        (tmp_path / name / "launches.json").write_text("[]")
-    assert counters.find_profile("", tmp_path).name == "20261202T0000Z-b"
-    assert counters.find_profile("none", tmp_path) is None
-    assert counters.find_profile(str(tmp_path / "20261201T0000Z-a"), tmp_path).name == "20261201T0000Z-a"
+        if kind:
+            (tmp_path / name / "raw.csv").write_text("")
+            (tmp_path / name / "launches.json").write_text("[]")
+            (tmp_path / name / "run.json").write_text(json.dumps({"profiled": kind}))
+    assert [f.name for f in counters.find_profiles("", tmp_path)] == ["20261202T0000Z-b", "20261202T0100Z-p"]
+    assert counters.find_profiles("none", tmp_path) == []
+    named = f"{tmp_path / '20261201T0000Z-a'}, {tmp_path / '20261202T0100Z-p'}"
+    assert [f.name for f in counters.find_profiles(named, tmp_path)] == ["20261201T0000Z-a", "20261202T0100Z-p"]
     with pytest.raises(counters.CountersError, match="no raw.csv there"):
-        counters.find_profile(str(tmp_path / "20261203T0000Z-c"), tmp_path)
-    assert counters.find_profile("", tmp_path / "absent") is None
+        counters.find_profiles(str(tmp_path / "20261203T0000Z-c"), tmp_path)
+    assert counters.find_profiles("", tmp_path / "absent") == []
 
 
 def test_a_profile_whose_launches_disagree_with_ncu_says_so(tmp_path):
@@ -72,10 +85,12 @@ def test_a_value_that_is_not_a_number_is_named(tmp_path):
         counters.read_counters(broken)
 
 
-def test_the_driver_describes_the_launches_the_profile_holds(tmp_path):
+@pytest.mark.parametrize("peers,folder", [(False, PROFILE), (True, PEERS)])
+def test_the_driver_describes_the_launches_the_profile_holds(tmp_path, peers, folder):
     out = tmp_path / "launches.json"
     run = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "ncu_profile.py"),
-                          "--describe", "--launches", str(out)], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "PYTHONPATH": os.path.join(REPO, "src")})
+                          "--describe", "--launches", str(out), *(["--peers"] if peers else [])],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.path.join(REPO, "src")})
     assert run.returncode == 0, run.stderr[-2000:]
-    assert json.loads(out.read_text()) == json.loads(open(os.path.join(PROFILE, "launches.json")).read())
+    assert json.loads(out.read_text()) == json.loads(open(os.path.join(folder, "launches.json")).read())

@@ -20,7 +20,8 @@ import pandas as pd
 from fp4lab import text
 from fp4lab.results import MEASUREMENTS_ROOT
 
-H200_ISSUE_SLOTS_PER_NS = 132 * 4 * 1.98   # SMs x schedulers x max SM clock (GHz): warp instructions
+SCHEDULERS_PER_SM = 4                      # warp schedulers (SMSPs) of an SM since Volta
+NVFP4_BYTES_PER_WEIGHT = 0.5 + 1 / 16      # codes and one e4m3 scale per 16
 STALL_PREFIX = "smsp__average_warps_issue_stalled_"
 STALL_SUFFIX = "_per_issue_active.ratio"
 COLUMNS = {   # ncu metric -> column
@@ -32,6 +33,8 @@ COLUMNS = {   # ncu metric -> column
     "smsp__inst_executed.sum": "warp_instructions",
     "dram__bytes_read.sum": "dram_bytes",
     "lts__t_bytes.sum": "l2_bytes",
+    "device__attribute_multiprocessor_count": "sms",
+    "device__attribute_clock_rate": "clock_khz",     # the GPU's max SM clock
 }
 TIME_UNITS = {"ns": 1e-3, "us": 1.0, "usecond": 1.0, "nsecond": 1e-3, "ms": 1e3, "msecond": 1e3}
 BYTE_UNITS = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
@@ -46,31 +49,53 @@ class Counters:
     """One profile: a row per kernel launch and where it came from."""
 
     table: pd.DataFrame      # launch, kernel, weights, us, dram_pct, ..., instr_per_weight, stalls
+    profiled: str            # whose kernels: "fp4lab" or a peer library's name
     run_id: str
     device: str
+    spec: str                # fp4lab.hardware key of the GPU ("h200"), "" when unknown
     commit: str
     command: str
+
+    @property
+    def issue_slots_per_ns(self) -> float:
+        """Warp instructions the GPU can issue per ns: SMs x schedulers x max SM clock."""
+        first = self.table.iloc[0]
+        return first["sms"] * SCHEDULERS_PER_SM * first["clock_khz"] * 1e-6
 
     def caption(self, what: str) -> str:
         return (f"{what}; Nsight Compute profile {self.run_id} ({self.device}, fp4lab {self.commit}): "
                 "one launch each, unlocked clocks, cold caches, so its times sit above the timer's medians")
 
 
-def find_profile(choice: str = "", root: Path = MEASUREMENTS_ROOT) -> Path | None:
-    """The profile folder a chapter shows: `choice` a folder path; "" the newest folder under
-    `root` (run ids start with their UTC time) holding raw.csv and launches.json; "none" none.
+def find_profiles(choice: str = "", root: Path = MEASUREMENTS_ROOT) -> list[Path]:
+    """The profile folders a chapter shows: `choice` folder paths, comma-separated; "" the newest
+    folder under `root` (run ids start with their UTC time) holding raw.csv and launches.json,
+    one for each kind run.json's "profiled" names (fp4lab's kernels, a peer's); "none" none.
     CountersError for a named folder that is not a profile."""
     if choice == "none":
-        return None
+        return []
     if choice:
-        folder = Path(choice)
-        if not (folder / "raw.csv").is_file():
-            raise CountersError(f"counters_dir {choice!r}: no raw.csv there (an ncu_profile.py run "
-                                "folder holds raw.csv, launches.json and run.json)")
-        return folder
-    found = sorted(f for f in Path(root).glob("*") if (f / "raw.csv").is_file()
-                   and (f / "launches.json").is_file()) if Path(root).is_dir() else []
-    return found[-1] if found else None
+        folders = [Path(part.strip()) for part in choice.split(",") if part.strip()]
+        for folder in folders:
+            if not (folder / "raw.csv").is_file():
+                raise CountersError(f"counters_dir {str(folder)!r}: no raw.csv there (an "
+                                    "ncu_profile.py run folder holds raw.csv, launches.json "
+                                    "and run.json)")
+        return folders
+    if not Path(root).is_dir():
+        return []
+    newest: dict[str, Path] = {}
+    for folder in sorted(Path(root).glob("*")):
+        if (folder / "raw.csv").is_file() and (folder / "launches.json").is_file():
+            newest[_profiled(folder)] = folder
+    return [newest[kind] for kind in sorted(newest, key=lambda kind: kind != "fp4lab")]
+
+
+def _profiled(folder: Path) -> str:
+    try:
+        return str(json.loads((folder / "run.json").read_text()).get("profiled", "fp4lab"))
+    except (OSError, ValueError):
+        return "fp4lab"
 
 
 def read_counters(folder) -> Counters:
@@ -91,8 +116,10 @@ def read_counters(folder) -> Counters:
     table["l2_over_dram"] = table["l2_bytes"] / table["dram_bytes"]
     info = json.loads((folder / "run.json").read_text())
     provenance = info.get("provenance") or {}
-    return Counters(table=table, run_id=str(info.get("run_id", folder.name)),
+    return Counters(table=table, profiled=str(info.get("profiled", "fp4lab")),
+                    run_id=str(info.get("run_id", folder.name)),
                     device=str((provenance.get("device") or {}).get("name", "unknown GPU")),
+                    spec=str((provenance.get("device") or {}).get("spec", "")),
                     commit=str(provenance.get("fp4lab_git_sha", "unknown")),
                     command=str(provenance.get("command", "")))
 
@@ -134,13 +161,45 @@ def _scale(unit: str) -> float:
     return TIME_UNITS.get(unit, BYTE_UNITS.get(unit, 1.0))
 
 
-def counters_findings(counters: Counters) -> list[str]:
-    """What the profile says: the dense decode kernel's instructions, issue rate and warps
-    against the stream's DRAM share, and the fused MoE's launches (each sentence from the
-    rows named)."""
-    table = counters.table
+def counters_findings(profiles: list[Counters], bandwidth_tbps: float | None = None) -> list[str]:
+    """What the profiles say: for each, its dense decode GEMM's instructions, issue rate and
+    warps (against the stream's DRAM share where profiled) and its MoE GEMMs; then, over every
+    GEMM launch profiled, the instructions per weight against those at which issuing them takes
+    as long as reading NVFP4 weights at `bandwidth_tbps` (measured on the profiles' GPU; None:
+    its spec sheet's). Each sentence from the rows named."""
+    from fp4lab import hardware
+
     lines = []
-    full = _first(table, "M=1 full")
+    for profile in profiles:
+        lines += _profile_lines(profile)
+    gemms = [(p, r) for p in profiles for r in p.table.itertuples()
+             if r.weights and "load" not in r.launch and "stream" not in r.launch]
+    if not gemms:
+        return lines
+    first = gemms[0][0]
+    source = "the copy bandwidth measured in this run"
+    if bandwidth_tbps is None and first.spec in hardware.SPECS:
+        bandwidth_tbps, source = hardware.SPECS[first.spec].memory_bw_tbps, "the spec sheet's bandwidth"
+    if bandwidth_tbps:
+        low = min(r.instr_per_weight for _, r in gemms)
+        high = max(r.instr_per_weight for _, r in gemms)
+        even = 32 * first.issue_slots_per_ns * 1e9 * NVFP4_BYTES_PER_WEIGHT / (bandwidth_tbps * 1e12)
+        busiest = max(r.issue_pct for _, r in gemms)
+        lines.append(f"Every FP4 GEMM launch profiled runs {low:.1f}-{high:.1f} instructions per weight. "
+                     f"At {even:.1f} instructions per weight, issuing them on every slot of the "
+                     f"{text.md(first.device)}'s schedulers takes as long as reading NVFP4 weights at "
+                     f"{source} ({bandwidth_tbps:.2f} TB/s), and the busiest launch issues on "
+                     f"{text.pct(busiest)} of cycles: on this GPU the kernels' instructions (decode, operand "
+                     "moves, MMA, addressing), not their bytes, bound an FP4 weight-only GEMM. A faster one "
+                     "needs fewer instructions per weight, or FP4 tensor cores (sm_100) that take the codes "
+                     "as they are.")
+    return lines
+
+
+def _profile_lines(profile: Counters) -> list[str]:
+    table = profile.table
+    lines = []
+    full = _first(table, "M=1 full") if profile.profiled == "fp4lab" else _first(table, "M=1")
     stream = _first(table, "stream")
     if full is not None:
         line = (f"{text.md(full['launch'])}: {full['instr_per_weight']:.1f} instructions per weight "
@@ -150,21 +209,25 @@ def counters_findings(counters: Counters) -> list[str]:
                 f"instruction: {full['stalls']}. It reads DRAM at {text.pct(full['dram_pct'])} of peak")
         if stream is not None:
             line += f", where the stream of the same bytes reaches {text.pct(stream['dram_pct'])}"
-        if "H200" in counters.device:
-            # at the issue rate measured, the instructions alone take this long
-            issue_us = full["warp_instructions"] / H200_ISSUE_SLOTS_PER_NS / 1e3
-            at_rate = issue_us / (full["issue_pct"] / 100)
-            line += (f". Issuing its instructions takes {text.us(issue_us)} at every slot of the 528 "
-                     f"schedulers, {text.us(at_rate)} at the rate measured, of its {text.us(full['us'])}")
-            if at_rate > 0.6 * full["us"]:
-                line += ": its instructions, not its bytes, set its time"
+        # at every issue slot, and at the issue rate measured, the instructions alone take this long
+        issue_us = full["warp_instructions"] / profile.issue_slots_per_ns / 1e3
+        at_rate = issue_us / (full["issue_pct"] / 100)
+        line += (f". Issuing its instructions takes {text.us(issue_us)} at every slot of the "
+                 f"{int(full['sms']) * SCHEDULERS_PER_SM} schedulers, {text.us(at_rate)} at the rate "
+                 f"measured, of its {text.us(full['us'])}")
+        if at_rate > 0.6 * full["us"]:
+            line += ": its instructions, not its bytes, set its time"
         lines.append(line + ".")
-    moe = table[table["kernel"] == "fused MoE"]
+    moe = table[table["kernel"].str.contains("MoE", regex=False)]
     if len(moe):
         parts = "; ".join(f"{text.md(r.launch)} {text.us(r.us)}, {r.instr_per_weight:.1f} instructions per "
                           f"weight issued on {text.pct(r.issue_pct)} of cycles, DRAM {text.pct(r.dram_pct)}, "
                           f"L2 traffic {r.l2_over_dram:.1f}x its DRAM bytes" for r in moe.itertuples())
-        lines.append(f"The fused MoE: {parts}.")
+        glue = table[table["kernel"] == "torch"]
+        extra = (f"; the torch kernels between its GEMMs take {text.us(glue['us'].sum())}" if len(glue) else "")
+        name = profile.profiled
+        what = "The fused MoE" if name == "fp4lab" else f"{name[:1].upper()}{name[1:]}'s MoE GEMMs"
+        lines.append(f"{what}: {parts}{extra}.")
     return lines
 
 

@@ -61,7 +61,7 @@ def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", dev
                  repeats=repeats, energy_window_s=energy_window_s, gpus=gpus)
     context = open_context(TITLE, run_dir, reference_dir, profile, device, **knobs)
     measure = params.check_bool("measure", measure)
-    counters = kernel_counters.find_profile(params.check_text("counters_dir", counters_dir))
+    profiles = kernel_counters.find_profiles(params.check_text("counters_dir", counters_dir))
     config = GemmSweep.from_profile(
         context.profile, context.device, preset=preset,
         **{name: value for name, value in knobs.items() if name not in ("preset", "repeats")},
@@ -70,9 +70,9 @@ def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", dev
                        preset=profiles.section(context.profile, "gemm").get("preset") or "none",
                        shapes=config.shapes, repeats=config.timer.repeats,
                        energy_window_s=config.energy_window_s, gpus=config.gpus)
-    context.parameters.append(("counters_dir", f"results/measurements/{counters.name}"
-                               if counters and counters.parent == kernel_counters.MEASUREMENTS_ROOT
-                               else str(counters or "none")))
+    context.parameters.append(("counters_dir", ", ".join(
+        f"results/measurements/{f.name}" if f.parent == kernel_counters.MEASUREMENTS_ROOT else str(f)
+        for f in profiles) or "none"))
     if measure and context.measures_here:
         from fp4lab.sweep.gemm import run_sweep
 
@@ -80,8 +80,8 @@ def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", dev
         context.parameters.append(("points measured now", measured))
     parameters_block(context)
     fill(context)
-    if counters is not None:
-        _counters(context.page, counters)
+    if profiles:
+        _counters(context.page, profiles, analysis.gemm_results(context.run))
     return context.page
 
 
@@ -184,12 +184,17 @@ def load_paths_note(table) -> str:
     return f"; tiles moved {sep.join(named)}{sep}by {paths.index[0]} in the other rows"
 
 
-def _counters(page, folder) -> None:
-    """A committed Nsight Compute profile of the kernels, labelled as its own measurement."""
-    profile = kernel_counters.read_counters(folder)
-    page.html("counters", html_table(profile.table, COUNTERS, caption=profile.caption(
-        "each kernel launch under Nsight Compute")))
-    page.bullets("counters", kernel_counters.counters_findings(profile))
+def _counters(page, folders, results) -> None:
+    """Committed Nsight Compute profiles of the kernels (fp4lab's, a peer's), each labelled as its
+    own measurement; the run's copy bandwidth where the run is on the profiles' GPU."""
+    profiles = [kernel_counters.read_counters(folder) for folder in folders]
+    for profile in profiles:
+        whose = "fp4lab's kernels" if profile.profiled == "fp4lab" else f"{profile.profiled}'s kernels"
+        page.html("counters", html_table(profile.table, COUNTERS, caption=profile.caption(
+            f"{whose}, each launch under Nsight Compute")))
+    same_gpu = results.bandwidth_tbps and profiles[0].device == results.view.device
+    page.bullets("counters", kernel_counters.counters_findings(
+        profiles, results.bandwidth_tbps if same_gpu else None))
 
 
 def anatomy_columns(table) -> list[Col]:
