@@ -534,10 +534,8 @@ def main(argv: list[str] | None = None) -> int:
                              "M = 1 and 4 with the gemv kernel, anatomy at M = 1, DeepSeek-V3; "
                              "moe: the fused MoE's points only (default full)")
     args = parser.parse_args(argv)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu" and not args.smoke:
-        print("h200_kernels: needs a CUDA GPU (torch sees none); use --smoke on a CPU",
-              file=sys.stderr)
+    device = tune.script_device("h200_kernels", args.smoke)
+    if device is None:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

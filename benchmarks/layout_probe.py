@@ -126,10 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true",
                         help="a tiny shape (the CPU test, under TRITON_INTERPRET=1)")
     args = parser.parse_args(argv)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu" and not args.smoke:
-        print("layout_probe: needs a CUDA GPU (torch sees none); use --smoke on a CPU",
-              file=sys.stderr)
+    device = tune.script_device("layout_probe", args.smoke)
+    if device is None:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -121,15 +121,20 @@ def dense_launches(device: str, smoke: bool):
                    variant.prepared.call)
 
 
-def moe_launch(device: str, smoke: bool):
+def gated_moe_call(method: str, device: str, smoke: bool):
+    """(label, call) of MoE `method` at the MoE point, NVFP4, after its gate passed."""
     model, batch, ids = moe_point(smoke)
     problem = moe_base.make_layer_problem(ids, model.experts, model.hidden,
                                           model.moe_intermediate, "nvfp4", device)
-    call = get_moe("triton-w4a16-moe").prepare(problem)
+    call = get_moe(method).prepare(problem)
     gate = moe_base.check_call(call, problem)
     if not gate.ok:
-        raise SystemExit(f"the fused MoE failed its gate: {gate.message}")
-    yield f"moe {model.key} B={batch} nvfp4 ({call.note})", call.call
+        raise SystemExit(f"{method} failed its gate: {gate.message}")
+    return f"{method} {model.key} B={batch} nvfp4 ({call.note})", call.call
+
+
+def moe_launch(device: str, smoke: bool):
+    yield gated_moe_call("triton-w4a16-moe", device, smoke)
 
 
 def peer_launches(device: str):
@@ -141,14 +146,7 @@ def peer_launches(device: str):
     if not gate.ok:
         raise SystemExit(f"humming-w4a16 failed its gate: {gate.message}")
     yield f"humming-w4a16 {n}x{k} M=1 nvfp4", prepared.call
-    model, batch, ids = moe_point(False)
-    problem = moe_base.make_layer_problem(ids, model.experts, model.hidden,
-                                          model.moe_intermediate, "nvfp4", device)
-    call = get_moe("humming-moe-indexed").prepare(problem)
-    gate = moe_base.check_call(call, problem)
-    if not gate.ok:
-        raise SystemExit(f"humming-moe-indexed failed its gate: {gate.message}")
-    yield f"humming-moe-indexed {model.key} B={batch} nvfp4 ({call.note})", call.call
+    yield gated_moe_call("humming-moe-indexed", device, False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,10 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.launches:
             parser.error("--describe writes --launches FILE: name it")
         return 0
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu" and not args.smoke:
-        print("ncu_profile: needs a CUDA GPU (torch sees none); use --smoke on a CPU",
-              file=sys.stderr)
+    device = tune.script_device("ncu_profile", args.smoke)
+    if device is None:
         return 2
     launches = (list(peer_launches(device)) if args.peers
                 else [*dense_launches(device, args.smoke), *moe_launch(device, args.smoke)])

@@ -39,6 +39,17 @@ SEED = 0
 CTAS_PER_SM_CHOICES = (1, 2, 4)     # whole waves of CTAs: 1, 2 or 4 per SM
 
 
+def script_device(script: str, smoke: bool) -> str | None:
+    """"cuda" where torch sees a GPU, "cpu" for a --smoke run, else None after saying on stderr
+    that `script` needs a GPU (the caller exits 2)."""
+    if torch.cuda.is_available():
+        return "cuda"
+    if smoke:
+        return "cpu"
+    print(f"{script}: needs a CUDA GPU (torch sees none); use --smoke on a CPU", file=sys.stderr)
+    return None
+
+
 def device_timer() -> bench.TimerConfig:
     """What the sweep uses on GPUs."""
     return bench.TimerConfig(repeats=30, warmup_s=1.0)

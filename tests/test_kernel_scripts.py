@@ -30,6 +30,14 @@ def load(name: str):
     return module
 
 
+def run_interpreted(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """benchmarks/`script`.py under TRITON_INTERPRET=1 with the package on the path."""
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "src")}
+    return subprocess.run([sys.executable, os.path.join(BENCH, f"{script}.py"), *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
 @pytest.fixture(scope="module")
 def tune():
     return load("tune_w4a16")
@@ -120,11 +128,7 @@ def test_bad_shapes_are_named(tune, bad):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter run (CPU-only machines)")
 def test_device_script_smoke_run_gates_every_row_and_writes_its_files(tmp_path):
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "src")}
-    run = subprocess.run([sys.executable, os.path.join(BENCH, "h200_kernels.py"), "--smoke",
-                          "--out", str(tmp_path)], env=env, capture_output=True, text=True,
-                         timeout=300)
+    run = run_interpreted("h200_kernels", "--smoke", "--out", str(tmp_path))
     assert run.returncode == 0, run.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "measurements.jsonl").read_text().splitlines()]
     kinds = {row["kind"] for row in rows}
@@ -198,11 +202,7 @@ def test_probe_grid_is_valid_gemv_configs_and_without_a_gpu_it_says_so(tmp_path)
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter run (CPU-only machines)")
 def test_layout_probe_smoke_checks_every_variant_exactly(tmp_path):
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "src")}
-    run = subprocess.run([sys.executable, os.path.join(BENCH, "layout_probe.py"), "--smoke",
-                          "--out", str(tmp_path)], env=env, capture_output=True, text=True,
-                         timeout=300)
+    run = run_interpreted("layout_probe", "--smoke", "--out", str(tmp_path))
     assert run.returncode == 0, run.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "measurements.jsonl").read_text().splitlines()]
     assert {r["layout"] for r in rows} == {"stream", "rows", "tiles"}
@@ -229,14 +229,10 @@ def test_moe_parts_are_differences_of_the_timed_prefixes(device_script):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter run (CPU-only machines)")
 def test_ncu_driver_gates_and_runs_every_launch_it_profiles(tmp_path):
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "src")}
-    run = subprocess.run([sys.executable, os.path.join(BENCH, "ncu_profile.py"), "--smoke"],
-                         env=env, capture_output=True, text=True, timeout=600)
+    run = run_interpreted("ncu_profile", "--smoke", timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     labels = [line for line in run.stdout.splitlines() if line.startswith("profiled: ")]
     assert [label.split()[4] for label in labels[:4]] == ["full", "load", "stream", "full"]
-    assert labels[-1].startswith("profiled: moe glm-5-scaled")
-    metrics = subprocess.run([sys.executable, os.path.join(BENCH, "ncu_profile.py"), "--metrics"],
-                             env=env, capture_output=True, text=True, timeout=120).stdout.strip()
+    assert labels[-1].startswith("profiled: triton-w4a16-moe glm-5-scaled")
+    metrics = run_interpreted("ncu_profile", "--metrics", timeout=120).stdout.strip()
     assert metrics.startswith("gpu__time_duration.sum,") and " " not in metrics

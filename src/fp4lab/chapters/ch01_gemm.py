@@ -61,7 +61,7 @@ def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", dev
                  repeats=repeats, energy_window_s=energy_window_s, gpus=gpus)
     context = open_context(TITLE, run_dir, reference_dir, profile, device, **knobs)
     measure = params.check_bool("measure", measure)
-    profiles = kernel_counters.find_profiles(params.check_text("counters_dir", counters_dir))
+    counter_folders = kernel_counters.find_profiles(params.check_text("counters_dir", counters_dir))
     config = GemmSweep.from_profile(
         context.profile, context.device, preset=preset,
         **{name: value for name, value in knobs.items() if name not in ("preset", "repeats")},
@@ -72,7 +72,7 @@ def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", dev
                        energy_window_s=config.energy_window_s, gpus=config.gpus)
     context.parameters.append(("counters_dir", ", ".join(
         f"results/measurements/{f.name}" if f.parent == kernel_counters.MEASUREMENTS_ROOT else str(f)
-        for f in profiles) or "none"))
+        for f in counter_folders) or "none"))
     if measure and context.measures_here:
         from fp4lab.sweep.gemm import run_sweep
 
@@ -80,8 +80,8 @@ def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", dev
         context.parameters.append(("points measured now", measured))
     parameters_block(context)
     fill(context)
-    if profiles:
-        _counters(context.page, profiles, analysis.gemm_results(context.run))
+    if counter_folders:
+        _counters(context.page, counter_folders, analysis.gemm_results(context.run))
     return context.page
 
 
@@ -187,14 +187,14 @@ def load_paths_note(table) -> str:
 def _counters(page, folders, results) -> None:
     """Committed Nsight Compute profiles of the kernels (fp4lab's, a peer's), each labelled as its
     own measurement; the run's copy bandwidth where the run is on the profiles' GPU."""
-    profiles = [kernel_counters.read_counters(folder) for folder in folders]
-    for profile in profiles:
+    loaded = [kernel_counters.read_counters(folder) for folder in folders]
+    for profile in loaded:
         whose = "fp4lab's kernels" if profile.profiled == "fp4lab" else f"{profile.profiled}'s kernels"
         page.html("counters", html_table(profile.table, COUNTERS, caption=profile.caption(
             f"{whose}, each launch under Nsight Compute")))
-    same_gpu = results.bandwidth_tbps and profiles[0].device == results.view.device
+    same_gpu = results.bandwidth_tbps and loaded[0].device == results.view.device
     page.bullets("counters", kernel_counters.counters_findings(
-        profiles, results.bandwidth_tbps if same_gpu else None))
+        loaded, results.bandwidth_tbps if same_gpu else None))
 
 
 def anatomy_columns(table) -> list[Col]:
