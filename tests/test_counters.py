@@ -32,7 +32,7 @@ def test_the_committed_profile_reads_as_one_row_per_launch():
 def test_findings_come_from_the_rows():
     ours, humming = counters.read_counters(PROFILE), counters.read_counters(PEERS)
     assert ours.issue_slots_per_ns == pytest.approx(132 * 4 * 1.98)      # from ncu's device attributes
-    dense, moe, peer_dense, peer_moe, bound = counters.counters_findings([ours, humming], 4.24)
+    bound, dense, moe, peer_dense, peer_moe = counters.counters_findings([ours, humming], 4.24)
     assert "4.0 instructions per weight" in dense and "49% of cycles" in dense and "11% of warp" in dense
     assert "39% of peak" in dense and "reaches 69%" in dense
     assert "its instructions, not its bytes, set its time" in dense     # 8.07 us / 0.49 of 21.2 us
@@ -42,7 +42,7 @@ def test_findings_come_from_the_rows():
     # 32 lanes x 4.18e12 warp instructions/s x 0.5625 B / 4.24e12 B/s
     assert "runs 4.0-5.0 instructions per weight" in bound and "At 4.4 instructions" in bound
     assert "the copy bandwidth measured in this run (4.24 TB/s)" in bound and "78% of cycles" in bound
-    spec = counters.counters_findings([ours])[-1]                       # no run bandwidth: the spec's
+    spec = counters.counters_findings([ours])[0]                        # no run bandwidth: the spec's
     assert "the spec sheet's bandwidth (4.80 TB/s)" in spec and "At 3.9 instructions" in spec
 
 
@@ -94,3 +94,11 @@ def test_the_driver_describes_the_launches_the_profile_holds(tmp_path, peers, fo
                          env={**os.environ, "PYTHONPATH": os.path.join(REPO, "src")})
     assert run.returncode == 0, run.stderr[-2000:]
     assert json.loads(out.read_text()) == json.loads(open(os.path.join(folder, "launches.json")).read())
+
+
+def test_the_page_shows_the_weight_readers_and_one_row_for_the_rest():
+    shown = counters.shown_rows(counters.read_counters(PEERS))
+    assert list(shown["launch"][:2]) == ["humming-w4a16 8192x8192 M=1", "humming-moe-indexed glm-5 B=512 gate_up"]
+    rest = shown.iloc[-1]
+    assert rest["launch"].startswith("5 launches that read no weights") and len(shown) == 4
+    assert rest["us"] == pytest.approx(24.096 + 24.352 + 71.04 + 73.632 + 34.496)

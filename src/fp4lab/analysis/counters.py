@@ -170,17 +170,13 @@ def counters_findings(profiles: list[Counters], bandwidth_tbps: float | None = N
     from fp4lab import hardware
 
     lines = []
-    for profile in profiles:
-        lines += _profile_lines(profile)
     gemms = [(p, r) for p in profiles for r in p.table.itertuples()
              if r.weights and "load" not in r.launch and "stream" not in r.launch]
-    if not gemms:
-        return lines
-    first = gemms[0][0]
+    first = gemms[0][0] if gemms else None
     source = "the copy bandwidth measured in this run"
-    if bandwidth_tbps is None and first.spec in hardware.SPECS:
+    if first is not None and bandwidth_tbps is None and first.spec in hardware.SPECS:
         bandwidth_tbps, source = hardware.SPECS[first.spec].memory_bw_tbps, "the spec sheet's bandwidth"
-    if bandwidth_tbps:
+    if first is not None and bandwidth_tbps:
         low = min(r.instr_per_weight for _, r in gemms)
         high = max(r.instr_per_weight for _, r in gemms)
         even = 32 * first.issue_slots_per_ns * 1e9 * NVFP4_BYTES_PER_WEIGHT / (bandwidth_tbps * 1e12)
@@ -193,7 +189,23 @@ def counters_findings(profiles: list[Counters], bandwidth_tbps: float | None = N
                      "moves, MMA, addressing), not their bytes, bound an FP4 weight-only GEMM. A faster one "
                      "needs fewer instructions per weight, or FP4 tensor cores (sm_100) that take the codes "
                      "as they are.")
+    for profile in profiles:
+        lines += _profile_lines(profile)
     return lines
+
+
+def shown_rows(profile: Counters) -> pd.DataFrame:
+    """The profile's rows a page shows: every launch that reads weights (the GEMMs and the
+    anatomy's load and stream variants), then the launches that read none (routing, torch
+    kernels between the GEMMs, the top-k sum) as one row: their count and summed time."""
+    table = profile.table
+    reads = table[table["weights"] > 0]
+    rest = table[table["weights"] == 0]
+    if not len(rest):
+        return reads
+    other = {"launch": f"{len(rest)} launches that read no weights (routing, torch kernels)",
+             "us": rest["us"].sum()}
+    return pd.concat([reads, pd.DataFrame([other])], ignore_index=True)
 
 
 def _profile_lines(profile: Counters) -> list[str]:

@@ -47,8 +47,7 @@ SPREAD = [Col("gpu_index", "GPU", "int"), Col("pci_bus_id", "PCI bus id"),
 COUNTERS = [Col("launch", "launch"), Col("us", "time", "us"), Col("dram_pct", "DRAM % of peak", "pct"),
             Col("instr_per_weight", "instructions per weight", "sig"),
             Col("issue_pct", "issue slots busy", "pct"), Col("warps_active_pct", "warp slots occupied", "pct"),
-            Col("registers", "registers a thread", "int"), Col("l2_over_dram", "L2 / DRAM bytes", "ratio"),
-            Col("stalls", "stall cycles per instruction (largest)")]
+            Col("registers", "registers a thread", "int"), Col("l2_over_dram", "L2 / DRAM bytes", "ratio")]
 PUBLISHED = [Col("M", "M (tokens)"), Col("TFLOP/s", "TFLOP/s"), Col("% of ~2000 TOPS", "% of ~2000 TOPS"),
              Col("regime (as the seed read it)", "regime (as the seed read it)")]
 
@@ -188,13 +187,13 @@ def _counters(page, folders, results) -> None:
     """Committed Nsight Compute profiles of the kernels (fp4lab's, a peer's), each labelled as its
     own measurement; the run's copy bandwidth where the run is on the profiles' GPU."""
     loaded = [kernel_counters.read_counters(folder) for folder in folders]
+    same_gpu = results.bandwidth_tbps and loaded[0].device == results.view.device
+    page.bullets("counters", kernel_counters.counters_findings(             # what they say, first
+        loaded, results.bandwidth_tbps if same_gpu else None))
     for profile in loaded:
         whose = "fp4lab's kernels" if profile.profiled == "fp4lab" else f"{profile.profiled}'s kernels"
-        page.html("counters", html_table(profile.table, COUNTERS, caption=profile.caption(
+        page.html("counters", html_table(kernel_counters.shown_rows(profile), COUNTERS, caption=profile.caption(
             f"{whose}, each launch under Nsight Compute")))
-    same_gpu = results.bandwidth_tbps and loaded[0].device == results.view.device
-    page.bullets("counters", kernel_counters.counters_findings(
-        loaded, results.bandwidth_tbps if same_gpu else None))
 
 
 def anatomy_columns(table) -> list[Col]:
