@@ -132,3 +132,18 @@ def test_the_share_file_keeps_what_the_verdict_box_no_longer_says(tmp_path):
     d = decode.diagnose(leading, decode.DiagnosisConfig.from_profile("full"))
     sentence = words.kernel_time_sentence(d)
     assert sentence and text.markdown_to_html(sentence) in share.share_html(leading, "full")
+
+
+def test_the_front_page_says_why_from_the_profiles_of_its_gpu(tmp_path):
+    """The committed Nsight Compute profiles (H200) give the verdict's 'kernel-limited' its count,
+    with the leading H200 run's copy bandwidth, naming both profiles."""
+    from fp4lab import book
+
+    run = RunDir.create(tmp_path, "cpu-run")
+    leading = report.leading_run(run, False, tmp_path)
+    page = book.front_page(run, {"reference_dir": str(leading.path), "chapters": [], "profile": "smoke"},
+                           leading)
+    line, = [line for line in page.splitlines() if line.startswith("- Why, counted by Nsight Compute")]
+    assert "`20261202T0215Z-h200-ncu` and `20261202T0230Z-h200-ncu-humming`" in line
+    assert "(fp4lab and humming) runs 4.0-5.0 instructions per weight" in line
+    assert "the copy bandwidth measured in this run (4.27 TB/s)" in line and "At 4.4 instructions" in line

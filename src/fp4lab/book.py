@@ -222,7 +222,8 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
             seed = html_table(d.seed, SEED, caption=d.gemm.caption(
                 f"GEMM speed by M, {d.seed_backend} on {d.view.device} (the seed's table, measured): {SEED_NOTE}"))
             lines += ["```{raw} html", f'<div class="fp4lab-seed">{seed}</div>', "```", ""]
-        facts = [line for line in (words.kernel_time_sentence(d), words.fp4_sentence(d)) if line]
+        facts = [line for line in (words.kernel_time_sentence(d), words.fp4_sentence(d),
+                                   counters_sentence(d)) if line]
         evidence = diagnosis_page(run, report, leading)
         if evidence:
             facts.append(f"The evidence, every path, floor and lever: {{doc}}`chapter 04, the diagnosis <{evidence}>`.")
@@ -233,6 +234,22 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
         lines += ["No GPU run is on record yet: run `make report` on a GPU box for a diagnosis.", ""]
     lines += run_summary(run, report)
     return "\n".join(lines) + "\n"
+
+
+def counters_sentence(d) -> str | None:
+    """Why the kernels are where they are, from the committed Nsight Compute profiles of the
+    diagnosed run's GPU (fp4lab.analysis.counters), naming them; None when there are none."""
+    from fp4lab.analysis import counters
+
+    if d.smoke:
+        return None
+    profiles = [counters.read_counters(folder) for folder in counters.find_profiles("")]
+    profiles = [p for p in profiles if p.device == d.view.device]
+    bound = counters.instruction_bound(profiles, d.gemm.bandwidth_tbps)
+    if not bound:
+        return None
+    named = text.join(text.code(p.run_id) for p in profiles)
+    return f"Why, counted by Nsight Compute (profiles {named}, in chapter 01): {bound}"
 
 
 def diagnosis_page(run: RunDir, report: dict[str, Any], leading: RunDir) -> str | None:

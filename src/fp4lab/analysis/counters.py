@@ -162,36 +162,45 @@ def _scale(unit: str) -> float:
 
 
 def counters_findings(profiles: list[Counters], bandwidth_tbps: float | None = None) -> list[str]:
-    """What the profiles say: for each, its dense decode GEMM's instructions, issue rate and
-    warps (against the stream's DRAM share where profiled) and its MoE GEMMs; then, over every
-    GEMM launch profiled, the instructions per weight against those at which issuing them takes
-    as long as reading NVFP4 weights at `bandwidth_tbps` (measured on the profiles' GPU; None:
-    its spec sheet's). Each sentence from the rows named."""
-    from fp4lab import hardware
-
-    lines = []
-    gemms = [(p, r) for p in profiles for r in p.table.itertuples()
-             if r.weights and "load" not in r.launch and "stream" not in r.launch]
-    first = gemms[0][0] if gemms else None
-    source = "the copy bandwidth measured in this run"
-    if first is not None and bandwidth_tbps is None and first.spec in hardware.SPECS:
-        bandwidth_tbps, source = hardware.SPECS[first.spec].memory_bw_tbps, "the spec sheet's bandwidth"
-    if first is not None and bandwidth_tbps:
-        low = min(r.instr_per_weight for _, r in gemms)
-        high = max(r.instr_per_weight for _, r in gemms)
-        even = 32 * first.issue_slots_per_ns * 1e9 * NVFP4_BYTES_PER_WEIGHT / (bandwidth_tbps * 1e12)
-        busiest = max(r.issue_pct for _, r in gemms)
-        lines.append(f"Every FP4 GEMM launch profiled runs {low:.1f}-{high:.1f} instructions per weight. "
-                     f"At {even:.1f} instructions per weight, issuing them on every slot of the "
-                     f"{text.md(first.device)}'s schedulers takes as long as reading NVFP4 weights at "
-                     f"{source} ({bandwidth_tbps:.2f} TB/s), and the busiest launch issues on "
-                     f"{text.pct(busiest)} of cycles: on this GPU the kernels' instructions (decode, operand "
-                     "moves, MMA, addressing), not their bytes, bound an FP4 weight-only GEMM. A faster one "
-                     "needs fewer instructions per weight, or FP4 tensor cores (sm_100) that take the codes "
-                     "as they are.")
+    """What the profiles say: first `instruction_bound` over all of them, then for each its
+    dense decode GEMM's instructions, issue rate and warps (against the stream's DRAM share
+    where profiled) and its MoE GEMMs. Each sentence from the rows named."""
+    bound = instruction_bound(profiles, bandwidth_tbps)
+    lines = [bound] if bound else []
     for profile in profiles:
         lines += _profile_lines(profile)
     return lines
+
+
+def instruction_bound(profiles: list[Counters], bandwidth_tbps: float | None = None) -> str | None:
+    """Over every GEMM launch profiled (the anatomy's load and stream variants left out): their
+    instructions per weight against those at which issuing them on every slot takes as long as
+    reading NVFP4 weights at `bandwidth_tbps` (measured on the profiles' GPU; None: its spec
+    sheet's), and the busiest issue rate. None without GEMM rows or a bandwidth."""
+    from fp4lab import hardware
+
+    gemms = [(p, r) for p in profiles for r in p.table.itertuples()
+             if r.weights and "load" not in r.launch and "stream" not in r.launch]
+    if not gemms:
+        return None
+    first = gemms[0][0]
+    source = "the copy bandwidth measured in this run"
+    if bandwidth_tbps is None and first.spec in hardware.SPECS:
+        bandwidth_tbps, source = hardware.SPECS[first.spec].memory_bw_tbps, "the spec sheet's bandwidth"
+    if not bandwidth_tbps:
+        return None
+    low = min(r.instr_per_weight for _, r in gemms)
+    high = max(r.instr_per_weight for _, r in gemms)
+    even = 32 * first.issue_slots_per_ns * 1e9 * NVFP4_BYTES_PER_WEIGHT / (bandwidth_tbps * 1e12)
+    busiest = max(r.issue_pct for _, r in gemms)
+    libraries = text.join(sorted({p.profiled for p, _ in gemms}))
+    return (f"Every FP4 GEMM launch profiled ({libraries}) runs {low:.1f}-{high:.1f} instructions per "
+            f"weight. At {even:.1f} instructions per weight, issuing them on every slot of the "
+            f"{text.md(first.device)}'s schedulers takes as long as reading NVFP4 weights at {source} "
+            f"({bandwidth_tbps:.2f} TB/s), and the busiest launch issues on {text.pct(busiest)} of cycles: "
+            "on this GPU the kernels' instructions (decode, operand moves, MMA, addressing), not their "
+            "bytes, bound an FP4 weight-only GEMM. A faster one needs fewer instructions per weight, or "
+            "FP4 tensor cores (sm_100) that take the codes as they are.")
 
 
 def shown_rows(profile: Counters) -> pd.DataFrame:
