@@ -78,15 +78,22 @@ def launch_plan(smoke: bool) -> list[dict]:
         plan += [{"launch": f"dense {n}x{k} M={m} {stage}",
                   "kernel": "stream" if stage == "stream" else config.label(),
                   "weights": n * k} for stage in stages]
+    point, weights = moe_gemm_weights(smoke)
+    where = f"moe {point}"
+    plan += [{"launch": f"{where} route", "kernel": "route", "weights": 0},
+             {"launch": f"{where} gate_up", "kernel": "fused MoE", "weights": weights["gate_up"]},
+             {"launch": f"{where} down", "kernel": "fused MoE", "weights": weights["down"]},
+             {"launch": f"{where} top-k sum", "kernel": "torch.sum", "weights": 0}]
+    return plan
+
+
+def moe_gemm_weights(smoke: bool) -> tuple[str, dict]:
+    """("<model> B=<batch>", the weights gate_up and down read at the MoE point): every active
+    expert's [2I, H] and [H, I]."""
     model, batch, ids = moe_point(smoke)
     active = len(set(ids.reshape(-1).tolist()))
     h, i = model.hidden, model.moe_intermediate
-    where = f"moe {model.key} B={batch}"
-    plan += [{"launch": f"{where} route", "kernel": "route", "weights": 0},
-             {"launch": f"{where} gate_up", "kernel": "fused MoE", "weights": active * 2 * i * h},
-             {"launch": f"{where} down", "kernel": "fused MoE", "weights": active * h * i},
-             {"launch": f"{where} top-k sum", "kernel": "torch.sum", "weights": 0}]
-    return plan
+    return f"{model.key} B={batch}", {"gate_up": active * 2 * i * h, "down": active * h * i}
 
 
 # humming-moe-indexed's call (fp4lab.backends.moe.humming): gate_up, two torch kernels (SiLU * up),
@@ -97,11 +104,9 @@ PEER_MOE_KERNELS = ("gate_up", "torch", "torch", "down", "torch", "torch", "torc
 def peer_plan() -> list[dict]:
     """`launch_plan` for --peers: humming's dense GEMM, then its MoE call's kernels."""
     n, k = dense_shape(False)
-    model, batch, ids = moe_point(False)
-    active = len(set(ids.reshape(-1).tolist()))
-    h, i = model.hidden, model.moe_intermediate
-    weights = {"gate_up": active * 2 * i * h, "down": active * h * i, "torch": 0}
-    where = f"humming-moe-indexed {model.key} B={batch}"
+    point, weights = moe_gemm_weights(False)
+    weights = {**weights, "torch": 0}
+    where = f"humming-moe-indexed {point}"
     return ([{"launch": f"humming-w4a16 {n}x{k} M=1", "kernel": "humming", "weights": n * k}]
             + [{"launch": f"{where} {'torch glue' if part == 'torch' else part}",
                 "kernel": "torch" if part == "torch" else "humming MoE", "weights": weights[part]}

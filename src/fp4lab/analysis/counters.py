@@ -54,7 +54,6 @@ class Counters:
     device: str
     spec: str                # fp4lab.hardware key of the GPU ("h200"), "" when unknown
     commit: str
-    command: str
 
     @property
     def issue_slots_per_ns(self) -> float:
@@ -120,8 +119,7 @@ def read_counters(folder) -> Counters:
                     run_id=str(info.get("run_id", folder.name)),
                     device=str((provenance.get("device") or {}).get("name", "unknown GPU")),
                     spec=str((provenance.get("device") or {}).get("spec", "")),
-                    commit=str(provenance.get("fp4lab_git_sha", "unknown")),
-                    command=str(provenance.get("command", "")))
+                    commit=str(provenance.get("fp4lab_git_sha", "unknown")))
 
 
 def _ncu_rows(path: Path) -> list[dict]:

@@ -78,15 +78,15 @@ def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", dev
         measured = run_sweep(config, context.run, command="notebook 01_fp4_gemm_sweep")
         context.parameters.append(("points measured now", measured))
     parameters_block(context)
-    fill(context)
-    if counter_folders:
-        _counters(context.page, counter_folders, analysis.gemm_results(context.run))
+    fill(context, counter_folders)
     return context.page
 
 
-def fill(context: Context) -> None:
+def fill(context: Context, counter_folders=()) -> None:
     page = context.page
     results = analysis.gemm_results(context.run)
+    if counter_folders:   # committed profiles: shown whatever this run holds
+        _counters(page, counter_folders, results)
     reference = (analysis.gemm_results(context.reference.run) if context.reference
                  and context.reference.run.has_table("gemm") else None)
     if not len(results.frame):
