@@ -14,6 +14,7 @@ Without ncu it runs the same launches and prints their labels (the check that th
 `--smoke` runs tiny stand-ins on a CPU under TRITON_INTERPRET=1 (the test). `--peers` profiles
 instead the fastest peers at the same two points, humming-w4a16 and humming-moe-indexed (NVFP4;
 the humming wheel installed; their launches as fp4lab's wrappers make them, `PEER_MOE_KERNELS`).
+`--cuda` profiles fp4lab's CUDA decode GEMM (`cuda-w4a16`, its preset) at the dense points.
 `--launches FILE`
 writes launches.json: one entry per kernel launch ncu will see, in order (its label and the
 weights it reads), which `fp4lab.analysis.counters` joins with ncu's rows; `--describe` writes it
@@ -34,6 +35,7 @@ import tune_w4a16 as tune  # noqa: E402  (beside this script)
 
 from fp4lab import backends, correctness  # noqa: E402
 from fp4lab.backends.moe import base as moe_base, get as get_moe  # noqa: E402
+from fp4lab.backends.cuda_w4a16 import choose_config as cuda_choose  # noqa: E402
 from fp4lab.backends.triton_w4a16 import anatomy_variants, tensor_core_config  # noqa: E402
 from fp4lab.moe import presets as model_presets, routing  # noqa: E402
 
@@ -113,6 +115,25 @@ def peer_plan() -> list[dict]:
                for part in PEER_MOE_KERNELS])
 
 
+def cuda_plan() -> list[dict]:
+    """`launch_plan` for --cuda: cuda-w4a16 at the dense points' M."""
+    n, k = dense_shape(False)
+    return [{"launch": f"cuda-w4a16 {n}x{k} M={m}", "kernel": cuda_choose(m, n, k, SMS).label(),
+             "weights": n * k} for m, _ in DENSE_POINTS]
+
+
+def cuda_launches(device: str):
+    n, k = dense_shape(False)
+    cache: dict = {}
+    for m, _ in DENSE_POINTS:
+        a, w = tune.operands(tune.Point("nvfp4", n, k, m), device, cache)
+        prepared = backends.get("cuda-w4a16").prepare(a, w, device)
+        gate = correctness.check_backend(prepared, correctness.TOLERANCE["nvfp4"])
+        if not gate.ok:
+            raise SystemExit(f"cuda-w4a16 at M={m} failed its gate: {gate.message}")
+        yield f"cuda-w4a16 {n}x{k} M={m} nvfp4 {prepared.info['config']}", prepared.call
+
+
 def dense_launches(device: str, smoke: bool):
     n, k = dense_shape(smoke)
     cache: dict = {}
@@ -162,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="tiny stand-ins (the CPU test, under TRITON_INTERPRET=1)")
     parser.add_argument("--peers", action="store_true",
                         help="profile humming's dense and MoE kernels at the same points instead")
+    parser.add_argument("--cuda", action="store_true",
+                        help="profile fp4lab's CUDA decode GEMM (cuda-w4a16) at the dense points")
     parser.add_argument("--launches", type=Path,
                         help="write launches.json (what each kernel launch is) to this file")
     parser.add_argument("--describe", action="store_true",
@@ -170,10 +193,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.metrics:
         print(",".join(METRICS))
         return 0
-    if args.peers and args.smoke:
-        parser.error("--peers profiles the GPU's humming kernels: no --smoke")
+    if (args.peers or args.cuda) and args.smoke:
+        parser.error("--peers and --cuda profile GPU-only kernels: no --smoke")
+    if args.peers and args.cuda:
+        parser.error("one of --peers and --cuda a run")
     if args.launches:
-        plan = peer_plan() if args.peers else launch_plan(args.smoke)
+        plan = (peer_plan() if args.peers else cuda_plan() if args.cuda
+                else launch_plan(args.smoke))
         args.launches.write_text(json.dumps(plan, indent=1) + "\n")
     if args.describe:
         if not args.launches:
@@ -182,8 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     device = tune.script_device("ncu_profile", args.smoke)
     if device is None:
         return 2
-    launches = (list(peer_launches(device)) if args.peers
-                else [*dense_launches(device, args.smoke), *moe_launch(device, args.smoke)])
+    launches = (list(peer_launches(device)) if args.peers else list(cuda_launches(device))
+                if args.cuda else [*dense_launches(device, args.smoke), *moe_launch(device, args.smoke)])
     for label, call in launches:
         call()                                     # compiled and warm before its range
         if device == "cuda":

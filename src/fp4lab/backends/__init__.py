@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from fp4lab.backends.base import Backend, Prepared
 from fp4lab.hardware import resolve_device
+from fp4lab.backends.cuda_w4a16 import CudaW4A16
 from fp4lab.backends.emulated import Emulated
 from fp4lab.backends.flashinfer import VARIANTS as FLASHINFER_VARIANTS, FlashInferMmFp4
 from fp4lab.backends.gemlite import GemliteW4A16
@@ -28,7 +29,7 @@ REGISTRY: dict[str, Backend] = {
         TorchFp4(),
         *(FlashInferMmFp4(name) for name in FLASHINFER_VARIANTS),
         SglCutlass(),
-        TritonW4A16(),
+        TritonW4A16(), CudaW4A16(),
         HummingW4A16(), HummingW4A4(), GemliteW4A16(), TinygemmInt4(),
     )
 }

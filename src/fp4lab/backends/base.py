@@ -147,6 +147,11 @@ class Backend(Runnable):
     def prepare(self, a: torch.Tensor, w: "QuantizedTensor", device: str) -> Prepared:
         raise NotImplementedError
 
+    def point_reason(self, m: int, n: int, k: int) -> str | None:
+        """Why it cannot run an M x N x K point at all (a shape it does not take), or None: the
+        sweep records such points as unavailable with this reason instead of an error."""
+        return None
+
     def check_inputs(self, a: torch.Tensor, w: "QuantizedTensor") -> None:
         """Raise a ValueError naming the bad input before any work is done."""
         if w.fmt not in self.formats:

@@ -196,14 +196,15 @@ def format_point_line(row: dict[str, Any]) -> str:
                      f"{sig(row.get('rel_err'), 2):>8}")
 
 
-def _static_reason(impl, fmt: str, device: str) -> str | None:
-    """Why `impl` cannot measure `fmt` here, by its rules alone (the worker checks the import)."""
+def _static_reason(impl, point, device: str) -> str | None:
+    """Why `impl` cannot measure `point` here, by its rules alone (the worker checks the
+    import): not on this device, not this format, or not this shape."""
     available, reason = impl.availability(device, import_check=False)
     if not available:
         return reason
-    if fmt not in impl.formats:
-        return f"{impl.name} does not take {fmt} weights (takes {', '.join(impl.formats)})"
-    return None
+    if point.fmt not in impl.formats:
+        return f"{impl.name} does not take {point.fmt} weights (takes {', '.join(impl.formats)})"
+    return impl.point_reason(point.m, point.n, point.k)
 
 
 def todo_points(config: GemmSweep, run: RunDir, gpu_index, retry_failed: bool) -> list:
@@ -282,7 +283,7 @@ def sweep_device(config: GemmSweep, run: RunDir, device: str, *, retry_failed: b
 
     groups: dict[str, list] = collections.defaultdict(list)
     for point in todo:
-        reason = _static_reason(backend(point.backend), point.fmt, device)
+        reason = _static_reason(backend(point.backend), point, device)
         if reason:
             record(blank_for(run.run_id, point, "unavailable", reason, facts))
         else:

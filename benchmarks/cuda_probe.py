@@ -1,0 +1,102 @@
+"""`cuda-w4a16`, fp4lab's CUDA decode GEMM, against its peers at issue 13's decode points: every
+build of the kernel (`GRID`: k-groups a warp x warps a CTA) gated, then timed with the package's
+timer (cold L2, CUDA graph), beside the Triton kernel's preset, cuBLAS bf16 and humming-w4a16
+(when its wheel is installed) at the same points.
+
+    PYTHONPATH=src python3 benchmarks/cuda_probe.py --out $OUT/cuda
+
+Writes measurements.jsonl (one row per variant and point) and presets.json (the fastest gated
+build per point), and prints one fixed-width line per row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tune_w4a16 as tune  # noqa: E402  (beside this script)
+
+from fp4lab import correctness  # noqa: E402
+from fp4lab.backends import get  # noqa: E402
+from fp4lab.backends.cuda_w4a16 import CudaTileConfig, choose_config  # noqa: E402
+from fp4lab.backends.triton_w4a16 import sm_count  # noqa: E402
+
+SHAPES = ((8192, 8192), (4096, 6144), (6144, 2048))
+M_VALUES = (1, 4, 16)
+GRID = tuple(CudaTileConfig(groups=g, warps=w) for g in (4, 8, 16) for w in (2, 4, 8))
+PEERS = ("triton-w4a16", "torch-bf16", "humming-w4a16")
+
+
+def peer_row(name: str, point: tune.Point, a, w, device: str, timer) -> dict:
+    backend = get(name)
+    available, reason = backend.availability(device)
+    if not available or point.fmt not in backend.formats:
+        return {"status": "unavailable", "message": reason}
+    tolerance = correctness.TOLERANCE["bf16" if name == "torch-bf16" else point.fmt]
+    return tune.gate_and_time(lambda: backend.prepare(a, w, device),
+                              lambda p: correctness.check_backend(p, tolerance), timer, device)
+
+
+def cuda_row(config: CudaTileConfig, point: tune.Point, a, w, device: str, timer) -> dict:
+    if config.reason(point.n, point.k):
+        return {"status": "unavailable", "message": config.reason(point.n, point.k)}
+    backend = get("cuda-w4a16")
+    return tune.gate_and_time(lambda: backend.prepare(a, w, device, config=config),
+                              lambda p: correctness.check_backend(p, correctness.TOLERANCE[point.fmt]),
+                              timer, device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder for measurements.jsonl")
+    parser.add_argument("--formats", default="nvfp4,mxfp4")
+    args = parser.parse_args(argv)
+    device = tune.script_device("cuda_probe", smoke=False)
+    if device is None:
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    timer = tune.device_timer()
+    sms = sm_count(device)
+    weights: dict = {}
+    best: dict = {}
+    print(f"{'fmt':<5} {'N x K':>10} {'M':>3} {'variant':<16} {'status':<12} {'us':>8} {'TB/s':>5}  note")
+    with open(out / "measurements.jsonl", "w") as log:
+        for fmt in tune.parse_formats(args.formats):
+            for n, k in SHAPES:
+                for m in M_VALUES:
+                    point = tune.Point(fmt, n, k, m)
+                    a, w = tune.operands(point, device, weights)
+                    pick = choose_config(m, n, k, sms)
+                    variants = [(c.label(), "cuda-w4a16", lambda c=c: cuda_row(c, point, a, w, device, timer),
+                                 c) for c in GRID]
+                    variants += [(name, name, lambda name=name: peer_row(name, point, a, w, device, timer),
+                                  None) for name in PEERS]
+                    for label, backend, run, config in variants:
+                        row = {"fmt": fmt, "n": n, "k": k, "m": m, "variant": label,
+                               "backend": backend, **run(), "bytes": tune.fp4_bytes(point)}
+                        if config is not None:
+                            row.update(config=dataclasses.asdict(config), pick=config == pick)
+                        if "median_us" in row:
+                            row["tbps"] = row["bytes"] / row["median_us"] / 1e6
+                            key = f"{fmt} {n}x{k} M={m}"
+                            if backend == "cuda-w4a16" and (key not in best
+                                                            or row["median_us"] < best[key]["median_us"]):
+                                best[key] = {"config": row["config"], "median_us": row["median_us"]}
+                        log.write(json.dumps(row) + "\n")
+                        log.flush()
+                        print(f"{fmt:<5} {f'{n}x{k}':>10} {m:>3} {label:<16} {row['status']:<12} "
+                              f"{row.get('median_us', float('nan')):8.2f} "
+                              f"{row.get('tbps', float('nan')):5.2f}  "
+                              f"{'pick ' if row.get('pick') else ''}{(row.get('message') or '')[:90]}",
+                              flush=True)
+    (out / "presets.json").write_text(json.dumps(best, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

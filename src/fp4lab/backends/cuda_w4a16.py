@@ -1,0 +1,240 @@
+"""`cuda-w4a16`: fp4lab's CUDA decode GEMM, FP4 weights in the MMA's register order (M <= 16).
+
+The Triton kernel (`triton-w4a16`) is instruction-bound at decode M on Hopper (benchmarks/NOTES.md,
+calls 37-39: ~4 instructions per weight, a third of them Triton's code around the decode). This
+backend is the hand-written answer: `cuda_w4a16_kernel.cu`, compiled at prepare with NVRTC
+(`torch.cuda._compile_kernel`: no nvcc, no build system), reads codes that prepare laid out once in
+the order of mma.sync's A fragments (`mma_layout`), 16 bytes a lane a k-group straight into
+registers, and decodes each 4-byte word (one MMA's operand) in 13 integer instructions plus 4 bf16x2
+scale multiplies. See the kernel file's header for the rest.
+
+Shape legend: `M` activation rows (<= 16), `N` weight rows (a multiple of 16), `K` reduction (a
+multiple of 64), `T` = N/16 row tiles, `G` = K/64 k-groups, `S` the scale block (16 nvfp4, 32
+mxfp4), lane = 4 g + t (g = lane / 4, t = lane % 4, the PTX fragment tables' names).
+
+The CPU cannot run it; `emulate` is a bit-exact model of what the kernel computes from the laid
+out bytes (the same integer operations on the same words), so the tests prove the layout and the
+decode on the CPU, and the correctness gate proves the kernel on the GPU before it is timed.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fp4lab.backends.base import Backend, Requirements, prepared_from, resolve_device
+from fp4lab.backends.triton_w4a16 import check_scale_range, e4m3_to_e5m3
+
+MAX_M = 16                   # two n8 MMA tiles of activation rows
+ROW_TILE = 16                # weight rows an MMA covers
+K_GROUP = 64                 # k a lane's 16-byte load covers (four k16 MMAs)
+LANES = 32
+GROUP_CHOICES = (1, 2, 4, 8, 16)
+WARP_CHOICES = (1, 2, 4, 8)
+SCALE_BYTES = {"nvfp4": 8, "mxfp4": 4}     # per (rows g, g+8) per k-group
+WEIGHT_BIAS = 2.0 ** 26                    # decoded weights are e2m1 * scale * 2^-26
+KERNEL_SOURCE = Path(__file__).with_name("cuda_w4a16_kernel.cu")
+KERNEL_NAME = "fp4_decode_gemm"
+MIN_CAPABILITY = (9, 0)      # mul.rn.bf16x2 (the scale multiply) is sm_90's
+WARPS_PER_SM_TARGET = 24     # resident warps an SM needs to keep its share of the bytes in flight
+
+
+@dataclass(frozen=True)
+class CudaTileConfig:
+    """One build of the kernel: `groups` k-groups (64 k each) a warp reads per split, all loads
+    issued before any math (so K/64/groups splits), `warps` row tiles a CTA."""
+
+    groups: int = 8
+    warps: int = 4
+
+    def __post_init__(self):
+        if self.groups not in GROUP_CHOICES:
+            raise ValueError(f"CudaTileConfig.groups must be one of {GROUP_CHOICES}, "
+                             f"got {self.groups!r}")
+        if self.warps not in WARP_CHOICES:
+            raise ValueError(f"CudaTileConfig.warps must be one of {WARP_CHOICES}, "
+                             f"got {self.warps!r}")
+
+    def splits(self, k: int) -> int:
+        return k // (K_GROUP * self.groups)
+
+    def grid(self, n: int, k: int) -> tuple[int, int, int]:
+        return (n // (ROW_TILE * self.warps), self.splits(k), 1)
+
+    def label(self) -> str:
+        return f"cuda g{self.groups} w{self.warps}"
+
+    def reason(self, n: int, k: int) -> str | None:
+        """Why this build cannot run an N x K point (None when it can)."""
+        if n % (ROW_TILE * self.warps):
+            return f"N={n} is not a multiple of {ROW_TILE * self.warps} (16 rows x {self.warps} warps)"
+        if k % (K_GROUP * self.groups):
+            return f"K={k} is not a multiple of {K_GROUP * self.groups} (64 x {self.groups} groups)"
+        return None
+
+
+def point_reason(m: int, n: int, k: int) -> str | None:
+    """Why the kernel cannot run an M x N x K point at all, or None."""
+    if m > MAX_M:
+        return f"a decode kernel: M <= {MAX_M}, got M={m}"
+    if n % ROW_TILE or k % K_GROUP:
+        return f"needs N a multiple of {ROW_TILE} and K of {K_GROUP}, got N={n}, K={k}"
+    return None
+
+
+def choose_config(m: int, n: int, k: int, sm_count: int = 132) -> CudaTileConfig:
+    """The preset's rule: 4 warps a CTA where N allows, and the most k-groups a warp (the most
+    bytes in flight a lane) that still gives every SM >= WARPS_PER_SM_TARGET warps."""
+    warps = next(w for w in (4, 2, 1) if n % (ROW_TILE * w) == 0)
+    tiles, groups_total = n // ROW_TILE, k // K_GROUP
+    fitting = [g for g in GROUP_CHOICES if groups_total % g == 0]
+    enough = [g for g in fitting if tiles * (groups_total // g) >= WARPS_PER_SM_TARGET * sm_count]
+    return CudaTileConfig(groups=max(enough) if enough else min(fitting), warps=warps)
+
+
+# --- the layout ----------------------------------------------------------------------------------
+
+def _fragment_index(device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, k) within a 16 x 16 MMA tile of the low nibble of byte b of each lane's 4-byte word,
+    [32, 4] each; the high nibble holds k + 8. Bytes 0 and 2 are row g (k 2t, 2t+1), 1 and 3 row
+    g+8: the kernel's masks pick bytes 0/2 as one bf16x2 pair and (after >> 8) bytes 1/3."""
+    lane = torch.arange(LANES, device=device)[:, None]
+    byte = torch.arange(4, device=device)[None, :]
+    row = lane // 4 + 8 * (byte % 2)
+    k = 2 * (lane % 4) + byte // 2
+    return row, k
+
+
+def mma_layout(codes: torch.Tensor, scale_bytes: torch.Tensor, fmt: str):
+    """FP4 codes [N, K] (one per uint8) and block-scale bytes [N, K/S] (e5m3 nvfp4, e8m0 mxfp4)
+    -> the kernel's operands: codes [T, G, 32, 16] uint8 (lane's 16 bytes = four words, word q
+    the A fragment of k16 step q) and scales [T, G, 8, SCALE_BYTES] uint8 (for row pair g, g+8:
+    byte 2j the scale of row g's block j, 2j+1 row g+8's)."""
+    n, k = codes.shape
+    tiles, groups = n // ROW_TILE, k // K_GROUP
+    row, col = _fragment_index(codes.device)                                  # [32, 4]
+    steps = codes.reshape(tiles, ROW_TILE, groups, 4, 16).permute(0, 2, 3, 1, 4)  # [T, G, 4q, 16r, 16k]
+    low = steps[:, :, :, row, col]                                            # [T, G, 4q, 32, 4b]
+    high = steps[:, :, :, row, col + 8]
+    words = (low | (high << 4)).permute(0, 1, 3, 2, 4)                        # [T, G, 32, 4q, 4b]
+    blocks = scale_bytes.shape[1] // groups                                    # 4 nvfp4, 2 mxfp4
+    pairs = scale_bytes.reshape(tiles, 2, 8, groups, blocks).permute(0, 3, 2, 4, 1)  # [T, G, 8g, j, 2]
+    if pairs[0, 0, 0].numel() != SCALE_BYTES[fmt]:
+        raise ValueError(f"{fmt} scale bytes [N, K/S] give {pairs[0, 0, 0].numel()} bytes a row "
+                         f"pair a k-group, the kernel reads {SCALE_BYTES[fmt]}")
+    return (words.reshape(tiles, groups, LANES, 16).contiguous(),
+            pairs.reshape(tiles, groups, 8, SCALE_BYTES[fmt]).contiguous())
+
+
+# --- a bit-exact model of the kernel's arithmetic (the tests' CPU check) --------------------------
+
+def _bf16_bits(bits: torch.Tensor) -> torch.Tensor:
+    """uint16 patterns (in int64) -> float32 values of those bf16 numbers."""
+    return (bits.to(torch.int32) << 16).view(torch.float32)
+
+
+def emulate(weights: torch.Tensor, scales: torch.Tensor, fmt: str) -> torch.Tensor:
+    """float32 [N, K]: the weights the kernel multiplies (decoded from the laid-out bytes with the
+    kernel's integer operations, times its scales, times 2^26: `unbias` without the nvfp4
+    global scale), back in [N, K] order."""
+    tiles, groups = weights.shape[:2]
+    x = weights.to(torch.int64).reshape(tiles, groups, LANES, 4, 4)
+    x = x[..., 0] | x[..., 1] << 8 | x[..., 2] << 16 | x[..., 3] << 24       # [T, G, 32, 4q] words
+    y = x >> 8
+    fragments = [((x & 0x000F000F) * 0x1040) & 0x81C081C0,                   # a0 (g, 2t..)
+                 ((y & 0x000F000F) * 0x1040) & 0x81C081C0,                   # a1 (g+8, 2t..)
+                 ((x & 0x00F000F0) * 0x104) & 0x81C081C0,                    # a2 (g, 2t+8..)
+                 ((y & 0x00F000F0) * 0x104) & 0x81C081C0]                    # a3 (g+8, 2t+8..)
+    s = scales.to(torch.int64).reshape(tiles, groups, 8, -1, 2)               # [T, G, 8g, j, 2]
+    multiplier, offset = (16, 217 << 7) if fmt == "nvfp4" else (128, 100 << 7)
+    scale = _bf16_bits(s * multiplier + offset)                               # [T, G, 8, j, 2]
+    per_step = scale.repeat_interleave(4 // scale.shape[3], dim=3)            # [T, G, 8, 4q, 2]
+    per_lane = per_step.repeat_interleave(4, dim=2)                           # [T, G, 32, 4q, 2]
+    out = torch.zeros(tiles, groups, 4, ROW_TILE, 16)                         # [T, G, 4q, 16r, 16k]
+    row, col = _fragment_index()
+    for register, bits in enumerate(fragments):
+        rows_half = register % 2                                              # a1, a3: row g+8
+        for lane_half in range(2):                                            # bf16 lane 0, 1
+            value = _bf16_bits((bits >> (16 * lane_half)) & 0xFFFF)           # [T, G, 32, 4q]
+            value = value * per_lane[..., rows_half]                          # exact: <= 6 bits
+            byte = 2 * lane_half + rows_half                                  # which byte it came from
+            k = col[:, byte] + 8 * (register // 2)
+            out[:, :, :, row[:, byte], k] = value.permute(0, 1, 3, 2)
+    n, k_total = tiles * ROW_TILE, groups * K_GROUP
+    return out.permute(0, 3, 1, 2, 4).reshape(n, k_total) * WEIGHT_BIAS
+
+
+# --- the backend ---------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def compiled(config: CudaTileConfig, fmt: str, n_tiles: int, capability: tuple[int, int]):
+    """The kernel built for one configuration (NVRTC, once per process)."""
+    options = [f"-DGROUPS={config.groups}", f"-DWARPS={config.warps}", f"-DNTILES={n_tiles}",
+               f"-DNVFP4={int(fmt == 'nvfp4')}", "-std=c++17"]
+    return torch.cuda._compile_kernel(KERNEL_SOURCE.read_text(), KERNEL_NAME,
+                                      compute_capability=f"{capability[0]}{capability[1]}",
+                                      nvcc_options=options)
+
+
+class CudaW4A16(Backend):
+    name = "cuda-w4a16"
+    formats = ("nvfp4", "mxfp4")
+    library = "cuda"
+    weight_dtype, act_dtype = "fp4", "bf16"
+    requires = Requirements(min_capability=MIN_CAPABILITY, unit="bf16x2 multiply (sm_90)")
+    what = ("fp4lab's CUDA decode GEMM (M <= 16): codes pre-laid in mma.sync's register order, "
+            "16-byte loads straight to registers, split-K in one launch (weight-only, NVRTC)")
+    note = "decode-sized M only (M <= 16)"
+
+    def runtime_reason(self) -> str | None:
+        if not hasattr(torch.cuda, "_compile_kernel"):
+            return (f"torch {torch.__version__} has no torch.cuda._compile_kernel (NVRTC), "
+                    "which builds the kernel (torch >= 2.8)")
+        return None
+
+    def point_reason(self, m: int, n: int, k: int) -> str | None:
+        return point_reason(m, n, k)
+
+    def prepare(self, a, w, device, config: CudaTileConfig | None = None):
+        self.check_inputs(a, w)
+        device = resolve_device(device)
+        (m, k), n = a.shape, w.shape[0]
+        reason = point_reason(m, n, k)
+        if reason is None and device == "cpu":
+            reason = "runs only on a CUDA GPU; the CPU was asked for"
+        if reason:
+            raise ValueError(f"{self.name}: {reason}")
+        from fp4lab import formats
+        from fp4lab.backends.triton_w4a16 import sm_count
+
+        config = config or choose_config(m, n, k, sm_count(device))
+        if config.reason(n, k):
+            raise ValueError(f"{self.name} {config.label()}: {config.reason(n, k)}")
+        check_scale_range(w)
+        w = w.to(device)
+        scale_bytes = (e4m3_to_e5m3(w.scales) if w.fmt == "nvfp4"
+                       else w.scales.contiguous().view(torch.uint8))
+        weights, scales = mma_layout(formats.unpack_nibbles(w.packed), scale_bytes, w.fmt)
+        unbias = torch.full((1,), WEIGHT_BIAS, dtype=torch.float32, device=device)
+        if w.global_scale is not None:
+            unbias /= w.global_scale.float().reshape(-1)[0]
+        n_tiles = 1 if m <= 8 else 2
+        kernel = compiled(config, w.fmt, n_tiles, torch.cuda.get_device_capability(device))
+        a_bf16 = a.to(device=device, dtype=torch.bfloat16).contiguous()            # [M, K]
+        out = torch.empty(m, n, dtype=torch.bfloat16, device=device)               # [M, N]
+        workspace = torch.zeros(m, n, dtype=torch.float32, device=device)          # [M, N]
+        counts = torch.zeros(config.grid(n, k)[0], dtype=torch.int32, device=device)
+        grid, block = config.grid(n, k), (32 * config.warps, 1, 1)
+
+        def gemm(a_arg, weights_arg, scales_arg, unbias_arg, out_arg):
+            kernel(grid=grid, block=block,
+                   args=[weights_arg, scales_arg, a_arg, unbias_arg, out_arg, workspace, counts,
+                         m, n, k, grid[1]])
+            return out_arg
+
+        return prepared_from(gemm, (a_bf16, weights, scales, unbias), out,
+                             ref_a=a_bf16.float(), ref_w=formats.dequantize(w).float(),
+                             info={"config": config.label()})

@@ -1,0 +1,230 @@
+// fp4lab's CUDA decode GEMM for FP4 weights at decode-sized M (<= 16): out[M, N] = a[M, K] . W^T.
+//
+// Compiled at prepare with NVRTC (no headers: plain integer types and inline PTX), one build per
+// (GROUPS, WARPS, NTILES, NVFP4), given as -D defines. Shape legend: M activation rows, N weight
+// rows, K reduction; a "row tile" is 16 weight rows (one mma.sync M side), a "k-group" 64 k (four
+// m16n8k16 MMAs); g = lane / 4 and t = lane % 4 as in the PTX fragment tables.
+//
+// Why it looks like this (benchmarks/NOTES.md, session 8): the Triton kernel spends ~4 instructions
+// per weight, a third of them outside the decode (2-byte shared loads of codes, register moves for
+// the MMA operands, one extract and one multiply-add per block scale). Here prepare lays the codes
+// out in the MMA's register order (`mma_layout` in cuda_w4a16.py), so:
+//   - each lane reads its codes for a whole k-group as ONE 16-byte load, straight into registers
+//     (no shared memory, no barrier), and all GROUPS loads of a warp are issued before any math:
+//     a warp keeps GROUPS * 512 bytes in flight;
+//   - a 4-byte word is one MMA's A fragment: 13 integer instructions decode its 8 codes into the
+//     four bf16x2 registers (a nibble mask, one multiply that moves sign and magnitude at once,
+//     one mask; the row g+8 half after one shift), then one bf16x2 multiply per register applies
+//     the block scale, the pair of scales (rows g and g+8) decoded in one multiply-add;
+//   - activations (tiny at decode M) are staged once per CTA in shared memory, rows padded so the
+//     B-fragment loads hit 32 distinct banks.
+// Decoded weights are e2m1 * scale * 2^-26 (the Triton kernel's bit trick: code bits placed at bf16
+// bits 15 and 8..6 read as e2m1 * 2^-126, scale bytes carry 2^100); the epilogue multiplies by
+// `unbias`, 2^26 over the nvfp4 global scale (computed at prepare: no division in the kernel).
+// Split-K: each CTA adds its partial tile into the float32 workspace (zero between calls) and
+// bumps the tile's counter; the CTA that arrives last writes bf16 and zeroes the workspace and
+// counter behind it (a CUDA graph replays it with no memset node).
+// The code and scale loads are plain (coherent) loads, not ld.global.nc: ptxas sinks read-only
+// loads to their first use (two in flight, measured in the offline SASS), but does not move a
+// coherent load past the barrier that follows them.
+
+#define MP (8 * NTILES)              // activation rows staged (zero rows past M)
+#define KS (64 * GROUPS)             // k per split
+#define ROW_WORDS (KS / 2 + 4)       // bf16x2 words a staged row, +4: conflict-free B fragments
+#define SCALE_BYTES (NVFP4 ? 8 : 4)  // scale bytes per (row pair g, g+8) per k-group
+
+typedef unsigned int u32;
+struct __align__(16) u32x4 { u32 x, y, z, w; };   // NVRTC has no headers: our own vector type
+
+__device__ __forceinline__ u32x4 load_stream(const u32x4* p) {
+    u32x4 v;
+    asm volatile("ld.global.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ u32 load_scales(const u32* p) {
+    u32 v;
+    asm volatile("ld.global.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
+// bytes `pair` (0: bytes 0,1; 1: bytes 2,3) of `word`, the block scales of rows g and g+8 ->
+// bf16x2 (scale_g, scale_g8) * 2^100, exact (e5m3 for nvfp4: bits = byte*16 + 217<<7; e8m0 for
+// mxfp4: bits = byte*128 + 100<<7)
+__device__ __forceinline__ u32 scale_pair(u32 word, int pair) {
+    u32 spread;
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(spread) : "r"(word), "r"(pair ? 0x4342 : 0x4140));
+#if NVFP4
+    return spread * 16u + 0x6C806C80u;
+#else
+    return spread * 128u + 0x32003200u;
+#endif
+}
+
+// a (bf16x2) times the low bf16 of s (rows g) or its high one (rows g+8), broadcast
+__device__ __forceinline__ u32 scaled_lo(u32 a, u32 s) {
+    u32 d;
+    asm("{\n\t.reg .b16 l, h;\n\t.reg .b32 b;\n\tmov.b32 {l, h}, %2;\n\t"
+        "mov.b32 b, {l, l};\n\tmul.rn.bf16x2 %0, %1, b;\n\t}" : "=r"(d) : "r"(a), "r"(s));
+    return d;
+}
+
+__device__ __forceinline__ u32 scaled_hi(u32 a, u32 s) {
+    u32 d;
+    asm("{\n\t.reg .b16 l, h;\n\t.reg .b32 b;\n\tmov.b32 {l, h}, %2;\n\t"
+        "mov.b32 b, {h, h};\n\tmul.rn.bf16x2 %0, %1, b;\n\t}" : "=r"(d) : "r"(a), "r"(s));
+    return d;
+}
+
+__device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned short to_bf16(float v) {
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
+    return r;
+}
+
+__device__ __forceinline__ float load_l2(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ void store_l2(float* p, float v) {
+    asm volatile("st.global.cg.f32 [%0], %1;" :: "l"(p), "f"(v));
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes, 16 B]
+                const u32* __restrict__ s,              // [N/16, K/64, 8 g, SCALE_BYTES]
+                const u32x4* __restrict__ a,            // [M, K] bf16, rows 16-byte aligned
+                const float* __restrict__ unbias,       // [1] 2^26 (/ the nvfp4 encode scale)
+                unsigned short* __restrict__ out,       // [M, N] bf16
+                float* __restrict__ ws,                 // [M, N] float32, zero between calls
+                int* __restrict__ counts,               // [N / (16 * WARPS)], zero between calls
+                int M, int N, int K, int splits) {
+    __shared__ __align__(16) u32 act[MP * ROW_WORDS];   // [MP, KS] bf16, padded rows
+    __shared__ int last_split;
+    const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned g = lane >> 2, t = lane & 3;
+    const unsigned split = blockIdx.y;
+    const unsigned tile = blockIdx.x * WARPS + warp;      // this warp's 16-row tile
+    const long group0 = (long)tile * (unsigned)(K / 64) + split * GROUPS;
+
+    // every load of the warp first: codes (16 B a lane a k-group) and block scales
+    u32x4 codes[GROUPS];
+    u32 scales[GROUPS][SCALE_BYTES / 4];
+    const u32x4* wp = w + group0 * 32 + lane;
+    const u32* sp = s + (group0 * 8 + g) * (SCALE_BYTES / 4);
+#pragma unroll
+    for (int j = 0; j < GROUPS; ++j) {
+        codes[j] = load_stream(wp + j * 32);
+#pragma unroll
+        for (int h = 0; h < SCALE_BYTES / 4; ++h)
+            scales[j][h] = load_scales(sp + j * 8 * (SCALE_BYTES / 4) + h);
+    }
+
+    // the split's activations into shared memory, 16 bytes a thread a step, zero rows past M
+    const unsigned chunks = KS / 8;                      // 16-byte chunks a row
+    const u32x4* a_split = a + (long)split * chunks;
+    const unsigned row_vectors = K / 8;
+#pragma unroll
+    for (unsigned i0 = 0; i0 < MP * chunks; i0 += WARPS * 32) {
+        const unsigned i = i0 + threadIdx.x, row = i / chunks, chunk = i % chunks;
+        if (MP * chunks % (WARPS * 32) == 0 || i < MP * chunks) {
+            u32x4 v = {0u, 0u, 0u, 0u};
+            if (row < (unsigned)M) v = a_split[row * row_vectors + chunk];
+            *reinterpret_cast<u32x4*>(&act[row * ROW_WORDS + chunk * 4]) = v;
+        }
+    }
+    __syncthreads();
+
+    // two accumulators, alternate MMAs: two dependency chains instead of one
+    float acc[2][NTILES][4];
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+        for (int nt = 0; nt < NTILES; ++nt)
+            acc[c][nt][0] = acc[c][nt][1] = acc[c][nt][2] = acc[c][nt][3] = 0.f;
+
+#pragma unroll
+    for (int j = 0; j < GROUPS; ++j) {
+        const u32 words[4] = {codes[j].x, codes[j].y, codes[j].z, codes[j].w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {                    // one k16 MMA step
+            const u32 x = words[q], y = x >> 8;
+            // A fragment: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
+            u32 a0 = ((x & 0x000F000Fu) * 0x1040u) & 0x81C081C0u;
+            u32 a2 = ((x & 0x00F000F0u) * 0x104u) & 0x81C081C0u;
+            u32 a1 = ((y & 0x000F000Fu) * 0x1040u) & 0x81C081C0u;
+            u32 a3 = ((y & 0x00F000F0u) * 0x104u) & 0x81C081C0u;
+#if NVFP4                                                // a 16-k block per MMA
+            const u32 sc = scale_pair(scales[j][q >> 1], q & 1);
+#else                                                    // a 32-k block per two MMAs
+            const u32 sc = scale_pair(scales[j][0], q >> 1);
+#endif
+            a0 = scaled_lo(a0, sc);
+            a2 = scaled_lo(a2, sc);
+            a1 = scaled_hi(a1, sc);
+            a3 = scaled_hi(a3, sc);
+            const int word = j * 32 + q * 8 + t;         // (k0 + 2t) / 2 within the split
+#pragma unroll
+            for (int nt = 0; nt < NTILES; ++nt) {
+                const u32* row = &act[(nt * 8 + g) * ROW_WORDS];
+                mma(acc[q & 1][nt], a0, a1, a2, a3, row[word], row[word + 4]);
+            }
+        }
+    }
+
+#pragma unroll
+    for (int nt = 0; nt < NTILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[0][nt][e] += acc[1][nt][e];
+
+    // c0, c1: (weight row g, activation rows 2t, 2t+1); c2, c3: row g+8. Offsets from
+    // (row 0, weight row n0) of the [M, N] output and workspace: 32-bit (M * N < 2^31)
+    const float factor = *unbias;
+    const unsigned n0 = tile * 16 + g;
+    unsigned short* out_tile = out + n0;
+    float* ws_tile = ws + n0;
+#define OFFSET(nt, e) ((nt * 8 + 2 * t + (e & 1)) * (unsigned)N + 8 * (e >> 1))
+#define IN_M(nt, e) (nt * 8 + 2 * t + (e & 1) < (unsigned)M)
+    if (splits == 1) {
+#pragma unroll
+        for (int nt = 0; nt < NTILES; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (IN_M(nt, e)) out_tile[OFFSET(nt, e)] = to_bf16(acc[0][nt][e] * factor);
+        return;
+    }
+#pragma unroll
+    for (int nt = 0; nt < NTILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (IN_M(nt, e)) atomicAdd(&ws_tile[OFFSET(nt, e)], acc[0][nt][e] * factor);
+    __threadfence();                                     // this CTA's adds before its arrival
+    __syncthreads();
+    if (threadIdx.x == 0)
+        last_split = atomicAdd(&counts[blockIdx.x], 1) == splits - 1;
+    __syncthreads();
+    if (!last_split) return;
+    __threadfence();
+#pragma unroll
+    for (int nt = 0; nt < NTILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (IN_M(nt, e)) {
+                float* sum = &ws_tile[OFFSET(nt, e)];
+                out_tile[OFFSET(nt, e)] = to_bf16(load_l2(sum));
+                store_l2(sum, 0.f);
+            }
+#undef OFFSET
+#undef IN_M
+    if (threadIdx.x == 0) counts[blockIdx.x] = 0;
+}
