@@ -27,7 +27,10 @@ from fp4lab.backends.triton_w4a16 import sm_count  # noqa: E402
 
 SHAPES = ((8192, 8192), (4096, 6144), (6144, 2048))
 M_VALUES = (1, 4, 16)
-GRID = tuple(CudaTileConfig(groups=g, warps=w) for g in (4, 8, 16) for w in (2, 4, 8))
+# call 40's winners (one round, loads straight to registers), then the cp.async rounds
+GRID = (tuple(CudaTileConfig(groups=g, warps=w) for g, w in ((8, 4), (8, 2), (4, 2), (4, 4)))
+        + tuple(CudaTileConfig(groups=g, warps=w, rounds=r)
+                for g, r in ((4, 2), (4, 4), (2, 4), (2, 8), (8, 2)) for w in (2, 4)))
 PEERS = ("triton-w4a16", "torch-bf16", "humming-w4a16")
 
 
@@ -42,8 +45,9 @@ def peer_row(name: str, point: tune.Point, a, w, device: str, timer) -> dict:
 
 
 def cuda_row(config: CudaTileConfig, point: tune.Point, a, w, device: str, timer) -> dict:
-    if config.reason(point.n, point.k):
-        return {"status": "unavailable", "message": config.reason(point.n, point.k)}
+    reason = config.reason(point.m, point.n, point.k, point.fmt)
+    if reason:
+        return {"status": "unavailable", "message": reason}
     backend = get("cuda-w4a16")
     return tune.gate_and_time(lambda: backend.prepare(a, w, device, config=config),
                               lambda p: correctness.check_backend(p, correctness.TOLERANCE[point.fmt]),

@@ -34,6 +34,9 @@ K_GROUP = 64                 # k a lane's 16-byte load covers (four k16 MMAs)
 LANES = 32
 GROUP_CHOICES = (1, 2, 4, 8, 16)
 WARP_CHOICES = (1, 2, 4, 8)
+ROUND_CHOICES = (1, 2, 4, 8)
+RING_STAGES = 2              # the kernel's STAGES
+MAX_STATIC_SHARED = 48 * 1024
 SCALE_BYTES = {"nvfp4": 8, "mxfp4": 4}     # per (rows g, g+8) per k-group
 WEIGHT_BIAS = 2.0 ** 26                    # decoded weights are e2m1 * scale * 2^-26
 KERNEL_SOURCE = Path(__file__).with_name("cuda_w4a16_kernel.cu")
@@ -44,36 +47,62 @@ WARPS_PER_SM_TARGET = 24     # resident warps an SM needs to keep its share of t
 
 @dataclass(frozen=True)
 class CudaTileConfig:
-    """One build of the kernel: `groups` k-groups (64 k each) a warp reads per split, all loads
-    issued before any math (so K/64/groups splits), `warps` row tiles a CTA."""
+    """One build of the kernel: a warp reads `rounds` rounds of `groups` k-groups (64 k each) per
+    split (so K/64/(groups*rounds) splits), `warps` row tiles a CTA. One round: every load issued
+    straight into registers before any math; more: rounds through a two-stage cp.async ring in
+    shared memory, the next round in flight while this one's MMAs run."""
 
     groups: int = 8
     warps: int = 4
+    rounds: int = 1
 
     def __post_init__(self):
-        if self.groups not in GROUP_CHOICES:
-            raise ValueError(f"CudaTileConfig.groups must be one of {GROUP_CHOICES}, "
-                             f"got {self.groups!r}")
-        if self.warps not in WARP_CHOICES:
-            raise ValueError(f"CudaTileConfig.warps must be one of {WARP_CHOICES}, "
-                             f"got {self.warps!r}")
+        for name, choices in (("groups", GROUP_CHOICES), ("warps", WARP_CHOICES),
+                              ("rounds", ROUND_CHOICES)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"CudaTileConfig.{name} must be one of {choices}, "
+                                 f"got {getattr(self, name)!r}")
+
+    @property
+    def split_k(self) -> int:
+        """k a split covers."""
+        return K_GROUP * self.groups * self.rounds
 
     def splits(self, k: int) -> int:
-        return k // (K_GROUP * self.groups)
+        return k // self.split_k
 
     def grid(self, n: int, k: int) -> tuple[int, int, int]:
         return (n // (ROW_TILE * self.warps), self.splits(k), 1)
 
-    def label(self) -> str:
-        return f"cuda g{self.groups} w{self.warps}"
+    def shared_bytes(self, m: int, fmt: str) -> int:
+        """Static shared memory of the build at M (what the kernel declares): the staged
+        activations, and with rounds > 1 the copy ring."""
+        rows = 8 * n_tiles(m)
+        activations = rows * (self.split_k // 2 + 4) * 4
+        ring = 0 if self.rounds == 1 else (
+            RING_STAGES * self.warps * self.groups * LANES * (16 + SCALE_BYTES[fmt]))
+        return activations + ring + 16       # + the arrival flag, aligned
 
-    def reason(self, n: int, k: int) -> str | None:
-        """Why this build cannot run an N x K point (None when it can)."""
+    def label(self) -> str:
+        return (f"cuda g{self.groups}{f' r{self.rounds}' if self.rounds > 1 else ''} "
+                f"w{self.warps}")
+
+    def reason(self, m: int, n: int, k: int, fmt: str = "nvfp4") -> str | None:
+        """Why this build cannot run an M x N x K point (None when it can)."""
         if n % (ROW_TILE * self.warps):
             return f"N={n} is not a multiple of {ROW_TILE * self.warps} (16 rows x {self.warps} warps)"
-        if k % (K_GROUP * self.groups):
-            return f"K={k} is not a multiple of {K_GROUP * self.groups} (64 x {self.groups} groups)"
+        if k % self.split_k:
+            return (f"K={k} is not a multiple of {self.split_k} (64 x {self.groups} groups x "
+                    f"{self.rounds} rounds)")
+        if self.shared_bytes(m, fmt) > MAX_STATIC_SHARED:
+            return (f"needs {self.shared_bytes(m, fmt)} B of shared memory at M={m}, over the "
+                    f"{MAX_STATIC_SHARED} B a kernel declares statically")
         return None
+
+
+def n_tiles(m: int) -> int:
+    """n8 MMA tiles of activation rows: 1 up to M = 8, 2 up to 16."""
+    return 1 if m <= 8 else 2
 
 
 def point_reason(m: int, n: int, k: int) -> str | None:
@@ -170,9 +199,10 @@ def emulate(weights: torch.Tensor, scales: torch.Tensor, fmt: str) -> torch.Tens
 # --- the backend ---------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
-def compiled(config: CudaTileConfig, fmt: str, n_tiles: int, capability: tuple[int, int]):
+def compiled(config: CudaTileConfig, fmt: str, tiles: int, capability: tuple[int, int]):
     """The kernel built for one configuration (NVRTC, once per process)."""
-    options = [f"-DGROUPS={config.groups}", f"-DWARPS={config.warps}", f"-DNTILES={n_tiles}",
+    options = [f"-DGROUPS={config.groups}", f"-DROUNDS={config.rounds}",
+               f"-DWARPS={config.warps}", f"-DNTILES={tiles}",
                f"-DNVFP4={int(fmt == 'nvfp4')}", "-std=c++17"]
     return torch.cuda._compile_kernel(KERNEL_SOURCE.read_text(), KERNEL_NAME,
                                       compute_capability=f"{capability[0]}{capability[1]}",
@@ -211,8 +241,8 @@ class CudaW4A16(Backend):
         from fp4lab.backends.triton_w4a16 import sm_count
 
         config = config or choose_config(m, n, k, sm_count(device))
-        if config.reason(n, k):
-            raise ValueError(f"{self.name} {config.label()}: {config.reason(n, k)}")
+        if config.reason(m, n, k, w.fmt):
+            raise ValueError(f"{self.name} {config.label()}: {config.reason(m, n, k, w.fmt)}")
         check_scale_range(w)
         w = w.to(device)
         scale_bytes = (e4m3_to_e5m3(w.scales) if w.fmt == "nvfp4"
@@ -221,8 +251,7 @@ class CudaW4A16(Backend):
         unbias = torch.full((1,), WEIGHT_BIAS, dtype=torch.float32, device=device)
         if w.global_scale is not None:
             unbias /= w.global_scale.float().reshape(-1)[0]
-        n_tiles = 1 if m <= 8 else 2
-        kernel = compiled(config, w.fmt, n_tiles, torch.cuda.get_device_capability(device))
+        kernel = compiled(config, w.fmt, n_tiles(m), torch.cuda.get_device_capability(device))
         a_bf16 = a.to(device=device, dtype=torch.bfloat16).contiguous()            # [M, K]
         out = torch.empty(m, n, dtype=torch.bfloat16, device=device)               # [M, N]
         workspace = torch.zeros(m, n, dtype=torch.float32, device=device)          # [M, N]

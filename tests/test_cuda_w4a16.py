@@ -1,0 +1,150 @@
+"""cuda-w4a16: the layout and the kernel's arithmetic on the CPU (a bit-exact model), its rules,
+and on a GPU the kernel itself behind the correctness gate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fp4lab import correctness, formats
+from fp4lab.backends import get
+from fp4lab.backends import cuda_w4a16 as cuda
+from fp4lab.backends.triton_w4a16 import e4m3_to_e5m3
+from fp4lab.sweep import gemm as sweep_gemm
+from fp4lab.sweep.plan import GemmPoint
+
+
+def kernel_bytes(w):
+    scales = (e4m3_to_e5m3(w.scales) if w.fmt == "nvfp4"
+              else w.scales.contiguous().view(torch.uint8))
+    return cuda.mma_layout(formats.unpack_nibbles(w.packed), scales, w.fmt)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_the_kernels_arithmetic_on_the_laid_out_bytes_gives_the_weights(fmt):
+    # every code value and both nibbles of every byte position occur at this size
+    gen = torch.Generator().manual_seed(3)
+    w = formats.quantize(torch.randn(48, 192, generator=gen) * 0.4, fmt)
+    weights, scales = kernel_bytes(w)
+    assert weights.shape == (3, 3, 32, 16) and weights.dtype == torch.uint8
+    assert scales.shape == (3, 3, 8, cuda.SCALE_BYTES[fmt])
+    model = cuda.emulate(weights, scales, fmt)                               # [N, K]
+    expected = formats.dequantize(w).float()
+    if w.global_scale is None:
+        assert torch.equal(model, expected)
+    else:   # the kernel multiplies by 2^26 / global scale: one float rounding away
+        torch.testing.assert_close(model / w.global_scale.float(), expected, rtol=2**-22, atol=0)
+
+
+def test_layout_puts_each_lanes_fragment_in_its_word():
+    # code = row index (mod 16) in the low nibbles' k, so a byte's row is readable
+    codes = torch.zeros(16, 64, dtype=torch.uint8)
+    codes[:, :] = (torch.arange(16)[:, None] % 8).to(torch.uint8)
+    scales = torch.zeros(16, 4, dtype=torch.uint8)
+    weights, _ = cuda.mma_layout(codes, scales, "nvfp4")
+    lane = 4 * 3 + 1                                    # g = 3, t = 1
+    word = weights[0, 0, lane, 0:4]                     # k16 step 0, bytes 0..3
+    # bytes 0 and 2: row g (3), bytes 1 and 3: row g+8 (11 -> 3 mod 8), both nibbles
+    assert word.tolist() == [0x33, 0x33, 0x33, 0x33]
+
+
+def test_layout_refuses_scales_of_the_other_format():
+    w = formats.quantize(torch.randn(16, 128), "mxfp4")
+    with pytest.raises(ValueError, match="nvfp4 scale bytes"):
+        cuda.mma_layout(formats.unpack_nibbles(w.packed), w.scales.view(torch.uint8), "nvfp4")
+
+
+def test_configs_are_validated_and_say_what_a_point_needs():
+    with pytest.raises(ValueError, match="groups must be one of"):
+        cuda.CudaTileConfig(groups=3)
+    with pytest.raises(ValueError, match="rounds must be one of"):
+        cuda.CudaTileConfig(rounds=3)
+    config = cuda.CudaTileConfig(groups=4, warps=4, rounds=2)
+    assert config.label() == "cuda g4 r2 w4" and cuda.CudaTileConfig().label() == "cuda g8 w4"
+    assert config.split_k == 512 and config.splits(8192) == 16
+    assert config.grid(8192, 8192) == (128, 16, 1)
+    assert config.reason(1, 8192, 8192) is None
+    assert "multiple of 64" in config.reason(1, 8200, 8192)
+    assert "multiple of 512" in config.reason(1, 8192, 8448)
+    big = cuda.CudaTileConfig(groups=16, warps=8, rounds=2)
+    assert "shared memory" in big.reason(16, 8192, 8192)
+
+
+def test_choose_config_fits_the_point_and_gives_every_sm_warps():
+    for m, n, k in ((1, 8192, 8192), (16, 4096, 6144), (4, 6144, 2048), (1, 48, 128)):
+        config = cuda.choose_config(m, n, k, sm_count=132)
+        assert config.reason(m, n, k) is None, (m, n, k, config)
+
+
+def test_backend_refuses_points_it_does_not_take_before_any_work():
+    backend = get("cuda-w4a16")
+    assert backend.point_reason(32, 8192, 8192) == "a decode kernel: M <= 16, got M=32"
+    assert "multiple of 16" in backend.point_reason(1, 8200, 8192)
+    assert backend.point_reason(16, 4096, 6144) is None
+    w = formats.quantize(torch.randn(64, 256), "nvfp4")
+    with pytest.raises(ValueError, match="M <= 16"):
+        backend.prepare(torch.randn(17, 256).bfloat16(), w, "cpu")
+    with pytest.raises(ValueError, match="CUDA GPU"):
+        backend.prepare(torch.randn(1, 256).bfloat16(), w, "cpu")
+
+
+def test_sweep_records_a_shape_a_backend_does_not_take_as_unavailable(monkeypatch):
+    backend = get("cuda-w4a16")
+    monkeypatch.setattr(type(backend), "availability",
+                        lambda self, device, import_check=True: (True, self.what))
+    reason = sweep_gemm._static_reason(backend, GemmPoint("cuda-w4a16", "nvfp4", 8192, 8192, 64),
+                                       "cuda")
+    assert reason == "a decode kernel: M <= 16, got M=64"
+    assert sweep_gemm._static_reason(backend, GemmPoint("cuda-w4a16", "nvfp4", 8192, 8192, 16),
+                                     "cuda") is None
+
+
+def test_the_kernel_source_declares_what_the_layout_writes():
+    source = cuda.KERNEL_SOURCE.read_text()
+    assert f"fp4_decode_gemm(" in source and cuda.KERNEL_NAME == "fp4_decode_gemm"
+    # the masks the model applies are the kernel's
+    for mask in ("0x000F000Fu) * 0x1040u) & 0x81C081C0u", "0x00F000F0u) * 0x104u) & 0x81C081C0u"):
+        assert mask in source
+    assert "#define STAGES 2" in source and cuda.RING_STAGES == 2
+
+
+# --- on a GPU: the kernel itself, gated ----------------------------------------------------------
+
+GPU_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=2), cuda.CudaTileConfig(groups=4, warps=4),
+               cuda.CudaTileConfig(groups=1, warps=1, rounds=4),
+               cuda.CudaTileConfig(groups=2, warps=2, rounds=2)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
+@pytest.mark.parametrize("config", GPU_CONFIGS, ids=lambda c: c.label())
+def test_kernel_passes_the_gate(fmt, m, config):
+    n, k = 128, 1024
+    gen = torch.Generator().manual_seed(m)
+    w = formats.quantize(torch.randn(n, k, generator=gen) * k ** -0.5, fmt)
+    a = torch.randn(m, k, generator=gen).bfloat16()
+    prepared = get("cuda-w4a16").prepare(a, w, "cuda", config=config)
+    gate = correctness.check_backend(prepared, correctness.TOLERANCE[fmt])
+    assert gate.ok, gate.message
+    again = prepared.call().clone()                      # split-K state reset by the last call
+    assert torch.equal(again, prepared.call())
+
+
+@pytest.mark.cuda
+def test_kernel_replays_in_a_cuda_graph():
+    w = formats.quantize(torch.randn(256, 2048) * 2048 ** -0.5, "nvfp4")
+    a = torch.randn(4, 2048).bfloat16()
+    prepared = get("cuda-w4a16").prepare(a, w, "cuda", config=cuda.CudaTileConfig(groups=4, warps=4))
+    eager = prepared.call().clone()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        prepared.call()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            prepared.call()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(prepared.out, eager)
