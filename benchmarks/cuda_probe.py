@@ -23,14 +23,10 @@ import tune_w4a16 as tune  # noqa: E402  (beside this script)
 from fp4lab import correctness  # noqa: E402
 from fp4lab.backends import get  # noqa: E402
 from fp4lab.backends.cuda_w4a16 import CudaTileConfig, choose_config  # noqa: E402
-from fp4lab.backends.triton_w4a16 import sm_count  # noqa: E402
 
 SHAPES = ((8192, 8192), (4096, 6144), (6144, 2048))
 M_VALUES = (1, 4, 16)
-# call 40's winners (one round, loads straight to registers), then the cp.async rounds
-GRID = (tuple(CudaTileConfig(groups=g, warps=w) for g, w in ((8, 4), (8, 2), (4, 2), (4, 4)))
-        + tuple(CudaTileConfig(groups=g, warps=w, rounds=r)
-                for g, r in ((4, 2), (4, 4), (2, 4), (2, 8), (8, 2)) for w in (2, 4)))
+GRID = tuple(CudaTileConfig(groups=g, warps=w) for g in (4, 8, 16) for w in (2, 4, 8))
 PEERS = ("triton-w4a16", "torch-bf16", "humming-w4a16")
 
 
@@ -45,7 +41,7 @@ def peer_row(name: str, point: tune.Point, a, w, device: str, timer) -> dict:
 
 
 def cuda_row(config: CudaTileConfig, point: tune.Point, a, w, device: str, timer) -> dict:
-    reason = config.reason(point.m, point.n, point.k, point.fmt)
+    reason = config.reason(point.n, point.k)
     if reason:
         return {"status": "unavailable", "message": reason}
     backend = get("cuda-w4a16")
@@ -65,7 +61,6 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     timer = tune.device_timer()
-    sms = sm_count(device)
     weights: dict = {}
     best: dict = {}
     print(f"{'fmt':<5} {'N x K':>10} {'M':>3} {'variant':<16} {'status':<12} {'us':>8} {'TB/s':>5}  note")
@@ -75,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                 for m in M_VALUES:
                     point = tune.Point(fmt, n, k, m)
                     a, w = tune.operands(point, device, weights)
-                    pick = choose_config(m, n, k, sms)
+                    pick = choose_config(m, n, k)
                     variants = [(c.label(), "cuda-w4a16", lambda c=c: cuda_row(c, point, a, w, device, timer),
                                  c) for c in GRID]
                     variants += [(name, name, lambda name=name: peer_row(name, point, a, w, device, timer),

@@ -118,7 +118,7 @@ def peer_plan() -> list[dict]:
 def cuda_plan() -> list[dict]:
     """`launch_plan` for --cuda: cuda-w4a16 at the dense points' M."""
     n, k = dense_shape(False)
-    return [{"launch": f"cuda-w4a16 {n}x{k} M={m}", "kernel": cuda_choose(m, n, k, SMS).label(),
+    return [{"launch": f"cuda-w4a16 {n}x{k} M={m}", "kernel": cuda_choose(m, n, k).label(),
              "weights": n * k} for m, _ in DENSE_POINTS]
 
 

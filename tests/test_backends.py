@@ -13,7 +13,7 @@ from fp4lab.dtypes import WEIGHT_DTYPES
 from fp4lab.cli import main as cli_main
 
 EXPECTED_NAMES = ["torch-bf16", "torch-fp8", "emulated", "torch-fp4", "flashinfer-cutlass",
-                  "flashinfer-cudnn", "flashinfer-trtllm", "sgl-cutlass", "triton-w4a16", "humming-w4a16",
+                  "flashinfer-cudnn", "flashinfer-trtllm", "sgl-cutlass", "triton-w4a16", "cuda-w4a16", "humming-w4a16",
                   "humming-w4a4", "gemlite-w4a16", "tinygemm-int4"]
 FP4_NATIVE = ["torch-fp4", "flashinfer-cutlass", "flashinfer-cudnn", "flashinfer-trtllm",
               "sgl-cutlass"]

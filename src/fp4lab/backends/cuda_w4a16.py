@@ -34,31 +34,26 @@ K_GROUP = 64                 # k a lane's 16-byte load covers (four k16 MMAs)
 LANES = 32
 GROUP_CHOICES = (1, 2, 4, 8, 16)
 WARP_CHOICES = (1, 2, 4, 8)
-ROUND_CHOICES = (1, 2, 4, 8)
-RING_STAGES = 2              # the kernel's STAGES
-MAX_STATIC_SHARED = 48 * 1024
 SCALE_BYTES = {"nvfp4": 8, "mxfp4": 4}     # per (rows g, g+8) per k-group
 WEIGHT_BIAS = 2.0 ** 26                    # decoded weights are e2m1 * scale * 2^-26
 KERNEL_SOURCE = Path(__file__).with_name("cuda_w4a16_kernel.cu")
 KERNEL_NAME = "fp4_decode_gemm"
 MIN_CAPABILITY = (9, 0)      # mul.rn.bf16x2 (the scale multiply) is sm_90's
-WARPS_PER_SM_TARGET = 24     # resident warps an SM needs to keep its share of the bytes in flight
+PRESET_MAX_GROUPS = 8        # the preset rule's (choose_config): 128 B a lane in flight
+PRESET_MIN_SPLITS = 8
 
 
 @dataclass(frozen=True)
 class CudaTileConfig:
-    """One build of the kernel: a warp reads `rounds` rounds of `groups` k-groups (64 k each) per
-    split (so K/64/(groups*rounds) splits), `warps` row tiles a CTA. One round: every load issued
-    straight into registers before any math; more: rounds through a two-stage cp.async ring in
-    shared memory, the next round in flight while this one's MMAs run."""
+    """One build of the kernel: `groups` k-groups (64 k each) a warp reads per split, every load
+    issued straight into registers before any math (so K/64/groups splits), `warps` row tiles a
+    CTA."""
 
     groups: int = 8
     warps: int = 4
-    rounds: int = 1
 
     def __post_init__(self):
-        for name, choices in (("groups", GROUP_CHOICES), ("warps", WARP_CHOICES),
-                              ("rounds", ROUND_CHOICES)):
+        for name, choices in (("groups", GROUP_CHOICES), ("warps", WARP_CHOICES)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"CudaTileConfig.{name} must be one of {choices}, "
                                  f"got {getattr(self, name)!r}")
@@ -66,7 +61,7 @@ class CudaTileConfig:
     @property
     def split_k(self) -> int:
         """k a split covers."""
-        return K_GROUP * self.groups * self.rounds
+        return K_GROUP * self.groups
 
     def splits(self, k: int) -> int:
         return k // self.split_k
@@ -74,29 +69,15 @@ class CudaTileConfig:
     def grid(self, n: int, k: int) -> tuple[int, int, int]:
         return (n // (ROW_TILE * self.warps), self.splits(k), 1)
 
-    def shared_bytes(self, m: int, fmt: str) -> int:
-        """Static shared memory of the build at M (what the kernel declares): the staged
-        activations, and with rounds > 1 the copy ring."""
-        rows = 8 * n_tiles(m)
-        activations = rows * (self.split_k // 2 + 4) * 4
-        ring = 0 if self.rounds == 1 else (
-            RING_STAGES * self.warps * self.groups * LANES * (16 + SCALE_BYTES[fmt]))
-        return activations + ring + 16       # + the arrival flag, aligned
-
     def label(self) -> str:
-        return (f"cuda g{self.groups}{f' r{self.rounds}' if self.rounds > 1 else ''} "
-                f"w{self.warps}")
+        return f"cuda g{self.groups} w{self.warps}"
 
-    def reason(self, m: int, n: int, k: int, fmt: str = "nvfp4") -> str | None:
-        """Why this build cannot run an M x N x K point (None when it can)."""
+    def reason(self, n: int, k: int) -> str | None:
+        """Why this build cannot run an N x K point (None when it can)."""
         if n % (ROW_TILE * self.warps):
             return f"N={n} is not a multiple of {ROW_TILE * self.warps} (16 rows x {self.warps} warps)"
         if k % self.split_k:
-            return (f"K={k} is not a multiple of {self.split_k} (64 x {self.groups} groups x "
-                    f"{self.rounds} rounds)")
-        if self.shared_bytes(m, fmt) > MAX_STATIC_SHARED:
-            return (f"needs {self.shared_bytes(m, fmt)} B of shared memory at M={m}, over the "
-                    f"{MAX_STATIC_SHARED} B a kernel declares statically")
+            return f"K={k} is not a multiple of {self.split_k} (64 x {self.groups} groups)"
         return None
 
 
@@ -114,13 +95,16 @@ def point_reason(m: int, n: int, k: int) -> str | None:
     return None
 
 
-def choose_config(m: int, n: int, k: int, sm_count: int = 132) -> CudaTileConfig:
-    """The preset's rule: 4 warps a CTA where N allows, and the most k-groups a warp (the most
-    bytes in flight a lane) that still gives every SM >= WARPS_PER_SM_TARGET warps."""
+def choose_config(m: int, n: int, k: int) -> CudaTileConfig:
+    """The preset rule, from the H200 probe of 2026-12-02 (benchmarks/NOTES.md, call 40; results/
+    measurements/20261202T0442Z-h200-cuda-probe): 4 warps a CTA where N allows, and the most
+    k-groups a warp, up to PRESET_MAX_GROUPS, that still leaves PRESET_MIN_SPLITS splits of K
+    (8192x8192 and 4096x6144: 8 groups, 16 and 12 splits; 6144x2048: 4 groups, 8 splits; the
+    fastest build at M = 1-16 there within 4%, MXFP4 at M = 1 within 5-8%)."""
     warps = next(w for w in (4, 2, 1) if n % (ROW_TILE * w) == 0)
-    tiles, groups_total = n // ROW_TILE, k // K_GROUP
-    fitting = [g for g in GROUP_CHOICES if groups_total % g == 0]
-    enough = [g for g in fitting if tiles * (groups_total // g) >= WARPS_PER_SM_TARGET * sm_count]
+    fitting = [g for g in GROUP_CHOICES
+               if g <= PRESET_MAX_GROUPS and (k // K_GROUP) % g == 0]
+    enough = [g for g in fitting if k // (K_GROUP * g) >= PRESET_MIN_SPLITS]
     return CudaTileConfig(groups=max(enough) if enough else min(fitting), warps=warps)
 
 
@@ -201,8 +185,7 @@ def emulate(weights: torch.Tensor, scales: torch.Tensor, fmt: str) -> torch.Tens
 @functools.lru_cache(maxsize=None)
 def compiled(config: CudaTileConfig, fmt: str, tiles: int, capability: tuple[int, int]):
     """The kernel built for one configuration (NVRTC, once per process)."""
-    options = [f"-DGROUPS={config.groups}", f"-DROUNDS={config.rounds}",
-               f"-DWARPS={config.warps}", f"-DNTILES={tiles}",
+    options = [f"-DGROUPS={config.groups}", f"-DWARPS={config.warps}", f"-DNTILES={tiles}",
                f"-DNVFP4={int(fmt == 'nvfp4')}", "-std=c++17"]
     return torch.cuda._compile_kernel(KERNEL_SOURCE.read_text(), KERNEL_NAME,
                                       compute_capability=f"{capability[0]}{capability[1]}",
@@ -238,11 +221,10 @@ class CudaW4A16(Backend):
         if reason:
             raise ValueError(f"{self.name}: {reason}")
         from fp4lab import formats
-        from fp4lab.backends.triton_w4a16 import sm_count
 
-        config = config or choose_config(m, n, k, sm_count(device))
-        if config.reason(m, n, k, w.fmt):
-            raise ValueError(f"{self.name} {config.label()}: {config.reason(m, n, k, w.fmt)}")
+        config = config or choose_config(m, n, k)
+        if config.reason(n, k):
+            raise ValueError(f"{self.name} {config.label()}: {config.reason(n, k)}")
         check_scale_range(w)
         w = w.to(device)
         scale_bytes = (e4m3_to_e5m3(w.scales) if w.fmt == "nvfp4"

@@ -28,12 +28,10 @@
 // loads to their first use (two in flight, measured in the offline SASS), but does not move a
 // coherent load past the barrier that follows them.
 
-#define MP (8 * NTILES)              // activation rows an MMA reads (up to M staged, + a zero row)
-#define KS (64 * GROUPS * ROUNDS)    // k per split
+#define MP (8 * NTILES)              // activation rows staged (zero rows past M)
+#define KS (64 * GROUPS)             // k per split
 #define ROW_WORDS (KS / 2 + 4)       // bf16x2 words a staged row, +4: conflict-free B fragments
 #define SCALE_BYTES (NVFP4 ? 8 : 4)  // scale bytes per (row pair g, g+8) per k-group
-#define SCALE_WORDS (SCALE_BYTES / 4)
-#define STAGES 2                     // rounds in flight in the cp.async ring (ROUNDS > 1)
 
 typedef unsigned int u32;
 struct __align__(16) u32x4 { u32 x, y, z, w; };   // NVRTC has no headers: our own vector type
@@ -102,62 +100,6 @@ __device__ __forceinline__ void store_l2(float* p, float v) {
     asm volatile("st.global.cg.f32 [%0], %1;" :: "l"(p), "f"(v));
 }
 
-__device__ __forceinline__ u32 shared_address(const void* p) {
-    u32 address;
-    asm("{\n\t.reg .u64 t;\n\tcvta.to.shared.u64 t, %1;\n\tcvt.u32.u64 %0, t;\n\t}"
-        : "=r"(address) : "l"(p));
-    return address;
-}
-
-// asynchronous copies into shared memory: issued where written (ptxas cannot sink them), waited
-// on by group count
-__device__ __forceinline__ void copy_16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;"
-                 :: "r"(shared_address(dst)), "l"(src));
-}
-
-__device__ __forceinline__ void copy_scales(void* dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;"
-                 :: "r"(shared_address(dst)), "l"(src), "n"(SCALE_BYTES));
-}
-
-__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;"); }
-
-template <int PENDING>
-__device__ __forceinline__ void wait_copies() {
-    asm volatile("cp.async.wait_group %0;" :: "n"(PENDING));
-}
-
-// the four k16 MMA steps of one k-group: codes (the lane's 16 bytes), its block-scale words, the
-// staged activations and the group's first bf16x2 word within the split
-__device__ __forceinline__ void group_mmas(float (&acc)[2][NTILES][4], const u32x4 codes,
-                                           const u32* scales, const u32* const (&rows)[NTILES],
-                                           unsigned t, unsigned word0) {
-    const u32 words[4] = {codes.x, codes.y, codes.z, codes.w};
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {                        // one k16 MMA step
-        const u32 x = words[q], y = x >> 8;
-        // A fragment: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
-        u32 a0 = ((x & 0x000F000Fu) * 0x1040u) & 0x81C081C0u;
-        u32 a2 = ((x & 0x00F000F0u) * 0x104u) & 0x81C081C0u;
-        u32 a1 = ((y & 0x000F000Fu) * 0x1040u) & 0x81C081C0u;
-        u32 a3 = ((y & 0x00F000F0u) * 0x104u) & 0x81C081C0u;
-#if NVFP4                                                // a 16-k block per MMA
-        const u32 sc = scale_pair(scales[q >> 1], q & 1);
-#else                                                    // a 32-k block per two MMAs
-        const u32 sc = scale_pair(scales[0], q >> 1);
-#endif
-        a0 = scaled_lo(a0, sc);
-        a2 = scaled_lo(a2, sc);
-        a1 = scaled_hi(a1, sc);
-        a3 = scaled_hi(a3, sc);
-        const unsigned word = word0 + q * 8 + t;         // (k0 + 2t) / 2 within the split
-#pragma unroll
-        for (int nt = 0; nt < NTILES; ++nt)
-            mma(acc[q & 1][nt], a0, a1, a2, a3, rows[nt][word], rows[nt][word + 4]);
-    }
-}
-
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes, 16 B]
                 const u32* __restrict__ s,              // [N/16, K/64, 8 g, SCALE_BYTES]
@@ -167,7 +109,7 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
                 float* __restrict__ ws,                 // [M, N] float32, zero between calls
                 int* __restrict__ counts,               // [N / (16 * WARPS)], zero between calls
                 int M, int N, int K, int splits) {
-    __shared__ __align__(16) u32 act[(MP + 1) * ROW_WORDS];   // [MP + 1, KS] bf16, padded rows
+    __shared__ __align__(16) u32 act[MP * ROW_WORDS];   // [MP, KS] bf16, padded rows
     __shared__ int last_split;
     const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned g = lane >> 2, t = lane & 3;
@@ -175,57 +117,32 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     const unsigned tile = blockIdx.x * WARPS + warp;      // this warp's 16-row tile
     const long group0 = (long)tile * (unsigned)(K / 64) + split * GROUPS;
 
-    const u32x4* wp = w + group0 * 32 + lane;
-    const u32* sp = s + (group0 * 8 + g) * SCALE_WORDS;
-#if ROUNDS == 1
-    // every load of the warp first, straight into registers: codes (16 B a lane a k-group) and
-    // block scales
+    // every load of the warp first: codes (16 B a lane a k-group) and block scales
     u32x4 codes[GROUPS];
-    u32 scales[GROUPS][SCALE_WORDS];
+    u32 scales[GROUPS][SCALE_BYTES / 4];
+    const u32x4* wp = w + group0 * 32 + lane;
+    const u32* sp = s + (group0 * 8 + g) * (SCALE_BYTES / 4);
 #pragma unroll
     for (int j = 0; j < GROUPS; ++j) {
         codes[j] = load_stream(wp + j * 32);
 #pragma unroll
-        for (int h = 0; h < SCALE_WORDS; ++h)
-            scales[j][h] = load_scales(sp + j * 8 * SCALE_WORDS + h);
+        for (int h = 0; h < SCALE_BYTES / 4; ++h)
+            scales[j][h] = load_scales(sp + j * 8 * (SCALE_BYTES / 4) + h);
     }
-#else
-    // ROUNDS rounds of GROUPS k-groups through a ring of STAGES rounds per warp (each lane copies
-    // and reads back only its own bytes: no barrier), the next round's copies in flight while
-    // this round's MMAs run
-    __shared__ __align__(16) u32x4 ring[STAGES][WARPS][GROUPS][32];
-    __shared__ __align__(16) u32 scale_ring[STAGES][WARPS][GROUPS][32][SCALE_WORDS];
-    auto issue = [&](unsigned round) {
-#pragma unroll
-        for (int j = 0; j < GROUPS; ++j) {
-            const unsigned group = round * GROUPS + j;
-            copy_16(&ring[round % STAGES][warp][j][lane], wp + group * 32);
-            copy_scales(&scale_ring[round % STAGES][warp][j][lane][0], sp + group * 8 * SCALE_WORDS);
-        }
-    };
-#pragma unroll
-    for (unsigned r = 0; r < STAGES - 1; ++r) {
-        issue(r);
-        commit_copies();
-    }
-#endif
 
-    // the split's activations into shared memory, 16 bytes a thread a step: rows 0..M-1 and one
-    // zero row, which the lanes of rows past M read instead (M = 1 stages 2 rows, not 8)
+    // the split's activations into shared memory, 16 bytes a thread a step, zero rows past M
     const unsigned chunks = KS / 8;                      // 16-byte chunks a row
     const u32x4* a_split = a + (long)split * chunks;
-    const unsigned row_vectors = K / 8, staged = (unsigned)M < MP ? (unsigned)M : MP;
-    for (unsigned i = threadIdx.x; i < staged * chunks; i += WARPS * 32) {
-        const unsigned row = i / chunks, chunk = i % chunks;
-        *reinterpret_cast<u32x4*>(&act[row * ROW_WORDS + chunk * 4]) =
-            a_split[row * row_vectors + chunk];
-    }
-    for (unsigned chunk = threadIdx.x; chunk < chunks; chunk += WARPS * 32)
-        *reinterpret_cast<u32x4*>(&act[MP * ROW_WORDS + chunk * 4]) = u32x4{0u, 0u, 0u, 0u};
-    const u32* rows[NTILES];                             // this lane's activation row per n8 tile
+    const unsigned row_vectors = K / 8;
 #pragma unroll
-    for (int nt = 0; nt < NTILES; ++nt)
-        rows[nt] = &act[(nt * 8 + g < staged ? nt * 8 + g : MP) * ROW_WORDS];
+    for (unsigned i0 = 0; i0 < MP * chunks; i0 += WARPS * 32) {
+        const unsigned i = i0 + threadIdx.x, row = i / chunks, chunk = i % chunks;
+        if (MP * chunks % (WARPS * 32) == 0 || i < MP * chunks) {
+            u32x4 v = {0u, 0u, 0u, 0u};
+            if (row < (unsigned)M) v = a_split[row * row_vectors + chunk];
+            *reinterpret_cast<u32x4*>(&act[row * ROW_WORDS + chunk * 4]) = v;
+        }
+    }
     __syncthreads();
 
     // two accumulators, alternate MMAs: two dependency chains instead of one
@@ -236,22 +153,34 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
         for (int nt = 0; nt < NTILES; ++nt)
             acc[c][nt][0] = acc[c][nt][1] = acc[c][nt][2] = acc[c][nt][3] = 0.f;
 
-#if ROUNDS == 1
 #pragma unroll
-    for (int j = 0; j < GROUPS; ++j) group_mmas(acc, codes[j], scales[j], rows, t, j * 32);
-#else
+    for (int j = 0; j < GROUPS; ++j) {
+        const u32 words[4] = {codes[j].x, codes[j].y, codes[j].z, codes[j].w};
 #pragma unroll
-    for (unsigned r = 0; r < ROUNDS; ++r) {
-        if (r + STAGES - 1 < ROUNDS) issue(r + STAGES - 1);
-        commit_copies();                                 // (empty at the end: counts stay even)
-        wait_copies<STAGES - 1>();                       // round r has landed
-#pragma unroll
-        for (int j = 0; j < GROUPS; ++j)
-            group_mmas(acc, ring[r % STAGES][warp][j][lane],
-                       &scale_ring[r % STAGES][warp][j][lane][0], rows, t,
-                       (r * GROUPS + j) * 32);
-    }
+        for (int q = 0; q < 4; ++q) {                    // one k16 MMA step
+            const u32 x = words[q], y = x >> 8;
+            // A fragment: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
+            u32 a0 = ((x & 0x000F000Fu) * 0x1040u) & 0x81C081C0u;
+            u32 a2 = ((x & 0x00F000F0u) * 0x104u) & 0x81C081C0u;
+            u32 a1 = ((y & 0x000F000Fu) * 0x1040u) & 0x81C081C0u;
+            u32 a3 = ((y & 0x00F000F0u) * 0x104u) & 0x81C081C0u;
+#if NVFP4                                                // a 16-k block per MMA
+            const u32 sc = scale_pair(scales[j][q >> 1], q & 1);
+#else                                                    // a 32-k block per two MMAs
+            const u32 sc = scale_pair(scales[j][0], q >> 1);
 #endif
+            a0 = scaled_lo(a0, sc);
+            a2 = scaled_lo(a2, sc);
+            a1 = scaled_hi(a1, sc);
+            a3 = scaled_hi(a3, sc);
+            const int word = j * 32 + q * 8 + t;         // (k0 + 2t) / 2 within the split
+#pragma unroll
+            for (int nt = 0; nt < NTILES; ++nt) {
+                const u32* row = &act[(nt * 8 + g) * ROW_WORDS];
+                mma(acc[q & 1][nt], a0, a1, a2, a3, row[word], row[word + 4]);
+            }
+        }
+    }
 
 #pragma unroll
     for (int nt = 0; nt < NTILES; ++nt)

@@ -31,7 +31,7 @@ def palette(names) -> dict[str, tuple]:
 # strong tab10 colours first (tests/test_power_timeline.py checks that every registered backend
 # is listed; plots do not import the backends)
 BACKEND_COLOUR_ORDER = ("torch-bf16", "torch-fp8", "triton-w4a16", "humming-w4a16", "tinygemm-int4",
-                        "gemlite-w4a16", "emulated", "humming-w4a4", "torch-fp4", "flashinfer-cutlass",
+                        "gemlite-w4a16", "cuda-w4a16", "emulated", "humming-w4a4", "torch-fp4", "flashinfer-cutlass",
                         "flashinfer-cudnn", "flashinfer-trtllm", "sgl-cutlass")
 
 
