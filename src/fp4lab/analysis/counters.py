@@ -14,6 +14,7 @@ import csv
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -22,6 +23,8 @@ from fp4lab.results import MEASUREMENTS_ROOT
 
 SCHEDULERS_PER_SM = 4                      # warp schedulers (SMSPs) of an SM since Volta
 NVFP4_BYTES_PER_WEIGHT = 0.5 + 1 / 16      # codes and one e4m3 scale per 16
+LOAD_BOUND_STALLS = 1.0    # long-scoreboard cycles per instruction issued from which the loads,
+                           # not the issue slots, hold a launch back (more waiting than issuing)
 STALL_PREFIX = "smsp__average_warps_issue_stalled_"
 STALL_SUFFIX = "_per_issue_active.ratio"
 COLUMNS = {   # ncu metric -> column
@@ -159,46 +162,89 @@ def _scale(unit: str) -> float:
     return TIME_UNITS.get(unit, BYTE_UNITS.get(unit, 1.0))
 
 
+# whose kernels a profile holds (run.json's "profiled"), as the page names them
+KIND_NAMES = {"fp4lab": "fp4lab's Triton kernels", "fp4lab-cuda": "fp4lab's CUDA kernel"}
+
+
+def kind_name(profile: Counters) -> str:
+    return KIND_NAMES.get(profile.profiled, profile.profiled)
+
+
 def counters_findings(profiles: list[Counters], bandwidth_tbps: float | None = None) -> list[str]:
     """What the profiles say: first `instruction_bound` over all of them, then for each its
     dense decode GEMM's instructions, issue rate and warps (against the stream's DRAM share
     where profiled) and its MoE GEMMs. Each sentence from the rows named."""
     bound = instruction_bound(profiles, bandwidth_tbps)
+    even = break_even(profiles, bandwidth_tbps)
     lines = [bound] if bound else []
     for profile in profiles:
-        lines += _profile_lines(profile)
+        lines += _profile_lines(profile, even[0] if even else None)
     return lines
 
 
-def instruction_bound(profiles: list[Counters], bandwidth_tbps: float | None = None) -> str | None:
-    """Over every GEMM launch profiled (the anatomy's load and stream variants left out): their
-    instructions per weight against those at which issuing them on every slot takes as long as
-    reading NVFP4 weights at `bandwidth_tbps` (measured on the profiles' GPU; None: its spec
-    sheet's), and the busiest issue rate. None without GEMM rows or a bandwidth."""
+def break_even(profiles: list[Counters], bandwidth_tbps: float | None = None):
+    """(instructions per weight at which issuing them on every scheduler slot takes as long as
+    reading NVFP4 weights at `bandwidth_tbps`, where that bandwidth comes from, the bandwidth):
+    None without a profile or a bandwidth (the spec sheet's when none is given)."""
     from fp4lab import hardware
 
-    gemms = [(p, r) for p in profiles for r in p.table.itertuples()
-             if r.weights and "load" not in r.launch and "stream" not in r.launch]
-    if not gemms:
+    if not profiles:
         return None
-    first = gemms[0][0]
+    first = profiles[0]
     source = "the copy bandwidth measured in this run"
     if bandwidth_tbps is None and first.spec in hardware.SPECS:
         bandwidth_tbps, source = hardware.SPECS[first.spec].memory_bw_tbps, "the spec sheet's bandwidth"
     if not bandwidth_tbps:
         return None
+    even = 32 * first.issue_slots_per_ns * 1e9 * NVFP4_BYTES_PER_WEIGHT / (bandwidth_tbps * 1e12)
+    return even, source, bandwidth_tbps
+
+
+def _gemm_rows(profiles: list[Counters]) -> list[tuple[Counters, Any]]:
+    """Every GEMM launch profiled: rows that read weights, the anatomy's load and stream variants
+    left out."""
+    return [(p, r) for p in profiles for r in p.table.itertuples()
+            if r.weights and "load" not in r.launch and "stream" not in r.launch]
+
+
+def instruction_bound(profiles: list[Counters], bandwidth_tbps: float | None = None) -> str | None:
+    """Over every GEMM launch profiled: their instructions per weight against `break_even`, which
+    launches issue more than that (their instructions bound them) and which fewer, and for the
+    leanest of those what its warps wait on instead. None without GEMM rows or a bandwidth."""
+    gemms = _gemm_rows(profiles)
+    even = break_even(profiles, bandwidth_tbps)
+    if not gemms or even is None:
+        return None
+    even, source, bandwidth_tbps = even
     low = min(r.instr_per_weight for _, r in gemms)
     high = max(r.instr_per_weight for _, r in gemms)
-    even = 32 * first.issue_slots_per_ns * 1e9 * NVFP4_BYTES_PER_WEIGHT / (bandwidth_tbps * 1e12)
-    busiest = max(r.issue_pct for _, r in gemms)
-    libraries = text.join(sorted({p.profiled for p, _ in gemms}))
-    return (f"Every FP4 GEMM launch profiled ({libraries}) runs {low:.1f}-{high:.1f} instructions per "
-            f"weight. At {even:.1f} instructions per weight, issuing them on every slot of the "
-            f"{text.md(first.device)}'s schedulers takes as long as reading NVFP4 weights at {source} "
-            f"({bandwidth_tbps:.2f} TB/s), and the busiest launch issues on {text.pct(busiest)} of cycles: "
-            "on this GPU the kernels' instructions (decode, operand moves, MMA, addressing), not their "
-            "bytes, bound an FP4 weight-only GEMM. A faster one needs fewer instructions per weight, or "
-            "FP4 tensor cores (sm_100) that take the codes as they are.")
+    over = [(p, r) for p, r in gemms if r.instr_per_weight >= even]
+    under = [(p, r) for p, r in gemms if r.instr_per_weight < even]
+    kinds = text.join(dict.fromkeys(kind_name(p) for p, _ in gemms))
+    head = (f"The FP4 GEMM launches profiled ({kinds}) run {low:.1f}-{high:.1f} instructions per weight. "
+            f"At {even:.1f} instructions per weight, issuing them on every slot of the "
+            f"{text.md(profiles[0].device)}'s schedulers takes as long as reading NVFP4 weights at {source} "
+            f"({bandwidth_tbps:.2f} TB/s)")
+    if not under:
+        busiest = max(r.issue_pct for _, r in gemms)
+        return (head + f", and every launch issues more; the busiest issues on {text.pct(busiest)} of cycles: "
+                "on this GPU the kernels' instructions (decode, operand moves, MMA, addressing), not their "
+                "bytes, bound an FP4 weight-only GEMM. A faster one needs fewer instructions per weight, or "
+                "FP4 tensor cores (sm_100) that take the codes as they are.")
+    head += "."
+    if over:
+        head += (f" {len(over)} of the {len(gemms)} launches issue more than that: their instructions bound "
+                 "them (fewer instructions per weight, or FP4 tensor cores (sm_100) that take the codes as "
+                 "they are, would make them faster).")
+    lean_profile, lean = min(under, key=lambda pr: pr[1].instr_per_weight)
+    stall = lean.stalls.split(",")[0].strip()
+    head += (f" The leanest, {text.md(lean.launch)} ({kind_name(lean_profile)}), issues "
+             f"{lean.instr_per_weight:.1f} on {text.pct(lean.issue_pct)} of cycles, and its warps stall most on "
+             f"{stall} cycles per instruction issued")
+    if stall.startswith("long scoreboard") and float(stall.split()[-1]) >= LOAD_BOUND_STALLS:
+        head += (": it waits on its global loads, so the bytes it keeps in flight per SM, not its "
+                 "instructions, bound it now")
+    return head + "."
 
 
 def shown_rows(profile: Counters) -> pd.DataFrame:
@@ -215,7 +261,7 @@ def shown_rows(profile: Counters) -> pd.DataFrame:
     return pd.concat([reads, pd.DataFrame([other])], ignore_index=True)
 
 
-def _profile_lines(profile: Counters) -> list[str]:
+def _profile_lines(profile: Counters, even: float | None) -> list[str]:
     table = profile.table
     lines = []
     full = _first(table, "M=1 full") if profile.profiled == "fp4lab" else _first(table, "M=1")
@@ -234,8 +280,9 @@ def _profile_lines(profile: Counters) -> list[str]:
         line += (f". Issuing its instructions takes {text.us(issue_us)} at every slot of the "
                  f"{int(full['sms']) * SCHEDULERS_PER_SM} schedulers, {text.us(at_rate)} at the rate "
                  f"measured, of its {text.us(full['us'])}")
-        if at_rate > 0.6 * full["us"]:
-            line += ": its instructions, not its bytes, set its time"
+        if even is not None and full["instr_per_weight"] >= even:
+            line += ("; at more instructions per weight than issuing takes in the read time, its "
+                     "instructions, not its bytes, set its time")
         lines.append(line + ".")
     moe = table[table["kernel"].str.contains("MoE", regex=False)]
     if len(moe):

@@ -191,9 +191,8 @@ def _counters(page, folders, results) -> None:
     page.bullets("counters", kernel_counters.counters_findings(             # what they say, first
         loaded, results.bandwidth_tbps if same_gpu else None))
     for profile in loaded:
-        whose = "fp4lab's kernels" if profile.profiled == "fp4lab" else f"{profile.profiled}'s kernels"
         page.html("counters", html_table(kernel_counters.shown_rows(profile), COUNTERS, caption=profile.caption(
-            f"{whose}, each launch under Nsight Compute")))
+            f"{kernel_counters.kind_name(profile)}, each launch under Nsight Compute")))
 
 
 def anatomy_columns(table) -> list[Col]:
