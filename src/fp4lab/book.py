@@ -220,7 +220,7 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
             lines += ["```{raw} html", words.glance_html(d), "```", ""]
         if len(d.seed):
             seed = html_table(d.seed, SEED, caption=d.gemm.caption(
-                f"GEMM speed by M, {d.seed_backend} on {d.view.device} (the seed's table, measured): {SEED_NOTE}"))
+                f"The seed's table, measured, {d.seed_backend}: {SEED_NOTE}"))
             lines += ["```{raw} html", f'<div class="fp4lab-seed">{seed}</div>', "```", ""]
         facts = [line for line in (words.kernel_time_sentence(d), words.fp4_sentence(d),
                                    counters_sentence(d)) if line]

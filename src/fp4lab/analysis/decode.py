@@ -478,7 +478,7 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
                          "with_us": fp4["best"]["layer_us"], "from_path": True, "kind": "measured"})
     floor = chosen.get("memory_floor_us", np.nan) if chosen is not None else np.nan
     if np.isfinite(floor) and 0 < floor < chosen["layer_us"]:
-        rows.append({"lever": f"a kernel that streams {chosen['path']}'s weights at the copy bandwidth",
+        rows.append({"lever": f"streaming {chosen['path']}'s weights at copy bandwidth",
                      "gain": chosen["layer_us"] / floor, "basis": BOUND, "now_us": chosen["layer_us"],
                      "with_us": floor, "from_path": True, "kind": "bound"})
     if len(concurrency) > 1:
@@ -496,8 +496,8 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
         with_comm = bool(ep["comm_us"].notna().all())
         column = "us_per_token_with_comm" if with_comm else "us_per_token"
         degree = int(last["ep"])
-        rows.append({"lever": f"expert parallelism EP={degree} (per token, a loop of {backend} GEMMs, "
-                              + ("all-to-all included)" if with_comm else "communication not included)"),
+        rows.append({"lever": f"expert parallelism EP={degree} (per token, a {backend} GEMM loop, "
+                              + ("all-to-all included)" if with_comm else "no communication)"),
                      "gain": first[column] / last[column],
                      "basis": (MODELLED + (" and all-to-alls" if with_comm else "")
                                + f": {degree} GPUs each bring B={batch} tokens, so each rank's experts see "

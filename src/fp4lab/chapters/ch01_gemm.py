@@ -27,8 +27,7 @@ CEILINGS = [Col("ceiling", "ceiling"), Col("measured", "measured here", "sig"), 
 SEED = [Col("M", "M (tokens)", "int"), Col("TFLOP/s min", "TFLOP/s min", "sig"),
         Col("TFLOP/s max", "TFLOP/s max", "sig"), Col("% of spec peak", "% of spec peak", "pct"),
         Col("% of measured peak", "% of measured", "pct"), Col("regime", "regime")]
-SEED_NOTE = ("TFLOP/s min and max over the swept shapes; % of the math dtype's peak (spec sheet, measured) "
-             "at the best shape; regime: the largest floor")
+SEED_NOTE = "TFLOP/s min/max over the swept shapes; % of its math peak at the best shape; regime: the largest floor"
 FASTEST = [Col("m", "M (tokens)", "int"), Col("backend", "fastest 4-bit method"),
            Col("cases won", "cases won (format x shape)"),
            Col("median speed-up vs bf16", "speed-up vs cuBLAS bf16 (median)", "ratio"),
