@@ -126,6 +126,20 @@ def test_bad_shapes_are_named(tune, bad):
         tune.parse_shapes(bad)
 
 
+def test_cuda_probe_grid_is_every_valid_build_and_without_a_gpu_it_says_so(tmp_path):
+    from fp4lab.backends.cuda_w4a16 import choose_config as cuda_choose
+
+    probe = load("cuda_probe")
+    assert len(set(probe.GRID)) == len(probe.GRID) == 9
+    for n, k in probe.SHAPES:      # the preset of every point is one of the builds it times
+        assert all(cuda_choose(m, n, k) in probe.GRID for m in probe.M_VALUES)
+    if not torch.cuda.is_available():
+        run = subprocess.run([sys.executable, os.path.join(BENCH, "cuda_probe.py"), "--out",
+                              str(tmp_path)], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "PYTHONPATH": os.path.join(BENCH, "..", "src")})
+        assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter run (CPU-only machines)")
 def test_device_script_smoke_run_gates_every_row_and_writes_its_files(tmp_path):
     run = run_interpreted("h200_kernels", "--smoke", "--out", str(tmp_path))

@@ -136,7 +136,7 @@ def test_the_share_file_keeps_what_the_verdict_box_no_longer_says(tmp_path):
 
 def test_the_front_page_says_why_from_the_profiles_of_its_gpu(tmp_path):
     """The committed Nsight Compute profiles (H200) give the verdict's 'kernel-limited' its count,
-    with the leading H200 run's copy bandwidth, naming both profiles."""
+    with the leading H200 run's copy bandwidth, naming the three profiles."""
     from fp4lab import book
 
     run = RunDir.create(tmp_path, "cpu-run")
@@ -144,6 +144,9 @@ def test_the_front_page_says_why_from_the_profiles_of_its_gpu(tmp_path):
     page = book.front_page(run, {"reference_dir": str(leading.path), "chapters": [], "profile": "smoke"},
                            leading)
     line, = [line for line in page.splitlines() if line.startswith("- Why, counted by Nsight Compute")]
-    assert "`20261202T0215Z-h200-ncu` and `20261202T0230Z-h200-ncu-humming`" in line
-    assert "(fp4lab and humming) runs 4.0-5.0 instructions per weight" in line
-    assert "the copy bandwidth measured in this run (4.27 TB/s)" in line and "At 4.4 instructions" in line
+    assert ("`20261202T0215Z-h200-ncu`, `20261202T0230Z-h200-ncu-humming` and "
+            "`20261202T0458Z-h200-ncu-cuda`") in line
+    assert ("(fp4lab's Triton kernels, humming and fp4lab's CUDA kernel) run 3.6-5.0 instructions per "
+            "weight") in line
+    assert "the copy bandwidth measured in this run (4.24 TB/s)" in line and "At 4.4 instructions" in line
+    assert "their instructions bound them" in line and "waits on its global loads" in line
