@@ -109,6 +109,19 @@ def test_the_kernel_source_declares_what_the_layout_writes():
         assert mask in source
 
 
+def test_the_kernel_source_ships_with_the_package():
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    import fp4lab
+
+    pyproject = Path(fp4lab.__file__).parents[2] / "pyproject.toml"
+    patterns = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["package-data"]["fp4lab"]
+    source = cuda.KERNEL_SOURCE.relative_to(Path(fp4lab.__file__).parent).as_posix()
+    assert any(fnmatch.fnmatch(source, pattern) for pattern in patterns), (source, patterns)
+
+
 # --- on a GPU: the kernel itself, gated ----------------------------------------------------------
 
 GPU_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=2), cuda.CudaTileConfig(groups=4, warps=4),
