@@ -122,15 +122,22 @@ def cuda_plan() -> list[dict]:
              "weights": n * k} for m, _ in DENSE_POINTS]
 
 
+def gated_dense(backend: str, m: int, device: str, cache: dict):
+    """`backend` prepared at the dense shape, M=`m`, NVFP4, after its gate passed."""
+    n, k = dense_shape(False)
+    a, w = tune.operands(tune.Point("nvfp4", n, k, m), device, cache)
+    prepared = backends.get(backend).prepare(a, w, device)
+    gate = correctness.check_backend(prepared, correctness.TOLERANCE["nvfp4"])
+    if not gate.ok:
+        raise SystemExit(f"{backend} at M={m} failed its gate: {gate.message}")
+    return prepared
+
+
 def cuda_launches(device: str):
     n, k = dense_shape(False)
     cache: dict = {}
     for m, _ in DENSE_POINTS:
-        a, w = tune.operands(tune.Point("nvfp4", n, k, m), device, cache)
-        prepared = backends.get("cuda-w4a16").prepare(a, w, device)
-        gate = correctness.check_backend(prepared, correctness.TOLERANCE["nvfp4"])
-        if not gate.ok:
-            raise SystemExit(f"cuda-w4a16 at M={m} failed its gate: {gate.message}")
+        prepared = gated_dense("cuda-w4a16", m, device, cache)
         yield f"cuda-w4a16 {n}x{k} M={m} nvfp4 {prepared.info['config']}", prepared.call
 
 
@@ -166,12 +173,7 @@ def moe_launch(device: str, smoke: bool):
 def peer_launches(device: str):
     """humming-w4a16 at 8192x8192 M=1 and humming-moe-indexed at GLM-5 B=512, NVFP4, gated."""
     n, k = dense_shape(False)
-    a, w = tune.operands(tune.Point("nvfp4", n, k, 1), device, {})
-    prepared = backends.get("humming-w4a16").prepare(a, w, device)
-    gate = correctness.check_backend(prepared, correctness.TOLERANCE["nvfp4"])
-    if not gate.ok:
-        raise SystemExit(f"humming-w4a16 failed its gate: {gate.message}")
-    yield f"humming-w4a16 {n}x{k} M=1 nvfp4", prepared.call
+    yield f"humming-w4a16 {n}x{k} M=1 nvfp4", gated_dense("humming-w4a16", 1, device, {}).call
     yield gated_moe_call("humming-moe-indexed", device, False)
 
 

@@ -9,15 +9,13 @@ import torch
 from fp4lab import correctness, formats
 from fp4lab.backends import get
 from fp4lab.backends import cuda_w4a16 as cuda
-from fp4lab.backends.triton_w4a16 import e4m3_to_e5m3
+from fp4lab.backends.triton_w4a16 import kernel_scale_bytes
 from fp4lab.sweep import gemm as sweep_gemm
 from fp4lab.sweep.plan import GemmPoint
 
 
 def kernel_bytes(w):
-    scales = (e4m3_to_e5m3(w.scales) if w.fmt == "nvfp4"
-              else w.scales.contiguous().view(torch.uint8))
-    return cuda.mma_layout(formats.unpack_nibbles(w.packed), scales, w.fmt)
+    return cuda.mma_layout(formats.unpack_nibbles(w.packed), kernel_scale_bytes(w), w.fmt)
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from fp4lab.backends.base import Backend, Requirements, prepared_from, resolve_device
-from fp4lab.backends.triton_w4a16 import check_scale_range, e4m3_to_e5m3
+from fp4lab.backends.triton_w4a16 import SCALE_EXP, check_scale_range, kernel_scale_bytes
 
 MAX_M = 16                   # two n8 MMA tiles of activation rows
 ROW_TILE = 16                # weight rows an MMA covers
@@ -35,7 +35,7 @@ LANES = 32
 GROUP_CHOICES = (1, 2, 4, 8, 16)
 WARP_CHOICES = (1, 2, 4, 8)
 SCALE_BYTES = {"nvfp4": 8, "mxfp4": 4}     # per (rows g, g+8) per k-group
-WEIGHT_BIAS = 2.0 ** 26                    # decoded weights are e2m1 * scale * 2^-26
+WEIGHT_BIAS = 2.0 ** (126 - SCALE_EXP)     # decoded weights are e2m1 * scale * 2^-26
 KERNEL_SOURCE = Path(__file__).with_name("cuda_w4a16_kernel.cu")
 KERNEL_NAME = "fp4_decode_gemm"
 MIN_CAPABILITY = (9, 0)      # mul.rn.bf16x2 (the scale multiply) is sm_90's
@@ -227,9 +227,7 @@ class CudaW4A16(Backend):
             raise ValueError(f"{self.name} {config.label()}: {config.reason(n, k)}")
         check_scale_range(w)
         w = w.to(device)
-        scale_bytes = (e4m3_to_e5m3(w.scales) if w.fmt == "nvfp4"
-                       else w.scales.contiguous().view(torch.uint8))
-        weights, scales = mma_layout(formats.unpack_nibbles(w.packed), scale_bytes, w.fmt)
+        weights, scales = mma_layout(formats.unpack_nibbles(w.packed), kernel_scale_bytes(w), w.fmt)
         unbias = torch.full((1,), WEIGHT_BIAS, dtype=torch.float32, device=device)
         if w.global_scale is not None:
             unbias /= w.global_scale.float().reshape(-1)[0]

@@ -292,8 +292,7 @@ def kernel_operands(w, device: str, block_k: int, tile_rows: int | None = None) 
     scales in the exact range); with `tile_rows` = BN (a 2-D `w`), in `tiled_layout`."""
     check_scale_range(w)
     w = w.to(device)
-    scales = (e4m3_to_e5m3(w.scales) if w.fmt == "nvfp4"
-              else w.scales.contiguous().view(torch.uint8))
+    scales = kernel_scale_bytes(w)
     global_scale = (w.global_scale.float().reshape(-1) if w.global_scale is not None
                     else torch.ones(1, dtype=torch.float32, device=device))
     packed, scales = halves_layout(w.packed, scales, block_k, w.block_size)
@@ -371,6 +370,12 @@ def _prepare(backend: TritonW4A16, a, w, device, config: TileConfig | None, stag
         args = (a_bf16, operands.packed, operands.scale_bytes, operands.global_scale)
     return prepared_from(launch, args, out, ref_a=a_bf16.float(), ref_w=ref_w,
                          info={"config": config.label(), "stage": stage})
+
+
+def kernel_scale_bytes(w) -> torch.Tensor:
+    """The block-scale bytes fp4lab's kernels decode (triton-w4a16's and cuda-w4a16's), [.., N,
+    K/S] uint8: e5m3 for nvfp4 (`e4m3_to_e5m3`), the e8m0 bytes as stored for mxfp4."""
+    return e4m3_to_e5m3(w.scales) if w.fmt == "nvfp4" else w.scales.contiguous().view(torch.uint8)
 
 
 def e4m3_to_e5m3(scales: torch.Tensor) -> torch.Tensor:
