@@ -1,5 +1,5 @@
 """`cuda-w4a16`, fp4lab's CUDA decode GEMM, against its peers at issue 13's decode points: every
-build of the kernel (`GRID`: k-groups a warp x warps a CTA) gated, then timed with the package's
+build of the kernel (`GRID`: k-groups a warp, depth, warps a CTA) gated, then timed with the package's
 timer (cold L2, CUDA graph), beside the Triton kernel's preset, cuBLAS bf16 and humming-w4a16
 (when its wheel is installed) at the same points.
 
@@ -26,7 +26,11 @@ from fp4lab.backends.cuda_w4a16 import CudaTileConfig, choose_config  # noqa: E4
 
 SHAPES = ((8192, 8192), (4096, 6144), (6144, 2048))
 M_VALUES = (1, 4, 16)
-GRID = tuple(CudaTileConfig(groups=g, warps=w) for g in (4, 8, 16) for w in (2, 4, 8))
+# (k-groups a warp, of them in flight, warps a CTA): session 8's builds that issue every load up
+# front (the presets' g4 and g8), and builds whose loads run `depth` groups ahead of their math
+GRID = tuple(CudaTileConfig(groups=g, depth=d, warps=w) for g, d, w in (
+    (4, 4, 4), (8, 8, 4), (8, 4, 4), (16, 4, 4), (16, 8, 4), (32, 4, 4), (32, 8, 4),
+    (16, 4, 8), (32, 4, 8)))
 PEERS = ("triton-w4a16", "torch-bf16", "humming-w4a16")
 
 
@@ -41,7 +45,7 @@ def peer_row(name: str, point: tune.Point, a, w, device: str, timer) -> dict:
 
 
 def cuda_row(config: CudaTileConfig, point: tune.Point, a, w, device: str, timer) -> dict:
-    reason = config.reason(point.n, point.k)
+    reason = config.reason(point.m, point.n, point.k)
     if reason:
         return {"status": "unavailable", "message": reason}
     backend = get("cuda-w4a16")

@@ -14,7 +14,8 @@ Without ncu it runs the same launches and prints their labels (the check that th
 `--smoke` runs tiny stand-ins on a CPU under TRITON_INTERPRET=1 (the test). `--peers` profiles
 instead the fastest peers at the same two points, humming-w4a16 and humming-moe-indexed (NVFP4;
 the humming wheel installed; their launches as fp4lab's wrappers make them, `PEER_MOE_KERNELS`).
-`--cuda` profiles fp4lab's CUDA decode GEMM (`cuda-w4a16`, its preset) at the dense points.
+`--cuda` profiles fp4lab's CUDA decode GEMM (`cuda-w4a16`, its preset) at the dense points;
+`--cuda-builds g32d4w4,...` profiles those builds of it instead (k-groups, depth, warps).
 `--launches FILE`
 writes launches.json: one entry per kernel launch ncu will see, in order (its label and the
 weights it reads), which `fp4lab.analysis.counters` joins with ncu's rows; `--describe` writes it
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -35,7 +37,7 @@ import tune_w4a16 as tune  # noqa: E402  (beside this script)
 
 from fp4lab import backends, correctness  # noqa: E402
 from fp4lab.backends.moe import base as moe_base, get as get_moe  # noqa: E402
-from fp4lab.backends.cuda_w4a16 import choose_config as cuda_choose  # noqa: E402
+from fp4lab.backends.cuda_w4a16 import CudaTileConfig, choose_config as cuda_choose  # noqa: E402
 from fp4lab.backends.triton_w4a16 import anatomy_variants, tensor_core_config  # noqa: E402
 from fp4lab.moe import presets as model_presets, routing  # noqa: E402
 
@@ -115,29 +117,55 @@ def peer_plan() -> list[dict]:
                for part in PEER_MOE_KERNELS])
 
 
-def cuda_plan() -> list[dict]:
-    """`launch_plan` for --cuda: cuda-w4a16 at the dense points' M."""
+def parse_builds(text: str) -> list[CudaTileConfig]:
+    """'g32d4w4,g8d8w4' -> those builds of cuda-w4a16 (k-groups, depth, warps)."""
+    builds = []
+    for item in filter(None, text.split(",")):
+        match = re.fullmatch(r"g(\d+)d(\d+)w(\d+)", item.strip())
+        if not match:
+            raise SystemExit(f"--cuda-builds: {item!r} is not g<groups>d<depth>w<warps>, "
+                             "e.g. g32d4w4")
+        try:
+            builds.append(CudaTileConfig(groups=int(match[1]), depth=int(match[2]),
+                                         warps=int(match[3])))
+        except ValueError as exc:
+            raise SystemExit(f"--cuda-builds {item}: {exc}") from None
+    return builds
+
+
+def cuda_points(builds: list[CudaTileConfig]):
+    """(M, build) of each --cuda launch: every build (the preset: None) at each dense M."""
     n, k = dense_shape(False)
-    return [{"launch": f"cuda-w4a16 {n}x{k} M={m}", "kernel": cuda_choose(m, n, k).label(),
-             "weights": n * k} for m, _ in DENSE_POINTS]
+    for build in builds or [None]:
+        for m, _ in DENSE_POINTS:
+            if build is None or build.reason(m, n, k) is None:
+                yield m, build
 
 
-def gated_dense(backend: str, m: int, device: str, cache: dict):
+def cuda_plan(builds: list[CudaTileConfig]) -> list[dict]:
+    """`launch_plan` for --cuda: cuda-w4a16 at the dense points' M, per build."""
+    n, k = dense_shape(False)
+    return [{"launch": f"cuda-w4a16 {n}x{k} M={m}",
+             "kernel": (build or cuda_choose(m, n, k)).label(), "weights": n * k}
+            for m, build in cuda_points(builds)]
+
+
+def gated_dense(backend: str, m: int, device: str, cache: dict, **prepare_options):
     """`backend` prepared at the dense shape, M=`m`, NVFP4, after its gate passed."""
     n, k = dense_shape(False)
     a, w = tune.operands(tune.Point("nvfp4", n, k, m), device, cache)
-    prepared = backends.get(backend).prepare(a, w, device)
+    prepared = backends.get(backend).prepare(a, w, device, **prepare_options)
     gate = correctness.check_backend(prepared, correctness.TOLERANCE["nvfp4"])
     if not gate.ok:
         raise SystemExit(f"{backend} at M={m} failed its gate: {gate.message}")
     return prepared
 
 
-def cuda_launches(device: str):
+def cuda_launches(device: str, builds: list[CudaTileConfig]):
     n, k = dense_shape(False)
     cache: dict = {}
-    for m, _ in DENSE_POINTS:
-        prepared = gated_dense("cuda-w4a16", m, device, cache)
+    for m, build in cuda_points(builds):
+        prepared = gated_dense("cuda-w4a16", m, device, cache, config=build)
         yield f"cuda-w4a16 {n}x{k} M={m} nvfp4 {prepared.info['config']}", prepared.call
 
 
@@ -187,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="profile humming's dense and MoE kernels at the same points instead")
     parser.add_argument("--cuda", action="store_true",
                         help="profile fp4lab's CUDA decode GEMM (cuda-w4a16) at the dense points")
+    parser.add_argument("--cuda-builds", default="", metavar="g32d4w4,...",
+                        help="with --cuda: profile these builds instead of the preset")
     parser.add_argument("--launches", type=Path,
                         help="write launches.json (what each kernel launch is) to this file")
     parser.add_argument("--describe", action="store_true",
@@ -199,8 +229,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--peers and --cuda profile GPU-only kernels: no --smoke")
     if args.peers and args.cuda:
         parser.error("one of --peers and --cuda a run")
+    if args.cuda_builds and not args.cuda:
+        parser.error("--cuda-builds goes with --cuda")
+    builds = parse_builds(args.cuda_builds)
     if args.launches:
-        plan = (peer_plan() if args.peers else cuda_plan() if args.cuda
+        plan = (peer_plan() if args.peers else cuda_plan(builds) if args.cuda
                 else launch_plan(args.smoke))
         args.launches.write_text(json.dumps(plan, indent=1) + "\n")
     if args.describe:
@@ -210,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     device = tune.script_device("ncu_profile", args.smoke)
     if device is None:
         return 2
-    launches = (list(peer_launches(device)) if args.peers else list(cuda_launches(device))
+    launches = (list(peer_launches(device)) if args.peers else list(cuda_launches(device, builds))
                 if args.cuda else [*dense_launches(device, args.smoke), *moe_launch(device, args.smoke)])
     for label, call in launches:
         call()                                     # compiled and warm before its range

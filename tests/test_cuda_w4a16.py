@@ -57,13 +57,21 @@ def test_configs_are_validated_and_say_what_a_point_needs():
         cuda.CudaTileConfig(groups=3)
     with pytest.raises(ValueError, match="warps must be one of"):
         cuda.CudaTileConfig(warps=16)
+    with pytest.raises(ValueError, match="depth .16. cannot exceed groups .8."):
+        cuda.CudaTileConfig(groups=8, depth=16)
     config = cuda.CudaTileConfig(groups=8, warps=4)
-    assert config.label() == "cuda g8 w4"
+    assert config.label() == "cuda g8 d8 w4" and config.depth == 8   # every load up front
+    assert cuda.CudaTileConfig(groups=32, depth=4).label() == "cuda g32 d4 w4"
     assert config.split_k == 512 and config.splits(8192) == 16
     assert config.grid(8192, 8192) == (128, 16, 1)
-    assert config.reason(8192, 8192) is None
-    assert "multiple of 64 (16 rows x 4 warps)" in config.reason(8208, 8192)
-    assert "multiple of 512" in config.reason(8192, 8448)
+    assert config.reason(16, 8192, 8192) is None
+    assert "multiple of 64 (16 rows x 4 warps)" in config.reason(1, 8208, 8192)
+    assert "multiple of 512" in config.reason(1, 8192, 8448)
+    # staged activations: M rows of the split's k, 16 padding bytes a row, under the launch limit
+    wide = cuda.CudaTileConfig(groups=32, depth=4)
+    assert wide.shared_bytes(8) == 8 * (2 * 2048 + 16)
+    assert wide.reason(8, 8192, 8192) is None
+    assert "need 65792 bytes of shared memory" in wide.reason(16, 8192, 8192)
 
 
 def test_the_preset_rule_is_the_probes_winners_and_fits_any_point():
@@ -73,7 +81,7 @@ def test_the_preset_rule_is_the_probes_winners_and_fits_any_point():
     assert cuda.choose_config(1, 6144, 2048) == cuda.CudaTileConfig(groups=4, warps=4)
     for m, n, k in ((1, 48, 128), (4, 112, 64 * 7), (16, 16, 64)):
         config = cuda.choose_config(m, n, k)
-        assert config.reason(n, k) is None, (m, n, k, config)
+        assert config.reason(m, n, k) is None, (m, n, k, config)
 
 
 def test_backend_refuses_points_it_does_not_take_before_any_work():
@@ -123,7 +131,8 @@ def test_the_kernel_source_ships_with_the_package():
 # --- on a GPU: the kernel itself, gated ----------------------------------------------------------
 
 GPU_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=2), cuda.CudaTileConfig(groups=4, warps=4),
-               cuda.CudaTileConfig(groups=16, warps=8), cuda.CudaTileConfig(groups=1, warps=1)]
+               cuda.CudaTileConfig(groups=16, warps=8, depth=4), cuda.CudaTileConfig(groups=1, warps=1),
+               cuda.CudaTileConfig(groups=8, warps=4, depth=2)]
 
 
 @pytest.mark.cuda

@@ -32,8 +32,9 @@ MAX_M = 16                   # two n8 MMA tiles of activation rows
 ROW_TILE = 16                # weight rows an MMA covers
 K_GROUP = 64                 # k a lane's 16-byte load covers (four k16 MMAs)
 LANES = 32
-GROUP_CHOICES = (1, 2, 4, 8, 16)
+GROUP_CHOICES = (1, 2, 4, 8, 16, 32)
 WARP_CHOICES = (1, 2, 4, 8)
+SHARED_LIMIT = 48 * 1024     # dynamic shared memory a launch gets without an opt-in attribute
 SCALE_BYTES = {"nvfp4": 8, "mxfp4": 4}     # per (rows g, g+8) per k-group
 WEIGHT_BIAS = 2.0 ** (126 - SCALE_EXP)     # decoded weights are e2m1 * scale * 2^-26
 KERNEL_SOURCE = Path(__file__).with_name("cuda_w4a16_kernel.cu")
@@ -45,18 +46,26 @@ PRESET_MIN_SPLITS = 8
 
 @dataclass(frozen=True)
 class CudaTileConfig:
-    """One build of the kernel: `groups` k-groups (64 k each) a warp reads per split, every load
-    issued straight into registers before any math (so K/64/groups splits), `warps` row tiles a
-    CTA."""
+    """One build of the kernel: `groups` k-groups (64 k each) a warp reads per split (so
+    K/64/groups splits), `depth` of them in flight at once (its loads, straight into registers,
+    run `depth` groups ahead of its math; depth = groups, the default, issues every load
+    before any math), `warps` row tiles a CTA."""
 
     groups: int = 8
     warps: int = 4
+    depth: int | None = None
 
     def __post_init__(self):
-        for name, choices in (("groups", GROUP_CHOICES), ("warps", WARP_CHOICES)):
+        if self.depth is None:
+            object.__setattr__(self, "depth", self.groups)
+        for name, choices in (("groups", GROUP_CHOICES), ("warps", WARP_CHOICES),
+                              ("depth", GROUP_CHOICES)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"CudaTileConfig.{name} must be one of {choices}, "
                                  f"got {getattr(self, name)!r}")
+        if self.depth > self.groups:
+            raise ValueError(f"CudaTileConfig.depth ({self.depth}) cannot exceed groups "
+                             f"({self.groups}): a warp has only {self.groups} k-groups to load")
 
     @property
     def split_k(self) -> int:
@@ -69,15 +78,23 @@ class CudaTileConfig:
     def grid(self, n: int, k: int) -> tuple[int, int, int]:
         return (n // (ROW_TILE * self.warps), self.splits(k), 1)
 
-    def label(self) -> str:
-        return f"cuda g{self.groups} w{self.warps}"
+    def shared_bytes(self, m: int) -> int:
+        """The CTA's staged activations: M rows of the split's k in bf16, each row padded by 16
+        bytes (the kernel's ROW_WORDS)."""
+        return m * (2 * self.split_k + 16)
 
-    def reason(self, n: int, k: int) -> str | None:
-        """Why this build cannot run an N x K point (None when it can)."""
+    def label(self) -> str:
+        return f"cuda g{self.groups} d{self.depth} w{self.warps}"
+
+    def reason(self, m: int, n: int, k: int) -> str | None:
+        """Why this build cannot run an M x N x K point (None when it can)."""
         if n % (ROW_TILE * self.warps):
             return f"N={n} is not a multiple of {ROW_TILE * self.warps} (16 rows x {self.warps} warps)"
         if k % self.split_k:
             return f"K={k} is not a multiple of {self.split_k} (64 x {self.groups} groups)"
+        if self.shared_bytes(m) > SHARED_LIMIT:
+            return (f"M={m} rows of {self.split_k} k need {self.shared_bytes(m)} bytes of shared "
+                    f"memory, over the {SHARED_LIMIT} a launch gets")
         return None
 
 
@@ -185,7 +202,8 @@ def emulate(weights: torch.Tensor, scales: torch.Tensor, fmt: str) -> torch.Tens
 @functools.lru_cache(maxsize=None)
 def compiled(config: CudaTileConfig, fmt: str, tiles: int, capability: tuple[int, int]):
     """The kernel built for one configuration (NVRTC, once per process)."""
-    options = [f"-DGROUPS={config.groups}", f"-DWARPS={config.warps}", f"-DNTILES={tiles}",
+    options = [f"-DGROUPS={config.groups}", f"-DDEPTH={config.depth}", f"-DWARPS={config.warps}",
+               f"-DNTILES={tiles}",
                f"-DNVFP4={int(fmt == 'nvfp4')}", "-std=c++17"]
     return torch.cuda._compile_kernel(KERNEL_SOURCE.read_text(), KERNEL_NAME,
                                       compute_capability=f"{capability[0]}{capability[1]}",
@@ -223,8 +241,8 @@ class CudaW4A16(Backend):
         from fp4lab import formats
 
         config = config or choose_config(m, n, k)
-        if config.reason(n, k):
-            raise ValueError(f"{self.name} {config.label()}: {config.reason(n, k)}")
+        if config.reason(m, n, k):
+            raise ValueError(f"{self.name} {config.label()}: {config.reason(m, n, k)}")
         check_scale_range(w)
         w = w.to(device)
         weights, scales = mma_layout(formats.unpack_nibbles(w.packed), kernel_scale_bytes(w), w.fmt)
@@ -237,9 +255,10 @@ class CudaW4A16(Backend):
         workspace = torch.zeros(m, n, dtype=torch.float32, device=device)          # [M, N]
         counts = torch.zeros(config.grid(n, k)[0], dtype=torch.int32, device=device)
         grid, block = config.grid(n, k), (32 * config.warps, 1, 1)
+        shared = config.shared_bytes(m)
 
         def gemm(a_arg, weights_arg, scales_arg, unbias_arg, out_arg):
-            kernel(grid=grid, block=block,
+            kernel(grid=grid, block=block, shared_mem=shared,
                    args=[weights_arg, scales_arg, a_arg, unbias_arg, out_arg, workspace, counts,
                          m, n, k, grid[1]])
             return out_arg

@@ -1,23 +1,26 @@
 // fp4lab's CUDA decode GEMM for FP4 weights at decode-sized M (<= 16): out[M, N] = a[M, K] . W^T.
 //
 // Compiled at prepare with NVRTC (no headers: plain integer types and inline PTX), one build per
-// (GROUPS, WARPS, NTILES, NVFP4), given as -D defines. Shape legend: M activation rows, N weight
-// rows, K reduction; a "row tile" is 16 weight rows (one mma.sync M side), a "k-group" 64 k (four
-// m16n8k16 MMAs); g = lane / 4 and t = lane % 4 as in the PTX fragment tables.
+// (GROUPS, DEPTH, WARPS, NTILES, NVFP4), given as -D defines. Shape legend: M activation rows, N
+// weight rows, K reduction; a "row tile" is 16 weight rows (one mma.sync M side), a "k-group" 64 k
+// (four m16n8k16 MMAs); g = lane / 4 and t = lane % 4 as in the PTX fragment tables.
 //
-// Why it looks like this (benchmarks/NOTES.md, session 8): the Triton kernel spends ~4 instructions
-// per weight, a third of them outside the decode (2-byte shared loads of codes, register moves for
-// the MMA operands, one extract and one multiply-add per block scale). Here prepare lays the codes
-// out in the MMA's register order (`mma_layout` in cuda_w4a16.py), so:
+// Why it looks like this (benchmarks/NOTES.md, sessions 8 and 9): the Triton kernel spends ~4
+// instructions per weight, a third of them outside the decode (2-byte shared loads of codes,
+// register moves for the MMA operands, one extract and one multiply-add per block scale). Here
+// prepare lays the codes out in the MMA's register order (`mma_layout` in cuda_w4a16.py), so:
 //   - each lane reads its codes for a whole k-group as ONE 16-byte load, straight into registers
-//     (no shared memory, no barrier), and all GROUPS loads of a warp are issued before any math:
-//     a warp keeps GROUPS * 512 bytes in flight;
+//     (no shared memory, no barrier); a warp keeps DEPTH k-groups (DEPTH * 512 bytes) in flight:
+//     it issues DEPTH loads, then before each k-group's math the load DEPTH groups ahead, so its
+//     next bytes arrive while it computes (DEPTH == GROUPS: every load up front, session 8's code);
 //   - a 4-byte word is one MMA's A fragment: 13 integer instructions decode its 8 codes into the
 //     four bf16x2 registers (a nibble mask, one multiply that moves sign and magnitude at once,
 //     one mask; the row g+8 half after one shift), then one bf16x2 multiply per register applies
 //     the block scale, the pair of scales (rows g and g+8) decoded in one multiply-add;
-//   - activations (tiny at decode M) are staged once per CTA in shared memory, rows padded so the
-//     B-fragment loads hit 32 distinct banks.
+//   - activations (tiny at decode M) are staged once per CTA in dynamic shared memory, only the M
+//     real rows, padded so each 8x8 matrix of an ldmatrix hits 8 distinct 16-byte bank groups; one
+//     ldmatrix.x4 gives the B fragments of two MMAs. Activation columns past M read row M-1: their
+//     products land in output columns that are never stored, so no zero rows are staged.
 // Decoded weights are e2m1 * scale * 2^-26 (the Triton kernel's bit trick: code bits placed at bf16
 // bits 15 and 8..6 read as e2m1 * 2^-126, scale bytes carry 2^100); the epilogue multiplies by
 // `unbias`, 2^26 over the nvfp4 global scale (computed at prepare: no division in the kernel).
@@ -28,9 +31,8 @@
 // loads to their first use (two in flight, measured in the offline SASS), but does not move a
 // coherent load past the barrier that follows them.
 
-#define MP (8 * NTILES)              // activation rows staged (zero rows past M)
 #define KS (64 * GROUPS)             // k per split
-#define ROW_WORDS (KS / 2 + 4)       // bf16x2 words a staged row, +4: conflict-free B fragments
+#define ROW_WORDS (KS / 2 + 4)       // bf16x2 words a staged row, +4 (16 B): conflict-free ldmatrix
 #define SCALE_BYTES (NVFP4 ? 8 : 4)  // scale bytes per (row pair g, g+8) per k-group
 
 typedef unsigned int u32;
@@ -43,9 +45,16 @@ __device__ __forceinline__ u32x4 load_stream(const u32x4* p) {
     return v;
 }
 
-__device__ __forceinline__ u32 load_scales(const u32* p) {
-    u32 v;
-    asm volatile("ld.global.u32 %0, [%1];" : "=r"(v) : "l"(p));
+// a row pair's block scales for one k-group: 8 bytes (nvfp4, one 8-byte load) or 4 (mxfp4)
+struct Scales { u32 word[SCALE_BYTES / 4]; };
+
+__device__ __forceinline__ Scales load_scales(const Scales* p) {
+    Scales v;
+#if NVFP4
+    asm volatile("ld.global.v2.u32 {%0, %1}, [%2];" : "=r"(v.word[0]), "=r"(v.word[1]) : "l"(p));
+#else
+    asm volatile("ld.global.u32 %0, [%1];" : "=r"(v.word[0]) : "l"(p));
+#endif
     return v;
 }
 
@@ -77,6 +86,22 @@ __device__ __forceinline__ u32 scaled_hi(u32 a, u32 s) {
     return d;
 }
 
+// the 32-bit shared-memory address ldmatrix takes
+__device__ __forceinline__ u32 shared_address(const void* p) {
+    u32 address;
+    asm("{\n\t.reg .u64 a;\n\tcvta.to.shared.u64 a, %1;\n\tcvt.u32.u64 %0, a;\n\t}"
+        : "=r"(address) : "l"(p));
+    return address;
+}
+
+// four 8x8 bf16 matrices; lane l gave the address of row l % 8 of matrix l / 8, and receives in
+// register i (row l / 4, columns 2 (l % 4), +1) of matrix i: an mma B fragment's half. Volatile
+// with a memory clobber: it reads what the barrier published and must not move above it.
+__device__ __forceinline__ void ldmatrix4(u32 address, u32* r) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address) : "memory");
+}
+
 __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
         "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
@@ -102,14 +127,14 @@ __device__ __forceinline__ void store_l2(float* p, float v) {
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes, 16 B]
-                const u32* __restrict__ s,              // [N/16, K/64, 8 g, SCALE_BYTES]
+                const Scales* __restrict__ s,           // [N/16, K/64, 8 g, SCALE_BYTES]
                 const u32x4* __restrict__ a,            // [M, K] bf16, rows 16-byte aligned
                 const float* __restrict__ unbias,       // [1] 2^26 (/ the nvfp4 encode scale)
                 unsigned short* __restrict__ out,       // [M, N] bf16
                 float* __restrict__ ws,                 // [M, N] float32, zero between calls
                 int* __restrict__ counts,               // [N / (16 * WARPS)], zero between calls
                 int M, int N, int K, int splits) {
-    __shared__ __align__(16) u32 act[MP * ROW_WORDS];   // [MP, KS] bf16, padded rows
+    extern __shared__ __align__(16) u32 act[];          // [M, KS] bf16, padded rows
     __shared__ int last_split;
     const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned g = lane >> 2, t = lane & 3;
@@ -117,33 +142,35 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     const unsigned tile = blockIdx.x * WARPS + warp;      // this warp's 16-row tile
     const long group0 = (long)tile * (unsigned)(K / 64) + split * GROUPS;
 
-    // every load of the warp first: codes (16 B a lane a k-group) and block scales
+    // codes (16 B a lane a k-group) and block scales; the compiler keeps only the DEPTH + 1
+    // groups alive at once in registers (every index below is a constant after unrolling)
     u32x4 codes[GROUPS];
-    u32 scales[GROUPS][SCALE_BYTES / 4];
+    Scales scales[GROUPS];
     const u32x4* wp = w + group0 * 32 + lane;
-    const u32* sp = s + (group0 * 8 + g) * (SCALE_BYTES / 4);
+    const Scales* sp = s + group0 * 8 + g;
+#define ISSUE(j) (codes[j] = load_stream(wp + (j) * 32), scales[j] = load_scales(sp + (j) * 8))
 #pragma unroll
-    for (int j = 0; j < GROUPS; ++j) {
-        codes[j] = load_stream(wp + j * 32);
-#pragma unroll
-        for (int h = 0; h < SCALE_BYTES / 4; ++h)
-            scales[j][h] = load_scales(sp + j * 8 * (SCALE_BYTES / 4) + h);
-    }
+    for (int j = 0; j < DEPTH; ++j) ISSUE(j);
 
-    // the split's activations into shared memory, 16 bytes a thread a step, zero rows past M
+    // the split's M activation rows into shared memory, 16 bytes a thread a step
     const unsigned chunks = KS / 8;                      // 16-byte chunks a row
     const u32x4* a_split = a + (long)split * chunks;
     const unsigned row_vectors = K / 8;
-#pragma unroll
-    for (unsigned i0 = 0; i0 < MP * chunks; i0 += WARPS * 32) {
-        const unsigned i = i0 + threadIdx.x, row = i / chunks, chunk = i % chunks;
-        if (MP * chunks % (WARPS * 32) == 0 || i < MP * chunks) {
-            u32x4 v = {0u, 0u, 0u, 0u};
-            if (row < (unsigned)M) v = a_split[row * row_vectors + chunk];
-            *reinterpret_cast<u32x4*>(&act[row * ROW_WORDS + chunk * 4]) = v;
-        }
+    for (unsigned i = threadIdx.x; i < (unsigned)M * chunks; i += WARPS * 32) {
+        const unsigned row = i / chunks, chunk = i % chunks;
+        *reinterpret_cast<u32x4*>(&act[row * ROW_WORDS + chunk * 4]) =
+            a_split[row * row_vectors + chunk];
     }
     __syncthreads();
+
+    // this lane's ldmatrix row: matrices (k 0-7, 8-15) of one MMA and of the next (NTILES 1),
+    // or of activation tiles 0 and 1 (NTILES 2); rows past M read row M - 1
+#if NTILES == 1
+    const unsigned b_row = lane % 8, b_k = 8 * (lane / 8);
+#else
+    const unsigned b_row = 8 * (lane / 16) + lane % 8, b_k = 8 * ((lane / 8) % 2);
+#endif
+    const u32 b_base = shared_address(&act[(b_row < (unsigned)M ? b_row : M - 1) * ROW_WORDS + b_k / 2]);
 
     // two accumulators, alternate MMAs: two dependency chains instead of one
     float acc[2][NTILES][4];
@@ -155,7 +182,9 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
 
 #pragma unroll
     for (int j = 0; j < GROUPS; ++j) {
+        if (j + DEPTH < GROUPS) ISSUE(j + DEPTH);        // keeps DEPTH groups in flight
         const u32 words[4] = {codes[j].x, codes[j].y, codes[j].z, codes[j].w};
+        u32 b[4];                                        // the B fragments ldmatrix gave
 #pragma unroll
         for (int q = 0; q < 4; ++q) {                    // one k16 MMA step
             const u32 x = words[q], y = x >> 8;
@@ -165,22 +194,26 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
             u32 a1 = ((y & 0x000F000Fu) * 0x1040u) & 0x81C081C0u;
             u32 a3 = ((y & 0x00F000F0u) * 0x104u) & 0x81C081C0u;
 #if NVFP4                                                // a 16-k block per MMA
-            const u32 sc = scale_pair(scales[j][q >> 1], q & 1);
+            const u32 sc = scale_pair(scales[j].word[q >> 1], q & 1);
 #else                                                    // a 32-k block per two MMAs
-            const u32 sc = scale_pair(scales[j][0], q >> 1);
+            const u32 sc = scale_pair(scales[j].word[0], q >> 1);
 #endif
             a0 = scaled_lo(a0, sc);
             a2 = scaled_lo(a2, sc);
             a1 = scaled_hi(a1, sc);
             a3 = scaled_hi(a3, sc);
-            const int word = j * 32 + q * 8 + t;         // (k0 + 2t) / 2 within the split
-#pragma unroll
-            for (int nt = 0; nt < NTILES; ++nt) {
-                const u32* row = &act[(nt * 8 + g) * ROW_WORDS];
-                mma(acc[q & 1][nt], a0, a1, a2, a3, row[word], row[word + 4]);
-            }
+            const unsigned k_bytes = (j * 64 + q * 16) * 2;  // the step's k within the split
+#if NTILES == 1
+            if (q % 2 == 0) ldmatrix4(b_base + k_bytes, b);
+            mma(acc[q & 1][0], a0, a1, a2, a3, b[2 * (q % 2)], b[2 * (q % 2) + 1]);
+#else
+            ldmatrix4(b_base + k_bytes, b);
+            mma(acc[q & 1][0], a0, a1, a2, a3, b[0], b[1]);
+            mma(acc[q & 1][1], a0, a1, a2, a3, b[2], b[3]);
+#endif
         }
     }
+#undef ISSUE
 
 #pragma unroll
     for (int nt = 0; nt < NTILES; ++nt)
