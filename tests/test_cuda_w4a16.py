@@ -130,6 +130,11 @@ def test_the_kernel_source_ships_with_the_package():
 
 # --- on a GPU: the kernel itself, gated ----------------------------------------------------------
 
+def assert_same_within_atomics_order(out, expected):
+    """Equal but for the order of split-K's float atomic adds: one bf16 rounding apart."""
+    torch.testing.assert_close(out.float(), expected.float(), rtol=2 ** -7, atol=2 ** -14)
+
+
 GPU_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=2), cuda.CudaTileConfig(groups=4, warps=4),
                cuda.CudaTileConfig(groups=16, warps=8, depth=4), cuda.CudaTileConfig(groups=1, warps=1),
                cuda.CudaTileConfig(groups=8, warps=4, depth=2)]
@@ -147,8 +152,10 @@ def test_kernel_passes_the_gate(fmt, m, config):
     prepared = get("cuda-w4a16").prepare(a, w, "cuda", config=config)
     gate = correctness.check_backend(prepared, correctness.TOLERANCE[fmt])
     assert gate.ok, gate.message
-    again = prepared.call().clone()                      # split-K state reset by the last call
-    assert torch.equal(again, prepared.call())
+    # the split-K workspace and counters were reset by the last call (else a repeat adds to
+    # them); float atomics add in any order, so a repeat may round differently by one bf16 ulp
+    first = prepared.out.clone()
+    assert_same_within_atomics_order(prepared.call(), first)
 
 
 @pytest.mark.cuda
@@ -167,4 +174,4 @@ def test_kernel_replays_in_a_cuda_graph():
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(prepared.out, eager)
+    assert_same_within_atomics_order(prepared.out, eager)
