@@ -1,5 +1,5 @@
 """`cuda-w4a16`, fp4lab's CUDA decode GEMM, against its peers at issue 13's decode points: every
-build of the kernel (`GRID`: k-groups a warp, depth, warps a CTA) gated, then timed with the package's
+build of the kernel (`GRID`: k-groups a warp, depth, warps a CTA, warps a team) gated, then timed with the package's
 timer (cold L2, CUDA graph), beside the Triton kernel's preset, cuBLAS bf16 and humming-w4a16
 (when its wheel is installed) at the same points.
 
@@ -26,11 +26,12 @@ from fp4lab.backends.cuda_w4a16 import CudaTileConfig, choose_config  # noqa: E4
 
 SHAPES = ((8192, 8192), (4096, 6144), (6144, 2048))
 M_VALUES = (1, 4, 16)
-# (k-groups a warp, of them in flight, warps a CTA): session 8's builds that issue every load up
-# front (the presets' g4 and g8), and builds whose loads run `depth` groups ahead of their math
-GRID = tuple(CudaTileConfig(groups=g, depth=d, warps=w) for g, d, w in (
-    (4, 4, 4), (8, 8, 4), (8, 4, 4), (16, 4, 4), (16, 8, 4), (32, 4, 4), (32, 8, 4),
-    (16, 4, 8), (32, 4, 8)))
+# (k-groups a warp, of them in flight, warps a CTA, warps a team on one row tile): call 44's
+# fastest builds (one warp a tile, split-K across CTAs), and teams that split a tile's k in
+# shared memory, over all of K (no split-K) or most of it
+GRID = tuple(CudaTileConfig(groups=g, depth=d, warps=w, kwarps=kw) for g, d, w, kw in (
+    (8, 4, 4, 1), (16, 4, 4, 1), (16, 4, 8, 1), (16, 4, 8, 8), (8, 4, 8, 8), (4, 4, 8, 8),
+    (32, 4, 4, 4), (8, 4, 8, 4), (4, 4, 8, 4), (8, 4, 8, 2)))
 PEERS = ("triton-w4a16", "torch-bf16", "humming-w4a16")
 
 

@@ -15,7 +15,8 @@ Without ncu it runs the same launches and prints their labels (the check that th
 instead the fastest peers at the same two points, humming-w4a16 and humming-moe-indexed (NVFP4;
 the humming wheel installed; their launches as fp4lab's wrappers make them, `PEER_MOE_KERNELS`).
 `--cuda` profiles fp4lab's CUDA decode GEMM (`cuda-w4a16`, its preset) at the dense points;
-`--cuda-builds g32d4w4,...` profiles those builds of it instead (k-groups, depth, warps).
+`--cuda-builds g16d4w8k8,...` profiles those builds of it instead (k-groups, depth, warps,
+warps a team; k1 when left out).
 `--launches FILE`
 writes launches.json: one entry per kernel launch ncu will see, in order (its label and the
 weights it reads), which `fp4lab.analysis.counters` joins with ncu's rows; `--describe` writes it
@@ -118,16 +119,17 @@ def peer_plan() -> list[dict]:
 
 
 def parse_builds(text: str) -> list[CudaTileConfig]:
-    """'g32d4w4,g8d8w4' -> those builds of cuda-w4a16 (k-groups, depth, warps)."""
+    """'g16d4w8k8,g8d8w4' -> those builds of cuda-w4a16 (k-groups, depth, warps, warps a
+    team: 1 when left out)."""
     builds = []
     for item in filter(None, text.split(",")):
-        match = re.fullmatch(r"g(\d+)d(\d+)w(\d+)", item.strip())
+        match = re.fullmatch(r"g(\d+)d(\d+)w(\d+)(?:k(\d+))?", item.strip())
         if not match:
-            raise SystemExit(f"--cuda-builds: {item!r} is not g<groups>d<depth>w<warps>, "
-                             "e.g. g32d4w4")
+            raise SystemExit(f"--cuda-builds: {item!r} is not g<groups>d<depth>w<warps>[k<team>], "
+                             "e.g. g16d4w8k8")
         try:
             builds.append(CudaTileConfig(groups=int(match[1]), depth=int(match[2]),
-                                         warps=int(match[3])))
+                                         warps=int(match[3]), kwarps=int(match[4] or 1)))
         except ValueError as exc:
             raise SystemExit(f"--cuda-builds {item}: {exc}") from None
     return builds
@@ -215,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="profile humming's dense and MoE kernels at the same points instead")
     parser.add_argument("--cuda", action="store_true",
                         help="profile fp4lab's CUDA decode GEMM (cuda-w4a16) at the dense points")
-    parser.add_argument("--cuda-builds", default="", metavar="g32d4w4,...",
+    parser.add_argument("--cuda-builds", default="", metavar="g16d4w8k8,...",
                         help="with --cuda: profile these builds instead of the preset")
     parser.add_argument("--launches", type=Path,
                         help="write launches.json (what each kernel launch is) to this file")

@@ -60,25 +60,32 @@ def test_configs_are_validated_and_say_what_a_point_needs():
     with pytest.raises(ValueError, match="depth .16. cannot exceed groups .8."):
         cuda.CudaTileConfig(groups=8, depth=16)
     config = cuda.CudaTileConfig(groups=8, warps=4)
-    assert config.label() == "cuda g8 d8 w4" and config.depth == 8   # every load up front
-    assert cuda.CudaTileConfig(groups=32, depth=4).label() == "cuda g32 d4 w4"
+    assert config.label() == "cuda g8 d8 w4 k1" and config.depth == 8   # every load up front
+    assert cuda.CudaTileConfig(groups=32, depth=4).label() == "cuda g32 d4 w4 k1"
+    with pytest.raises(ValueError, match="kwarps .4. must divide warps .2."):
+        cuda.CudaTileConfig(warps=2, kwarps=4)
+    # a team of 8 warps on one row tile covers 8 x 16 groups: all of K=8192, no split-K
+    team = cuda.CudaTileConfig(groups=16, depth=4, warps=8, kwarps=8)
+    assert team.tiles == 1 and team.split_k == 8192 and team.grid(8192, 8192) == (512, 1, 1)
     assert config.split_k == 512 and config.splits(8192) == 16
     assert config.grid(8192, 8192) == (128, 16, 1)
     assert config.reason(16, 8192, 8192) is None
-    assert "multiple of 64 (16 rows x 4 warps)" in config.reason(1, 8208, 8192)
-    assert "multiple of 512" in config.reason(1, 8192, 8448)
-    # staged activations: M rows of the split's k, 16 padding bytes a row, under the launch limit
+    assert "multiple of 64 (16 rows x 4 tiles)" in config.reason(1, 8208, 8192)
+    assert "multiple of 512 (64 x 8 groups x 1 warps)" in config.reason(1, 8192, 8448)
+    # staged activations: M rows of the CTA's k, 16 padding bytes a row, and the teams' partial
+    # tiles, under the launch limit
     wide = cuda.CudaTileConfig(groups=32, depth=4)
     assert wide.shared_bytes(8) == 8 * (2 * 2048 + 16)
     assert wide.reason(8, 8192, 8192) is None
-    assert "need 65792 bytes of shared memory" in wide.reason(16, 8192, 8192)
+    assert "need 65800 bytes of shared memory" in wide.reason(16, 8192, 8192)
+    assert team.static_shared_bytes(16) == 4 * (7 * 2 * 4 * 32 + 1) + 4
+    assert "shared memory" in team.reason(16, 8192, 8192) and team.reason(1, 8192, 8192) is None
 
 
 def test_the_preset_rule_is_the_probes_winners_and_fits_any_point():
-    # call 40's fastest builds at M = 1-16 (NVFP4) on the issue's three shapes
-    assert cuda.choose_config(1, 8192, 8192) == cuda.CudaTileConfig(groups=8, warps=4)
-    assert cuda.choose_config(16, 4096, 6144) == cuda.CudaTileConfig(groups=8, warps=4)
-    assert cuda.choose_config(1, 6144, 2048) == cuda.CudaTileConfig(groups=4, warps=4)
+    assert cuda.choose_config(1, 8192, 8192) == cuda.PRESETS[0]
+    assert cuda.choose_config(1, 6144, 2048) == cuda.CudaTileConfig(groups=4, depth=4, warps=8, kwarps=8)
+    assert cuda.choose_config(16, 8192, 8192) == cuda.CudaTileConfig(groups=8, depth=4, warps=8, kwarps=2)
     for m, n, k in ((1, 48, 128), (4, 112, 64 * 7), (16, 16, 64)):
         config = cuda.choose_config(m, n, k)
         assert config.reason(m, n, k) is None, (m, n, k, config)
@@ -137,7 +144,9 @@ def assert_same_within_atomics_order(out, expected):
 
 GPU_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=2), cuda.CudaTileConfig(groups=4, warps=4),
                cuda.CudaTileConfig(groups=16, warps=8, depth=4), cuda.CudaTileConfig(groups=1, warps=1),
-               cuda.CudaTileConfig(groups=8, warps=4, depth=2)]
+               cuda.CudaTileConfig(groups=8, warps=4, depth=2),
+               cuda.CudaTileConfig(groups=2, warps=8, depth=1, kwarps=8),      # one CTA: all of K
+               cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2)]      # teams and split-K
 
 
 @pytest.mark.cuda

@@ -40,61 +40,77 @@ WEIGHT_BIAS = 2.0 ** (126 - SCALE_EXP)     # decoded weights are e2m1 * scale * 
 KERNEL_SOURCE = Path(__file__).with_name("cuda_w4a16_kernel.cu")
 KERNEL_NAME = "fp4_decode_gemm"
 MIN_CAPABILITY = (9, 0)      # mul.rn.bf16x2 (the scale multiply) is sm_90's
-PRESET_MAX_GROUPS = 8        # the preset rule's (choose_config): 128 B a lane in flight
-PRESET_MIN_SPLITS = 8
 
 
 @dataclass(frozen=True)
 class CudaTileConfig:
-    """One build of the kernel: `groups` k-groups (64 k each) a warp reads per split (so
-    K/64/groups splits), `depth` of them in flight at once (its loads, straight into registers,
-    run `depth` groups ahead of its math; depth = groups, the default, issues every load
-    before any math), `warps` row tiles a CTA."""
+    """One build of the kernel: `groups` k-groups (64 k each) a warp reads, `depth` of them in
+    flight at once (its loads, straight into registers, run `depth` groups ahead of its math;
+    depth = groups, the default, issues every load before any math), `warps` a CTA, of which
+    `kwarps` share a row tile and split its k (adding up in shared memory): a CTA covers
+    warps/kwarps row tiles and 64 * groups * kwarps k, and K over that is the split-K across
+    CTAs."""
 
     groups: int = 8
     warps: int = 4
     depth: int | None = None
+    kwarps: int = 1
 
     def __post_init__(self):
         if self.depth is None:
             object.__setattr__(self, "depth", self.groups)
         for name, choices in (("groups", GROUP_CHOICES), ("warps", WARP_CHOICES),
-                              ("depth", GROUP_CHOICES)):
+                              ("depth", GROUP_CHOICES), ("kwarps", WARP_CHOICES)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"CudaTileConfig.{name} must be one of {choices}, "
                                  f"got {getattr(self, name)!r}")
         if self.depth > self.groups:
             raise ValueError(f"CudaTileConfig.depth ({self.depth}) cannot exceed groups "
                              f"({self.groups}): a warp has only {self.groups} k-groups to load")
+        if self.warps % self.kwarps:
+            raise ValueError(f"CudaTileConfig.kwarps ({self.kwarps}) must divide warps "
+                             f"({self.warps}): a CTA's warps form teams of kwarps")
+
+    @property
+    def tiles(self) -> int:
+        """Row tiles (16 rows each) a CTA covers."""
+        return self.warps // self.kwarps
 
     @property
     def split_k(self) -> int:
-        """k a split covers."""
-        return K_GROUP * self.groups
+        """k a CTA covers (a split of K)."""
+        return K_GROUP * self.groups * self.kwarps
 
     def splits(self, k: int) -> int:
         return k // self.split_k
 
     def grid(self, n: int, k: int) -> tuple[int, int, int]:
-        return (n // (ROW_TILE * self.warps), self.splits(k), 1)
+        return (n // (ROW_TILE * self.tiles), self.splits(k), 1)
 
     def shared_bytes(self, m: int) -> int:
-        """The CTA's staged activations: M rows of the split's k in bf16, each row padded by 16
-        bytes (the kernel's ROW_WORDS)."""
+        """Dynamic shared memory: the CTA's staged activations, M rows of its k in bf16, each
+        row padded by 16 bytes (the kernel's ROW_WORDS)."""
         return m * (2 * self.split_k + 16)
 
+    def static_shared_bytes(self, m: int) -> int:
+        """The kernel's static shared memory: the teams' partial tiles (float, 32 lanes x 4 a
+        tile of 8 activation rows) and the split-K flag."""
+        return 4 * (self.tiles * (self.kwarps - 1) * n_tiles(m) * 4 * LANES + 1) + 4
+
     def label(self) -> str:
-        return f"cuda g{self.groups} d{self.depth} w{self.warps}"
+        return f"cuda g{self.groups} d{self.depth} w{self.warps} k{self.kwarps}"
 
     def reason(self, m: int, n: int, k: int) -> str | None:
         """Why this build cannot run an M x N x K point (None when it can)."""
-        if n % (ROW_TILE * self.warps):
-            return f"N={n} is not a multiple of {ROW_TILE * self.warps} (16 rows x {self.warps} warps)"
+        if n % (ROW_TILE * self.tiles):
+            return f"N={n} is not a multiple of {ROW_TILE * self.tiles} (16 rows x {self.tiles} tiles)"
         if k % self.split_k:
-            return f"K={k} is not a multiple of {self.split_k} (64 x {self.groups} groups)"
-        if self.shared_bytes(m) > SHARED_LIMIT:
-            return (f"M={m} rows of {self.split_k} k need {self.shared_bytes(m)} bytes of shared "
-                    f"memory, over the {SHARED_LIMIT} a launch gets")
+            return (f"K={k} is not a multiple of {self.split_k} "
+                    f"(64 x {self.groups} groups x {self.kwarps} warps)")
+        shared = self.shared_bytes(m) + self.static_shared_bytes(m)
+        if shared > SHARED_LIMIT:
+            return (f"M={m} rows of {self.split_k} k need {shared} bytes of shared memory, over "
+                    f"the {SHARED_LIMIT} a launch gets")
         return None
 
 
@@ -112,17 +128,23 @@ def point_reason(m: int, n: int, k: int) -> str | None:
     return None
 
 
+# the preset builds, most preferred first (PROVISIONAL until the call-45 probe ranks them)
+PRESETS = (CudaTileConfig(groups=16, depth=4, warps=8, kwarps=8),
+           CudaTileConfig(groups=8, depth=4, warps=8, kwarps=8),
+           CudaTileConfig(groups=4, depth=4, warps=8, kwarps=8),
+           CudaTileConfig(groups=8, depth=4, warps=8, kwarps=2),
+           CudaTileConfig(groups=16, depth=4, warps=4),
+           CudaTileConfig(groups=8, depth=4, warps=4))
+
+
 def choose_config(m: int, n: int, k: int) -> CudaTileConfig:
-    """The preset rule, from the H200 probe of 2026-12-02 (benchmarks/NOTES.md, call 40; results/
-    measurements/20261202T0442Z-h200-cuda-probe): 4 warps a CTA where N allows, and the most
-    k-groups a warp, up to PRESET_MAX_GROUPS, that still leaves PRESET_MIN_SPLITS splits of K
-    (8192x8192 and 4096x6144: 8 groups, 16 and 12 splits; 6144x2048: 4 groups, 8 splits; the
-    fastest build at M = 1-16 there within 4%, MXFP4 at M = 1 within 5-8%)."""
-    warps = next(w for w in (4, 2, 1) if n % (ROW_TILE * w) == 0)
-    fitting = [g for g in GROUP_CHOICES
-               if g <= PRESET_MAX_GROUPS and (k // K_GROUP) % g == 0]
-    enough = [g for g in fitting if k // (K_GROUP * g) >= PRESET_MIN_SPLITS]
-    return CudaTileConfig(groups=max(enough) if enough else min(fitting), warps=warps)
+    """The first of PRESETS that runs the point; else one warp a tile and the most k-groups (up
+    to 4) that divide K/64, which runs any point point_reason admits."""
+    for config in PRESETS:
+        if config.reason(m, n, k) is None:
+            return config
+    groups = max(g for g in GROUP_CHOICES if g <= 4 and (k // K_GROUP) % g == 0)
+    return CudaTileConfig(groups=groups, warps=1)
 
 
 # --- the layout ----------------------------------------------------------------------------------
@@ -203,7 +225,7 @@ def emulate(weights: torch.Tensor, scales: torch.Tensor, fmt: str) -> torch.Tens
 def compiled(config: CudaTileConfig, fmt: str, tiles: int, capability: tuple[int, int]):
     """The kernel built for one configuration (NVRTC, once per process)."""
     options = [f"-DGROUPS={config.groups}", f"-DDEPTH={config.depth}", f"-DWARPS={config.warps}",
-               f"-DNTILES={tiles}",
+               f"-DKWARPS={config.kwarps}", f"-DNTILES={tiles}",
                f"-DNVFP4={int(fmt == 'nvfp4')}", "-std=c++17"]
     return torch.cuda._compile_kernel(KERNEL_SOURCE.read_text(), KERNEL_NAME,
                                       compute_capability=f"{capability[0]}{capability[1]}",

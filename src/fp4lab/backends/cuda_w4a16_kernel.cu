@@ -1,7 +1,7 @@
 // fp4lab's CUDA decode GEMM for FP4 weights at decode-sized M (<= 16): out[M, N] = a[M, K] . W^T.
 //
 // Compiled at prepare with NVRTC (no headers: plain integer types and inline PTX), one build per
-// (GROUPS, DEPTH, WARPS, NTILES, NVFP4), given as -D defines. Shape legend: M activation rows, N
+// (GROUPS, DEPTH, WARPS, KWARPS, NTILES, NVFP4), given as -D defines. Shape legend: M activation rows, N
 // weight rows, K reduction; a "row tile" is 16 weight rows (one mma.sync M side), a "k-group" 64 k
 // (four m16n8k16 MMAs); g = lane / 4 and t = lane % 4 as in the PTX fragment tables.
 //
@@ -17,22 +17,28 @@
 //     four bf16x2 registers (a nibble mask, one multiply that moves sign and magnitude at once,
 //     one mask; the row g+8 half after one shift), then one bf16x2 multiply per register applies
 //     the block scale, the pair of scales (rows g and g+8) decoded in one multiply-add;
-//   - activations (tiny at decode M) are staged once per CTA in dynamic shared memory, only the M
-//     real rows, padded so each 8x8 matrix of an ldmatrix hits 8 distinct 16-byte bank groups; one
-//     ldmatrix.x4 gives the B fragments of two MMAs. Activation columns past M read row M-1: their
-//     products land in output columns that are never stored, so no zero rows are staged.
+//   - activations (tiny at decode M) are staged once per CTA in dynamic shared memory by cp.async
+//     (every copy in flight at once, no registers), only the M real rows, padded so each 8x8
+//     matrix of an ldmatrix hits 8 distinct 16-byte bank groups; one ldmatrix.x4 gives the B
+//     fragments of two MMAs. Activation columns past M read row M-1: their products land in
+//     output columns that are never stored, so no zero rows are staged;
+//   - the KWARPS warps of a CTA that share a row tile (a team) split the CTA's k range and add
+//     their partial tiles in shared memory at the end; split-K across CTAs (blockIdx.y), with its
+//     atomics, fence and counter, only where the teams alone do not fill the GPU.
 // Decoded weights are e2m1 * scale * 2^-26 (the Triton kernel's bit trick: code bits placed at bf16
 // bits 15 and 8..6 read as e2m1 * 2^-126, scale bytes carry 2^100); the epilogue multiplies by
 // `unbias`, 2^26 over the nvfp4 global scale (computed at prepare: no division in the kernel).
-// Split-K: each CTA adds its partial tile into the float32 workspace (zero between calls) and
-// bumps the tile's counter; the CTA that arrives last writes bf16 and zeroes the workspace and
+// Split-K across CTAs: each adds its partial tiles into the float32 workspace (zero between calls)
+// and bumps its CTA column's counter; the CTA that arrives last writes bf16 and zeroes the workspace and
 // counter behind it (a CUDA graph replays it with no memset node).
 // The code and scale loads are plain (coherent) loads, not ld.global.nc: ptxas sinks read-only
 // loads to their first use (two in flight, measured in the offline SASS), but does not move a
 // coherent load past the barrier that follows them.
 
-#define KS (64 * GROUPS)             // k per split
-#define ROW_WORDS (KS / 2 + 4)       // bf16x2 words a staged row, +4 (16 B): conflict-free ldmatrix
+#define KS (64 * GROUPS)             // k a warp covers
+#define TILES (WARPS / KWARPS)       // row tiles (teams) a CTA
+#define ROW_WORDS (KWARPS * KS / 2 + 4)  // bf16x2 words a staged row (the CTA's k), +4 (16 B):
+                                     // conflict-free ldmatrix
 #define SCALE_BYTES (NVFP4 ? 8 : 4)  // scale bytes per (row pair g, g+8) per k-group
 
 typedef unsigned int u32;
@@ -86,6 +92,16 @@ __device__ __forceinline__ u32 scaled_hi(u32 a, u32 s) {
     return d;
 }
 
+// 16 bytes global -> shared, asynchronously (no register holds them on the way); the wait makes
+// every copy of this thread visible to it. Both clobber memory: no shared access moves across.
+__device__ __forceinline__ void copy_async(u32 shared, const void* global) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(shared), "l"(global) : "memory");
+}
+
+__device__ __forceinline__ void wait_copies() {
+    asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
 // the 32-bit shared-memory address ldmatrix takes
 __device__ __forceinline__ u32 shared_address(const void* p) {
     u32 address;
@@ -132,15 +148,18 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
                 const float* __restrict__ unbias,       // [1] 2^26 (/ the nvfp4 encode scale)
                 unsigned short* __restrict__ out,       // [M, N] bf16
                 float* __restrict__ ws,                 // [M, N] float32, zero between calls
-                int* __restrict__ counts,               // [N / (16 * WARPS)], zero between calls
+                int* __restrict__ counts,               // [N / (16 * TILES)], zero between calls
                 int M, int N, int K, int splits) {
-    extern __shared__ __align__(16) u32 act[];          // [M, KS] bf16, padded rows
+    extern __shared__ __align__(16) u32 act[];          // [M, KWARPS * KS] bf16, padded rows
+    // the partial tiles of warps 1.. of each team: [TILES, KWARPS - 1, NTILES * 4, 32 lanes]
+    __shared__ float partial[TILES * (KWARPS - 1) * NTILES * 4 * 32 + 1];
     __shared__ int last_split;
     const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned g = lane >> 2, t = lane & 3;
     const unsigned split = blockIdx.y;
-    const unsigned tile = blockIdx.x * WARPS + warp;      // this warp's 16-row tile
-    const long group0 = (long)tile * (unsigned)(K / 64) + split * GROUPS;
+    const unsigned team = warp / KWARPS, slice = warp % KWARPS;   // row tile in the CTA, k slice
+    const unsigned tile = blockIdx.x * TILES + team;              // this warp's 16-row tile
+    const long group0 = (long)tile * (unsigned)(K / 64) + (split * KWARPS + slice) * GROUPS;
 
     // codes (16 B a lane a k-group) and block scales; the compiler keeps only the DEPTH + 1
     // groups alive at once in registers (every index below is a constant after unrolling)
@@ -152,15 +171,16 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
 #pragma unroll
     for (int j = 0; j < DEPTH; ++j) ISSUE(j);
 
-    // the split's M activation rows into shared memory, 16 bytes a thread a step
-    const unsigned chunks = KS / 8;                      // 16-byte chunks a row
+    // the CTA's k range of the M activation rows into shared memory, 16 bytes a copy
+    const unsigned chunks = KWARPS * KS / 8;             // 16-byte chunks a row
     const u32x4* a_split = a + (long)split * chunks;
     const unsigned row_vectors = K / 8;
+    const u32 act_base = shared_address(act);
     for (unsigned i = threadIdx.x; i < (unsigned)M * chunks; i += WARPS * 32) {
         const unsigned row = i / chunks, chunk = i % chunks;
-        *reinterpret_cast<u32x4*>(&act[row * ROW_WORDS + chunk * 4]) =
-            a_split[row * row_vectors + chunk];
+        copy_async(act_base + (row * ROW_WORDS + chunk * 4) * 4, a_split + row * row_vectors + chunk);
     }
+    wait_copies();
     __syncthreads();
 
     // this lane's ldmatrix row: matrices (k 0-7, 8-15) of one MMA and of the next (NTILES 1),
@@ -170,7 +190,8 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
 #else
     const unsigned b_row = 8 * (lane / 16) + lane % 8, b_k = 8 * ((lane / 8) % 2);
 #endif
-    const u32 b_base = shared_address(&act[(b_row < (unsigned)M ? b_row : M - 1) * ROW_WORDS + b_k / 2]);
+    const u32 b_base = act_base + ((b_row < (unsigned)M ? b_row : M - 1) * ROW_WORDS
+                                   + slice * KS / 2 + b_k / 2) * 4;
 
     // two accumulators, alternate MMAs: two dependency chains instead of one
     float acc[2][NTILES][4];
@@ -220,6 +241,22 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[0][nt][e] += acc[1][nt][e];
 
+    // the k slices of a team add up in shared memory; slice 0 holds the team's tile after it
+    if (KWARPS > 1) {
+        float* team_partial = partial + team * (KWARPS - 1) * NTILES * 4 * 32 + lane;
+        if (slice > 0)
+#pragma unroll
+            for (int i = 0; i < NTILES * 4; ++i)
+                team_partial[((slice - 1) * NTILES * 4 + i) * 32] = acc[0][i / 4][i % 4];
+        __syncthreads();
+        if (slice == 0)
+#pragma unroll
+            for (int other = 0; other < KWARPS - 1; ++other)
+#pragma unroll
+                for (int i = 0; i < NTILES * 4; ++i)
+                    acc[0][i / 4][i % 4] += team_partial[(other * NTILES * 4 + i) * 32];
+    }
+
     // c0, c1: (weight row g, activation rows 2t, 2t+1); c2, c3: row g+8. Offsets from
     // (row 0, weight row n0) of the [M, N] output and workspace: 32-bit (M * N < 2^31)
     const float factor = *unbias;
@@ -229,24 +266,26 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
 #define OFFSET(nt, e) ((nt * 8 + 2 * t + (e & 1)) * (unsigned)N + 8 * (e >> 1))
 #define IN_M(nt, e) (nt * 8 + 2 * t + (e & 1) < (unsigned)M)
     if (splits == 1) {
+        if (slice == 0)
+#pragma unroll
+            for (int nt = 0; nt < NTILES; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (IN_M(nt, e)) out_tile[OFFSET(nt, e)] = to_bf16(acc[0][nt][e] * factor);
+        return;
+    }
+    if (slice == 0)
 #pragma unroll
         for (int nt = 0; nt < NTILES; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                if (IN_M(nt, e)) out_tile[OFFSET(nt, e)] = to_bf16(acc[0][nt][e] * factor);
-        return;
-    }
-#pragma unroll
-    for (int nt = 0; nt < NTILES; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            if (IN_M(nt, e)) atomicAdd(&ws_tile[OFFSET(nt, e)], acc[0][nt][e] * factor);
+                if (IN_M(nt, e)) atomicAdd(&ws_tile[OFFSET(nt, e)], acc[0][nt][e] * factor);
     __threadfence();                                     // this CTA's adds before its arrival
     __syncthreads();
     if (threadIdx.x == 0)
         last_split = atomicAdd(&counts[blockIdx.x], 1) == splits - 1;
     __syncthreads();
-    if (!last_split) return;
+    if (!last_split || slice > 0) return;
     __threadfence();
 #pragma unroll
     for (int nt = 0; nt < NTILES; ++nt)
