@@ -84,8 +84,8 @@ def test_configs_are_validated_and_say_what_a_point_needs():
 
 def test_the_preset_rule_is_the_probes_winners_and_fits_any_point():
     assert cuda.choose_config(1, 8192, 8192) == cuda.PRESETS[0]
-    assert cuda.choose_config(1, 6144, 2048) == cuda.CudaTileConfig(groups=4, depth=4, warps=8, kwarps=8)
-    assert cuda.choose_config(16, 8192, 8192) == cuda.CudaTileConfig(groups=8, depth=4, warps=8, kwarps=2)
+    assert cuda.choose_config(16, 6144, 2048) == cuda.PRESETS[0]
+    assert cuda.choose_config(1, 8192, 512) == cuda.PRESETS[1]
     for m, n, k in ((1, 48, 128), (4, 112, 64 * 7), (16, 16, 64)):
         config = cuda.choose_config(m, n, k)
         assert config.reason(m, n, k) is None, (m, n, k, config)
@@ -112,6 +112,19 @@ def test_sweep_records_a_shape_a_backend_does_not_take_as_unavailable(monkeypatc
     assert reason == "a decode kernel: M <= 16, got M=64"
     assert sweep_gemm._static_reason(backend, GemmPoint("cuda-w4a16", "nvfp4", 8192, 8192, 16),
                                      "cuda") is None
+
+
+def test_step_major_layout_puts_step_j_of_every_warp_side_by_side():
+    tiles, total, groups = 3, 8, 4
+    canonical = torch.arange(tiles * total * 5).reshape(tiles, total, 5)     # [T, G, bytes]
+    flat = cuda.step_major_layout(canonical, groups).reshape(-1, 5)
+    ranges = total // groups
+    for tile in range(tiles):
+        for r in range(ranges):
+            for j in range(groups):   # the kernel's address: group0 = tile * R + r, + j * T * R
+                assert torch.equal(flat[tile * ranges + r + j * tiles * ranges],
+                                   canonical[tile, r * groups + j])
+    assert cuda.CudaTileConfig(step_major=True).label() == "cuda g8 d8 w4 k1 steps"
 
 
 def test_the_kernel_source_declares_what_the_layout_writes():
@@ -146,7 +159,8 @@ GPU_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=2), cuda.CudaTileConfig(group
                cuda.CudaTileConfig(groups=16, warps=8, depth=4), cuda.CudaTileConfig(groups=1, warps=1),
                cuda.CudaTileConfig(groups=8, warps=4, depth=2),
                cuda.CudaTileConfig(groups=2, warps=8, depth=1, kwarps=8),      # one CTA: all of K
-               cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2)]      # teams and split-K
+               cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2),      # teams and split-K
+               cuda.CudaTileConfig(groups=4, warps=2, depth=2, kwarps=2, step_major=True)]
 
 
 @pytest.mark.cuda

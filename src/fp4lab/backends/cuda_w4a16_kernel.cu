@@ -1,7 +1,7 @@
 // fp4lab's CUDA decode GEMM for FP4 weights at decode-sized M (<= 16): out[M, N] = a[M, K] . W^T.
 //
 // Compiled at prepare with NVRTC (no headers: plain integer types and inline PTX), one build per
-// (GROUPS, DEPTH, WARPS, KWARPS, NTILES, NVFP4), given as -D defines. Shape legend: M activation rows, N
+// (GROUPS, DEPTH, WARPS, KWARPS, STEP_MAJOR, NTILES, NVFP4), given as -D defines. Shape legend: M activation rows, N
 // weight rows, K reduction; a "row tile" is 16 weight rows (one mma.sync M side), a "k-group" 64 k
 // (four m16n8k16 MMAs); g = lane / 4 and t = lane % 4 as in the PTX fragment tables.
 //
@@ -125,6 +125,14 @@ __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u3
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// the CTA's arrival at its column's counter: a release of every add the CTA made before the
+// barrier in front of it, and an acquire of the other CTAs' (the last one reads their sums)
+__device__ __forceinline__ int arrive(int* counter) {
+    int before;
+    asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(before) : "l"(counter) : "memory");
+    return before;
+}
+
 __device__ __forceinline__ unsigned short to_bf16(float v) {
     unsigned short r;
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
@@ -142,8 +150,9 @@ __device__ __forceinline__ void store_l2(float* p, float v) {
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
-fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes, 16 B]
-                const Scales* __restrict__ s,           // [N/16, K/64, 8 g, SCALE_BYTES]
+fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes, 16 B] (in
+                                                        // STEP_MAJOR order: see group0)
+                const Scales* __restrict__ s,           // [N/16, K/64, 8 g, SCALE_BYTES] (same)
                 const u32x4* __restrict__ a,            // [M, K] bf16, rows 16-byte aligned
                 const float* __restrict__ unbias,       // [1] 2^26 (/ the nvfp4 encode scale)
                 unsigned short* __restrict__ out,       // [M, N] bf16
@@ -159,7 +168,18 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     const unsigned split = blockIdx.y;
     const unsigned team = warp / KWARPS, slice = warp % KWARPS;   // row tile in the CTA, k slice
     const unsigned tile = blockIdx.x * TILES + team;              // this warp's 16-row tile
-    const long group0 = (long)tile * (unsigned)(K / 64) + (split * KWARPS + slice) * GROUPS;
+    // this warp's k range (GROUPS k-groups): range r of R = K / 64 / GROUPS in its tile. With
+    // STEP_MAJOR the weights are laid [GROUPS, N/16, R, ...]: at step j every warp of the grid
+    // reads one contiguous stretch (DRAM sees long runs); else [N/16, R, GROUPS, ...] (a warp's
+    // own k range is contiguous, the warps' reads of one step are 8 KB apart at GROUPS 16)
+    const unsigned ranges = K / 64 / GROUPS, range = split * KWARPS + slice;
+#if STEP_MAJOR
+    const long group0 = (long)tile * ranges + range;
+    const long step = (long)(N / 16) * ranges;          // k-groups from one step to the next
+#else
+    const long group0 = ((long)tile * ranges + range) * GROUPS;
+    const long step = 1;
+#endif
 
     // codes (16 B a lane a k-group) and block scales; the compiler keeps only the DEPTH + 1
     // groups alive at once in registers (every index below is a constant after unrolling)
@@ -167,7 +187,7 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     Scales scales[GROUPS];
     const u32x4* wp = w + group0 * 32 + lane;
     const Scales* sp = s + group0 * 8 + g;
-#define ISSUE(j) (codes[j] = load_stream(wp + (j) * 32), scales[j] = load_scales(sp + (j) * 8))
+#define ISSUE(j) (codes[j] = load_stream(wp + (j) * step * 32), scales[j] = load_scales(sp + (j) * step * 8))
 #pragma unroll
     for (int j = 0; j < DEPTH; ++j) ISSUE(j);
 
@@ -280,13 +300,12 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
 #pragma unroll
             for (int e = 0; e < 4; ++e)
                 if (IN_M(nt, e)) atomicAdd(&ws_tile[OFFSET(nt, e)], acc[0][nt][e] * factor);
-    __threadfence();                                     // this CTA's adds before its arrival
+    // every thread's adds before thread 0's arrival (the barrier), then thread 0 releases them
+    // and, if last, acquires the others'; the barrier after hands that to every thread
     __syncthreads();
-    if (threadIdx.x == 0)
-        last_split = atomicAdd(&counts[blockIdx.x], 1) == splits - 1;
+    if (threadIdx.x == 0) last_split = arrive(&counts[blockIdx.x]) == splits - 1;
     __syncthreads();
     if (!last_split || slice > 0) return;
-    __threadfence();
 #pragma unroll
     for (int nt = 0; nt < NTILES; ++nt)
 #pragma unroll
