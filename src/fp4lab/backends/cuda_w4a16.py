@@ -33,7 +33,7 @@ ROW_TILE = 16                # weight rows an MMA covers
 K_GROUP = 64                 # k a lane's 16-byte load covers (four k16 MMAs)
 LANES = 32
 GROUP_CHOICES = (1, 2, 4, 8, 16, 32)
-WARP_CHOICES = (1, 2, 4, 8)
+WARP_CHOICES = (1, 2, 4, 8, 16)
 SHARED_LIMIT = 48 * 1024     # dynamic shared memory a launch gets without an opt-in attribute
 SCALE_BYTES = {"nvfp4": 8, "mxfp4": 4}     # per (rows g, g+8) per k-group
 WEIGHT_BIAS = 2.0 ** (126 - SCALE_EXP)     # decoded weights are e2m1 * scale * 2^-26
@@ -49,14 +49,12 @@ class CudaTileConfig:
     depth = groups, the default, issues every load before any math), `warps` a CTA, of which
     `kwarps` share a row tile and split its k (adding up in shared memory): a CTA covers
     warps/kwarps row tiles and 64 * groups * kwarps k, and K over that is the split-K across
-    CTAs. `step_major` lays the weights out so that the grid's warps read one contiguous stretch
-    at each of their k steps (`step_major_layout`)."""
+    CTAs."""
 
     groups: int = 8
     warps: int = 4
     depth: int | None = None
     kwarps: int = 1
-    step_major: bool = False
 
     def __post_init__(self):
         if self.depth is None:
@@ -100,8 +98,7 @@ class CudaTileConfig:
         return 4 * (self.tiles * (self.kwarps - 1) * n_tiles(m) * 4 * LANES + 1) + 4
 
     def label(self) -> str:
-        order = " steps" if self.step_major else ""
-        return f"cuda g{self.groups} d{self.depth} w{self.warps} k{self.kwarps}{order}"
+        return f"cuda g{self.groups} d{self.depth} w{self.warps} k{self.kwarps}"
 
     def reason(self, m: int, n: int, k: int) -> str | None:
         """Why this build cannot run an M x N x K point (None when it can)."""
@@ -181,14 +178,6 @@ def mma_layout(codes: torch.Tensor, scale_bytes: torch.Tensor, fmt: str):
             pairs.reshape(tiles, groups, 8, SCALE_BYTES[fmt]).contiguous())
 
 
-def step_major_layout(tiled: torch.Tensor, groups: int) -> torch.Tensor:
-    """[T, G, ...] (mma_layout's codes or scales) -> [groups, T, G/groups, ...]: k-group j of
-    every warp's range of `groups` k-groups side by side, so a step of the grid reads one stretch."""
-    tiles, total = tiled.shape[:2]
-    ranges = tiled.reshape(tiles, total // groups, groups, *tiled.shape[2:])     # [T, R, j, ...]
-    return ranges.movedim(2, 0).contiguous()                                     # [j, T, R, ...]
-
-
 # --- a bit-exact model of the kernel's arithmetic (the tests' CPU check) --------------------------
 
 def _bf16_bits(bits: torch.Tensor) -> torch.Tensor:
@@ -233,8 +222,7 @@ def emulate(weights: torch.Tensor, scales: torch.Tensor, fmt: str) -> torch.Tens
 def compiled(config: CudaTileConfig, fmt: str, tiles: int, capability: tuple[int, int]):
     """The kernel built for one configuration (NVRTC, once per process)."""
     options = [f"-DGROUPS={config.groups}", f"-DDEPTH={config.depth}", f"-DWARPS={config.warps}",
-               f"-DKWARPS={config.kwarps}", f"-DSTEP_MAJOR={int(config.step_major)}",
-               f"-DNTILES={tiles}",
+               f"-DKWARPS={config.kwarps}", f"-DNTILES={tiles}",
                f"-DNVFP4={int(fmt == 'nvfp4')}", "-std=c++17"]
     return torch.cuda._compile_kernel(KERNEL_SOURCE.read_text(), KERNEL_NAME,
                                       compute_capability=f"{capability[0]}{capability[1]}",
@@ -277,8 +265,6 @@ class CudaW4A16(Backend):
         check_scale_range(w)
         w = w.to(device)
         weights, scales = mma_layout(formats.unpack_nibbles(w.packed), kernel_scale_bytes(w), w.fmt)
-        if config.step_major:
-            weights, scales = step_major_layout(weights, config.groups), step_major_layout(scales, config.groups)
         unbias = torch.full((1,), WEIGHT_BIAS, dtype=torch.float32, device=device)
         if w.global_scale is not None:
             unbias /= w.global_scale.float().reshape(-1)[0]

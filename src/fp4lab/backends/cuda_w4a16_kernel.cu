@@ -1,7 +1,7 @@
 // fp4lab's CUDA decode GEMM for FP4 weights at decode-sized M (<= 16): out[M, N] = a[M, K] . W^T.
 //
 // Compiled at prepare with NVRTC (no headers: plain integer types and inline PTX), one build per
-// (GROUPS, DEPTH, WARPS, KWARPS, STEP_MAJOR, NTILES, NVFP4), given as -D defines. Shape legend: M activation rows, N
+// (GROUPS, DEPTH, WARPS, KWARPS, NTILES, NVFP4), given as -D defines. Shape legend: M activation rows, N
 // weight rows, K reduction; a "row tile" is 16 weight rows (one mma.sync M side), a "k-group" 64 k
 // (four m16n8k16 MMAs); g = lane / 4 and t = lane % 4 as in the PTX fragment tables.
 //
@@ -150,9 +150,8 @@ __device__ __forceinline__ void store_l2(float* p, float v) {
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
-fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes, 16 B] (in
-                                                        // STEP_MAJOR order: see group0)
-                const Scales* __restrict__ s,           // [N/16, K/64, 8 g, SCALE_BYTES] (same)
+fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes, 16 B]
+                const Scales* __restrict__ s,           // [N/16, K/64, 8 g, SCALE_BYTES]
                 const u32x4* __restrict__ a,            // [M, K] bf16, rows 16-byte aligned
                 const float* __restrict__ unbias,       // [1] 2^26 (/ the nvfp4 encode scale)
                 unsigned short* __restrict__ out,       // [M, N] bf16
@@ -168,18 +167,7 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     const unsigned split = blockIdx.y;
     const unsigned team = warp / KWARPS, slice = warp % KWARPS;   // row tile in the CTA, k slice
     const unsigned tile = blockIdx.x * TILES + team;              // this warp's 16-row tile
-    // this warp's k range (GROUPS k-groups): range r of R = K / 64 / GROUPS in its tile. With
-    // STEP_MAJOR the weights are laid [GROUPS, N/16, R, ...]: at step j every warp of the grid
-    // reads one contiguous stretch (DRAM sees long runs); else [N/16, R, GROUPS, ...] (a warp's
-    // own k range is contiguous, the warps' reads of one step are 8 KB apart at GROUPS 16)
-    const unsigned ranges = K / 64 / GROUPS, range = split * KWARPS + slice;
-#if STEP_MAJOR
-    const long group0 = (long)tile * ranges + range;
-    const long step = (long)(N / 16) * ranges;          // k-groups from one step to the next
-#else
-    const long group0 = ((long)tile * ranges + range) * GROUPS;
-    const long step = 1;
-#endif
+    const long group0 = (long)tile * (unsigned)(K / 64) + (split * KWARPS + slice) * GROUPS;
 
     // codes (16 B a lane a k-group) and block scales; the compiler keeps only the DEPTH + 1
     // groups alive at once in registers (every index below is a constant after unrolling)
@@ -187,7 +175,7 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     Scales scales[GROUPS];
     const u32x4* wp = w + group0 * 32 + lane;
     const Scales* sp = s + group0 * 8 + g;
-#define ISSUE(j) (codes[j] = load_stream(wp + (j) * step * 32), scales[j] = load_scales(sp + (j) * step * 8))
+#define ISSUE(j) (codes[j] = load_stream(wp + (j) * 32), scales[j] = load_scales(sp + (j) * 8))
 #pragma unroll
     for (int j = 0; j < DEPTH; ++j) ISSUE(j);
 
