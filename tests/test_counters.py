@@ -15,6 +15,7 @@ REPO = os.path.join(os.path.dirname(__file__), "..")
 PROFILE = os.path.join(REPO, "results", "measurements", "20261202T0215Z-h200-ncu")
 PEERS = os.path.join(REPO, "results", "measurements", "20261202T0230Z-h200-ncu-humming")
 CUDA = os.path.join(REPO, "results", "measurements", "20261202T0458Z-h200-ncu-cuda")
+CUDA_BUILDS = os.path.join(REPO, "results", "measurements", "20261202T0740Z-h200-ncu-cuda-builds")
 
 
 def test_the_committed_profile_reads_as_one_row_per_launch():
@@ -65,13 +66,15 @@ def test_a_kernel_under_the_break_even_is_named_with_what_it_waits_on():
 
 def test_find_profiles_picks_the_newest_of_each_kind_or_the_named_or_none(tmp_path):
     kinds = {"20261201T0000Z-a": "fp4lab", "20261202T0000Z-b": "fp4lab", "20261202T0100Z-p": "humming",
-             "20261203T0000Z-c": None}                                  # c holds no profile
+             "20261203T0000Z-c": None,                                  # c holds no profile
+             "20261204T0000Z-t": "fp4lab"}                              # t: tuning, not for the book
     for name, kind in kinds.items():
         (tmp_path / name).mkdir()
         if kind:
             (tmp_path / name / "raw.csv").write_text("")
             (tmp_path / name / "launches.json").write_text("[]")
-            (tmp_path / name / "run.json").write_text(json.dumps({"profiled": kind}))
+            info = {"profiled": kind, **({"for_book": False} if name.endswith("-t") else {})}
+            (tmp_path / name / "run.json").write_text(json.dumps(info))
     assert [f.name for f in counters.find_profiles("", tmp_path)] == ["20261202T0000Z-b", "20261202T0100Z-p"]
     assert counters.find_profiles("none", tmp_path) == []
     named = f"{tmp_path / '20261201T0000Z-a'}, {tmp_path / '20261202T0100Z-p'}"
@@ -102,7 +105,10 @@ def test_a_value_that_is_not_a_number_is_named(tmp_path):
         counters.read_counters(broken)
 
 
-@pytest.mark.parametrize("flags,folder", [([], PROFILE), (["--peers"], PEERS), (["--cuda"], CUDA)])
+# the driver as it is now against the newest profile of each flag (CUDA: its kernel changed since
+# the book's profile, so the builds profiled while tuning it)
+@pytest.mark.parametrize("flags,folder", [([], PROFILE), (["--peers"], PEERS),
+                                          (["--cuda", "--cuda-builds", "g16d4w8,g16d4w16"], CUDA_BUILDS)])
 def test_the_driver_describes_the_launches_the_profile_holds(tmp_path, flags, folder):
     out = tmp_path / "launches.json"
     run = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "ncu_profile.py"),

@@ -83,9 +83,14 @@ def test_configs_are_validated_and_say_what_a_point_needs():
 
 
 def test_the_preset_rule_is_the_probes_winners_and_fits_any_point():
-    assert cuda.choose_config(1, 8192, 8192) == cuda.PRESETS[0]
-    assert cuda.choose_config(16, 6144, 2048) == cuda.PRESETS[0]
-    assert cuda.choose_config(1, 8192, 512) == cuda.PRESETS[1]
+    # calls 46-47's fastest builds (within 3%) on the issue's three shapes
+    team, short_m16, one_row, wide = (config for _, _, config in cuda.PRESETS)
+    assert cuda.choose_config(1, 6144, 2048) == cuda.choose_config(4, 6144, 2048) == team
+    assert team.grid(6144, 2048) == (192, 1, 1)                      # no split-K
+    assert cuda.choose_config(16, 6144, 2048) == short_m16
+    assert cuda.choose_config(1, 8192, 8192) == cuda.choose_config(1, 4096, 6144) == one_row
+    assert cuda.choose_config(4, 8192, 8192) == cuda.choose_config(16, 4096, 6144) == wide
+    assert cuda.choose_config(1, 8192, 512) == short_m16   # the team needs K a multiple of 2048
     for m, n, k in ((1, 48, 128), (4, 112, 64 * 7), (16, 16, 64)):
         config = cuda.choose_config(m, n, k)
         assert config.reason(m, n, k) is None, (m, n, k, config)

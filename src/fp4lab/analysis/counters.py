@@ -72,8 +72,10 @@ class Counters:
 def find_profiles(choice: str = "", root: Path = MEASUREMENTS_ROOT) -> list[Path]:
     """The profile folders a chapter shows: `choice` folder paths, comma-separated; "" the newest
     folder under `root` (run ids start with their UTC time) holding raw.csv and launches.json,
-    one for each kind run.json's "profiled" names (fp4lab's kernels, a peer's); "none" none.
-    CountersError for a named folder that is not a profile."""
+    one for each kind run.json's "profiled" names (fp4lab's kernels, a peer's), leaving out
+    folders whose run.json says "for_book": false (candidate builds profiled while tuning, not
+    what a reference run measured); "none" none. CountersError for a named folder that is not a
+    profile."""
     if choice == "none":
         return []
     if choice:
@@ -89,15 +91,19 @@ def find_profiles(choice: str = "", root: Path = MEASUREMENTS_ROOT) -> list[Path
     newest: dict[str, Path] = {}
     for folder in sorted(Path(root).glob("*")):
         if (folder / "raw.csv").is_file() and (folder / "launches.json").is_file():
-            newest[_profiled(folder)] = folder
+            info = _run_info(folder)
+            if info.get("for_book", True) is not False:
+                newest[str(info.get("profiled", "fp4lab"))] = folder
     return [newest[kind] for kind in sorted(newest, key=lambda kind: kind != "fp4lab")]
 
 
-def _profiled(folder: Path) -> str:
+def _run_info(folder: Path) -> dict:
+    """A profile folder's run.json ({} where it is missing or unreadable)."""
     try:
-        return str(json.loads((folder / "run.json").read_text()).get("profiled", "fp4lab"))
+        info = json.loads((folder / "run.json").read_text())
     except (OSError, ValueError):
-        return "fp4lab"
+        return {}
+    return info if isinstance(info, dict) else {}
 
 
 def read_counters(folder) -> Counters:

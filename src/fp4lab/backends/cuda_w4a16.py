@@ -128,17 +128,26 @@ def point_reason(m: int, n: int, k: int) -> str | None:
     return None
 
 
-# the preset builds, most preferred first (PROVISIONAL: call 45's fastest at 8192x8192 and
-# 4096x6144, until the call-46 probe ranks the weight orders)
-PRESETS = (CudaTileConfig(groups=16, depth=4, warps=8),
-           CudaTileConfig(groups=8, depth=4, warps=4))
+# (largest M, largest K, build), the first that holds and fits a point wins: the H200 probes of
+# 2026-12-02 (benchmarks/NOTES.md, calls 46-47; results/measurements/20261202T0737Z-h200-cuda-probe),
+# within 3% of the fastest build at M = 1, 4, 16 on 8192x8192, 4096x6144 and 6144x2048:
+#   - short K (2048): a team of 4 warps splits each tile's k, a CTA covers all of K (no split-K);
+#     at M = 16 the team's staged activations do not fit, so 16 tiles a CTA, 8 k-groups a warp;
+#   - M = 1: one warp a tile, 4 tiles a CTA, 16 k-groups a warp (split-K across CTAs);
+#   - M = 2-16: 16 tiles a CTA, which stage the activations once for all 16 (at M = 16 the
+#     staging of 4-tile CTAs reads as many L2 bytes as the weights).
+PRESETS = ((8, 2048, CudaTileConfig(groups=8, depth=4, warps=8, kwarps=4)),
+           (16, 2048, CudaTileConfig(groups=8, depth=4, warps=16)),
+           (1, None, CudaTileConfig(groups=16, depth=4, warps=4)),
+           (16, None, CudaTileConfig(groups=16, depth=4, warps=16)))
 
 
 def choose_config(m: int, n: int, k: int) -> CudaTileConfig:
-    """The first of PRESETS that runs the point; else one warp a tile and the most k-groups (up
-    to 4) that divide K/64, which runs any point point_reason admits."""
-    for config in PRESETS:
-        if config.reason(m, n, k) is None:
+    """The preset build of an M x N x K point: the first of PRESETS whose bounds hold and that
+    runs the point; else one warp a tile and the most k-groups (up to 4) that divide K/64, which
+    runs any point point_reason admits."""
+    for max_m, max_k, config in PRESETS:
+        if m <= max_m and (max_k is None or k <= max_k) and config.reason(m, n, k) is None:
             return config
     groups = max(g for g in GROUP_CHOICES if g <= 4 and (k // K_GROUP) % g == 0)
     return CudaTileConfig(groups=groups, warps=1)
