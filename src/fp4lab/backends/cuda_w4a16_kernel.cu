@@ -1,18 +1,19 @@
 // fp4lab's CUDA decode GEMM for FP4 weights at decode-sized M (<= 16): out[M, N] = a[M, K] . W^T.
 //
 // Compiled at prepare with NVRTC (no headers: plain integer types and inline PTX), one build per
-// (GROUPS, DEPTH, WARPS, KWARPS, NTILES, NVFP4), given as -D defines. Shape legend: M activation rows, N
-// weight rows, K reduction; a "row tile" is 16 weight rows (one mma.sync M side), a "k-group" 64 k
-// (four m16n8k16 MMAs); g = lane / 4 and t = lane % 4 as in the PTX fragment tables.
+// (GROUPS, DEPTH, WARPS, KWARPS, NTILES, NVFP4), given as -D defines. Shape legend: M activation
+// rows, N weight rows, K reduction; a "row tile" is 16 weight rows (one mma.sync M side), a
+// "k-group" 64 k (four m16n8k16 MMAs); g = lane / 4 and t = lane % 4 as in the PTX fragment tables.
 //
 // Why it looks like this (benchmarks/NOTES.md, sessions 8 and 9): the Triton kernel spends ~4
 // instructions per weight, a third of them outside the decode (2-byte shared loads of codes,
 // register moves for the MMA operands, one extract and one multiply-add per block scale). Here
 // prepare lays the codes out in the MMA's register order (`mma_layout` in cuda_w4a16.py), so:
 //   - each lane reads its codes for a whole k-group as ONE 16-byte load, straight into registers
-//     (no shared memory, no barrier); a warp keeps DEPTH k-groups (DEPTH * 512 bytes) in flight:
-//     it issues DEPTH loads, then before each k-group's math the load DEPTH groups ahead, so its
-//     next bytes arrive while it computes (DEPTH == GROUPS: every load up front, session 8's code);
+//     (no shared memory); a warp keeps DEPTH k-groups (DEPTH * 512 bytes) in flight: it issues
+//     DEPTH loads, then before each k-group's math the load DEPTH groups ahead, so its next bytes
+//     arrive while it computes (DEPTH == GROUPS: every load up front, session 8's code; 4 beat 8
+//     in every build measured);
 //   - a 4-byte word is one MMA's A fragment: 13 integer instructions decode its 8 codes into the
 //     four bf16x2 registers (a nibble mask, one multiply that moves sign and magnitude at once,
 //     one mask; the row g+8 half after one shift), then one bf16x2 multiply per register applies
@@ -23,17 +24,20 @@
 //     fragments of two MMAs. Activation columns past M read row M-1: their products land in
 //     output columns that are never stored, so no zero rows are staged;
 //   - the KWARPS warps of a CTA that share a row tile (a team) split the CTA's k range and add
-//     their partial tiles in shared memory at the end; split-K across CTAs (blockIdx.y), with its
-//     atomics, fence and counter, only where the teams alone do not fill the GPU.
+//     their partial tiles in shared memory at the end (at short K, where a CTA can cover it all);
+//     more row tiles a CTA (WARPS / KWARPS) stage the activations once for more of N, which at
+//     M = 16 is as many L2 bytes as the weights with 4 tiles a CTA.
 // Decoded weights are e2m1 * scale * 2^-26 (the Triton kernel's bit trick: code bits placed at bf16
 // bits 15 and 8..6 read as e2m1 * 2^-126, scale bytes carry 2^100); the epilogue multiplies by
 // `unbias`, 2^26 over the nvfp4 global scale (computed at prepare: no division in the kernel).
-// Split-K across CTAs: each adds its partial tiles into the float32 workspace (zero between calls)
-// and bumps its CTA column's counter; the CTA that arrives last writes bf16 and zeroes the workspace and
-// counter behind it (a CUDA graph replays it with no memset node).
+// Split-K across CTAs (blockIdx.y): each adds its partial tiles into the float32 workspace (zero
+// between calls) and thread 0 bumps the CTA column's counter with one acq_rel atomic after a
+// barrier (two sequentially consistent fences cost 4-11%, session 9); the CTA that arrives last
+// writes bf16 and zeroes the workspace and counter behind it (a CUDA graph replays it with no
+// memset node).
 // The code and scale loads are plain (coherent) loads, not ld.global.nc: ptxas sinks read-only
 // loads to their first use (two in flight, measured in the offline SASS), but does not move a
-// coherent load past the barrier that follows them.
+// coherent load past the barrier that follows them, nor, in the loop, past the ldmatrix reads.
 
 #define KS (64 * GROUPS)             // k a warp covers
 #define TILES (WARPS / KWARPS)       // row tiles (teams) a CTA
