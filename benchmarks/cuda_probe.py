@@ -26,12 +26,12 @@ from fp4lab.backends.cuda_w4a16 import CudaTileConfig, choose_config  # noqa: E4
 
 SHAPES = ((8192, 8192), (4096, 6144), (6144, 2048))
 M_VALUES = (1, 4, 16)
-# (k-groups a warp, of them in flight, warps a CTA, warps a team on one row tile): call 46's
-# fastest builds, and CTAs of 16 warps (16 row tiles share one staging of the activations, which
-# at M=16 is as many L2 bytes as the weights with 4 tiles a CTA)
+# (k-groups a warp, of them in flight, warps a CTA, warps a team on one row tile): the presets of
+# calls 46-47, and 16-tile CTAs with fewer k-groups a warp, so that N = 4096 and 6144 give more
+# CTAs than the H200's 132 SMs (g16 w16 there: 96 CTAs)
 GRID = tuple(CudaTileConfig(groups=g, depth=d, warps=w, kwarps=kw) for g, d, w, kw in (
-    (8, 4, 4, 1), (16, 4, 4, 1), (16, 4, 8, 1), (8, 4, 8, 4),
-    (16, 4, 16, 1), (8, 4, 16, 1), (16, 4, 16, 2)))
+    (16, 4, 4, 1), (8, 4, 8, 4), (8, 4, 16, 1), (16, 4, 16, 1),
+    (4, 4, 16, 1), (2, 2, 16, 1), (4, 4, 8, 1)))
 
 PEERS = ("triton-w4a16", "torch-bf16", "humming-w4a16")
 
