@@ -1,7 +1,7 @@
 """`cuda-w4a16`, fp4lab's CUDA decode GEMM, against its peers at issue 13's decode points: every
-build of the kernel (`GRID`: k-groups a warp, depth, warps a CTA, warps a team) gated, then timed with the package's
-timer (cold L2, CUDA graph), beside the Triton kernel's preset, cuBLAS bf16 and humming-w4a16
-(when its wheel is installed) at the same points.
+build of the kernel (`GRID`: k-groups a warp, depth, warps a CTA, warps a team) gated, then timed
+with the package's timer (cold L2, CUDA graph), beside the Triton kernel's preset, cuBLAS bf16 and
+humming-w4a16 (when its wheel is installed) at the same points.
 
     PYTHONPATH=src python3 benchmarks/cuda_probe.py --out $OUT/cuda
 

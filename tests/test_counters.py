@@ -119,6 +119,16 @@ def test_the_driver_describes_the_launches_the_profile_holds(tmp_path, flags, fo
     assert json.loads(out.read_text()) == json.loads(open(os.path.join(folder, "launches.json")).read())
 
 
+@pytest.mark.parametrize("builds,message", [("g16d4", "is not g<groups>d<depth>w<warps>"),
+                                             ("g8d16w4", "depth (16) cannot exceed groups (8)")])
+def test_the_driver_names_a_build_it_cannot_make(tmp_path, builds, message):
+    run = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "ncu_profile.py"), "--cuda",
+                          "--cuda-builds", builds, "--describe", "--launches", str(tmp_path / "l.json")],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.path.join(REPO, "src")})
+    assert run.returncode != 0 and message in run.stderr and not (tmp_path / "l.json").exists()
+
+
 def test_the_page_shows_the_weight_readers_and_one_row_for_the_rest():
     shown = counters.shown_rows(counters.read_counters(PEERS))
     assert list(shown["launch"][:2]) == ["humming-w4a16 8192x8192 M=1", "humming-moe-indexed glm-5 B=512 gate_up"]

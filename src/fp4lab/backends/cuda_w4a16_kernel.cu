@@ -106,7 +106,7 @@ __device__ __forceinline__ void wait_copies() {
     asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
-// the 32-bit shared-memory address ldmatrix takes
+// the 32-bit shared-memory address cp.async and ldmatrix take
 __device__ __forceinline__ u32 shared_address(const void* p) {
     u32 address;
     asm("{\n\t.reg .u64 a;\n\tcvta.to.shared.u64 a, %1;\n\tcvt.u32.u64 %0, a;\n\t}"
