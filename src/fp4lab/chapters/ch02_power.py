@@ -103,6 +103,25 @@ def _of_limit(watts, limit) -> str:
     return f" ({text.pct(100 * watts / limit)} of its {text.sig(limit)} W limit)" if limit and watts else ""
 
 
+# The limiter holds averaged power at the limit, not under it: a peak this close to it is the limit held.
+HELD_LIMIT_TOLERANCE = 0.02
+
+
+def _against_limit(timeline: dict, limit: float | None) -> str:
+    """What instant readings above the power limit mean, given where the averaged reading peaked."""
+    if not limit or timeline["instant_max_w"] <= limit:
+        return ""
+    bursts = "readings above it over shorter spans (instant samples, short energy windows) are bursts."
+    average = timeline["average_max_w"]
+    if average <= limit:
+        return f" The limit is enforced on averaged power, and the ~1 s averaged reading stayed within it: {bursts}"
+    if average <= limit * (1 + HELD_LIMIT_TOLERANCE):
+        return (f" The limit is enforced on averaged power, and the ~1 s averaged reading peaked at "
+                f"{text.pct(100 * average / limit)} of it: the limiter held the GPU at its limit, and {bursts}")
+    return (f" The ~1 s averaged reading peaked at {text.pct(100 * average / limit)} of the limit: "
+            "the limit was not held during the run.")
+
+
 def decode_point(run, profile: str) -> dict | None:
     from fp4lab.analysis import decode
 
@@ -118,11 +137,7 @@ def findings(power: analysis.RunPower, at_decode: dict | None = None) -> list[st
                      f"samples), instant power ranged {text.sig(timeline['instant_min_w'])}-"
                      f"{text.sig(timeline['instant_max_w'])} W{_of_limit(timeline['instant_max_w'], power.power_limit_w)}, "
                      f"while the ~1 s averaged reading peaked at {text.sig(timeline['average_max_w'])} W: "
-                     "the averaged reading lags every burst."
-                     + (" The limit is enforced on averaged power, and the ~1 s averaged reading stayed "
-                        "within it: readings above it over shorter spans (instant samples, short energy "
-                        "windows) are bursts." if power.power_limit_w and
-                        timeline["instant_max_w"] > power.power_limit_w >= timeline["average_max_w"] else ""))
+                     "the averaged reading lags every burst." + _against_limit(timeline, power.power_limit_w))
         if timeline["busy_samples"]:
             lines.append(f"Under load (GPU utilisation above {analysis.BUSY_UTIL_PCT}%, {timeline['busy_samples']} "
                          f"samples) the SM clock had a median of {text.sig(timeline['busy_clock_median_mhz'], 4)} MHz "
