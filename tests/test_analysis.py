@@ -78,6 +78,29 @@ def test_fastest_four_bit_method_against_bf16_and_the_floor(tmp_path):
     assert row["floor_us"] == pytest.approx(floor) and row["pct_of_floor"] == pytest.approx(100 * floor / 17)
 
 
+def test_methods_tied_for_the_most_cases_each_get_a_row_of_the_fastest_per_m(tmp_path):
+    """The reference run's M = 16: cuda-w4a16 and triton-w4a16 won 3 of 6 cases each, and the table
+    named only the one its row order put first."""
+    rows = []
+    for n, k, bf16_us, cuda_us, triton_us in [(8192, 8192, 34.0, 17.0, 20.0), (4096, 6144, 18.0, 12.0, 11.0),
+                                              (6144, 2048, 9.0, 8.0, 10.0)]:
+        rows += [gemm_row("torch-bf16", 16, n, k, bf16_us), gemm_row("triton-w4a16", 16, n, k, triton_us),
+                 gemm_row("cuda-w4a16", 16, n, k, cuda_us)]
+    rows += [gemm_row("torch-bf16", 1, 8192, 8192, 34.0), gemm_row("cuda-w4a16", 1, 8192, 8192, 17.0),
+             gemm_row("triton-w4a16", 1, 8192, 8192, 20.0)]
+    table = gemm.fastest_fp4_per_m(gemm.gemm_results(run_with(tmp_path, rows)))
+    at16 = table[table["m"] == 16]
+    assert list(at16["backend"]) == ["cuda-w4a16"] and list(at16["cases won"]) == ["2 of 3"]
+    rows.append(gemm_row("triton-w4a16", 16, 6144, 2048, 9.0, fmt="mxfp4"))  # a 4th case, triton's
+    rows.append(gemm_row("cuda-w4a16", 16, 6144, 2048, 9.5, fmt="mxfp4"))
+    rows.append(gemm_row("torch-bf16", 16, 6144, 2048, 9.9, fmt="mxfp4"))
+    table = gemm.fastest_fp4_per_m(gemm.gemm_results(run_with(tmp_path / "tie", rows)))
+    at16 = table[table["m"] == 16]
+    assert list(at16["backend"]) == ["cuda-w4a16", "triton-w4a16"] and set(at16["cases won"]) == {"2 of 4"}
+    assert at16.iloc[1]["median speed-up vs bf16"] == pytest.approx(np.median([18.0 / 11.0, 9.9 / 9.0]))
+    assert list(table[table["m"] == 1]["backend"]) == ["cuda-w4a16"]
+
+
 # -- decode -----------------------------------------------------------------------------------------
 
 def test_memory_bound_verdict_counts_the_weights_the_path_reads(tmp_path):

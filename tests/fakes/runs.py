@@ -16,7 +16,8 @@ MEASURED = {"bandwidth_tbps": 4.0, "peak_tflops": {"fp4": None, "fp8": 1200.0, "
 SPEC = {"bandwidth_tbps": 4.8, "peak_tflops": {"fp4": None, "fp8": 1979.0, "bf16": 989.0, "fp32": 67.0},
         "launch_us": None, "source": "spec", "device": "NVIDIA H200 SXM", "details": {}}
 DTYPES = {"torch-bf16": ("bf16", "bf16", "bf16"), "torch-fp8": ("fp8", "fp8", "fp8"),
-          "triton-w4a16": ("fp4", "bf16", "bf16"), "emulated": ("fp4", "bf16", "bf16")}
+          "triton-w4a16": ("fp4", "bf16", "bf16"), "cuda-w4a16": ("fp4", "bf16", "bf16"),
+          "emulated": ("fp4", "bf16", "bf16")}
 
 
 def make_run(root: Path, run_id: str = "fake-h200", device: dict | None = None,
