@@ -111,15 +111,14 @@ def _against_limit(timeline: dict, limit: float | None) -> str:
     """What instant readings above the power limit mean, given where the averaged reading peaked."""
     if not limit or timeline["instant_max_w"] <= limit:
         return ""
-    bursts = "readings above it over shorter spans (instant samples, short energy windows) are bursts."
     average = timeline["average_max_w"]
-    if average <= limit:
-        return f" The limit is enforced on averaged power, and the ~1 s averaged reading stayed within it: {bursts}"
-    if average <= limit * (1 + HELD_LIMIT_TOLERANCE):
-        return (f" The limit is enforced on averaged power, and the ~1 s averaged reading peaked at "
-                f"{text.pct(100 * average / limit)} of it: the limiter held the GPU at its limit, and {bursts}")
-    return (f" The ~1 s averaged reading peaked at {text.pct(100 * average / limit)} of the limit: "
-            "the limit was not held during the run.")
+    if average > limit * (1 + HELD_LIMIT_TOLERANCE):
+        return (f" The ~1 s averaged reading peaked at {text.pct(100 * average / limit)} of the limit: "
+                "the limit was not held during the run.")
+    peak = ("stayed within it:" if average <= limit else
+            f"peaked at {text.pct(100 * average / limit)} of it: the limiter held the GPU at its limit, and")
+    return (f" The limit is enforced on averaged power, and the ~1 s averaged reading {peak} readings above "
+            "it over shorter spans (instant samples, short energy windows) are bursts.")
 
 
 def decode_point(run, profile: str) -> dict | None:
