@@ -1,7 +1,7 @@
 """`cuda-w4a16`, fp4lab's CUDA decode GEMM, against its peers at issue 13's decode points: every
-build of the kernel (`GRID`: k-groups a warp, depth, warps a CTA, warps a team) gated, then timed
-with the package's timer (cold L2, CUDA graph), beside the Triton kernel's preset, cuBLAS bf16 and
-humming-w4a16 (when its wheel is installed) at the same points.
+build of the kernel (`GRID`: k-groups a warp, depth, warps a CTA, warps a team, launch overlap)
+gated, then timed with the package's timer (cold L2, CUDA graph), beside the Triton kernel's
+preset, cuBLAS bf16 and humming-w4a16 (when its wheel is installed) at the same points.
 
     PYTHONPATH=src python3 benchmarks/cuda_probe.py --out $OUT/cuda
 
@@ -22,16 +22,16 @@ import tune_w4a16 as tune  # noqa: E402  (beside this script)
 
 from fp4lab import correctness  # noqa: E402
 from fp4lab.backends import get  # noqa: E402
-from fp4lab.backends.cuda_w4a16 import CudaTileConfig, choose_config  # noqa: E402
+from fp4lab.backends.cuda_w4a16 import OVERLAP_CHOICES, CudaTileConfig, choose_config  # noqa: E402
 
 SHAPES = ((8192, 8192), (4096, 6144), (6144, 2048))
 M_VALUES = (1, 4, 16)
 # (k-groups a warp, of them in flight, warps a CTA, warps a team on one row tile): the presets of
-# calls 46-47, and 16-tile CTAs with fewer k-groups a warp, so that N = 4096 and 6144 give more
-# CTAs than the H200's 132 SMs (g16 w16 there: 96 CTAs)
-GRID = tuple(CudaTileConfig(groups=g, depth=d, warps=w, kwarps=kw) for g, d, w, kw in (
-    (16, 4, 4, 1), (8, 4, 8, 4), (8, 4, 16, 1), (16, 4, 16, 1),
-    (4, 4, 16, 1), (2, 2, 16, 1), (4, 4, 8, 1)))
+# calls 46-47, each launched plainly and with programmatic dependent launch (the next call's launch
+# overlapping this one's epilogue, or its first loads running as this one's CTAs retire)
+BUILDS = ((16, 4, 4, 1), (8, 4, 8, 4), (8, 4, 16, 1), (16, 4, 16, 1))
+GRID = tuple(CudaTileConfig(groups=g, depth=d, warps=w, kwarps=kw, overlap=overlap)
+             for g, d, w, kw in BUILDS for overlap in OVERLAP_CHOICES)
 
 PEERS = ("triton-w4a16", "torch-bf16", "humming-w4a16")
 
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     timer = tune.device_timer()
     weights: dict = {}
     best: dict = {}
-    print(f"{'fmt':<5} {'N x K':>10} {'M':>3} {'variant':<16} {'status':<12} {'us':>8} {'TB/s':>5}  note")
+    print(f"{'fmt':<5} {'N x K':>10} {'M':>3} {'variant':<26} {'status':<12} {'us':>8} {'TB/s':>5}  note")
     with open(out / "measurements.jsonl", "w") as log:
         for fmt in tune.parse_formats(args.formats):
             for n, k in SHAPES:
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                                 best[key] = {"config": row["config"], "median_us": row["median_us"]}
                         log.write(json.dumps(row) + "\n")
                         log.flush()
-                        print(f"{fmt:<5} {f'{n}x{k}':>10} {m:>3} {label:<16} {row['status']:<12} "
+                        print(f"{fmt:<5} {f'{n}x{k}':>10} {m:>3} {label:<26} {row['status']:<12} "
                               f"{row.get('median_us', float('nan')):8.2f} "
                               f"{row.get('tbps', float('nan')):5.2f}  "
                               f"{'pick ' if row.get('pick') else ''}{(row.get('message') or '')[:90]}",

@@ -62,6 +62,9 @@ def test_configs_are_validated_and_say_what_a_point_needs():
     config = cuda.CudaTileConfig(groups=8, warps=4)
     assert config.label() == "cuda g8 d8 w4 k1" and config.depth == 8   # every load up front
     assert cuda.CudaTileConfig(groups=32, depth=4).label() == "cuda g32 d4 w4 k1"
+    assert cuda.CudaTileConfig(groups=16, depth=4, overlap="all").label() == "cuda g16 d4 w4 k1 pdl-all"
+    with pytest.raises(ValueError, match="overlap must be one of .'off', 'tail', 'all'."):
+        cuda.CudaTileConfig(overlap="yes")
     with pytest.raises(ValueError, match="kwarps .4. must divide warps .2."):
         cuda.CudaTileConfig(warps=2, kwarps=4)
     # a team of 8 warps on one row tile covers 8 x 16 groups: all of K=8192, no split-K
@@ -127,6 +130,18 @@ def test_the_kernel_source_declares_what_the_layout_writes():
         assert mask in source
 
 
+def test_the_kernel_reads_only_weights_before_it_waits_for_the_previous_kernel():
+    # PDL: what another kernel may have written (activations, workspace, counters, output) is
+    # read after griddepcontrol.wait; only the first DEPTH groups' codes and scales come before
+    source = cuda.KERNEL_SOURCE.read_text()
+    body = source[source.index("fp4_decode_gemm("):]
+    before_wait = body[:body.index("    wait_for_previous_kernel();")]
+    assert "ISSUE(j)" in before_wait
+    for later in ("copy_async(act_base", "atomicAdd", "arrive(", "*unbias", "out_tile["):
+        assert later not in before_wait, later
+    assert body.count("let_next_kernel_launch();") == 2     # at the start (all) or after the math
+
+
 def test_the_kernel_source_ships_with_the_package():
     import fnmatch
     import tomllib
@@ -152,7 +167,9 @@ GPU_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=2), cuda.CudaTileConfig(group
                cuda.CudaTileConfig(groups=8, warps=4, depth=2),
                cuda.CudaTileConfig(groups=2, warps=8, depth=1, kwarps=8),      # one CTA: all of K
                cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2),      # teams and split-K
-               cuda.CudaTileConfig(groups=4, warps=16, depth=2, kwarps=2)]
+               cuda.CudaTileConfig(groups=4, warps=16, depth=2, kwarps=2),
+               cuda.CudaTileConfig(groups=4, warps=4, overlap="tail"),
+               cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2, overlap="all")]
 
 
 @pytest.mark.cuda
@@ -190,3 +207,42 @@ def test_kernel_replays_in_a_cuda_graph():
         graph.replay()
     torch.cuda.synchronize()
     assert_same_within_atomics_order(prepared.out, eager)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("overlap", ["tail", "all"])
+def test_dependent_launches_read_what_the_kernel_before_them_wrote(overlap):
+    # a chain x0 -> x1 -> ... where each call's activations are the previous call's output and all
+    # share one split-K workspace: launched back to back with PDL, eagerly and from a graph, a
+    # call that read before the previous one finished would see NaN (the outputs start as NaN)
+    # or the previous call's half-added sums
+    n = k = 1024
+    steps = 6
+    w = formats.quantize(torch.randn(n, k) * k ** -0.5, "nvfp4")
+    a = torch.randn(4, k).bfloat16()
+    config = cuda.CudaTileConfig(groups=4, warps=4, overlap=overlap)       # 4 splits: split-K
+    prepared = get("cuda-w4a16").prepare(a, w, "cuda", config=config)
+    _, weights, scales, unbias = prepared.args
+    expected = [prepared.args[0]]
+    for _ in range(steps):                       # one call at a time: nothing to overlap
+        expected.append(prepared.make_call((expected[-1], weights, scales, unbias),
+                                           torch.empty_like(expected[-1]))().clone())
+        torch.cuda.synchronize()
+    xs = [prepared.args[0]] + [torch.full_like(expected[0], float("nan")) for _ in range(steps)]
+    calls = [prepared.make_call((xs[i], weights, scales, unbias), xs[i + 1]) for i in range(steps)]
+    for call in calls:                           # back to back, eagerly
+        call()
+    torch.cuda.synchronize()
+    for got, want in zip(xs[1:], expected[1:]):
+        torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -5, atol=2 ** -10)
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            for call in calls:
+                call()
+    for x in xs[1:]:
+        x.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    for got, want in zip(xs[1:], expected[1:]):
+        torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -5, atol=2 ** -10)

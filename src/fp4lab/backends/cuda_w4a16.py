@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from fp4lab.backends.base import Backend, Requirements, prepared_from, resolve_device
+from fp4lab.backends.cuda_launch import launch_dependent
 from fp4lab.backends.triton_w4a16 import SCALE_EXP, check_scale_range, kernel_scale_bytes
 
 MAX_M = 16                   # two n8 MMA tiles of activation rows
@@ -34,6 +35,11 @@ K_GROUP = 64                 # k a lane's 16-byte load covers (four k16 MMAs)
 LANES = 32
 GROUP_CHOICES = (1, 2, 4, 8, 16, 32)
 WARP_CHOICES = (1, 2, 4, 8, 16)
+# how a launch overlaps the previous kernel in its stream (programmatic dependent launch, PDL):
+# "off" a plain launch; "tail" the next kernel may launch once this one's math is done (its
+# epilogue overlaps that launch); "all" as soon as every CTA has started (the next kernel's weight
+# loads run in the CTA slots this one frees)
+OVERLAP_CHOICES = ("off", "tail", "all")
 SHARED_LIMIT = 48 * 1024     # dynamic shared memory a launch gets without an opt-in attribute
 SCALE_BYTES = {"nvfp4": 8, "mxfp4": 4}     # per (rows g, g+8) per k-group
 WEIGHT_BIAS = 2.0 ** (126 - SCALE_EXP)     # decoded weights are e2m1 * scale * 2^-26
@@ -49,12 +55,13 @@ class CudaTileConfig:
     depth = groups, the default, issues every load before any math), `warps` a CTA, of which
     `kwarps` share a row tile and split its k (adding up in shared memory): a CTA covers
     warps/kwarps row tiles and 64 * groups * kwarps k, and K over that is the split-K across
-    CTAs."""
+    CTAs. `overlap` is how a launch overlaps the kernel before it (OVERLAP_CHOICES)."""
 
     groups: int = 8
     warps: int = 4
     depth: int | None = None
     kwarps: int = 1
+    overlap: str = "off"
 
     def __post_init__(self):
         if self.depth is None:
@@ -64,6 +71,9 @@ class CudaTileConfig:
             if getattr(self, name) not in choices:
                 raise ValueError(f"CudaTileConfig.{name} must be one of {choices}, "
                                  f"got {getattr(self, name)!r}")
+        if self.overlap not in OVERLAP_CHOICES:
+            raise ValueError(f"CudaTileConfig.overlap must be one of {OVERLAP_CHOICES}, "
+                             f"got {self.overlap!r}")
         if self.depth > self.groups:
             raise ValueError(f"CudaTileConfig.depth ({self.depth}) cannot exceed groups "
                              f"({self.groups}): a warp has only {self.groups} k-groups to load")
@@ -98,7 +108,8 @@ class CudaTileConfig:
         return 4 * (self.tiles * (self.kwarps - 1) * n_tiles(m) * 4 * LANES + 1) + 4
 
     def label(self) -> str:
-        return f"cuda g{self.groups} d{self.depth} w{self.warps} k{self.kwarps}"
+        label = f"cuda g{self.groups} d{self.depth} w{self.warps} k{self.kwarps}"
+        return label if self.overlap == "off" else f"{label} pdl-{self.overlap}"
 
     def reason(self, m: int, n: int, k: int) -> str | None:
         """Why this build cannot run an M x N x K point (None when it can)."""
@@ -232,7 +243,8 @@ def compiled(config: CudaTileConfig, fmt: str, tiles: int, capability: tuple[int
     """The kernel built for one configuration (NVRTC, once per process)."""
     options = [f"-DGROUPS={config.groups}", f"-DDEPTH={config.depth}", f"-DWARPS={config.warps}",
                f"-DKWARPS={config.kwarps}", f"-DNTILES={tiles}",
-               f"-DNVFP4={int(fmt == 'nvfp4')}", "-std=c++17"]
+               f"-DNVFP4={int(fmt == 'nvfp4')}", f"-DOVERLAP_ALL={int(config.overlap == 'all')}",
+               "-std=c++17"]
     return torch.cuda._compile_kernel(KERNEL_SOURCE.read_text(), KERNEL_NAME,
                                       compute_capability=f"{capability[0]}{capability[1]}",
                                       nvcc_options=options)
@@ -285,8 +297,10 @@ class CudaW4A16(Backend):
         grid, block = config.grid(n, k), (32 * config.warps, 1, 1)
         shared = config.shared_bytes(m)
 
+        launch = kernel if config.overlap == "off" else functools.partial(launch_dependent, kernel)
+
         def gemm(a_arg, weights_arg, scales_arg, unbias_arg, out_arg):
-            kernel(grid=grid, block=block, shared_mem=shared,
+            launch(grid=grid, block=block, shared_mem=shared,
                    args=[weights_arg, scales_arg, a_arg, unbias_arg, out_arg, workspace, counts,
                          m, n, k, grid[1]])
             return out_arg

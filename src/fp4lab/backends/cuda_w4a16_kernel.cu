@@ -1,9 +1,10 @@
 // fp4lab's CUDA decode GEMM for FP4 weights at decode-sized M (<= 16): out[M, N] = a[M, K] . W^T.
 //
 // Compiled at prepare with NVRTC (no headers: plain integer types and inline PTX), one build per
-// (GROUPS, DEPTH, WARPS, KWARPS, NTILES, NVFP4), given as -D defines. Shape legend: M activation
-// rows, N weight rows, K reduction; a "row tile" is 16 weight rows (one mma.sync M side), a
-// "k-group" 64 k (four m16n8k16 MMAs); g = lane / 4 and t = lane % 4 as in the PTX fragment tables.
+// (GROUPS, DEPTH, WARPS, KWARPS, NTILES, NVFP4, OVERLAP_ALL), given as -D defines. Shape legend:
+// M activation rows, N weight rows, K reduction; a "row tile" is 16 weight rows (one mma.sync M
+// side), a "k-group" 64 k (four m16n8k16 MMAs); g = lane / 4 and t = lane % 4 as in the PTX
+// fragment tables.
 //
 // Why it looks like this (benchmarks/NOTES.md, sessions 8 and 9): the Triton kernel spends ~4
 // instructions per weight, a third of them outside the decode (2-byte shared loads of codes,
@@ -35,6 +36,13 @@
 // barrier (two sequentially consistent fences cost 4-11%, session 9); the CTA that arrives last
 // writes bf16 and zeroes the workspace and counter behind it (a CUDA graph replays it with no
 // memset node).
+// Programmatic dependent launch (PDL; the backend's `overlap`): launched with
+// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda_launch.py), a kernel may start while
+// the previous one in the stream finishes. Only the weights and scales (never written by a kernel)
+// are read before `griddepcontrol.wait`, which returns once the previous kernel completed; the
+// activations, workspace, counters and output wait. Each CTA lets the next kernel launch as it
+// starts (OVERLAP_ALL: the next kernel's first loads run in CTA slots this one frees) or after its
+// math (its epilogue overlaps the next launch). Launched without the attribute, both are no-ops.
 // The code and scale loads are plain (coherent) loads, not ld.global.nc: ptxas sinks read-only
 // loads to their first use (two in flight, measured in the offline SASS), but does not move a
 // coherent load past the barrier that follows them, nor, in the loop, past the ldmatrix reads.
@@ -137,6 +145,16 @@ __device__ __forceinline__ int arrive(int* counter) {
     return before;
 }
 
+// PDL's two halves (sm_90): wait for the previous kernel's completion and writes; let the next
+// kernel launch once every CTA of this one has said so (or exited)
+__device__ __forceinline__ void wait_for_previous_kernel() {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
+__device__ __forceinline__ void let_next_kernel_launch() {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 __device__ __forceinline__ unsigned short to_bf16(float v) {
     unsigned short r;
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
@@ -180,8 +198,12 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     const u32x4* wp = w + group0 * 32 + lane;
     const Scales* sp = s + group0 * 8 + g;
 #define ISSUE(j) (codes[j] = load_stream(wp + (j) * 32), scales[j] = load_scales(sp + (j) * 8))
+#if OVERLAP_ALL
+    let_next_kernel_launch();
+#endif
 #pragma unroll
     for (int j = 0; j < DEPTH; ++j) ISSUE(j);
+    wait_for_previous_kernel();      // everything below may read what the previous kernel wrote
 
     // the CTA's k range of the M activation rows into shared memory, 16 bytes a copy
     const unsigned chunks = KWARPS * KS / 8;             // 16-byte chunks a row
@@ -247,6 +269,9 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
         }
     }
 #undef ISSUE
+#if !OVERLAP_ALL
+    let_next_kernel_launch();
+#endif
 
 #pragma unroll
     for (int nt = 0; nt < NTILES; ++nt)
