@@ -78,6 +78,17 @@ def test_fastest_four_bit_method_against_bf16_and_the_floor(tmp_path):
     assert row["floor_us"] == pytest.approx(floor) and row["pct_of_floor"] == pytest.approx(100 * floor / 17)
 
 
+def test_a_method_whose_launches_overlap_the_previous_call_is_named_with_how(tmp_path):
+    rows = [gemm_row("torch-bf16", 1, 8192, 8192, 34.0), gemm_row("cuda-w4a16", 1, 8192, 8192, 13.0),
+            gemm_row("triton-w4a16", 1, 8192, 8192, 20.0)]
+    notes = gemm.launch_notes(gemm.gemm_results(run_with(tmp_path, rows)))
+    assert len(notes) == 1 and notes[0].startswith("cuda-w4a16 launches with programmatic dependent launch")
+    assert "back to back" in notes[0] and "the kernel before it must allow" in notes[0]
+    failed = [gemm_row("torch-bf16", 1, 64, 64, 5.0),
+              gemm_row("cuda-w4a16", 1, 64, 64, None, status="error", error="x")]
+    assert gemm.launch_notes(gemm.gemm_results(run_with(tmp_path / "failed", failed))) == []
+
+
 def test_methods_tied_for_the_most_cases_each_get_a_row_of_the_fastest_per_m(tmp_path):
     """The reference run's M = 16: cuda-w4a16 and triton-w4a16 won 3 of 6 cases each, and the table
     named only the one its row order put first."""

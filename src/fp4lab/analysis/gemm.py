@@ -301,6 +301,16 @@ def fastest_fp4_per_m(results: GemmResults) -> pd.DataFrame:
                                        "median % of FP4 floor"])
 
 
+def launch_notes(results: GemmResults) -> list[str]:
+    """'<backend> <how it launches>' for each correctly measured method whose timed launches
+    differ from a plain launch (its registry entry's `launch_note`), in the run's order."""
+    from fp4lab import backends
+
+    names = results.ok["backend"].unique() if len(results.ok) else []
+    return [f"{name} {backends.REGISTRY[name].launch_note}" for name in names
+            if name in backends.REGISTRY and backends.REGISTRY[name].launch_note]
+
+
 def headline(results: GemmResults) -> dict[str, Any]:
     """The numbers chapter 01's findings are built from."""
     ok = results.ok

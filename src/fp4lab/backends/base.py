@@ -95,6 +95,8 @@ class Runnable:
     requires: Requirements = Requirements(gpu=False)
     what: str = ""                   # one sentence: what runs when it is available
     note: str = ""                   # shown wherever it is named, when that needs saying
+    # how its timed launches differ from a plain launch (the book states it beside its times)
+    launch_note: str = ""
 
     @property
     def math_dtype(self) -> str:

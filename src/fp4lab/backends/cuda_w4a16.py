@@ -27,7 +27,7 @@ import torch
 
 from fp4lab.backends.base import Backend, Requirements, prepared_from, resolve_device
 from fp4lab.backends.cuda_launch import launch_dependent
-from fp4lab.backends.triton_w4a16 import SCALE_EXP, check_scale_range, kernel_scale_bytes
+from fp4lab.backends.triton_w4a16 import SCALE_EXP, check_scale_range, kernel_scale_bytes, sm_count
 
 MAX_M = 16                   # two n8 MMA tiles of activation rows
 ROW_TILE = 16                # weight rows an MMA covers
@@ -139,27 +139,48 @@ def point_reason(m: int, n: int, k: int) -> str | None:
     return None
 
 
-# (largest M, largest K, build), the first that holds and fits a point wins: the H200 probes of
-# 2026-12-02 (benchmarks/NOTES.md, calls 46-47; results/measurements/20261202T0737Z-h200-cuda-probe),
-# within 3% of the fastest build at M = 1, 4, 16 on 8192x8192, 4096x6144 and 6144x2048:
+@dataclass(frozen=True)
+class Preset:
+    """A build for the points with M <= max_m and K <= max_k (None: any K), and, with
+    `one_cta_per_sm`, only where its grid has at least as many CTAs as the GPU has SMs."""
+
+    max_m: int
+    max_k: int | None
+    config: CudaTileConfig
+    one_cta_per_sm: bool = False
+
+    def holds(self, m: int, n: int, k: int, sms: int) -> bool:
+        columns, splits, _ = self.config.grid(n, k)
+        return (m <= self.max_m and (self.max_k is None or k <= self.max_k)
+                and self.config.reason(m, n, k) is None
+                and (not self.one_cta_per_sm or columns * splits >= sms))
+
+
+# The first preset that holds wins: the H200 probe of 2026-12-02 (benchmarks/NOTES.md, call 53;
+# results/measurements/20261202T1530Z-h200-cuda-probe), the fastest build of 4 x 3 launch overlaps
+# at M = 1, 4, 16 on 8192x8192, 4096x6144 and 6144x2048, both formats:
 #   - short K (2048): a team of 4 warps splits each tile's k, a CTA covers all of K (no split-K);
 #     at M = 16 the team's staged activations do not fit, so 16 tiles a CTA, 8 k-groups a warp;
-#   - M = 1: one warp a tile, 4 tiles a CTA, 16 k-groups a warp (split-K across CTAs);
-#   - M = 2-16: 16 tiles a CTA, which stage the activations once for all 16 (at M = 16 the
-#     staging of 4-tile CTAs reads as many L2 bytes as the weights).
-PRESETS = ((8, 2048, CudaTileConfig(groups=8, depth=4, warps=8, kwarps=4)),
-           (16, 2048, CudaTileConfig(groups=8, depth=4, warps=16)),
-           (1, None, CudaTileConfig(groups=16, depth=4, warps=4)),
-           (16, None, CudaTileConfig(groups=16, depth=4, warps=16)))
+#   - otherwise 16 tiles a CTA (the activations staged once for all 16), 16 k-groups a warp where
+#     that still gives a CTA per SM (8192x8192: 256 CTAs), else 8 (4096x6144: 192 CTAs, where 16
+#     k-groups give 96 and the early launch of "all" then cost 30-40%);
+#   - programmatic dependent launch everywhere: against a plain launch "tail" took 7% off the
+#     median build and point (16% at most, 5% more at worst), "all" up to 18% where the grid is
+#     large and its CTAs are 16 warps, but up to 48% more elsewhere (4-tile CTAs, short K, 96 CTAs).
+PRESETS = (Preset(8, 2048, CudaTileConfig(groups=8, depth=4, warps=8, kwarps=4, overlap="tail")),
+           Preset(16, 2048, CudaTileConfig(groups=8, depth=4, warps=16, overlap="tail")),
+           Preset(8, None, CudaTileConfig(groups=16, depth=4, warps=16, overlap="all"), one_cta_per_sm=True),
+           Preset(16, None, CudaTileConfig(groups=16, depth=4, warps=16, overlap="tail"), one_cta_per_sm=True),
+           Preset(16, None, CudaTileConfig(groups=8, depth=4, warps=16, overlap="all")))
 
 
-def choose_config(m: int, n: int, k: int) -> CudaTileConfig:
-    """The preset build of an M x N x K point: the first of PRESETS whose bounds hold and that
-    runs the point; else one warp a tile and the most k-groups (up to 4) that divide K/64, which
-    runs any point point_reason admits."""
-    for max_m, max_k, config in PRESETS:
-        if m <= max_m and (max_k is None or k <= max_k) and config.reason(m, n, k) is None:
-            return config
+def choose_config(m: int, n: int, k: int, sms: int = 132) -> CudaTileConfig:
+    """The preset build of an M x N x K point on a GPU of `sms` SMs (the H200's 132 by default):
+    the first of PRESETS that holds; else one warp a tile and the most k-groups (up to 4) that
+    divide K/64, launched plainly, which runs any point point_reason admits."""
+    for preset in PRESETS:
+        if preset.holds(m, n, k, sms):
+            return preset.config
     groups = max(g for g in GROUP_CHOICES if g <= 4 and (k // K_GROUP) % g == 0)
     return CudaTileConfig(groups=groups, warps=1)
 
@@ -257,8 +278,14 @@ class CudaW4A16(Backend):
     weight_dtype, act_dtype = "fp4", "bf16"
     requires = Requirements(min_capability=MIN_CAPABILITY, unit="bf16x2 multiply (sm_90)")
     what = ("fp4lab's CUDA decode GEMM (M <= 16): codes pre-laid in mma.sync's register order, "
-            "16-byte loads straight to registers, split-K in one launch (weight-only, NVRTC)")
+            "16-byte loads straight to registers, split-K in one launch, programmatic dependent "
+            "launch (weight-only, NVRTC)")
     note = "decode-sized M only (M <= 16)"
+    launch_note = ("launches with programmatic dependent launch (PDL): timed back to back like "
+                   "every method, each call may start while the call before it finishes (its first "
+                   "weight loads, or its launch, overlap that call's last CTAs), where the other "
+                   "methods' launches wait for the previous kernel to end; in a model the kernel "
+                   "before it must allow the early launch too")
 
     def runtime_reason(self) -> str | None:
         if not hasattr(torch.cuda, "_compile_kernel"):
@@ -280,7 +307,7 @@ class CudaW4A16(Backend):
             raise ValueError(f"{self.name}: {reason}")
         from fp4lab import formats
 
-        config = config or choose_config(m, n, k)
+        config = config or choose_config(m, n, k, sm_count(device))
         if config.reason(m, n, k):
             raise ValueError(f"{self.name} {config.label()}: {config.reason(m, n, k)}")
         check_scale_range(w)

@@ -134,6 +134,8 @@ def _four_bit(page, results) -> None:
         "run's measured bandwidth"))
     page.html("fourbit", html_table(analysis.fastest_fp4_per_m(results), FASTEST,
                                     caption=results.caption("the fastest 4-bit method per M")))
+    for note in analysis.launch_notes(results):
+        page.prose("fourbit", f"{text.md(note)}.")
 
 
 def _anatomy(page, results) -> None:
