@@ -302,13 +302,23 @@ def fastest_fp4_per_m(results: GemmResults) -> pd.DataFrame:
 
 
 def launch_notes(results: GemmResults) -> list[str]:
-    """'<backend> <how it launches>' for each correctly measured method whose timed launches
-    differ from a plain launch (its registry entry's `launch_note`), in the run's order."""
+    """'<backend> <how it launches> (<points> of its <n> points)' for each correctly measured method
+    whose rows name a build that launches differently from a plain launch (the registry's
+    `launch_note` of the row's `config`), in the run's order."""
     from fp4lab import backends
 
-    names = results.ok["backend"].unique() if len(results.ok) else []
-    return [f"{name} {backends.REGISTRY[name].launch_note}" for name in names
-            if name in backends.REGISTRY and backends.REGISTRY[name].launch_note]
+    notes = []
+    ok = results.ok
+    for name, group in (ok.groupby("backend", sort=False) if len(ok) else []):
+        if name not in backends.REGISTRY:
+            continue
+        by_config = {config: backends.REGISTRY[name].launch_note(config)
+                     for config in group["config"].dropna().unique()}
+        noted = group["config"].map(lambda config: bool(by_config.get(config)))
+        if noted.any():
+            note = next(text for text in by_config.values() if text)
+            notes.append(f"{name} {note} ({int(noted.sum())} of its {len(group)} points)")
+    return notes
 
 
 def headline(results: GemmResults) -> dict[str, Any]:

@@ -95,12 +95,16 @@ class Runnable:
     requires: Requirements = Requirements(gpu=False)
     what: str = ""                   # one sentence: what runs when it is available
     note: str = ""                   # shown wherever it is named, when that needs saying
-    # how its timed launches differ from a plain launch (the book states it beside its times)
-    launch_note: str = ""
 
     @property
     def math_dtype(self) -> str:
         return math_dtype(self.weight_dtype, self.act_dtype)
+
+    def launch_note(self, config: str | None) -> str:
+        """How a point's timed launches differ from a plain launch, given the build its row
+        names (`Prepared.info["config"]`); "" when they do not. The book states it beside the
+        times."""
+        return ""
 
     # -- where it runs: rules first (no import), then the package, then the torch build ----------
     def capability_reason(self, capability: tuple[int, int] | None) -> str | None:
