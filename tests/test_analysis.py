@@ -79,18 +79,17 @@ def test_fastest_four_bit_method_against_bf16_and_the_floor(tmp_path):
 
 
 def test_a_method_whose_launches_overlap_the_previous_call_is_named_with_how(tmp_path):
-    pdl, plain = "cuda g16 d4 w16 k1 pdl-all", "cuda g16 d4 w4 k1"
     rows = [gemm_row("torch-bf16", 1, 8192, 8192, 34.0),
-            gemm_row("cuda-w4a16", 1, 8192, 8192, 13.0, config=pdl),
-            gemm_row("cuda-w4a16", 4, 8192, 8192, 14.0, config=plain),
+            gemm_row("cuda-w4a16", 1, 8192, 8192, 13.0, config="cuda g16 d4 w16 k1 pdl-all", launch="pdl-all"),
+            gemm_row("cuda-w4a16", 4, 8192, 8192, 14.0, config="cuda g16 d4 w4 k1", launch="plain"),
             gemm_row("triton-w4a16", 1, 8192, 8192, 20.0, config="16x64x128 w4 s1")]
     notes = gemm.launch_notes(gemm.gemm_results(run_with(tmp_path, rows)))
     assert len(notes) == 1 and notes[0].startswith("cuda-w4a16 launches with programmatic dependent launch")
     assert "back to back" in notes[0] and "the kernel before it must allow" in notes[0]
     assert notes[0].endswith("(1 of its 2 points)")
-    # a run measured before the option (no config column) or with plain launches says nothing
+    # a run measured before the column or with plain launches says nothing
     older = [gemm_row("torch-bf16", 1, 64, 64, 5.0), gemm_row("cuda-w4a16", 1, 64, 64, 3.0),
-             gemm_row("cuda-w4a16", 4, 64, 64, 3.0, config=plain)]
+             gemm_row("cuda-w4a16", 4, 64, 64, 3.0, launch="plain")]
     assert gemm.launch_notes(gemm.gemm_results(run_with(tmp_path / "older", older))) == []
 
 

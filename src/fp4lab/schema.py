@@ -128,6 +128,8 @@ GEMM = Table("gemm", key=("backend", "fmt", "n", "k", "m", "gpu_index"), doc=(
         *OUTCOME, *TIMING, *GPU,
         ("compile_s", "float", "JIT compile time of the shape, kept out of the timing"),
         ("config", "str", "the build the backend chose for the point (fp4lab's kernels: its label)"),
+        ("launch", "str", "pdl-tail | pdl-all: launched with programmatic dependent launch (a call "
+                          "may start while the one before it finishes); plain or None: not"),
         ("avg_power_w", "float", "average board power over the point's energy window"),
         ("energy_per_call_j", "float", "board energy per call over that window"),
         ("window_sm_clock_mhz", "float", "median SM clock inside the energy window"),

@@ -301,23 +301,22 @@ def fastest_fp4_per_m(results: GemmResults) -> pd.DataFrame:
                                        "median % of FP4 floor"])
 
 
-def launch_notes(results: GemmResults) -> list[str]:
-    """'<backend> <how it launches> (<points> of its <n> points)' for each correctly measured method
-    whose rows name a build that launches differently from a plain launch (the registry's
-    `launch_note` of the row's `config`), in the run's order."""
-    from fp4lab import backends
+PDL_NOTE = ("launches with programmatic dependent launch (PDL): timed back to back like every "
+            "method, each call may start while the call before it finishes (its first weight loads, "
+            "or its launch, overlap that call's last CTAs), where a plain launch waits for the "
+            "previous kernel to end; in a model the kernel before it must allow the early launch too")
 
+
+def launch_notes(results: GemmResults) -> list[str]:
+    """'<backend> launches with PDL ... (<n> of its <m> points)' for each correctly measured method
+    whose rows say they were launched with programmatic dependent launch (`launch` pdl-*), in
+    the run's order."""
     notes = []
     ok = results.ok
     for name, group in (ok.groupby("backend", sort=False) if len(ok) else []):
-        if name not in backends.REGISTRY:
-            continue
-        by_config = {config: backends.REGISTRY[name].launch_note(config)
-                     for config in group["config"].dropna().unique()}
-        noted = group["config"].map(lambda config: bool(by_config.get(config)))
-        if noted.any():
-            note = next(text for text in by_config.values() if text)
-            notes.append(f"{name} {note} ({int(noted.sum())} of its {len(group)} points)")
+        dependent = group["launch"].fillna("").str.startswith("pdl")
+        if dependent.any():
+            notes.append(f"{name} {PDL_NOTE} ({int(dependent.sum())} of its {len(group)} points)")
     return notes
 
 

@@ -100,12 +100,6 @@ class Runnable:
     def math_dtype(self) -> str:
         return math_dtype(self.weight_dtype, self.act_dtype)
 
-    def launch_note(self, config: str | None) -> str:
-        """How a point's timed launches differ from a plain launch, given the build its row
-        names (`Prepared.info["config"]`); "" when they do not. The book states it beside the
-        times."""
-        return ""
-
     # -- where it runs: rules first (no import), then the package, then the torch build ----------
     def capability_reason(self, capability: tuple[int, int] | None) -> str | None:
         """Why it cannot run on a GPU of `capability` (None: the CPU), by its rules alone; None

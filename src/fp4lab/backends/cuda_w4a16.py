@@ -281,15 +281,6 @@ class CudaW4A16(Backend):
             "16-byte loads straight to registers, split-K in one launch, programmatic dependent "
             "launch (weight-only, NVRTC)")
     note = "decode-sized M only (M <= 16)"
-    def launch_note(self, config: str | None) -> str:
-        if not config or " pdl-" not in config:
-            return ""
-        return ("launches with programmatic dependent launch (PDL): timed back to back like every "
-                "method, each call may start while the call before it finishes (its first weight "
-                "loads, or its launch, overlap that call's last CTAs), where the other methods' "
-                "launches wait for the previous kernel to end; in a model the kernel before it "
-                "must allow the early launch too")
-
     def runtime_reason(self) -> str | None:
         if not hasattr(torch.cuda, "_compile_kernel"):
             return (f"torch {torch.__version__} has no torch.cuda._compile_kernel (NVRTC), "
@@ -337,4 +328,5 @@ class CudaW4A16(Backend):
 
         return prepared_from(gemm, (a_bf16, weights, scales, unbias), out,
                              ref_a=a_bf16.float(), ref_w=formats.dequantize(w).float(),
-                             info={"config": config.label()})
+                             info={"config": config.label(),
+                                   "launch": "plain" if config.overlap == "off" else f"pdl-{config.overlap}"})

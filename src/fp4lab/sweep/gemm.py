@@ -130,7 +130,7 @@ def measure_point(point: GemmPoint, impl, weights, job: dict[str, Any], timer, f
     a = make_activations(point.m, point.k, job["seed"], device)
     prepared = impl.prepare(a, weights, device)
     row = point_row(job["run_id"], point, impl, "ok", facts=facts)
-    row.update(compile_s=prepared.info.get("compile_s"), config=prepared.info.get("config"))
+    row.update({name: prepared.info.get(name) for name in ("compile_s", "config", "launch")})
     gate = check_backend(prepared, tolerance_for(impl, point.fmt))
     row["rel_err"] = gate.rel_err
     if not gate.ok:
