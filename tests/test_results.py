@@ -394,3 +394,27 @@ def test_share_takes_the_newest_gpu_run_by_time_from_its_runs_folder(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert share.pick_run(None, empty).path.parent == REFERENCE_ROOT
+
+
+def test_rows_a_resumed_run_adds_at_another_commit_are_recorded_and_captioned(tmp_path, monkeypatch):
+    from fakes.runs import gemm_row, make_run
+
+    from fp4lab.analysis.run import view
+
+    run = make_run(tmp_path)                                   # provenance: fp4lab abc123
+    run.append_rows("gemm", [gemm_row("torch-bf16", 1, 64, 64, 5.0)])
+    monkeypatch.setenv("FP4LAB_GIT_SHA", "abc123")
+    before = run.row_count(("gemm", "anatomy"))
+    run.append_rows("gemm", [gemm_row("torch-bf16", 2, 64, 64, 5.0)])
+    run.note_later_commit(("gemm", "anatomy"), before)         # the same commit: nothing to say
+    assert "later_commits" not in run.run_json()["provenance"]
+    monkeypatch.setenv("FP4LAB_GIT_SHA", "def456")
+    run.note_later_commit(("gemm",), run.row_count(("gemm",)))  # nothing added: nothing to say
+    assert "later_commits" not in run.run_json()["provenance"]
+    before = run.row_count(("gemm", "anatomy"))
+    run.append_rows("gemm", [gemm_row("cuda-w4a16", 1, 64, 64, 3.0), gemm_row("cuda-w4a16", 4, 64, 64, 3.0)])
+    run.note_later_commit(("gemm", "anatomy"), before)
+    [entry] = run.run_json()["provenance"]["later_commits"]
+    assert entry["fp4lab_git_sha"] == "def456" and entry["rows"] == 2 and entry["tables"] == ["gemm", "anatomy"]
+    assert view(run).caption("x").endswith("fp4lab abc123 (rows added later at def456)")
+    assert RunDir.open(run.path).run_json()["provenance"]["later_commits"][0]["at"]   # run.json still valid

@@ -157,6 +157,7 @@ RUN_JSON_FIELDS: dict[str, type | tuple[type, ...]] = {
     "run_id": str, "created": str,
     "provenance": dict, "provenance.device": dict, "provenance.versions": dict,
     "provenance.command": str, "provenance.fp4lab_git_sha": str, "provenance.cuda": str,
+    "provenance.later_commits": list,
     "provenance.device.name": str, "provenance.device.kind": str, "provenance.device.spec": str,
     "provenance.device.cpu_model": str, "provenance.device.driver": str,
     "provenance.device.compute_capability": list, "provenance.device.native_fp4": list,
@@ -512,6 +513,27 @@ class RunDir:
 
     def has_table(self, table: str) -> bool:
         return (self.path / f"{table}.parquet").exists() or (self.path / f"{table}.jsonl").exists()
+
+    def note_later_commit(self, tables: Iterable[str], before: int) -> None:
+        """After a sweep that found `before` rows in `tables`: when it added rows at a commit
+        other than the one provenance names (a run resumed after the code changed), record the
+        commit, tables, count and time under provenance.later_commits, so captions say so."""
+        tables = list(tables)
+        added = self.row_count(tables) - before
+        sha = git_sha()
+        if added <= 0 or not sha:
+            return
+        with self._file_lock(".run.json.lock"):
+            data = self.run_json()
+            prov = data.setdefault("provenance", {})
+            if prov.get("fp4lab_git_sha") in (None, sha):
+                return
+            prov.setdefault("later_commits", []).append(
+                {"fp4lab_git_sha": sha, "tables": tables, "rows": added, "at": utc_now()})
+            self._write_json(data)
+
+    def row_count(self, tables: Iterable[str]) -> int:
+        return sum(len(self.read_rows(table)) for table in tables)
 
     def row_keys(self, table: str, statuses: Iterable[str] | None = None) -> set[tuple]:
         """Keys of the rows already in `table` (with `statuses`, only rows of those statuses)."""

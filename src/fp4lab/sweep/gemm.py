@@ -250,6 +250,7 @@ def run_sweep(config: GemmSweep, run: RunDir, *, retry_failed: bool = False, pro
             "resumed": stored.get("resumed", []) + ([utc_now()] if stored else []),
             "status": "running"})
         status, failure = "interrupted", None
+        rows_before = run.row_count(("gemm", "anatomy"))
         try:
             if nproc is None:
                 measured = sweep_device(config, run, device, retry_failed=retry_failed, progress=progress)
@@ -262,6 +263,7 @@ def run_sweep(config: GemmSweep, run: RunDir, *, retry_failed: bool = False, pro
             raise
         finally:
             run.update_run_json("sweep", {"ended": utc_now(), "status": status, "failure": failure})
+            run.note_later_commit(("gemm", "anatomy"), rows_before)
     return measured
 
 

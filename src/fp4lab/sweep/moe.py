@@ -265,6 +265,7 @@ def run_sweep(config: MoeSweep, run: RunDir, *, retry_failed: bool = False, prog
             else:
                 groups[point.method].append(point)
         status = "interrupted"
+        rows_before = run.row_count(("moe",))
         try:
             if groups:
                 runner.ensure_ceilings(run, device)
@@ -279,4 +280,5 @@ def run_sweep(config: MoeSweep, run: RunDir, *, retry_failed: bool = False, prog
             if bar:
                 bar.close()
             run.update_run_json("moe", {"ended": utc_now(), "status": status})
+            run.note_later_commit(("moe",), rows_before)
     return len(todo)
