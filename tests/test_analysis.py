@@ -294,6 +294,18 @@ def test_chapters_04_and_05_model_a_smoke_layer_with_the_same_gemm(tmp_path):
     assert study.backend == decode.diagnose(run, decode.DiagnosisConfig(steps=8)).seed_backend == "torch-fp8"
 
 
+def test_a_decode_only_kernel_does_not_time_the_layer_models(tmp_path):
+    """cuda-w4a16 runs M <= 16 only: read at its M = 16 for an expert parallelism rank's M = 128
+    it would model a layer faster than anything measured there. The models take the fastest
+    backend that ran every M; the decode kernel stays in chapter 01's tables."""
+    rows = (glm5_gemm_rows("torch-bf16", DECODE_MS)
+            + glm5_gemm_rows("cuda-w4a16", {1: 2.0, 8: 2.0, 16: 2.0}))
+    results = gemm.gemm_results(run_with(tmp_path, rows))
+    assert decode.every_m_backends(results.ok) == ["torch-bf16"]
+    d = decode.diagnose(run_with(tmp_path / "d", rows), decode.DiagnosisConfig(steps=8))
+    assert d.seed_backend == "torch-bf16" and set(d.seed["M"]) == set(DECODE_MS)
+
+
 def test_expert_parallelism_aggregates_tokens_per_rank(tmp_path):
     d = decode.diagnose(run_with(tmp_path, glm5_gemm_rows("torch-bf16", DECODE_MS)), decode.DiagnosisConfig(steps=8))
     ep = d.ep.set_index("ep")

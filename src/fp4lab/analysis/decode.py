@@ -242,13 +242,21 @@ def decode_paths(gemm: gemm_analysis.GemmResults | None, moe: moe_analysis.MoeRe
 
 def fastest_gemm_backend(gemm: gemm_analysis.GemmResults | None, model: presets.ModelPreset,
                          load: dict) -> str | None:
-    """The GEMM backend whose loop runs the layer fastest at decode: the one whose seed table,
-    power and concurrency the diagnosis reads."""
+    """The GEMM backend whose loop runs the layer fastest at decode, of those that ran every M
+    of the run: the one whose seed table, power and concurrency the diagnosis reads."""
     if gemm is None or model.scaled or not len(gemm.ok):
         return None
-    times = {backend: loop["layer_us"] for backend in gemm.ok["backend"].unique()
+    times = {backend: loop["layer_us"] for backend in every_m_backends(gemm.ok)
              if (loop := loop_layer_us(gemm.ok, backend, model, load)) is not None}
     return min(times, key=times.get) if times else None
+
+
+def every_m_backends(ok: pd.DataFrame) -> list[str]:
+    """The backends with a correct point at the run's largest M: the ones a layer model may time
+    any expert load with (the models ask for busy experts' and expert parallelism's larger M; a
+    decode-only kernel, cuda-w4a16 at M <= 16, would be read at its largest M instead, too fast)."""
+    largest = ok.groupby("backend")["m"].max()
+    return list(largest.index[largest == largest.max()])
 
 
 def seed_backend(gemm: gemm_analysis.GemmResults | None, config: DiagnosisConfig) -> str | None:
@@ -269,7 +277,7 @@ def layer_backend(gemm: gemm_analysis.GemmResults | None, model: presets.ModelPr
         return None
     if not (model.scaled or gemm.view.is_smoke):
         return fastest_gemm_backend(gemm, model, load)
-    ok = gemm.ok
+    ok = gemm.ok[gemm.ok["backend"].isin(every_m_backends(gemm.ok))]
     smallest = ok[ok["m"] == ok["m"].min()]
     return str(smallest.groupby("backend")["median_us"].median().idxmin())
 
