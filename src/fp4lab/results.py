@@ -514,15 +514,16 @@ class RunDir:
     def has_table(self, table: str) -> bool:
         return (self.path / f"{table}.parquet").exists() or (self.path / f"{table}.jsonl").exists()
 
-    def note_later_commit(self, tables: Iterable[str], before: int) -> None:
+    def note_later_commit(self, tables: Iterable[str], before: int | None) -> None:
         """After a sweep that found `before` rows in `tables`: when it added rows at a commit
         other than the one provenance names (a run resumed after the code changed), record the
         commit, tables, count and time under provenance.later_commits, so captions say so."""
         tables = list(tables)
-        added = self.row_count(tables) - before
+        after = self.row_count(tables)
         sha = git_sha()
-        if added <= 0 or not sha:
+        if before is None or after is None or after <= before or not sha:
             return
+        added = after - before
         with self._file_lock(".run.json.lock"):
             data = self.run_json()
             prov = data.setdefault("provenance", {})
@@ -532,8 +533,12 @@ class RunDir:
                 {"fp4lab_git_sha": sha, "tables": tables, "rows": added, "at": utc_now()})
             self._write_json(data)
 
-    def row_count(self, tables: Iterable[str]) -> int:
-        return sum(len(self.read_rows(table)) for table in tables)
+    def row_count(self, tables: Iterable[str]) -> int | None:
+        """Rows in `tables`; None when a table cannot be read (the sweep reports that itself)."""
+        try:
+            return sum(len(self.read_rows(table)) for table in tables)
+        except RunFolderError:
+            return None
 
     def row_keys(self, table: str, statuses: Iterable[str] | None = None) -> set[tuple]:
         """Keys of the rows already in `table` (with `statuses`, only rows of those statuses)."""
