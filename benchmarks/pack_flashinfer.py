@@ -16,14 +16,13 @@ benchmarks/h200_flashinfer_golden.sh).
 
 from __future__ import annotations
 
-import base64
-import csv
-import hashlib
-import io
 import re
 import sys
 import zipfile
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from repack_wheel import rewrite  # noqa: E402  (beside this script)
 
 DATA = "flashinfer/data"
 CSRC = f"{DATA}/csrc"
@@ -91,32 +90,15 @@ def kept(name: str, closure: set[str]) -> bool:
     return not name.startswith(DROPPED_TREES)
 
 
-def record_line(name: str, data: bytes) -> list[str]:
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    return [name, f"sha256={digest}", str(len(data))]
-
-
 def pack(wheel: str, out_dir: str) -> str:
     source = zipfile.ZipFile(wheel)
     names = set(source.namelist())
     closure = csrc_closure(names, source.read)
     record_name = next(name for name in names if name.endswith(".dist-info/RECORD"))
     out_path = f"{out_dir.rstrip('/')}/{PurePosixPath(wheel).name}"
-    rows, dropped = [], 0
-    with zipfile.ZipFile(out_path, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as out:
-        for info in source.infolist():
-            if info.filename == record_name:
-                continue
-            if not kept(info.filename, closure):
-                dropped += 1
-                continue
-            data = source.read(info)
-            out.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
-            rows.append(record_line(info.filename, data))
-        text = io.StringIO()
-        csv.writer(text, lineterminator="\n").writerows(rows + [[record_name, "", ""]])
-        out.writestr(record_name, text.getvalue())
-    print(f"pack_flashinfer: kept {len(rows)} files ({len(closure)} of csrc), dropped {dropped}"
+    kept_files, dropped, _ = rewrite(source, out_path, record_name,
+                                     lambda name: kept(name, closure))
+    print(f"pack_flashinfer: kept {kept_files} files ({len(closure)} of csrc), dropped {dropped}"
           f" -> {out_path}")
     return out_path
 

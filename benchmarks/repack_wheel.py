@@ -6,7 +6,8 @@ folders carried to the offline H200 stay under the carry limit (benchmarks/devic
 A file (its path inside the wheel, fnmatch syntax, `*` also matching `/`) is dropped when it
 matches a --drop pattern and no --keep pattern. The `.dist-info` folder is never dropped. Writes
 OUT_DIR/<the same wheel name>; every kept file keeps its bytes, and RECORD is written afresh (a
-sha256 and size for each kept file, its own line empty), as benchmarks/pack_flashinfer.py does.
+sha256 and size for each kept file, its own line empty; `rewrite`, which
+benchmarks/pack_flashinfer.py uses too).
 Fails when nothing matched (the wheel's layout changed: check the patterns). stdlib only.
 
     # babel with only the English and root locale data (what sphinx needs for language "en")
@@ -25,11 +26,34 @@ import hashlib
 import io
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 
 def record_line(name: str, data: bytes) -> list[str]:
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
     return [name, f"sha256={digest}", str(len(data))]
+
+
+def rewrite(source: zipfile.ZipFile, out_path, record_name: str,
+            kept: Callable[[str], bool]) -> tuple[int, int, int]:
+    """Write the files of `source` for which `kept(name)` holds to `out_path`, bytes unchanged,
+    with RECORD written afresh; (files kept, files dropped, bytes dropped unpacked)."""
+    rows, n_dropped, bytes_dropped = [], 0, 0
+    with zipfile.ZipFile(out_path, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as out:
+        for info in source.infolist():
+            if info.filename == record_name or info.is_dir():
+                continue
+            if not kept(info.filename):
+                n_dropped += 1
+                bytes_dropped += info.file_size
+                continue
+            data = source.read(info)
+            out.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
+            rows.append(record_line(info.filename, data))
+        text = io.StringIO()
+        csv.writer(text, lineterminator="\n").writerows(rows + [[record_name, "", ""]])
+        out.writestr(record_name, text.getvalue())
+    return len(rows), n_dropped, bytes_dropped
 
 
 def repack(wheel: Path, out_dir: Path, drop: list[str], keep: list[str]) -> Path:
@@ -50,26 +74,13 @@ def repack(wheel: Path, out_dir: Path, drop: list[str], keep: list[str]) -> Path
         return (any(fnmatch.fnmatchcase(name, pattern) for pattern in drop)
                 and not any(fnmatch.fnmatchcase(name, pattern) for pattern in keep))
 
-    rows, n_dropped, bytes_dropped = [], 0, 0
-    with zipfile.ZipFile(out_path, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as out:
-        for info in source.infolist():
-            if info.filename == record_name or info.is_dir():
-                continue
-            if dropped(info.filename):
-                n_dropped += 1
-                bytes_dropped += info.file_size
-                continue
-            data = source.read(info)
-            out.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
-            rows.append(record_line(info.filename, data))
-        text = io.StringIO()
-        csv.writer(text, lineterminator="\n").writerows(rows + [[record_name, "", ""]])
-        out.writestr(record_name, text.getvalue())
+    n_kept, n_dropped, bytes_dropped = rewrite(source, out_path, record_name,
+                                               lambda name: not dropped(name))
     if n_dropped == 0:
         out_path.unlink()
         raise SystemExit(f"repack_wheel: no file of {wheel.name} matches {drop} (less {keep}): "
                          f"has its layout changed?")
-    print(f"repack_wheel: {wheel.name}: kept {len(rows)} files, dropped {n_dropped} "
+    print(f"repack_wheel: {wheel.name}: kept {n_kept} files, dropped {n_dropped} "
           f"({bytes_dropped / 2**20:.1f} MiB unpacked); {wheel.stat().st_size / 2**20:.1f} -> "
           f"{out_path.stat().st_size / 2**20:.1f} MiB")
     return out_path
