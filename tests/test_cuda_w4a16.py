@@ -63,6 +63,7 @@ def test_configs_are_validated_and_say_what_a_point_needs():
     assert config.label() == "cuda g8 d8 w4 k1" and config.depth == 8   # every load up front
     assert cuda.CudaTileConfig(groups=32, depth=4).label() == "cuda g32 d4 w4 k1"
     assert cuda.CudaTileConfig(groups=16, depth=4, overlap="all").label() == "cuda g16 d4 w4 k1 pdl-all"
+    assert config.launch == "plain" and cuda.CudaTileConfig(overlap="tail").launch == "pdl-tail"
     with pytest.raises(ValueError, match="overlap must be one of .'off', 'tail', 'all'."):
         cuda.CudaTileConfig(overlap="yes")
     with pytest.raises(ValueError, match="kwarps .4. must divide warps .2."):

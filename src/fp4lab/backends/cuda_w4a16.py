@@ -107,9 +107,14 @@ class CudaTileConfig:
         tile of 8 activation rows) and the split-K flag."""
         return 4 * (self.tiles * (self.kwarps - 1) * n_tiles(m) * 4 * LANES + 1) + 4
 
+    @property
+    def launch(self) -> str:
+        """How its calls are launched, as a gemm row's `launch` says it: plain, pdl-tail, pdl-all."""
+        return "plain" if self.overlap == "off" else f"pdl-{self.overlap}"
+
     def label(self) -> str:
         label = f"cuda g{self.groups} d{self.depth} w{self.warps} k{self.kwarps}"
-        return label if self.overlap == "off" else f"{label} pdl-{self.overlap}"
+        return label if self.overlap == "off" else f"{label} {self.launch}"
 
     def reason(self, m: int, n: int, k: int) -> str | None:
         """Why this build cannot run an M x N x K point (None when it can)."""
@@ -281,6 +286,7 @@ class CudaW4A16(Backend):
             "16-byte loads straight to registers, split-K in one launch, programmatic dependent "
             "launch (weight-only, NVRTC)")
     note = "decode-sized M only (M <= 16)"
+
     def runtime_reason(self) -> str | None:
         if not hasattr(torch.cuda, "_compile_kernel"):
             return (f"torch {torch.__version__} has no torch.cuda._compile_kernel (NVRTC), "
@@ -328,5 +334,4 @@ class CudaW4A16(Backend):
 
         return prepared_from(gemm, (a_bf16, weights, scales, unbias), out,
                              ref_a=a_bf16.float(), ref_w=formats.dequantize(w).float(),
-                             info={"config": config.label(),
-                                   "launch": "plain" if config.overlap == "off" else f"pdl-{config.overlap}"})
+                             info={"config": config.label(), "launch": config.launch})
