@@ -24,13 +24,11 @@
 # environment markers against the interpreter it runs in, whatever --python-version says.
 # Knobs (environment variables):
 #   PYTHON312     the Python 3.12 to resolve and download with
-#   IMAGE_FREEZE  a `python3 -m pip list --format=freeze` of the device image (default
-#                 benchmarks/device_image_freeze.txt, read on the H200 on 2026-12-02; one device call
-#                 renews it: `python3 -m pip list --format=freeze > $OUT/image-freeze.txt`): an
-#                 image-held distribution is then
-#                 carried exactly when the image's version fails a requirement of the project or of
-#                 what is carried. Without it, its version is unknown and it is carried when any such
-#                 requirement bounds it above (<, <=, ==, ~=): a newer image version could fail it.
+#   IMAGE_FREEZE  a `python3 -m pip list --format=freeze` of the device image: what it holds, and
+#                 in which versions (default benchmarks/device_image_freeze.txt, read on the H200
+#                 on 2026-12-02; one device call renews it: `python3 -m pip list --format=freeze >
+#                 $OUT/image-freeze.txt`). An image-held distribution is carried exactly when the
+#                 image's version fails a requirement of the project or of what is carried.
 #   CARRY_LIMIT_MIB  the limit on tree + folders (default 64)
 set -euo pipefail
 
@@ -46,26 +44,6 @@ IMAGE_FREEZE=${IMAGE_FREEZE-}
 [ -n "${IMAGE_FREEZE}" ] || IMAGE_FREEZE=benchmarks/device_image_freeze.txt
 # never carried, whatever they need: the image's own torch stack and packaging tools
 NEVER_CARRY="torch triton nvidia-* pip setuptools wheel"
-# the distributions the device image holds (Python 3.12; nvidia-* stands for all of nvidia's)
-IMAGE_PACKAGES="absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio
-attrs botorch build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy
-coverage cuda-bindings cuda-core cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax
-e3nn einops equinox etils execnet filelock flatbuffers flax fonttools formulaic frozenlist fsspec
-gpytorch grpcio h11 h5py hf-xet httpcore httpx huggingface-hub humanize hypothesis idna imageio
-iniconfig interface-meta jax jaxlib jaxtyping jinja2 joblib kiwisolver lazy-loader lightning
-lightning-utilities linear-operator lineax llvmlite lxml markdown markdown-it-py markupsafe
-matplotlib mdurl meson ml-dtypes mpi4py mpmath msgpack multidict multipledispatch mypy-extensions
-nanobind narwhals networkx ninja numba numba-cuda numpy numpyro nvidia-* onnx onnx-ir onnxruntime
-onnxscript opencv-python-headless optax opt-einsum opt-einsum-fx optimistix orbax-checkpoint
-packaging pandas pathspec patsy peft pillow pip pluggy portalocker prometheus-client propcache
-protobuf psutil pyarrow pybind11 py-cpuinfo pygments pyparsing pyproject-hooks pyre-extensions
-pytest pytest-benchmark pytest-cov pytest-mock pytest-timeout pytest-xdist python-dateutil
-pytorch-lightning pyyaml regex requests rich sacrebleu safetensors scikit-build-core scikit-image
-scikit-learn scipy seaborn sentencepiece sentence-transformers setuptools shellingham simplejson six
-sortedcontainers statsmodels sympy tabulate tensorboard tensorboard-data-server tensorstore
-threadpoolctl tifffile tiktoken timm tokenizers toolz torch torchaudio torchdiffeq torch-geometric
-torchmetrics torchvision tqdm transformers treescope triton typer typing-extensions typing-inspect
-urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp"
 # wheels for CPython 3.12 on x86_64 manylinux (the image's glibc takes manylinux_2_28)
 TARGET=(--python-version 3.12 --implementation cp --abi cp312 --only-binary=:all:
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
@@ -93,9 +71,9 @@ find_python312() {
     && die "PYTHON312=$PYTHON312 is not a working Python 3.12"
 PY=$(find_python312) || die "no Python 3.12 found: set PYTHON312 (pip evaluates markers against its own Python)"
 "$PY" -m pip --version >/dev/null 2>&1 || die "$PY has no pip"
-[ -z "$IMAGE_FREEZE" ] || [ -f "$IMAGE_FREEZE" ] || die "IMAGE_FREEZE=$IMAGE_FREEZE: no such file"
+[ -f "$IMAGE_FREEZE" ] || die "IMAGE_FREEZE=$IMAGE_FREEZE: no such file"
 pip() { "$PY" -m pip --disable-pip-version-check "$@"; }
-say "resolving with $PY ($("$PY" -m pip --version | cut -d' ' -f1-2)); image versions from ${IMAGE_FREEZE:-nowhere (no IMAGE_FREEZE)}"
+say "resolving with $PY ($("$PY" -m pip --version | cut -d' ' -f1-2)); image from $IMAGE_FREEZE"
 
 # -- keep the folders untracked ---------------------------------------------------------------------
 exclude=$(git rev-parse --git-path info/exclude)
@@ -126,7 +104,7 @@ pip install -q --dry-run --ignore-installed --target "$WORK/never" --report "$WO
 
 # -- what to carry: the resolved distributions the image lacks, and the image-held ones it may not
 #    hold in a version that satisfies them ----------------------------------------------------------
-"$PY" - "$WORK/resolved.json" "$WORK/top.txt" "$IMAGE_PACKAGES" "$NEVER_CARRY" "$IMAGE_FREEZE" \
+"$PY" - "$WORK/resolved.json" "$WORK/top.txt" "$NEVER_CARRY" "$IMAGE_FREEZE" \
     > "$WORK/carry.txt" <<'EOF'
 import fnmatch, json, re, sys
 try:
@@ -139,17 +117,15 @@ except ImportError:
 def norm(name):
     return re.sub(r"[-_.]+", "-", name).lower()
 
-report, top_file, image_names, never, freeze_file = sys.argv[1:6]
-image, never = image_names.split(), never.split()
-held = lambda name: any(fnmatch.fnmatchcase(name, pattern) for pattern in image)
+report, top_file, never, freeze_file = sys.argv[1:5]
+never = never.split()
 never_carry = lambda name: any(fnmatch.fnmatchcase(name, pattern) for pattern in never)
-image_version = {}
-if freeze_file:
-    for line in open(freeze_file):
-        if "==" in line:
-            name, version = line.strip().split("==", 1)
-            image_version[norm(name)] = Version(version)
-            image.append(norm(name))   # the freeze is the truth about what the image holds
+image_version = {}                 # the freeze: every distribution the image holds, its version
+for line in open(freeze_file):
+    if "==" in line:
+        name, version = line.strip().split("==", 1)
+        image_version[norm(name)] = Version(version)
+held = lambda name: name in image_version
 
 resolved = {}
 for item in json.load(open(report))["install"]:
@@ -164,12 +140,8 @@ for item in json.load(open(report))["install"]:
 top = [Requirement(line) for line in open(top_file).read().split("\n") if line.strip()]
 
 def fails(name, specifier):
-    """May the image's version of `name` fail `specifier`?"""
-    if not str(specifier):
-        return False
-    if name in image_version:
-        return not specifier.contains(image_version[name], prereleases=True)
-    return any(spec.operator in ("<", "<=", "==", "===", "~=") for spec in specifier)
+    """Does the image's version of `name` fail `specifier`?"""
+    return bool(str(specifier)) and not specifier.contains(image_version[name], prereleases=True)
 
 carry = {name for name in resolved if not held(name) and not never_carry(name)}
 reasons = {}
@@ -182,7 +154,7 @@ while changed:   # a carried image-held distribution brings its own requirements
         name = norm(requirement.name)
         if name in carry or not held(name) or not fails(name, requirement.specifier):
             continue
-        have = image_version.get(name, "unknown")
+        have = image_version[name]
         if never_carry(name):
             print(f"device_wheels: warning: {who} needs {requirement}, the image has {name} {have}, "
                   f"which is never carried", file=sys.stderr)
