@@ -1,5 +1,5 @@
 """`cuda-w4a16`, fp4lab's CUDA decode GEMM, against its peers at issue 13's decode points: every
-build of the kernel (`GRID`: k-groups a warp, depth, warps a CTA, warps a team, launch overlap)
+build of the kernel (`GRID`: k-groups a warp, depth, warps a CTA, warps a team, register cap, launch)
 gated, then timed with the package's timer (cold L2, CUDA graph), beside the Triton kernel's
 preset, cuBLAS bf16 and humming-w4a16 (when its wheel is installed) at the same points.
 
@@ -22,16 +22,25 @@ import tune_w4a16 as tune  # noqa: E402  (beside this script)
 
 from fp4lab import correctness  # noqa: E402
 from fp4lab.backends import get  # noqa: E402
-from fp4lab.backends.cuda_w4a16 import OVERLAP_CHOICES, CudaTileConfig, choose_config  # noqa: E402
+from fp4lab.backends.cuda_w4a16 import CudaTileConfig, choose_config  # noqa: E402
 
 SHAPES = ((8192, 8192), (4096, 6144), (6144, 2048))
 M_VALUES = (1, 4, 16)
-# (k-groups a warp, of them in flight, warps a CTA, warps a team on one row tile): the presets of
-# calls 46-47, each launched plainly and with programmatic dependent launch (the next call's launch
-# overlapping this one's epilogue, or its first loads running as this one's CTAs retire)
-BUILDS = ((16, 4, 4, 1), (8, 4, 8, 4), (8, 4, 16, 1), (16, 4, 16, 1))
-GRID = tuple(CudaTileConfig(groups=g, depth=d, warps=w, kwarps=kw, overlap=overlap)
-             for g, d, w, kw in BUILDS for overlap in OVERLAP_CHOICES)
+# (k-groups a warp, of them in flight, warps a CTA, warps a team on one row tile, CTAs an SM must
+# fit, launch overlaps): the presets of call 53 as they launch, then register-capped builds
+# (min_ctas > 1: 40 registers at 3 CTAs of 16 warps, 32 at 4), so more warps are resident to hide
+# the loads (call 54's ncu: 52 registers, 44% of warp slots filled, DRAM and issue half idle),
+# with fewer groups in flight a warp where the cap would spill them
+BUILDS = ((8, 4, 8, 4, 1, ("tail",)), (8, 4, 16, 1, 1, ("tail", "all")),
+          (16, 4, 16, 1, 1, ("tail", "all")),
+          (16, 4, 16, 1, 3, ("tail", "all")), (16, 2, 16, 1, 4, ("tail", "all")),
+          (16, 8, 16, 1, 2, ("tail", "all")),
+          (8, 4, 16, 1, 3, ("tail", "all")), (8, 4, 16, 1, 4, ("all",)),
+          (8, 2, 16, 1, 4, ("tail", "all")),
+          (4, 4, 16, 1, 3, ("tail", "all")), (4, 2, 16, 1, 4, ("tail", "all")),
+          (8, 4, 8, 4, 6, ("tail", "all")), (8, 2, 8, 4, 8, ("tail",)))
+GRID = tuple(CudaTileConfig(groups=g, depth=d, warps=w, kwarps=kw, min_ctas=b, overlap=overlap)
+             for g, d, w, kw, b, overlaps in BUILDS for overlap in overlaps)
 
 PEERS = ("triton-w4a16", "torch-bf16", "humming-w4a16")
 
@@ -69,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     timer = tune.device_timer()
     weights: dict = {}
     best: dict = {}
-    print(f"{'fmt':<5} {'N x K':>10} {'M':>3} {'variant':<26} {'status':<12} {'us':>8} {'TB/s':>5}  note")
+    print(f"{'fmt':<5} {'N x K':>10} {'M':>3} {'variant':<30} {'status':<12} {'us':>8} {'TB/s':>5} "
+          f"{'regs':>4} {'local':>5}  note")
     with open(out / "measurements.jsonl", "w") as log:
         for fmt in tune.parse_formats(args.formats):
             for n, k in SHAPES:
@@ -94,9 +104,11 @@ def main(argv: list[str] | None = None) -> int:
                                 best[key] = {"config": row["config"], "median_us": row["median_us"]}
                         log.write(json.dumps(row) + "\n")
                         log.flush()
-                        print(f"{fmt:<5} {f'{n}x{k}':>10} {m:>3} {label:<26} {row['status']:<12} "
+                        info = row.get("info") or {}
+                        print(f"{fmt:<5} {f'{n}x{k}':>10} {m:>3} {label:<30} {row['status']:<12} "
                               f"{row.get('median_us', float('nan')):8.2f} "
-                              f"{row.get('tbps', float('nan')):5.2f}  "
+                              f"{row.get('tbps', float('nan')):5.2f} "
+                              f"{info.get('registers', ''):>4} {info.get('local_bytes', ''):>5}  "
                               f"{'pick ' if row.get('pick') else ''}{(row.get('message') or '')[:90]}",
                               flush=True)
     (out / "presets.json").write_text(json.dumps(best, indent=1) + "\n")

@@ -68,6 +68,15 @@ def test_configs_are_validated_and_say_what_a_point_needs():
         cuda.CudaTileConfig(overlap="yes")
     with pytest.raises(ValueError, match="kwarps .4. must divide warps .2."):
         cuda.CudaTileConfig(warps=2, kwarps=4)
+    # min_ctas caps registers so that many CTAs fit an SM's 64 K registers and 2048 threads
+    assert config.register_cap is None
+    capped = cuda.CudaTileConfig(groups=16, depth=4, warps=16, min_ctas=3, overlap="all")
+    assert capped.register_cap == 40 and capped.label() == "cuda g16 d4 w16 k1 b3 pdl-all"
+    assert cuda.CudaTileConfig(warps=8, min_ctas=8).register_cap == 32
+    with pytest.raises(ValueError, match="min_ctas must be 1 to 4 for 16-warp CTAs"):
+        cuda.CudaTileConfig(warps=16, min_ctas=5)
+    with pytest.raises(ValueError, match="min_ctas must be 1 to"):
+        cuda.CudaTileConfig(min_ctas=0)
     # a team of 8 warps on one row tile covers 8 x 16 groups: all of K=8192, no split-K
     team = cuda.CudaTileConfig(groups=16, depth=4, warps=8, kwarps=8)
     assert team.tiles == 1 and team.split_k == 8192 and team.grid(8192, 8192) == (512, 1, 1)
@@ -177,7 +186,8 @@ GPU_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=2), cuda.CudaTileConfig(group
                cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2),      # teams and split-K
                cuda.CudaTileConfig(groups=4, warps=16, depth=2, kwarps=2),
                cuda.CudaTileConfig(groups=4, warps=4, overlap="tail"),
-               cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2, overlap="all")]
+               cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2, overlap="all"),
+               cuda.CudaTileConfig(groups=8, warps=8, depth=4, min_ctas=8, overlap="all")]   # 32 registers
 
 
 @pytest.mark.cuda
@@ -192,6 +202,7 @@ def test_kernel_passes_the_gate(fmt, m, config):
     prepared = get("cuda-w4a16").prepare(a, w, "cuda", config=config)
     gate = correctness.check_backend(prepared, correctness.TOLERANCE[fmt])
     assert gate.ok, gate.message
+    assert 0 < prepared.info["registers"] <= (config.register_cap or 255)
     # the split-K workspace and counters were reset by the last call (else a repeat adds to
     # them); float atomics add in any order, so a repeat may round differently by one bf16 ulp
     first = prepared.out.clone()

@@ -20,6 +20,8 @@ import functools
 import torch
 
 PROGRAMMATIC_STREAM_SERIALIZATION = 6     # CUlaunchAttributeID, cuda.h
+# CUfunction_attribute, cuda.h: what ptxas gave the build
+FUNCTION_ATTRIBUTES = {"local_bytes": 3, "registers": 4}
 
 
 class LaunchAttributeValue(ctypes.Union):
@@ -73,7 +75,30 @@ def _driver() -> ctypes.CDLL:
     driver.cuLaunchKernelEx.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p,
                                         ctypes.c_void_p, ctypes.c_void_p]
     driver.cuLaunchKernelEx.restype = ctypes.c_int
+    driver.cuFuncGetAttribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int,
+                                          ctypes.c_void_p]
+    driver.cuFuncGetAttribute.restype = ctypes.c_int
     return driver
+
+
+def _check(driver: ctypes.CDLL, status: int, what: str) -> None:
+    if status != 0:
+        message = ctypes.c_char_p()
+        driver.cuGetErrorString(status, ctypes.byref(message))
+        text = message.value.decode() if message.value else "unknown error"
+        raise RuntimeError(f"{what} failed: CUDA error {status} ({text})")
+
+
+def function_attributes(kernel) -> dict[str, int]:
+    """Registers a thread and local (spill and stack) bytes a thread of a
+    `torch.cuda._compile_kernel` kernel, as the driver reports them for the loaded build."""
+    driver, values = _driver(), {}
+    for name, attribute in FUNCTION_ATTRIBUTES.items():
+        value = ctypes.c_int()
+        _check(driver, driver.cuFuncGetAttribute(ctypes.byref(value), attribute, kernel.func),
+               "cuFuncGetAttribute")
+        values[name] = value.value
+    return values
 
 
 def launch_dependent(kernel, grid, block, shared_mem: int, args: list) -> None:
@@ -83,9 +108,5 @@ def launch_dependent(kernel, grid, block, shared_mem: int, args: list) -> None:
     config = launch_config(grid, block, shared_mem, torch.cuda.current_stream().cuda_stream,
                            attribute)
     driver = _driver()
-    status = driver.cuLaunchKernelEx(ctypes.byref(config), kernel.func, pointers, None)
-    if status != 0:
-        message = ctypes.c_char_p()
-        driver.cuGetErrorString(status, ctypes.byref(message))
-        text = message.value.decode() if message.value else "unknown error"
-        raise RuntimeError(f"cuLaunchKernelEx failed: CUDA error {status} ({text})")
+    _check(driver, driver.cuLaunchKernelEx(ctypes.byref(config), kernel.func, pointers, None),
+           "cuLaunchKernelEx")

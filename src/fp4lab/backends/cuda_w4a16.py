@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from fp4lab.backends.base import Backend, Requirements, prepared_from, resolve_device
-from fp4lab.backends.cuda_launch import launch_dependent
+from fp4lab.backends.cuda_launch import function_attributes, launch_dependent
 from fp4lab.backends.triton_w4a16 import SCALE_EXP, check_scale_range, kernel_scale_bytes, sm_count
 
 MAX_M = 16                   # two n8 MMA tiles of activation rows
@@ -40,6 +40,8 @@ WARP_CHOICES = (1, 2, 4, 8, 16)
 # epilogue overlaps that launch); "all" as soon as every CTA has started (the next kernel's weight
 # loads run in the CTA slots this one frees)
 OVERLAP_CHOICES = ("off", "tail", "all")
+REGISTERS_PER_SM = 64 * 1024  # sm_90 (and sm_80-sm_89): what `min_ctas` divides
+MAX_THREADS_PER_SM = 2048
 SHARED_LIMIT = 48 * 1024     # dynamic shared memory a launch gets without an opt-in attribute
 SCALE_BYTES = {"nvfp4": 8, "mxfp4": 4}     # per (rows g, g+8) per k-group
 WEIGHT_BIAS = 2.0 ** (126 - SCALE_EXP)     # decoded weights are e2m1 * scale * 2^-26
@@ -55,13 +57,17 @@ class CudaTileConfig:
     depth = groups, the default, issues every load before any math), `warps` a CTA, of which
     `kwarps` share a row tile and split its k (adding up in shared memory): a CTA covers
     warps/kwarps row tiles and 64 * groups * kwarps k, and K over that is the split-K across
-    CTAs. `overlap` is how a launch overlaps the kernel before it (OVERLAP_CHOICES)."""
+    CTAs. `overlap` is how a launch overlaps the kernel before it (OVERLAP_CHOICES). `min_ctas`
+    is how many CTAs an SM must fit at once (`__launch_bounds__`' second argument): above 1 it
+    caps ptxas' registers a thread (64 K / (min_ctas x threads)), so more warps are resident to
+    hide the loads' latency, at the risk of spills."""
 
     groups: int = 8
     warps: int = 4
     depth: int | None = None
     kwarps: int = 1
     overlap: str = "off"
+    min_ctas: int = 1
 
     def __post_init__(self):
         if self.depth is None:
@@ -77,6 +83,10 @@ class CudaTileConfig:
         if self.depth > self.groups:
             raise ValueError(f"CudaTileConfig.depth ({self.depth}) cannot exceed groups "
                              f"({self.groups}): a warp has only {self.groups} k-groups to load")
+        if self.min_ctas < 1 or self.min_ctas * 32 * self.warps > MAX_THREADS_PER_SM:
+            raise ValueError(f"CudaTileConfig.min_ctas must be 1 to "
+                             f"{MAX_THREADS_PER_SM // (32 * self.warps)} for {self.warps}-warp CTAs "
+                             f"({MAX_THREADS_PER_SM} threads an SM), got {self.min_ctas!r}")
         if self.warps % self.kwarps:
             raise ValueError(f"CudaTileConfig.kwarps ({self.kwarps}) must divide warps "
                              f"({self.warps}): a CTA's warps form teams of kwarps")
@@ -108,12 +118,21 @@ class CudaTileConfig:
         return 4 * (self.tiles * (self.kwarps - 1) * n_tiles(m) * 4 * LANES + 1) + 4
 
     @property
+    def register_cap(self) -> int | None:
+        """The registers a thread ptxas may use under `min_ctas` (None: uncapped, up to 255)."""
+        if self.min_ctas == 1:
+            return None
+        return REGISTERS_PER_SM // (self.min_ctas * 32 * self.warps) // 8 * 8
+
+    @property
     def launch(self) -> str:
         """How its calls are launched, as a gemm row's `launch` says it: plain, pdl-tail, pdl-all."""
         return "plain" if self.overlap == "off" else f"pdl-{self.overlap}"
 
     def label(self) -> str:
         label = f"cuda g{self.groups} d{self.depth} w{self.warps} k{self.kwarps}"
+        if self.min_ctas > 1:
+            label += f" b{self.min_ctas}"
         return label if self.overlap == "off" else f"{label} {self.launch}"
 
     def reason(self, m: int, n: int, k: int) -> str | None:
@@ -270,6 +289,7 @@ def compiled(config: CudaTileConfig, fmt: str, tiles: int, capability: tuple[int
     options = [f"-DGROUPS={config.groups}", f"-DDEPTH={config.depth}", f"-DWARPS={config.warps}",
                f"-DKWARPS={config.kwarps}", f"-DNTILES={tiles}",
                f"-DNVFP4={int(fmt == 'nvfp4')}", f"-DOVERLAP_ALL={int(config.overlap == 'all')}",
+               f"-DMIN_CTAS={config.min_ctas}",
                "-std=c++17"]
     return torch.cuda._compile_kernel(KERNEL_SOURCE.read_text(), KERNEL_NAME,
                                       compute_capability=f"{capability[0]}{capability[1]}",
@@ -334,4 +354,5 @@ class CudaW4A16(Backend):
 
         return prepared_from(gemm, (a_bf16, weights, scales, unbias), out,
                              ref_a=a_bf16.float(), ref_w=formats.dequantize(w).float(),
-                             info={"config": config.label(), "launch": config.launch})
+                             info={"config": config.label(), "launch": config.launch,
+                                   **function_attributes(kernel)})

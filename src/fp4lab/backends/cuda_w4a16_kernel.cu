@@ -1,10 +1,11 @@
 // fp4lab's CUDA decode GEMM for FP4 weights at decode-sized M (<= 16): out[M, N] = a[M, K] . W^T.
 //
 // Compiled at prepare with NVRTC (no headers: plain integer types and inline PTX), one build per
-// (GROUPS, DEPTH, WARPS, KWARPS, NTILES, NVFP4, OVERLAP_ALL), given as -D defines. Shape legend:
-// M activation rows, N weight rows, K reduction; a "row tile" is 16 weight rows (one mma.sync M
-// side), a "k-group" 64 k (four m16n8k16 MMAs); g = lane / 4 and t = lane % 4 as in the PTX
-// fragment tables.
+// (GROUPS, DEPTH, WARPS, KWARPS, NTILES, NVFP4, OVERLAP_ALL, MIN_CTAS), given as -D defines
+// (MIN_CTAS: CTAs an SM must fit, which caps the registers a thread). Shape legend: M activation
+// rows, N weight rows, K reduction; a "row tile" is 16 weight rows (one mma.sync M side), a
+// "k-group" 64 k (four m16n8k16 MMAs); g = lane / 4 and t = lane % 4 as in the PTX fragment
+// tables.
 //
 // Why it looks like this (benchmarks/NOTES.md, sessions 8 and 9): the Triton kernel spends ~4
 // instructions per weight, a third of them outside the decode (2-byte shared loads of codes,
@@ -171,7 +172,7 @@ __device__ __forceinline__ void store_l2(float* p, float v) {
     asm volatile("st.global.cg.f32 [%0], %1;" :: "l"(p), "f"(v));
 }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
+extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_CTAS)
 fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes, 16 B]
                 const Scales* __restrict__ s,           // [N/16, K/64, 8 g, SCALE_BYTES]
                 const u32x4* __restrict__ a,            // [M, K] bf16, rows 16-byte aligned
