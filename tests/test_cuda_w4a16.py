@@ -73,9 +73,11 @@ def test_configs_are_validated_and_say_what_a_point_needs():
     capped = cuda.CudaTileConfig(groups=16, depth=4, warps=16, min_ctas=3, overlap="all")
     assert capped.register_cap == 40 and capped.label() == "cuda g16 d4 w16 k1 b3 pdl-all"
     assert cuda.CudaTileConfig(warps=8, min_ctas=8).register_cap == 32
-    with pytest.raises(ValueError, match="min_ctas must be 1 to 4 for 16-warp CTAs"):
+    assert cuda.CudaTileConfig(warps=4, min_ctas=1).register_cap == 255       # more than ptxas takes
+    assert cuda.CudaTileConfig(warps=4, min_ctas=1).label() == "cuda g8 d8 w4 k1 b1"
+    with pytest.raises(ValueError, match="min_ctas must be None or 1 to 4 for 16-warp CTAs"):
         cuda.CudaTileConfig(warps=16, min_ctas=5)
-    with pytest.raises(ValueError, match="min_ctas must be 1 to"):
+    with pytest.raises(ValueError, match="min_ctas must be None or 1 to"):
         cuda.CudaTileConfig(min_ctas=0)
     # a team of 8 warps on one row tile covers 8 x 16 groups: all of K=8192, no split-K
     team = cuda.CudaTileConfig(groups=16, depth=4, warps=8, kwarps=8)
@@ -234,26 +236,30 @@ def test_dependent_launches_read_what_the_kernel_before_them_wrote(overlap):
     # a chain x0 -> x1 -> ... where each call's activations are the previous call's output and all
     # share one split-K workspace: launched back to back with PDL, eagerly and from a graph, a
     # call that read before the previous one finished would see NaN (the outputs start as NaN)
-    # or the previous call's half-added sums
+    # or the previous call's half-added sums. Each link is checked against one call alone on the
+    # chain's own input (a whole chain run one call at a time drifts from it by the atomics' order,
+    # amplified over the links: 18 of 4096 elements past the tolerance once, call 56)
     n = k = 1024
     steps = 6
     w = formats.quantize(torch.randn(n, k) * k ** -0.5, "nvfp4")
     a = torch.randn(4, k).bfloat16()
     config = cuda.CudaTileConfig(groups=4, warps=4, overlap=overlap)       # 4 splits: split-K
     prepared = get("cuda-w4a16").prepare(a, w, "cuda", config=config)
-    _, weights, scales, unbias = prepared.args
-    expected = [prepared.args[0]]
-    for _ in range(steps):                       # one call at a time: nothing to overlap
-        expected.append(prepared.make_call((expected[-1], weights, scales, unbias),
-                                           torch.empty_like(expected[-1]))().clone())
-        torch.cuda.synchronize()
-    xs = [prepared.args[0]] + [torch.full_like(expected[0], float("nan")) for _ in range(steps)]
+    x0, weights, scales, unbias = prepared.args
+
+    def check_links(xs):
+        for x, got in zip(xs, xs[1:]):
+            alone = prepared.make_call((x, weights, scales, unbias), torch.empty_like(x))().clone()
+            torch.cuda.synchronize()                 # one call at a time: nothing to overlap
+            assert not got.isnan().any()
+            assert_same_within_atomics_order(got, alone)
+
+    xs = [x0] + [torch.full_like(x0, float("nan")) for _ in range(steps)]
     calls = [prepared.make_call((xs[i], weights, scales, unbias), xs[i + 1]) for i in range(steps)]
     for call in calls:                           # back to back, eagerly
         call()
     torch.cuda.synchronize()
-    for got, want in zip(xs[1:], expected[1:]):
-        torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -5, atol=2 ** -10)
+    check_links(xs)
     graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
     with torch.cuda.stream(stream):
         with torch.cuda.graph(graph, stream=stream):
@@ -263,5 +269,4 @@ def test_dependent_launches_read_what_the_kernel_before_them_wrote(overlap):
         x.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    for got, want in zip(xs[1:], expected[1:]):
-        torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -5, atol=2 ** -10)
+    check_links(xs)

@@ -42,6 +42,7 @@ WARP_CHOICES = (1, 2, 4, 8, 16)
 OVERLAP_CHOICES = ("off", "tail", "all")
 REGISTERS_PER_SM = 64 * 1024  # sm_90 (and sm_80-sm_89): what `min_ctas` divides
 MAX_THREADS_PER_SM = 2048
+MAX_REGISTERS = 255           # a thread's
 SHARED_LIMIT = 48 * 1024     # dynamic shared memory a launch gets without an opt-in attribute
 SCALE_BYTES = {"nvfp4": 8, "mxfp4": 4}     # per (rows g, g+8) per k-group
 WEIGHT_BIAS = 2.0 ** (126 - SCALE_EXP)     # decoded weights are e2m1 * scale * 2^-26
@@ -58,16 +59,17 @@ class CudaTileConfig:
     `kwarps` share a row tile and split its k (adding up in shared memory): a CTA covers
     warps/kwarps row tiles and 64 * groups * kwarps k, and K over that is the split-K across
     CTAs. `overlap` is how a launch overlaps the kernel before it (OVERLAP_CHOICES). `min_ctas`
-    is how many CTAs an SM must fit at once (`__launch_bounds__`' second argument): above 1 it
-    caps ptxas' registers a thread (64 K / (min_ctas x threads)), so more warps are resident to
-    hide the loads' latency, at the risk of spills."""
+    is how many CTAs an SM must fit at once (`__launch_bounds__`' second argument), which caps
+    ptxas' registers a thread at 64 K / (min_ctas x threads) (255 at most): None leaves ptxas its
+    own choice, which is fewer registers than even `min_ctas=1` allows (52 against 77 for g16 d4
+    w16 NVFP4, the H200 probe of call 56), so the cap can buy registers as well as warps."""
 
     groups: int = 8
     warps: int = 4
     depth: int | None = None
     kwarps: int = 1
     overlap: str = "off"
-    min_ctas: int = 1
+    min_ctas: int | None = None
 
     def __post_init__(self):
         if self.depth is None:
@@ -83,9 +85,10 @@ class CudaTileConfig:
         if self.depth > self.groups:
             raise ValueError(f"CudaTileConfig.depth ({self.depth}) cannot exceed groups "
                              f"({self.groups}): a warp has only {self.groups} k-groups to load")
-        if self.min_ctas < 1 or self.min_ctas * 32 * self.warps > MAX_THREADS_PER_SM:
-            raise ValueError(f"CudaTileConfig.min_ctas must be 1 to "
-                             f"{MAX_THREADS_PER_SM // (32 * self.warps)} for {self.warps}-warp CTAs "
+        most_ctas = MAX_THREADS_PER_SM // (32 * self.warps)
+        if self.min_ctas is not None and not 1 <= self.min_ctas <= most_ctas:
+            raise ValueError(f"CudaTileConfig.min_ctas must be None or 1 to {most_ctas} for "
+                             f"{self.warps}-warp CTAs "
                              f"({MAX_THREADS_PER_SM} threads an SM), got {self.min_ctas!r}")
         if self.warps % self.kwarps:
             raise ValueError(f"CudaTileConfig.kwarps ({self.kwarps}) must divide warps "
@@ -119,10 +122,10 @@ class CudaTileConfig:
 
     @property
     def register_cap(self) -> int | None:
-        """The registers a thread ptxas may use under `min_ctas` (None: uncapped, up to 255)."""
-        if self.min_ctas == 1:
+        """The registers a thread ptxas may use under `min_ctas` (None: ptxas' own choice)."""
+        if self.min_ctas is None:
             return None
-        return REGISTERS_PER_SM // (self.min_ctas * 32 * self.warps) // 8 * 8
+        return min(MAX_REGISTERS, REGISTERS_PER_SM // (self.min_ctas * 32 * self.warps) // 8 * 8)
 
     @property
     def launch(self) -> str:
@@ -131,7 +134,7 @@ class CudaTileConfig:
 
     def label(self) -> str:
         label = f"cuda g{self.groups} d{self.depth} w{self.warps} k{self.kwarps}"
-        if self.min_ctas > 1:
+        if self.min_ctas is not None:
             label += f" b{self.min_ctas}"
         return label if self.overlap == "off" else f"{label} {self.launch}"
 
@@ -289,7 +292,7 @@ def compiled(config: CudaTileConfig, fmt: str, tiles: int, capability: tuple[int
     options = [f"-DGROUPS={config.groups}", f"-DDEPTH={config.depth}", f"-DWARPS={config.warps}",
                f"-DKWARPS={config.kwarps}", f"-DNTILES={tiles}",
                f"-DNVFP4={int(fmt == 'nvfp4')}", f"-DOVERLAP_ALL={int(config.overlap == 'all')}",
-               f"-DMIN_CTAS={config.min_ctas}",
+               f"-DMIN_CTAS={config.min_ctas or 0}",
                "-std=c++17"]
     return torch.cuda._compile_kernel(KERNEL_SOURCE.read_text(), KERNEL_NAME,
                                       compute_capability=f"{capability[0]}{capability[1]}",

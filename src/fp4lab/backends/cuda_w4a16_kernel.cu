@@ -2,10 +2,10 @@
 //
 // Compiled at prepare with NVRTC (no headers: plain integer types and inline PTX), one build per
 // (GROUPS, DEPTH, WARPS, KWARPS, NTILES, NVFP4, OVERLAP_ALL, MIN_CTAS), given as -D defines
-// (MIN_CTAS: CTAs an SM must fit, which caps the registers a thread). Shape legend: M activation
-// rows, N weight rows, K reduction; a "row tile" is 16 weight rows (one mma.sync M side), a
-// "k-group" 64 k (four m16n8k16 MMAs); g = lane / 4 and t = lane % 4 as in the PTX fragment
-// tables.
+// (MIN_CTAS: CTAs an SM must fit, which caps the registers a thread; 0 leaves them to ptxas).
+// Shape legend: M activation rows, N weight rows, K reduction; a "row tile" is 16 weight rows (one
+// mma.sync M side), a "k-group" 64 k (four m16n8k16 MMAs); g = lane / 4 and t = lane % 4 as in the
+// PTX fragment tables.
 //
 // Why it looks like this (benchmarks/NOTES.md, sessions 8 and 9): the Triton kernel spends ~4
 // instructions per weight, a third of them outside the decode (2-byte shared loads of codes,
@@ -172,7 +172,15 @@ __device__ __forceinline__ void store_l2(float* p, float v) {
     asm volatile("st.global.cg.f32 [%0], %1;" :: "l"(p), "f"(v));
 }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_CTAS)
+// MIN_CTAS 0: the one-argument form, ptxas' own register choice; an explicit minimum, even 1,
+// lets it use up to 64 K / (MIN_CTAS x threads), more than it takes by itself (77 against 52 for
+// g16 d4 w16 NVFP4 at MIN_CTAS 1: one 16-warp CTA an SM instead of two; the H200 probe, call 56)
+#if MIN_CTAS > 0
+#define BOUNDS __launch_bounds__(WARPS * 32, MIN_CTAS)
+#else
+#define BOUNDS __launch_bounds__(WARPS * 32)
+#endif
+extern "C" __global__ void BOUNDS
 fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes, 16 B]
                 const Scales* __restrict__ s,           // [N/16, K/64, 8 g, SCALE_BYTES]
                 const u32x4* __restrict__ a,            // [M, K] bf16, rows 16-byte aligned
