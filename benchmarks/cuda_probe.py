@@ -27,17 +27,15 @@ from fp4lab.backends.cuda_w4a16 import CudaTileConfig, choose_config  # noqa: E4
 SHAPES = ((8192, 8192), (4096, 6144), (6144, 2048))
 M_VALUES = (1, 4, 16)
 # (k-groups a warp, of them in flight, warps a CTA, warps a team on one row tile, CTAs an SM must
-# fit (None: ptxas' own register choice), launch overlaps): the presets of call 53 as they launch,
-# then builds whose `min_ctas` buys registers (1: up to 128 for 16 warps, 2: up to 64), which call
-# 56 found faster than ptxas' own choice where the occupancy allows it (MXFP4 8192x8192 M=1 at 63
-# registers 11.23 us against 11.65 at ~51; at 77 registers NVFP4 8192x8192 fits one 16-warp CTA an
-# SM, not two: 14.29 against 12.72)
-BUILDS = ((8, 4, 8, 4, None, ("tail",)), (8, 4, 16, 1, None, ("tail", "all")),
-          (16, 4, 16, 1, None, ("tail", "all")),
+# fit (None: ptxas' own register choice), launch overlaps): the preset builds, then the builds of
+# calls 53 and 56 beside them; `min_ctas` buys registers (1: up to 128 for 16 warps, 2: up to 64;
+# call 57: 1-9% faster than ptxas' own ~52 where the occupancy allows it, while 77 registers fit
+# one 16-warp CTA an SM, not two: 8192x8192 NVFP4 M=1 14.35 us against 12.67)
+BUILDS = ((8, 4, 8, 4, 1, ("tail", "all")), (8, 4, 16, 1, 2, ("tail", "all")),
           (16, 4, 16, 1, 2, ("tail", "all")),
-          (8, 4, 16, 1, 2, ("tail", "all")), (8, 4, 16, 1, 1, ("tail", "all")),
-          (16, 4, 16, 1, 1, ("tail", "all")), (8, 4, 8, 4, 1, ("tail", "all")),
-          (8, 4, 8, 4, 3, ("tail", "all")))
+          (8, 4, 8, 4, None, ("tail",)), (8, 4, 16, 1, None, ("tail", "all")),
+          (16, 4, 16, 1, None, ("tail", "all")), (8, 4, 16, 1, 1, ("tail", "all")),
+          (16, 4, 16, 1, 1, ("tail", "all")), (8, 4, 8, 4, 3, ("tail", "all")))
 GRID = tuple(CudaTileConfig(groups=g, depth=d, warps=w, kwarps=kw, min_ctas=b, overlap=overlap)
              for g, d, w, kw, b, overlaps in BUILDS for overlap in overlaps)
 
@@ -85,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                 for m in M_VALUES:
                     point = tune.Point(fmt, n, k, m)
                     a, w = tune.operands(point, device, weights)
-                    pick = choose_config(m, n, k)
+                    pick = choose_config(m, n, k, fmt)
                     variants = [(c.label(), "cuda-w4a16", lambda c=c: cuda_row(c, point, a, w, device, timer),
                                  c) for c in GRID]
                     variants += [(name, name, lambda name=name: peer_row(name, point, a, w, device, timer),

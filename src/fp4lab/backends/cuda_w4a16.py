@@ -168,45 +168,55 @@ def point_reason(m: int, n: int, k: int) -> str | None:
 
 @dataclass(frozen=True)
 class Preset:
-    """A build for the points with M <= max_m and K <= max_k (None: any K), and, with
-    `one_cta_per_sm`, only where its grid has at least as many CTAs as the GPU has SMs."""
+    """A build for the points with M <= max_m and K <= max_k (None: any K) in format `fmt` (None:
+    either), and, with `one_cta_per_sm`, only where its grid has at least as many CTAs as the GPU
+    has SMs."""
 
     max_m: int
     max_k: int | None
     config: CudaTileConfig
     one_cta_per_sm: bool = False
+    fmt: str | None = None
 
-    def holds(self, m: int, n: int, k: int, sms: int) -> bool:
+    def holds(self, m: int, n: int, k: int, fmt: str, sms: int) -> bool:
         columns, splits, _ = self.config.grid(n, k)
         return (m <= self.max_m and (self.max_k is None or k <= self.max_k)
-                and self.config.reason(m, n, k) is None
+                and self.fmt in (None, fmt) and self.config.reason(m, n, k) is None
                 and (not self.one_cta_per_sm or columns * splits >= sms))
 
 
-# The first preset that holds wins: the H200 probe of 2026-12-02 (benchmarks/NOTES.md, call 53;
-# results/measurements/20261202T1530Z-h200-cuda-probe), the fastest build of 4 x 3 launch overlaps
-# at M = 1, 4, 16 on 8192x8192, 4096x6144 and 6144x2048, both formats:
-#   - short K (2048): a team of 4 warps splits each tile's k, a CTA covers all of K (no split-K);
-#     at M = 16 the team's staged activations do not fit, so 16 tiles a CTA, 8 k-groups a warp;
+# The first preset that holds wins: the H200 probe of 2026-12-02 (benchmarks/NOTES.md, call 57;
+# results/measurements/20261202T1843Z-h200-cuda-probe), the fastest of 9 builds x 2 launch
+# overlaps at M = 1, 4, 16 on 8192x8192, 4096x6144 and 6144x2048, both formats:
+#   - short K (2048): a team of 4 warps splits each tile's k, a CTA covers all of K (no split-K),
+#     with the registers `min_ctas=1` allows (85 NVFP4, 64 MXFP4, against ~52 by ptxas' choice:
+#     3-9% faster); the next call may launch as the CTAs start ("all") in NVFP4 (4.14 us at M=1,
+#     against 4.67 after the math), only after the math ("tail") in MXFP4 ("all" 28% slower there,
+#     not understood); at M = 16 the team's staged activations do not fit: 16 tiles a CTA;
 #   - otherwise 16 tiles a CTA (the activations staged once for all 16), 16 k-groups a warp where
-#     that still gives a CTA per SM (8192x8192: 256 CTAs), else 8 (4096x6144: 192 CTAs, where 16
-#     k-groups give 96 and the early launch of "all" then cost 30-40%);
-#   - programmatic dependent launch everywhere: against a plain launch "tail" took 7% off the
-#     median build and point (16% at most, 5% more at worst), "all" up to 18% where the grid is
-#     large and its CTAs are 16 warps, but up to 48% more elsewhere (4-tile CTAs, short K, 96 CTAs).
-PRESETS = (Preset(8, 2048, CudaTileConfig(groups=8, depth=4, warps=8, kwarps=4, overlap="tail")),
-           Preset(16, 2048, CudaTileConfig(groups=8, depth=4, warps=16, overlap="tail")),
-           Preset(8, None, CudaTileConfig(groups=16, depth=4, warps=16, overlap="all"), one_cta_per_sm=True),
-           Preset(16, None, CudaTileConfig(groups=16, depth=4, warps=16, overlap="tail"), one_cta_per_sm=True),
-           Preset(16, None, CudaTileConfig(groups=8, depth=4, warps=16, overlap="all")))
+#     that still gives a CTA per SM (8192x8192: 256 CTAs), else 8 (4096x6144: 192 CTAs);
+#   - `min_ctas=2` (61-64 registers, still two 16-warp CTAs an SM) 1-5% faster than ptxas' ~52
+#     (8192x8192 NVFP4 M=1 12.08 us against 12.67);
+#   - programmatic dependent launch everywhere: "all" where 16-warp CTAs fill the GPU at M <= 8,
+#     "tail" at M = 16 and for short K (call 53: "all" up to 48% slower on small grids or CTAs).
+PRESETS = (Preset(8, 2048, CudaTileConfig(groups=8, depth=4, warps=8, kwarps=4, min_ctas=1,
+                                          overlap="all"), fmt="nvfp4"),
+           Preset(8, 2048, CudaTileConfig(groups=8, depth=4, warps=8, kwarps=4, min_ctas=1,
+                                          overlap="tail")),
+           Preset(16, 2048, CudaTileConfig(groups=8, depth=4, warps=16, min_ctas=2, overlap="tail")),
+           Preset(8, None, CudaTileConfig(groups=16, depth=4, warps=16, min_ctas=2, overlap="all"),
+                  one_cta_per_sm=True),
+           Preset(16, None, CudaTileConfig(groups=16, depth=4, warps=16, min_ctas=2, overlap="tail"),
+                  one_cta_per_sm=True),
+           Preset(16, None, CudaTileConfig(groups=8, depth=4, warps=16, min_ctas=2, overlap="all")))
 
 
-def choose_config(m: int, n: int, k: int, sms: int = 132) -> CudaTileConfig:
-    """The preset build of an M x N x K point on a GPU of `sms` SMs (the H200's 132 by default):
-    the first of PRESETS that holds; else one warp a tile and the most k-groups (up to 4) that
-    divide K/64, launched plainly, which runs any point point_reason admits."""
+def choose_config(m: int, n: int, k: int, fmt: str, sms: int = 132) -> CudaTileConfig:
+    """The preset build of an M x N x K point in `fmt` on a GPU of `sms` SMs (the H200's 132 by
+    default): the first of PRESETS that holds; else one warp a tile and the most k-groups (up to
+    4) that divide K/64, launched plainly, which runs any point point_reason admits."""
     for preset in PRESETS:
-        if preset.holds(m, n, k, sms):
+        if preset.holds(m, n, k, fmt, sms):
             return preset.config
     groups = max(g for g in GROUP_CHOICES if g <= 4 and (k // K_GROUP) % g == 0)
     return CudaTileConfig(groups=groups, warps=1)
@@ -330,7 +340,7 @@ class CudaW4A16(Backend):
             raise ValueError(f"{self.name}: {reason}")
         from fp4lab import formats
 
-        config = config or choose_config(m, n, k, sm_count(device))
+        config = config or choose_config(m, n, k, w.fmt, sm_count(device))
         if config.reason(m, n, k):
             raise ValueError(f"{self.name} {config.label()}: {config.reason(m, n, k)}")
         check_scale_range(w)
