@@ -85,7 +85,7 @@ class CudaTileConfig:
         if self.depth > self.groups:
             raise ValueError(f"CudaTileConfig.depth ({self.depth}) cannot exceed groups "
                              f"({self.groups}): a warp has only {self.groups} k-groups to load")
-        most_ctas = MAX_THREADS_PER_SM // (32 * self.warps)
+        most_ctas = MAX_THREADS_PER_SM // self.threads
         if self.min_ctas is not None and not 1 <= self.min_ctas <= most_ctas:
             raise ValueError(f"CudaTileConfig.min_ctas must be None or 1 to {most_ctas} for "
                              f"{self.warps}-warp CTAs "
@@ -121,11 +121,16 @@ class CudaTileConfig:
         return 4 * (self.tiles * (self.kwarps - 1) * n_tiles(m) * 4 * LANES + 1) + 4
 
     @property
+    def threads(self) -> int:
+        """Threads a CTA."""
+        return LANES * self.warps
+
+    @property
     def register_cap(self) -> int | None:
         """The registers a thread ptxas may use under `min_ctas` (None: ptxas' own choice)."""
         if self.min_ctas is None:
             return None
-        return min(MAX_REGISTERS, REGISTERS_PER_SM // (self.min_ctas * 32 * self.warps) // 8 * 8)
+        return min(MAX_REGISTERS, REGISTERS_PER_SM // (self.min_ctas * self.threads) // 8 * 8)
 
     @property
     def launch(self) -> str:
@@ -354,7 +359,7 @@ class CudaW4A16(Backend):
         out = torch.empty(m, n, dtype=torch.bfloat16, device=device)               # [M, N]
         workspace = torch.zeros(m, n, dtype=torch.float32, device=device)          # [M, N]
         counts = torch.zeros(config.grid(n, k)[0], dtype=torch.int32, device=device)
-        grid, block = config.grid(n, k), (32 * config.warps, 1, 1)
+        grid, block = config.grid(n, k), (config.threads, 1, 1)
         shared = config.shared_bytes(m)
 
         launch = kernel if config.overlap == "off" else functools.partial(launch_dependent, kernel)
