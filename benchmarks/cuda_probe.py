@@ -1,7 +1,9 @@
 """`cuda-w4a16`, fp4lab's CUDA decode GEMM, against its peers at issue 13's decode points: every
 build of the kernel (`GRID`: k-groups a warp, depth, warps a CTA, warps a team, register cap, launch)
 gated, then timed with the package's timer (cold L2, CUDA graph), beside the Triton kernel's
-preset, cuBLAS bf16 and humming-w4a16 (when its wheel is installed) at the same points.
+preset, cuBLAS bf16 and humming-w4a16 (when its wheel is installed) at the same points; then the
+preset build's anatomy stages (`cuda_w4a16.ANATOMY_STAGES`, each passing its own check) and the
+streaming read of the same bytes.
 
     PYTHONPATH=src python3 benchmarks/cuda_probe.py --out $OUT/cuda
 
@@ -22,6 +24,7 @@ import tune_w4a16 as tune  # noqa: E402  (beside this script)
 
 from fp4lab import correctness  # noqa: E402
 from fp4lab.backends import get  # noqa: E402
+from fp4lab.backends import cuda_w4a16, triton_w4a16  # noqa: E402
 from fp4lab.backends.cuda_w4a16 import CudaTileConfig, choose_config  # noqa: E402
 
 SHAPES = ((8192, 8192), (4096, 6144), (6144, 2048))
@@ -62,6 +65,19 @@ def cuda_row(config: CudaTileConfig, point: tune.Point, a, w, device: str, timer
                               timer, device)
 
 
+def anatomy_row(stage: str, config: CudaTileConfig, a, w, device: str, timer) -> dict:
+    """One anatomy stage of the preset build ("stream": the streaming read of the same bytes)."""
+    made = {}
+
+    def prepare():
+        module = triton_w4a16 if stage == "stream" else cuda_w4a16
+        extra = {} if stage == "stream" else {"config": config}
+        made["variant"] = module.anatomy_variants(a, w, device, stages=(stage,), **extra)[0]
+        return made["variant"].prepared
+
+    return tune.gate_and_time(prepare, lambda p: made["variant"].check(), timer, device)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for measurements.jsonl")
@@ -88,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                                  c) for c in GRID]
                     variants += [(name, name, lambda name=name: peer_row(name, point, a, w, device, timer),
                                   None) for name in PEERS]
+                    variants += [(f"anatomy {stage}", "cuda-w4a16-anatomy",
+                                  lambda stage=stage: anatomy_row(stage, pick, a, w, device, timer), None)
+                                 for stage in ("stream", *cuda_w4a16.ANATOMY_STAGES)]
                     for label, backend, run, config in variants:
                         row = {"fmt": fmt, "n": n, "k": k, "m": m, "variant": label,
                                "backend": backend, **run(), "bytes": tune.fp4_bytes(point)}

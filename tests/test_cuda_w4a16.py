@@ -34,16 +34,22 @@ def test_the_kernels_arithmetic_on_the_laid_out_bytes_gives_the_weights(fmt):
         torch.testing.assert_close(model / w.global_scale.float(), expected, rtol=2**-22, atol=0)
 
 
-def test_layout_puts_each_lanes_fragment_in_its_word():
-    # code = row index (mod 16) in the low nibbles' k, so a byte's row is readable
+@pytest.mark.parametrize("register, half", [(r, h) for r in range(4) for h in range(2)])
+def test_layout_puts_each_lanes_fragment_in_its_word(register, half):
+    # one negative code (sign and magnitude bit 0 set) at the (row, k) of lane 13's register
+    # `register`, half `half` (PTX: a0 (g, 2t), a1 (g+8, 2t), a2 (g, 2t+8), a3 (g+8, 2t+8), +1 in
+    # the high half): only that lane's step-0 word holds it, at MAGNITUDE_AT and SIGN_AT
+    g, t = 3, 1
     codes = torch.zeros(16, 64, dtype=torch.uint8)
-    codes[:, :] = (torch.arange(16)[:, None] % 8).to(torch.uint8)
-    scales = torch.zeros(16, 4, dtype=torch.uint8)
-    weights, _ = cuda.mma_layout(codes, scales, "nvfp4")
-    lane = 4 * 3 + 1                                    # g = 3, t = 1
-    word = weights[0, 0, lane, 0:4]                     # k16 step 0, bytes 0..3
-    # bytes 0 and 2: row g (3), bytes 1 and 3: row g+8 (11 -> 3 mod 8), both nibbles
-    assert word.tolist() == [0x33, 0x33, 0x33, 0x33]
+    codes[g + 8 * (register % 2), 2 * t + half + 8 * (register // 2)] = 0b1001
+    weights, _ = cuda.mma_layout(codes, torch.zeros(16, 4, dtype=torch.uint8), "nvfp4")
+    words = cuda._words(weights)                                            # [1, 1, 32, 4q]
+    expected = torch.zeros_like(words)
+    expected[0, 0, 4 * g + t, 0] = ((1 << cuda.MAGNITUDE_AT[register] + 16 * half)
+                                     | (1 << cuda.SIGN_AT[register] + 16 * half))
+    assert torch.equal(words, expected)
+    bits = cuda.fragment_bits(words)[register][0, 0, 4 * g + t, 0]
+    assert bits == 0x8040 << 16 * half                          # -0.5 (e2m1 001, negative)
 
 
 def test_layout_refuses_scales_of_the_other_format():
@@ -151,9 +157,10 @@ def test_sweep_records_a_shape_a_backend_does_not_take_as_unavailable(monkeypatc
 def test_the_kernel_source_declares_what_the_layout_writes():
     source = cuda.KERNEL_SOURCE.read_text()
     assert f"fp4_decode_gemm(" in source and cuda.KERNEL_NAME == "fp4_decode_gemm"
-    # the masks the model applies are the kernel's
-    for mask in ("0x000F000Fu) * 0x1040u) & 0x81C081C0u", "0x00F000F0u) * 0x104u) & 0x81C081C0u"):
-        assert mask in source
+    # the decode the model applies (fragment_bits) is the kernel's
+    for decode in ("a0 = ((x & 0x40074007u) * 0x42u) & 0x81C081C0u", "a1 = (x << 3) & 0x81C081C0u",
+                   "a2 = x & 0x81C081C0u", "a3 = (((x >> 3) & 0x05C005C0u) * 0x21u) & 0x81C081C0u"):
+        assert decode in source
 
 
 def test_the_kernel_reads_only_weights_before_it_waits_for_the_previous_kernel():
@@ -277,3 +284,43 @@ def test_dependent_launches_read_what_the_kernel_before_them_wrote(overlap):
     graph.replay()
     torch.cuda.synchronize()
     check_links(xs)
+
+
+ANATOMY_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=4, depth=1),                  # split-K
+                   cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2),        # teams
+                   cuda.CudaTileConfig(groups=16, warps=8, depth=4, min_ctas=2, overlap="all")]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("m", [1, 16])
+@pytest.mark.parametrize("config", ANATOMY_CONFIGS, ids=lambda c: c.label())
+def test_every_anatomy_stage_passes_its_own_check(fmt, m, config):
+    n, k = 256, 2048
+    gen = torch.Generator().manual_seed(m)
+    w = formats.quantize(torch.randn(n, k, generator=gen) * k ** -0.5, fmt)
+    a = torch.randn(m, k, generator=gen).bfloat16()
+    variants = cuda.anatomy_variants(a, w, "cuda", config=config)
+    assert [v.stage for v in variants] == ["load", "decode", "mma", "full"]
+    for variant in variants:
+        gate = variant.check()
+        assert gate.ok, (variant.stage, gate.message)
+        assert variant.prepared.info["stage"] == variant.stage
+
+
+def test_the_anatomy_sums_are_per_warp_in_the_kernels_order():
+    # two row tiles, four k-groups; warps of 1 group, teams of 2 warps: 2 splits x 2 tiles x 2
+    # slices. A code word of 1 in one (tile, group) shows which warp's sum holds it
+    config = cuda.CudaTileConfig(groups=1, warps=4, kwarps=2)        # 2 tiles a CTA, 2 slices
+    weights = torch.zeros(2, 4, 32, 16, dtype=torch.uint8)
+    scales = torch.zeros(2, 4, 8, 8, dtype=torch.uint8)
+    weights[1, 3, 5, 0] = 1                                           # tile 1, group 3, lane 5
+    scales[0, 2, 0, 4] = 2                                            # tile 0, group 2: word 1
+    sums = cuda.expected_sums(weights, scales, "nvfp4", "load", config)
+    # group 3 = split 1, slice 1; tile 1 = team 1 of column 0 -> warp (1 * 1 + 0) * 4 + 1 * 2 + 1
+    # group 2 = split 1, slice 0; tile 0 = team 0 -> warp 4; the 4 lanes t read the scale: 4 x 2
+    expected = torch.zeros(8, dtype=torch.int32)
+    expected[7], expected[4] = 1, 8
+    assert torch.equal(sums, expected)
+    decoded = cuda.expected_sums(weights, scales, "nvfp4", "decode", config)
+    assert decoded.shape == (8,) and decoded.dtype == torch.int32

@@ -20,14 +20,18 @@ decode on the CPU, and the correctness gate proves the kernel on the GPU before 
 from __future__ import annotations
 
 import functools
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from fp4lab.backends.base import Backend, Requirements, prepared_from, resolve_device
+from fp4lab import correctness
+from fp4lab.backends.base import Backend, Prepared, Requirements, prepared_from, resolve_device
 from fp4lab.backends.cuda_launch import function_attributes, launch_dependent
-from fp4lab.backends.triton_w4a16 import SCALE_EXP, check_scale_range, kernel_scale_bytes, sm_count
+from fp4lab.backends.triton_w4a16 import (SCALE_EXP, AnatomyVariant, check_scale_range,
+                                          kernel_scale_bytes, sm_count)
 
 MAX_M = 16                   # two n8 MMA tiles of activation rows
 ROW_TILE = 16                # weight rows an MMA covers
@@ -229,35 +233,59 @@ def choose_config(m: int, n: int, k: int, fmt: str, sms: int = 132) -> CudaTileC
 
 # --- the layout ----------------------------------------------------------------------------------
 
+# Where the layout puts each code's bits in a 4-byte word, per A register (a0..a3) and bf16 half:
+# the magnitude's 3 bits from bit MAGNITUDE_AT[r] (+16 for the high half), the sign at SIGN_AT[r],
+# so that the kernel's four decodes (`fragment_bits`) land them at bf16 bits 8..6 and 15 with
+# 10 integer instructions (an exhaustive search over shift-and-mask layouts: no placement lets
+# every register be one shift and one mask; this one needs one multiply-add trick for two of them)
+MAGNITUDE_AT = (0, 3, 6, 9)
+SIGN_AT = (14, 12, 15, 13)
+BF16_CODE_MASK = 0x81C081C0          # bf16 bits 15 and 8..6 of both halves: the decoded code
+
+
 def _fragment_index(device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """(row, k) within a 16 x 16 MMA tile of the low nibble of byte b of each lane's 4-byte word,
-    [32, 4] each; the high nibble holds k + 8. Bytes 0 and 2 are row g (k 2t, 2t+1), 1 and 3 row
-    g+8: the kernel's masks pick bytes 0/2 as one bf16x2 pair and (after >> 8) bytes 1/3."""
-    lane = torch.arange(LANES, device=device)[:, None]
-    byte = torch.arange(4, device=device)[None, :]
-    row = lane // 4 + 8 * (byte % 2)
-    k = 2 * (lane % 4) + byte // 2
-    return row, k
+    """(row, k) within a 16 x 16 MMA tile of A register r's half h in each lane, [32, 4r, 2h]:
+    a0 (g, 2t + h), a1 (g+8, 2t + h), a2 (g, 2t+8 + h), a3 (g+8, 2t+8 + h) as in PTX's table."""
+    lane = torch.arange(LANES, device=device)[:, None, None]
+    register = torch.arange(4, device=device)[None, :, None]
+    half = torch.arange(2, device=device)[None, None, :]
+    row = lane // 4 + 8 * (register % 2)
+    k = 2 * (lane % 4) + half + 8 * (register // 2)
+    return row.expand(LANES, 4, 2), k.expand(LANES, 4, 2)
+
+
+def fragment_bits(x: torch.Tensor) -> list[torch.Tensor]:
+    """The kernel's decode of 4-byte words x (int64): the bf16x2 bit patterns of a0..a3, the
+    codes at bf16 bits 15 and 8..6 (e2m1 * 2^-126 read as bf16)."""
+    return [((x & 0x40074007) * 0x42) & BF16_CODE_MASK,       # sign << 1, magnitude << 6
+            (x << 3) & BF16_CODE_MASK,
+            x & BF16_CODE_MASK,
+            (((x >> 3) & 0x05C005C0) * 0x21) & BF16_CODE_MASK]  # sign << 5, magnitude
 
 
 def mma_layout(codes: torch.Tensor, scale_bytes: torch.Tensor, fmt: str):
     """FP4 codes [N, K] (one per uint8) and block-scale bytes [N, K/S] (e5m3 nvfp4, e8m0 mxfp4)
-    -> the kernel's operands: codes [T, G, 32, 16] uint8 (lane's 16 bytes = four words, word q
-    the A fragment of k16 step q) and scales [T, G, 8, SCALE_BYTES] uint8 (for row pair g, g+8:
-    byte 2j the scale of row g's block j, 2j+1 row g+8's)."""
+    -> the kernel's operands: codes [T, G, 32, 16] uint8 (lane's 16 bytes = four little-endian
+    words, word q the A fragment of k16 step q, bits placed by MAGNITUDE_AT and SIGN_AT) and
+    scales [T, G, 8, SCALE_BYTES] uint8 (for row pair g, g+8: byte 2j the scale of row g's block
+    j, 2j+1 row g+8's)."""
     n, k = codes.shape
     tiles, groups = n // ROW_TILE, k // K_GROUP
-    row, col = _fragment_index(codes.device)                                  # [32, 4]
+    row, col = _fragment_index(codes.device)                                  # [32, 4r, 2h]
     steps = codes.reshape(tiles, ROW_TILE, groups, 4, 16).permute(0, 2, 3, 1, 4)  # [T, G, 4q, 16r, 16k]
-    low = steps[:, :, :, row, col]                                            # [T, G, 4q, 32, 4b]
-    high = steps[:, :, :, row, col + 8]
-    words = (low | (high << 4)).permute(0, 1, 3, 2, 4)                        # [T, G, 32, 4q, 4b]
+    fragment = steps[:, :, :, row, col].to(torch.int64)                      # [T, G, 4q, 32, 4r, 2h]
+    half = 16 * torch.arange(2, device=codes.device)
+    magnitude_at = torch.tensor(MAGNITUDE_AT, device=codes.device)[:, None] + half  # [4r, 2h]
+    sign_at = torch.tensor(SIGN_AT, device=codes.device)[:, None] + half
+    words = ((fragment & 7) << magnitude_at) | ((fragment >> 3) << sign_at)
+    words = words.sum(dim=(-2, -1)).permute(0, 1, 3, 2)                       # [T, G, 32, 4q] (disjoint bits)
+    word_bytes = torch.stack([(words >> (8 * b)) & 0xFF for b in range(4)], dim=-1)  # [T, G, 32, 4q, 4]
     blocks = scale_bytes.shape[1] // groups                                    # 4 nvfp4, 2 mxfp4
     pairs = scale_bytes.reshape(tiles, 2, 8, groups, blocks).permute(0, 3, 2, 4, 1)  # [T, G, 8g, j, 2]
     if pairs[0, 0, 0].numel() != SCALE_BYTES[fmt]:
         raise ValueError(f"{fmt} scale bytes [N, K/S] give {pairs[0, 0, 0].numel()} bytes a row "
                          f"pair a k-group, the kernel reads {SCALE_BYTES[fmt]}")
-    return (words.reshape(tiles, groups, LANES, 16).contiguous(),
+    return (word_bytes.to(torch.uint8).reshape(tiles, groups, LANES, 16).contiguous(),
             pairs.reshape(tiles, groups, 8, SCALE_BYTES[fmt]).contiguous())
 
 
@@ -268,33 +296,41 @@ def _bf16_bits(bits: torch.Tensor) -> torch.Tensor:
     return (bits.to(torch.int32) << 16).view(torch.float32)
 
 
+def _words(weights: torch.Tensor) -> torch.Tensor:
+    """The laid-out codes [T, G, 32, 16] uint8 as the kernel reads them: [T, G, 32, 4q] words."""
+    x = weights.to(torch.int64).reshape(*weights.shape[:3], 4, 4)
+    return x[..., 0] | x[..., 1] << 8 | x[..., 2] << 16 | x[..., 3] << 24
+
+
+def _lane_scales(scales: torch.Tensor, fmt: str) -> torch.Tensor:
+    """float32 [T, G, 32, 4q, 2]: the block scales (times 2^100) a lane applies at each k16 step,
+    to its row g (last index 0) and row g+8 (1) fragments, decoded as the kernel does."""
+    tiles, groups = scales.shape[:2]
+    s = scales.to(torch.int64).reshape(tiles, groups, 8, -1, 2)               # [T, G, 8g, j, 2]
+    multiplier, offset = (16, 217 << 7) if fmt == "nvfp4" else (128, 100 << 7)
+    scale = _bf16_bits(s * multiplier + offset)                               # [T, G, 8, j, 2]
+    per_step = scale.repeat_interleave(4 // scale.shape[3], dim=3)            # [T, G, 8, 4q, 2]
+    return per_step.repeat_interleave(4, dim=2)                               # [T, G, 32, 4q, 2]
+
+
+def scaled_fragments(weights: torch.Tensor, scales: torch.Tensor, fmt: str) -> torch.Tensor:
+    """float32 [T, G, 32, 4q, 4r, 2h]: the value of each A register half the kernel multiplies
+    (decoded, times its block scale: exact, <= 6 significant bits, so each is a bf16)."""
+    bits = torch.stack(fragment_bits(_words(weights)), dim=-1)                # [T, G, 32, 4q, 4r]
+    halves = torch.stack([bits & 0xFFFF, bits >> 16], dim=-1)                 # [T, G, 32, 4q, 4r, 2h]
+    rows_half = torch.arange(4) % 2                                           # a1, a3: row g+8
+    return _bf16_bits(halves) * _lane_scales(scales, fmt)[..., rows_half, None]
+
+
 def emulate(weights: torch.Tensor, scales: torch.Tensor, fmt: str) -> torch.Tensor:
     """float32 [N, K]: the weights the kernel multiplies (decoded from the laid-out bytes with the
     kernel's integer operations, times its scales, times 2^26: `unbias` without the nvfp4
     global scale), back in [N, K] order."""
     tiles, groups = weights.shape[:2]
-    x = weights.to(torch.int64).reshape(tiles, groups, LANES, 4, 4)
-    x = x[..., 0] | x[..., 1] << 8 | x[..., 2] << 16 | x[..., 3] << 24       # [T, G, 32, 4q] words
-    y = x >> 8
-    fragments = [((x & 0x000F000F) * 0x1040) & 0x81C081C0,                   # a0 (g, 2t..)
-                 ((y & 0x000F000F) * 0x1040) & 0x81C081C0,                   # a1 (g+8, 2t..)
-                 ((x & 0x00F000F0) * 0x104) & 0x81C081C0,                    # a2 (g, 2t+8..)
-                 ((y & 0x00F000F0) * 0x104) & 0x81C081C0]                    # a3 (g+8, 2t+8..)
-    s = scales.to(torch.int64).reshape(tiles, groups, 8, -1, 2)               # [T, G, 8g, j, 2]
-    multiplier, offset = (16, 217 << 7) if fmt == "nvfp4" else (128, 100 << 7)
-    scale = _bf16_bits(s * multiplier + offset)                               # [T, G, 8, j, 2]
-    per_step = scale.repeat_interleave(4 // scale.shape[3], dim=3)            # [T, G, 8, 4q, 2]
-    per_lane = per_step.repeat_interleave(4, dim=2)                           # [T, G, 32, 4q, 2]
+    values = scaled_fragments(weights, scales, fmt).permute(0, 1, 3, 2, 4, 5)  # [T, G, 4q, 32, 4r, 2h]
     out = torch.zeros(tiles, groups, 4, ROW_TILE, 16)                         # [T, G, 4q, 16r, 16k]
     row, col = _fragment_index()
-    for register, bits in enumerate(fragments):
-        rows_half = register % 2                                              # a1, a3: row g+8
-        for lane_half in range(2):                                            # bf16 lane 0, 1
-            value = _bf16_bits((bits >> (16 * lane_half)) & 0xFFFF)           # [T, G, 32, 4q]
-            value = value * per_lane[..., rows_half]                          # exact: <= 6 bits
-            byte = 2 * lane_half + rows_half                                  # which byte it came from
-            k = col[:, byte] + 8 * (register // 2)
-            out[:, :, :, row[:, byte], k] = value.permute(0, 1, 3, 2)
+    out[:, :, :, row, col] = values
     n, k_total = tiles * ROW_TILE, groups * K_GROUP
     return out.permute(0, 3, 1, 2, 4).reshape(n, k_total) * WEIGHT_BIAS
 
@@ -302,12 +338,13 @@ def emulate(weights: torch.Tensor, scales: torch.Tensor, fmt: str) -> torch.Tens
 # --- the backend ---------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
-def compiled(config: CudaTileConfig, fmt: str, tiles: int, capability: tuple[int, int]):
-    """The kernel built for one configuration (NVRTC, once per process)."""
+def compiled(config: CudaTileConfig, fmt: str, tiles: int, capability: tuple[int, int],
+             stage: str = "full"):
+    """The kernel built for one configuration and anatomy stage (NVRTC, once per process)."""
     options = [f"-DGROUPS={config.groups}", f"-DDEPTH={config.depth}", f"-DWARPS={config.warps}",
                f"-DKWARPS={config.kwarps}", f"-DNTILES={tiles}",
                f"-DNVFP4={int(fmt == 'nvfp4')}", f"-DOVERLAP_ALL={int(config.overlap == 'all')}",
-               f"-DMIN_CTAS={config.min_ctas or 0}",
+               f"-DMIN_CTAS={config.min_ctas or 0}", f"-DSTAGE={list(ANATOMY_STAGES).index(stage)}",
                "-std=c++17"]
     return torch.cuda._compile_kernel(KERNEL_SOURCE.read_text(), KERNEL_NAME,
                                       compute_capability=f"{capability[0]}{capability[1]}",
@@ -335,42 +372,145 @@ class CudaW4A16(Backend):
         return point_reason(m, n, k)
 
     def prepare(self, a, w, device, config: CudaTileConfig | None = None):
-        self.check_inputs(a, w)
-        device = resolve_device(device)
-        (m, k), n = a.shape, w.shape[0]
-        reason = point_reason(m, n, k)
-        if reason is None and device == "cpu":
-            reason = "runs only on a CUDA GPU; the CPU was asked for"
-        if reason:
-            raise ValueError(f"{self.name}: {reason}")
-        from fp4lab import formats
+        return _prepare(self, a, w, device, config, "full")
 
-        config = config or choose_config(m, n, k, w.fmt, sm_count(device))
-        if config.reason(m, n, k):
-            raise ValueError(f"{self.name} {config.label()}: {config.reason(m, n, k)}")
-        check_scale_range(w)
-        w = w.to(device)
-        weights, scales = mma_layout(formats.unpack_nibbles(w.packed), kernel_scale_bytes(w), w.fmt)
-        unbias = torch.full((1,), WEIGHT_BIAS, dtype=torch.float32, device=device)
-        if w.global_scale is not None:
-            unbias /= w.global_scale.float().reshape(-1)[0]
-        kernel = compiled(config, w.fmt, n_tiles(m), torch.cuda.get_device_capability(device))
-        a_bf16 = a.to(device=device, dtype=torch.bfloat16).contiguous()            # [M, K]
-        out = torch.empty(m, n, dtype=torch.bfloat16, device=device)               # [M, N]
-        workspace = torch.zeros(m, n, dtype=torch.float32, device=device)          # [M, N]
-        counts = torch.zeros(config.grid(n, k)[0], dtype=torch.int32, device=device)
-        grid, block = config.grid(n, k), (config.threads, 1, 1)
-        shared = config.shared_bytes(m)
 
-        launch = kernel if config.overlap == "off" else functools.partial(launch_dependent, kernel)
+def _prepare(backend: CudaW4A16, a, w, device, config: CudaTileConfig | None, stage: str) -> Prepared:
+    """The kernel at a [M, K] x w [N, K] built for `stage`: "full" returns out [M, N] bf16;
+    "load" and "decode" their sums, [warps of the grid] int32; "mma" each split's partial tile,
+    [splits, M, N] float32."""
+    from fp4lab import formats
 
-        def gemm(a_arg, weights_arg, scales_arg, unbias_arg, out_arg):
-            launch(grid=grid, block=block, shared_mem=shared,
-                   args=[weights_arg, scales_arg, a_arg, unbias_arg, out_arg, workspace, counts,
-                         m, n, k, grid[1]])
-            return out_arg
+    backend.check_inputs(a, w)
+    device = resolve_device(device)
+    (m, k), n = a.shape, w.shape[0]
+    reason = point_reason(m, n, k)
+    if reason is None and device == "cpu":
+        reason = "runs only on a CUDA GPU; the CPU was asked for"
+    if reason:
+        raise ValueError(f"{backend.name}: {reason}")
+    config = config or choose_config(m, n, k, w.fmt, sm_count(device))
+    if config.reason(m, n, k):
+        raise ValueError(f"{backend.name} {config.label()}: {config.reason(m, n, k)}")
+    check_scale_range(w)
+    w = w.to(device)
+    weights, scales = mma_layout(formats.unpack_nibbles(w.packed), kernel_scale_bytes(w), w.fmt)
+    unbias = torch.full((1,), WEIGHT_BIAS, dtype=torch.float32, device=device)
+    if w.global_scale is not None:
+        unbias /= w.global_scale.float().reshape(-1)[0]
+    kernel = compiled(config, w.fmt, n_tiles(m), torch.cuda.get_device_capability(device), stage)
+    a_bf16 = a.to(device=device, dtype=torch.bfloat16).contiguous()                # [M, K]
+    grid, block = config.grid(n, k), (config.threads, 1, 1)
+    out = {"full": lambda: torch.empty(m, n, dtype=torch.bfloat16, device=device),  # [M, N]
+           "mma": lambda: torch.empty(grid[1], m, n, dtype=torch.float32, device=device),
+           }.get(stage, lambda: torch.empty(grid[0] * grid[1] * config.warps, dtype=torch.int32,
+                                            device=device))()
+    # the full kernel's split-K sums ([M, N], zero between calls) and per column counters; the
+    # stages write `out` where the full kernel adds into the workspace, and leave `out_ws` unused
+    workspace = torch.zeros(m, n, dtype=torch.float32, device=device)
+    counts = torch.zeros(grid[0], dtype=torch.int32, device=device)
+    unused = torch.empty(0, dtype=torch.bfloat16, device=device)
+    shared = config.shared_bytes(m)
+    launch = kernel if config.overlap == "off" else functools.partial(launch_dependent, kernel)
 
-        return prepared_from(gemm, (a_bf16, weights, scales, unbias), out,
-                             ref_a=a_bf16.float(), ref_w=formats.dequantize(w).float(),
-                             info={"config": config.label(), "launch": config.launch,
-                                   **function_attributes(kernel)})
+    def gemm(a_arg, weights_arg, scales_arg, unbias_arg, out_arg):
+        result, sums = (out_arg, workspace) if stage == "full" else (unused, out_arg)
+        launch(grid=grid, block=block, shared_mem=shared,
+               args=[weights_arg, scales_arg, a_arg, unbias_arg, result, sums, counts,
+                     m, n, k, grid[1]])
+        return out_arg
+
+    return prepared_from(gemm, (a_bf16, weights, scales, unbias), out,
+                         ref_a=a_bf16.float(), ref_w=formats.dequantize(w).float(),
+                         info={"config": config.label(), "launch": config.launch, "stage": stage,
+                               **function_attributes(kernel)})
+
+
+# --- kernel anatomy ------------------------------------------------------------------------------
+
+ANATOMY_STAGES = {
+    "full": "the GEMM",
+    "load": "loads only: codes and scales read (summed as integers, a checksum), activations "
+            "staged and read by ldmatrix, no decode, no MMA",
+    "decode": "loads and decode, no MMA: the decoded, scaled A fragments summed as integers",
+    "mma": "the GEMM without its split-K reduction: each split's partial tile stored, not added",
+}
+
+
+def anatomy_variants(a, w, device, config: CudaTileConfig | None = None,
+                     stages=("load", "decode", "mma", "full")) -> list[AnatomyVariant]:
+    """The kernel at a [M, K] x w [N, K] with `config` (default: the preset), once per stage, each
+    with its check: "full" the GEMM gate; "mma" the gate on its partial tiles added up; "load" and
+    "decode" their integer sums exact (the model: the laid-out bytes, `scaled_fragments`)."""
+    backend = CudaW4A16()
+    (m, k), n = a.shape, w.shape[0]
+    config = config or choose_config(m, n, k, w.fmt, sm_count(resolve_device(device)))
+    variants = []
+    for stage in stages:
+        if stage not in ANATOMY_STAGES:
+            raise ValueError(f"anatomy stage {stage!r} of cuda-w4a16: use one of "
+                             f"{list(ANATOMY_STAGES)}")
+        prepared = _prepare(backend, a, w, device, config, stage)
+        variants.append(AnatomyVariant(stage, ANATOMY_STAGES[stage], prepared, w.nbytes,
+                                       _stage_check(stage, prepared, w.fmt, config)))
+    return variants
+
+
+def _stage_check(stage: str, prepared: Prepared, fmt: str,
+                 config: CudaTileConfig) -> Callable[[], correctness.GateResult]:
+    tolerance = correctness.TOLERANCE[fmt]
+    if stage == "full":
+        return lambda: correctness.check_backend(prepared, tolerance)
+    if stage == "mma":
+        return lambda: _check_partials(prepared, tolerance)
+    return lambda: _check_sums(prepared, stage, fmt, config)
+
+
+def _check_partials(prepared: Prepared, tolerance: float) -> correctness.GateResult:
+    partials = _run(prepared)                                                  # [splits, M, N]
+    reference = correctness.reference_gemm(prepared.ref_a, prepared.ref_w)
+    return correctness.compare(partials.double().sum(dim=0).cpu(), reference,
+                               torch.linalg.vector_norm(reference).item(), tolerance)
+
+
+def expected_sums(weights: torch.Tensor, scales: torch.Tensor, fmt: str, stage: str,
+                  config: CudaTileConfig) -> torch.Tensor:
+    """int32 [warps of the grid]: what stage "load" or "decode" stores, one wrapping sum a warp,
+    from the laid-out bytes; warps in the kernel's order (split, CTA column, team, slice), a
+    warp's k-groups (split * kwarps + slice) * groups onwards of its team's row tile."""
+    tiles, groups = weights.shape[:2]
+    if stage == "load":                   # the codes' words; the 4 lanes t of g read one scale
+        per = _words(weights).sum(dim=(2, 3)) + 4 * _words_of(scales).sum(dim=(2, 3))  # [T, G]
+    else:                                 # the bf16x2 bit patterns of the scaled A registers
+        values = scaled_fragments(weights, scales, fmt).to(torch.bfloat16)      # exact
+        bits = values.view(torch.int16).to(torch.int64) & 0xFFFF                # [T, G, 32, 4q, 4r, 2h]
+        per = (bits[..., 0] + (bits[..., 1] << 16)).sum(dim=(2, 3, 4))           # [T, G]
+    splits = groups // (config.groups * config.kwarps)
+    per = per.reshape(tiles // config.tiles, config.tiles, splits, config.kwarps, config.groups)
+    total = per.sum(dim=-1).permute(2, 0, 1, 3).reshape(-1) & 0xFFFFFFFF        # [split, col, team, slice]
+    return torch.where(total >= 2**31, total - 2**32, total).to(torch.int32)
+
+
+def _check_sums(prepared: Prepared, stage: str, fmt: str, config: CudaTileConfig) -> correctness.GateResult:
+    _, weights, scales, _ = prepared.args
+    result = _run(prepared).cpu()
+    expected = expected_sums(weights.cpu(), scales.cpu(), fmt, stage, config)
+    wrong = int((result != expected).sum())
+    if wrong:
+        return correctness.GateResult("wrong_result", math.nan,
+                                      f"{stage} sums: {wrong} of {expected.numel()} warps differ")
+    return correctness.GateResult("ok", 0.0, f"{stage} sums exact (int32, one a warp, "
+                                             f"{expected.numel()} warps)")
+
+
+def _run(prepared: Prepared) -> torch.Tensor:
+    correctness.poison(prepared.out)
+    result = prepared.call()
+    torch.cuda.synchronize(result.device)
+    return result
+
+
+def _words_of(scales: torch.Tensor) -> torch.Tensor:
+    """Scale bytes [T, G, 8, B] as the kernel adds them: [T, G, 8, B/4] little-endian words."""
+    x = scales.to(torch.int64).reshape(*scales.shape[:3], -1, 4)
+    return x[..., 0] | x[..., 1] << 8 | x[..., 2] << 16 | x[..., 3] << 24

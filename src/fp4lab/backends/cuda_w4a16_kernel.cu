@@ -54,6 +54,19 @@
                                      // conflict-free ldmatrix
 #define SCALE_BYTES (NVFP4 ? 8 : 4)  // scale bytes per (row pair g, g+8) per k-group
 
+// STAGE (the anatomy's variants, fp4lab.backends.cuda_w4a16.ANATOMY_STAGES): the full GEMM; loads
+// only (codes, scales, activations staged and read by ldmatrix; the codes and scales summed); loads
+// and decode without MMA (the decoded, scaled A fragments summed); the GEMM without the split-K
+// reduction (each split's partial tile stored to its own slice of the workspace). The sums are
+// wrapping 32-bit, one per warp, stored to the workspace: the host checks them exactly.
+#define STAGE_FULL 0
+#define STAGE_LOAD 1
+#define STAGE_DECODE 2
+#define STAGE_MMA 3
+#ifndef STAGE
+#define STAGE STAGE_FULL
+#endif
+
 typedef unsigned int u32;
 struct __align__(16) u32x4 { u32 x, y, z, w; };   // NVRTC has no headers: our own vector type
 
@@ -244,19 +257,31 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
         for (int nt = 0; nt < NTILES; ++nt)
             acc[c][nt][0] = acc[c][nt][1] = acc[c][nt][2] = acc[c][nt][3] = 0.f;
 
+    u32 sink = 0;                                        // STAGE_LOAD, STAGE_DECODE: the sum
 #pragma unroll
     for (int j = 0; j < GROUPS; ++j) {
         if (j + DEPTH < GROUPS) ISSUE(j + DEPTH);        // keeps DEPTH groups in flight
+#if STAGE == STAGE_LOAD
+#pragma unroll
+        for (int i = 0; i < SCALE_BYTES / 4; ++i) sink += scales[j].word[i];
+#endif
         const u32 words[4] = {codes[j].x, codes[j].y, codes[j].z, codes[j].w};
         u32 b[4];                                        // the B fragments ldmatrix gave
 #pragma unroll
         for (int q = 0; q < 4; ++q) {                    // one k16 MMA step
-            const u32 x = words[q], y = x >> 8;
-            // A fragment: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
-            u32 a0 = ((x & 0x000F000Fu) * 0x1040u) & 0x81C081C0u;
-            u32 a2 = ((x & 0x00F000F0u) * 0x104u) & 0x81C081C0u;
-            u32 a1 = ((y & 0x000F000Fu) * 0x1040u) & 0x81C081C0u;
-            u32 a3 = ((y & 0x00F000F0u) * 0x104u) & 0x81C081C0u;
+            const u32 x = words[q];
+#if STAGE == STAGE_LOAD
+            sink += x;
+            if (q % 2 == 0 || NTILES == 2) ldmatrix4(b_base + (j * 64 + q * 16) * 2, b);
+            continue;
+#endif
+            // A fragment: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..),
+            // each bf16 half's code bits placed by the layout where these ops take them from
+            // (mma_layout's DECODE_BITS): 10 integer instructions for the 8 codes
+            u32 a0 = ((x & 0x40074007u) * 0x42u) & 0x81C081C0u;   // sign << 1, magnitude << 6
+            u32 a1 = (x << 3) & 0x81C081C0u;
+            u32 a2 = x & 0x81C081C0u;
+            u32 a3 = (((x >> 3) & 0x05C005C0u) * 0x21u) & 0x81C081C0u;  // sign << 5, magnitude
 #if NVFP4                                                // a 16-k block per MMA
             const u32 sc = scale_pair(scales[j].word[q >> 1], q & 1);
 #else                                                    // a 32-k block per two MMAs
@@ -267,7 +292,10 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
             a1 = scaled_hi(a1, sc);
             a3 = scaled_hi(a3, sc);
             const unsigned k_bytes = (j * 64 + q * 16) * 2;  // the step's k within the split
-#if NTILES == 1
+#if STAGE == STAGE_DECODE
+            sink += a0 + a1 + a2 + a3;
+            if (q % 2 == 0 || NTILES == 2) ldmatrix4(b_base + k_bytes, b);
+#elif NTILES == 1
             if (q % 2 == 0) ldmatrix4(b_base + k_bytes, b);
             mma(acc[q & 1][0], a0, a1, a2, a3, b[2 * (q % 2)], b[2 * (q % 2) + 1]);
 #else
@@ -280,6 +308,13 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
 #undef ISSUE
 #if !OVERLAP_ALL
     let_next_kernel_launch();
+#endif
+#if STAGE == STAGE_LOAD || STAGE == STAGE_DECODE
+    u32 warp_sum;
+    asm volatile("redux.sync.add.u32 %0, %1, 0xffffffff;" : "=r"(warp_sum) : "r"(sink));
+    if (lane == 0)
+        reinterpret_cast<u32*>(ws)[(blockIdx.y * gridDim.x + blockIdx.x) * WARPS + warp] = warp_sum;
+    return;
 #endif
 
 #pragma unroll
@@ -311,6 +346,15 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     float* ws_tile = ws + n0;
 #define OFFSET(nt, e) ((nt * 8 + 2 * t + (e & 1)) * (unsigned)N + 8 * (e >> 1))
 #define IN_M(nt, e) (nt * 8 + 2 * t + (e & 1) < (unsigned)M)
+#if STAGE == STAGE_MMA                                   // the split's own [M, N] slice
+    if (slice == 0)
+#pragma unroll
+        for (int nt = 0; nt < NTILES; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (IN_M(nt, e)) ws_tile[split * (unsigned)(M * N) + OFFSET(nt, e)] = acc[0][nt][e] * factor;
+    return;
+#endif
     if (splits == 1) {
         if (slice == 0)
 #pragma unroll
