@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                 for m in M_VALUES:
                     point = tune.Point(fmt, n, k, m)
                     a, w = tune.operands(point, device, weights)
-                    pick = choose_config(m, n, k, fmt)
+                    pick = choose_config(m, n, k)
                     variants = [(c.label(), "cuda-w4a16", lambda c=c: cuda_row(c, point, a, w, device, timer),
                                  c) for c in GRID]
                     variants += [(name, name, lambda name=name: peer_row(name, point, a, w, device, timer),

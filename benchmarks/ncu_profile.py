@@ -148,7 +148,7 @@ def cuda_plan(builds: list[CudaTileConfig]) -> list[dict]:
     """`launch_plan` for --cuda: cuda-w4a16 at the dense points' M, per build."""
     n, k = dense_shape(False)
     return [{"launch": f"cuda-w4a16 {n}x{k} M={m}",
-             "kernel": (build or cuda_choose(m, n, k, "nvfp4")).label(), "weights": n * k}
+             "kernel": (build or cuda_choose(m, n, k)).label(), "weights": n * k}
             for m, build in cuda_points(builds)]
 
 

@@ -5,8 +5,9 @@ calls 37-39: ~4 instructions per weight, a third of them Triton's code around th
 backend is the hand-written answer: `cuda_w4a16_kernel.cu`, compiled at prepare with NVRTC
 (`torch.cuda._compile_kernel`: no nvcc, no build system), reads codes that prepare laid out once in
 the order of mma.sync's A fragments (`mma_layout`), 16 bytes a lane a k-group straight into
-registers, and decodes each 4-byte word (one MMA's operand) in 13 integer instructions plus 4 bf16x2
-scale multiplies. See the kernel file's header for the rest.
+registers, and decodes each 4-byte word (one MMA's operand) in 10 integer instructions plus 4 bf16x2
+scale multiplies. See the kernel file's header for the rest. `anatomy_variants` builds it with
+stages left out (loads only, decode without MMA, no split-K reduction), each with its own check.
 
 Shape legend: `M` activation rows (<= 16), `N` weight rows (a multiple of 16), `K` reduction (a
 multiple of 64), `T` = N/16 row tiles, `G` = K/64 k-groups, `S` the scale block (16 nvfp4, 32
@@ -177,20 +178,18 @@ def point_reason(m: int, n: int, k: int) -> str | None:
 
 @dataclass(frozen=True)
 class Preset:
-    """A build for the points with M <= max_m and K <= max_k (None: any K) in format `fmt` (None:
-    either), and, with `one_cta_per_sm`, only where its grid has at least as many CTAs as the GPU
-    has SMs."""
+    """A build for the points with M <= max_m and K <= max_k (None: any K), and, with
+    `one_cta_per_sm`, only where its grid has at least as many CTAs as the GPU has SMs."""
 
     max_m: int
     max_k: int | None
     config: CudaTileConfig
     one_cta_per_sm: bool = False
-    fmt: str | None = None
 
-    def holds(self, m: int, n: int, k: int, fmt: str, sms: int) -> bool:
+    def holds(self, m: int, n: int, k: int, sms: int) -> bool:
         columns, splits, _ = self.config.grid(n, k)
         return (m <= self.max_m and (self.max_k is None or k <= self.max_k)
-                and self.fmt in (None, fmt) and self.config.reason(m, n, k) is None
+                and self.config.reason(m, n, k) is None
                 and (not self.one_cta_per_sm or columns * splits >= sms))
 
 
@@ -199,9 +198,11 @@ class Preset:
 # overlaps at M = 1, 4, 16 on 8192x8192, 4096x6144 and 6144x2048, both formats:
 #   - short K (2048): a team of 4 warps splits each tile's k, a CTA covers all of K (no split-K),
 #     with the registers `min_ctas=1` allows (85 NVFP4, 64 MXFP4, against ~52 by ptxas' choice:
-#     3-9% faster); the next call may launch as the CTAs start ("all") in NVFP4 (4.14 us at M=1,
-#     against 4.67 after the math), only after the math ("tail") in MXFP4 ("all" 28% slower there,
-#     not understood); at M = 16 the team's staged activations do not fit: 16 tiles a CTA;
+#     3-9% faster); the next call may launch as the CTAs start ("all": NVFP4 4.14 us at M=1 against
+#     4.67 after the math; in MXFP4 "all" was 28% slower with the 13-instruction decode, and is 14%
+#     faster with the 10-instruction one, 3.68 against 4.26: the probe of 2026-12-03, call 60,
+#     results/measurements/20261203T0925Z-h200-cuda-probe); at M = 16 the team's staged
+#     activations do not fit: 16 tiles a CTA;
 #   - otherwise 16 tiles a CTA (the activations staged once for all 16), 16 k-groups a warp where
 #     that still gives a CTA per SM (8192x8192: 256 CTAs), else 8 (4096x6144: 192 CTAs);
 #   - `min_ctas=2` (61-64 registers, still two 16-warp CTAs an SM) 1-5% faster than ptxas' ~52
@@ -209,9 +210,7 @@ class Preset:
 #   - programmatic dependent launch everywhere: "all" where 16-warp CTAs fill the GPU at M <= 8,
 #     "tail" at M = 16 and for short K (call 53: "all" up to 48% slower on small grids or CTAs).
 PRESETS = (Preset(8, 2048, CudaTileConfig(groups=8, depth=4, warps=8, kwarps=4, min_ctas=1,
-                                          overlap="all"), fmt="nvfp4"),
-           Preset(8, 2048, CudaTileConfig(groups=8, depth=4, warps=8, kwarps=4, min_ctas=1,
-                                          overlap="tail")),
+                                          overlap="all")),
            Preset(16, 2048, CudaTileConfig(groups=8, depth=4, warps=16, min_ctas=2, overlap="tail")),
            Preset(8, None, CudaTileConfig(groups=16, depth=4, warps=16, min_ctas=2, overlap="all"),
                   one_cta_per_sm=True),
@@ -220,12 +219,12 @@ PRESETS = (Preset(8, 2048, CudaTileConfig(groups=8, depth=4, warps=8, kwarps=4, 
            Preset(16, None, CudaTileConfig(groups=8, depth=4, warps=16, min_ctas=2, overlap="all")))
 
 
-def choose_config(m: int, n: int, k: int, fmt: str, sms: int = 132) -> CudaTileConfig:
-    """The preset build of an M x N x K point in `fmt` on a GPU of `sms` SMs (the H200's 132 by
+def choose_config(m: int, n: int, k: int, sms: int = 132) -> CudaTileConfig:
+    """The preset build of an M x N x K point (either format) on a GPU of `sms` SMs (the H200's 132 by
     default): the first of PRESETS that holds; else one warp a tile and the most k-groups (up to
     4) that divide K/64, launched plainly, which runs any point point_reason admits."""
     for preset in PRESETS:
-        if preset.holds(m, n, k, fmt, sms):
+        if preset.holds(m, n, k, sms):
             return preset.config
     groups = max(g for g in GROUP_CHOICES if g <= 4 and (k // K_GROUP) % g == 0)
     return CudaTileConfig(groups=groups, warps=1)
@@ -389,7 +388,7 @@ def _prepare(backend: CudaW4A16, a, w, device, config: CudaTileConfig | None, st
         reason = "runs only on a CUDA GPU; the CPU was asked for"
     if reason:
         raise ValueError(f"{backend.name}: {reason}")
-    config = config or choose_config(m, n, k, w.fmt, sm_count(device))
+    config = config or choose_config(m, n, k, sm_count(device))
     if config.reason(m, n, k):
         raise ValueError(f"{backend.name} {config.label()}: {config.reason(m, n, k)}")
     check_scale_range(w)
@@ -444,7 +443,7 @@ def anatomy_variants(a, w, device, config: CudaTileConfig | None = None,
     "decode" their integer sums exact (the model: the laid-out bytes, `scaled_fragments`)."""
     backend = CudaW4A16()
     (m, k), n = a.shape, w.shape[0]
-    config = config or choose_config(m, n, k, w.fmt, sm_count(resolve_device(device)))
+    config = config or choose_config(m, n, k, sm_count(resolve_device(device)))
     variants = []
     for stage in stages:
         if stage not in ANATOMY_STAGES:
