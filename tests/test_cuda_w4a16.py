@@ -205,15 +205,19 @@ GPU_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=2), cuda.CudaTileConfig(group
                cuda.CudaTileConfig(groups=8, warps=8, depth=4, min_ctas=8, overlap="all")]   # 32 registers
 
 
+def seeded_operands(fmt: str, m: int, n: int, k: int):
+    """Activations [M, K] bf16 and FP4 weights [N, K] of unit-scale products, seeded by M."""
+    gen = torch.Generator().manual_seed(m)
+    w = formats.quantize(torch.randn(n, k, generator=gen) * k ** -0.5, fmt)
+    return torch.randn(m, k, generator=gen).bfloat16(), w
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
 @pytest.mark.parametrize("config", GPU_CONFIGS, ids=lambda c: c.label())
 def test_kernel_passes_the_gate(fmt, m, config):
-    n, k = 128, 1024
-    gen = torch.Generator().manual_seed(m)
-    w = formats.quantize(torch.randn(n, k, generator=gen) * k ** -0.5, fmt)
-    a = torch.randn(m, k, generator=gen).bfloat16()
+    a, w = seeded_operands(fmt, m, 128, 1024)
     prepared = get("cuda-w4a16").prepare(a, w, "cuda", config=config)
     gate = correctness.check_backend(prepared, correctness.TOLERANCE[fmt])
     assert gate.ok, gate.message
@@ -295,10 +299,7 @@ ANATOMY_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=4, depth=1),             
 @pytest.mark.parametrize("m", [1, 16])
 @pytest.mark.parametrize("config", ANATOMY_CONFIGS, ids=lambda c: c.label())
 def test_every_anatomy_stage_passes_its_own_check(fmt, m, config):
-    n, k = 256, 2048
-    gen = torch.Generator().manual_seed(m)
-    w = formats.quantize(torch.randn(n, k, generator=gen) * k ** -0.5, fmt)
-    a = torch.randn(m, k, generator=gen).bfloat16()
+    a, w = seeded_operands(fmt, m, 256, 2048)
     variants = cuda.anatomy_variants(a, w, "cuda", config=config)
     assert [v.stage for v in variants] == ["load", "decode", "mma", "full"]
     for variant in variants:
