@@ -427,7 +427,7 @@ def _prepare(backend: CudaW4A16, a, w, device, config: CudaTileConfig | None, st
 
 # --- kernel anatomy ------------------------------------------------------------------------------
 
-ANATOMY_STAGES = {
+ANATOMY_STAGES = {                 # in the kernel's STAGE order: -DSTAGE is a stage's index here
     "full": "the GEMM",
     "load": "loads only: codes and scales read (summed as integers, a checksum), activations "
             "staged and read by ldmatrix, no decode, no MMA",

@@ -55,7 +55,7 @@
                                      // conflict-free ldmatrix
 #define SCALE_BYTES (NVFP4 ? 8 : 4)  // scale bytes per (row pair g, g+8) per k-group
 
-// STAGE (the anatomy's variants, fp4lab.backends.cuda_w4a16.ANATOMY_STAGES): the full GEMM; loads
+// STAGE (the anatomy's variants, numbered in the order of cuda_w4a16.ANATOMY_STAGES): the GEMM; loads
 // only (codes, scales, activations staged and read by ldmatrix; the codes and scales summed); loads
 // and decode without MMA (the decoded, scaled A fragments summed); the GEMM without the split-K
 // reduction (each split's partial tile stored to its own slice of the workspace). The sums are
@@ -278,7 +278,7 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
 #endif
             // A fragment: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..),
             // each bf16 half's code bits placed by the layout where these ops take them from
-            // (mma_layout's DECODE_BITS): 10 integer instructions for the 8 codes
+            // (mma_layout's MAGNITUDE_AT, SIGN_AT): 10 integer instructions for the 8 codes
             u32 a0 = ((x & 0x40074007u) * 0x42u) & 0x81C081C0u;   // sign << 1, magnitude << 6
             u32 a1 = (x << 3) & 0x81C081C0u;
             u32 a2 = x & 0x81C081C0u;
