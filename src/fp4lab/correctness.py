@@ -99,6 +99,26 @@ def poison_survived(out: torch.Tensor) -> torch.Tensor:
     return out == torch.iinfo(out.dtype).min
 
 
+def run_poisoned(prepared) -> torch.Tensor:
+    """Poison `prepared.out` (when it has one), run `prepared.call()` once and synchronize: the
+    result a check reads."""
+    if prepared.out is not None:
+        poison(prepared.out)
+    result = prepared.call()
+    if result.is_cuda:
+        torch.cuda.synchronize(result.device)
+    return result
+
+
+def exact(result: torch.Tensor, expected: torch.Tensor, check: str, units: str,
+          what: str) -> GateResult:
+    """An integer check that must match to the last bit: "ok", or how many `units` differ."""
+    wrong = int((result != expected).sum())
+    if wrong:
+        return GateResult("wrong_result", math.nan, f"{check}: {wrong} of {expected.numel()} {units} differ")
+    return GateResult("ok", 0.0, f"{check} exact ({what})")
+
+
 def check_backend(prepared, tolerance: float) -> GateResult:
     """Poison `prepared.out`, run `prepared.call()` once, synchronize, compare with float64.
 
@@ -112,12 +132,7 @@ def check_backend(prepared, tolerance: float) -> GateResult:
     if reference_norm == 0.0:
         raise ValueError("the reference output is all zeros (ref_a or ref_w is zero): the gate "
                          "needs non-zero operands to tell a working kernel from a broken one")
-    if prepared.out is not None:
-        poison(prepared.out)
-    result = prepared.call()
-    if result.is_cuda:
-        torch.cuda.synchronize(result.device)
-    return compare(result, reference, reference_norm, tolerance)
+    return compare(run_poisoned(prepared), reference, reference_norm, tolerance)
 
 
 def compare(result: torch.Tensor, reference: torch.Tensor, reference_norm: float,

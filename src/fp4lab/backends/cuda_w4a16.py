@@ -21,7 +21,6 @@ decode on the CPU, and the correctness gate proves the kernel on the GPU before 
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -295,9 +294,10 @@ def _bf16_bits(bits: torch.Tensor) -> torch.Tensor:
     return (bits.to(torch.int32) << 16).view(torch.float32)
 
 
-def _words(weights: torch.Tensor) -> torch.Tensor:
-    """The laid-out codes [T, G, 32, 16] uint8 as the kernel reads them: [T, G, 32, 4q] words."""
-    x = weights.to(torch.int64).reshape(*weights.shape[:3], 4, 4)
+def _words(laid_out: torch.Tensor) -> torch.Tensor:
+    """Laid-out bytes [..., B] uint8 as the kernel reads them: [..., B/4] little-endian words
+    (int64); the codes [T, G, 32, 16] give [T, G, 32, 4q], one a k16 step."""
+    x = laid_out.to(torch.int64).reshape(*laid_out.shape[:-1], -1, 4)
     return x[..., 0] | x[..., 1] << 8 | x[..., 2] << 16 | x[..., 3] << 24
 
 
@@ -400,12 +400,14 @@ def _prepare(backend: CudaW4A16, a, w, device, config: CudaTileConfig | None, st
     kernel = compiled(config, w.fmt, n_tiles(m), torch.cuda.get_device_capability(device), stage)
     a_bf16 = a.to(device=device, dtype=torch.bfloat16).contiguous()                # [M, K]
     grid, block = config.grid(n, k), (config.threads, 1, 1)
-    out = {"full": lambda: torch.empty(m, n, dtype=torch.bfloat16, device=device),  # [M, N]
-           "mma": lambda: torch.empty(grid[1], m, n, dtype=torch.float32, device=device),
-           }.get(stage, lambda: torch.empty(grid[0] * grid[1] * config.warps, dtype=torch.int32,
-                                            device=device))()
+    if stage == "full":
+        out = torch.empty(m, n, dtype=torch.bfloat16, device=device)                # [M, N]
+    elif stage == "mma":
+        out = torch.empty(grid[1], m, n, dtype=torch.float32, device=device)        # [splits, M, N]
+    else:
+        out = torch.empty(grid[0] * grid[1] * config.warps, dtype=torch.int32, device=device)
     # the full kernel's split-K sums ([M, N], zero between calls) and per column counters; the
-    # stages write `out` where the full kernel adds into the workspace, and leave `out_ws` unused
+    # stages write `out` where the full kernel adds into the workspace, and no output (`unused`)
     workspace = torch.zeros(m, n, dtype=torch.float32, device=device)
     counts = torch.zeros(grid[0], dtype=torch.int32, device=device)
     unused = torch.empty(0, dtype=torch.bfloat16, device=device)
@@ -466,7 +468,7 @@ def _stage_check(stage: str, prepared: Prepared, fmt: str,
 
 
 def _check_partials(prepared: Prepared, tolerance: float) -> correctness.GateResult:
-    partials = _run(prepared)                                                  # [splits, M, N]
+    partials = correctness.run_poisoned(prepared)                                                  # [splits, M, N]
     reference = correctness.reference_gemm(prepared.ref_a, prepared.ref_w)
     return correctness.compare(partials.double().sum(dim=0).cpu(), reference,
                                torch.linalg.vector_norm(reference).item(), tolerance)
@@ -479,7 +481,7 @@ def expected_sums(weights: torch.Tensor, scales: torch.Tensor, fmt: str, stage: 
     warp's k-groups (split * kwarps + slice) * groups onwards of its team's row tile."""
     tiles, groups = weights.shape[:2]
     if stage == "load":                   # the codes' words; the 4 lanes t of g read one scale
-        per = _words(weights).sum(dim=(2, 3)) + 4 * _words_of(scales).sum(dim=(2, 3))  # [T, G]
+        per = _words(weights).sum(dim=(2, 3)) + 4 * _words(scales).sum(dim=(2, 3))  # [T, G]
     else:                                 # the bf16x2 bit patterns of the scaled A registers
         values = scaled_fragments(weights, scales, fmt).to(torch.bfloat16)      # exact
         bits = values.view(torch.int16).to(torch.int64) & 0xFFFF                # [T, G, 32, 4q, 4r, 2h]
@@ -492,24 +494,7 @@ def expected_sums(weights: torch.Tensor, scales: torch.Tensor, fmt: str, stage: 
 
 def _check_sums(prepared: Prepared, stage: str, fmt: str, config: CudaTileConfig) -> correctness.GateResult:
     _, weights, scales, _ = prepared.args
-    result = _run(prepared).cpu()
+    result = correctness.run_poisoned(prepared).cpu()
     expected = expected_sums(weights.cpu(), scales.cpu(), fmt, stage, config)
-    wrong = int((result != expected).sum())
-    if wrong:
-        return correctness.GateResult("wrong_result", math.nan,
-                                      f"{stage} sums: {wrong} of {expected.numel()} warps differ")
-    return correctness.GateResult("ok", 0.0, f"{stage} sums exact (int32, one a warp, "
-                                             f"{expected.numel()} warps)")
-
-
-def _run(prepared: Prepared) -> torch.Tensor:
-    correctness.poison(prepared.out)
-    result = prepared.call()
-    torch.cuda.synchronize(result.device)
-    return result
-
-
-def _words_of(scales: torch.Tensor) -> torch.Tensor:
-    """Scale bytes [T, G, 8, B] as the kernel adds them: [T, G, 8, B/4] little-endian words."""
-    x = scales.to(torch.int64).reshape(*scales.shape[:3], -1, 4)
-    return x[..., 0] | x[..., 1] << 8 | x[..., 2] << 16 | x[..., 3] << 24
+    return correctness.exact(result, expected, f"{stage} sums", "warps",
+                             f"int32, one a warp, {expected.numel()} warps")

@@ -271,9 +271,10 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
 #pragma unroll
         for (int q = 0; q < 4; ++q) {                    // one k16 MMA step
             const u32 x = words[q];
+            const unsigned k_bytes = (j * 64 + q * 16) * 2;  // the step's k within the split
 #if STAGE == STAGE_LOAD
             sink += x;
-            if (q % 2 == 0 || NTILES == 2) ldmatrix4(b_base + (j * 64 + q * 16) * 2, b);
+            if (q % 2 == 0 || NTILES == 2) ldmatrix4(b_base + k_bytes, b);
             continue;
 #endif
             // A fragment: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..),
@@ -292,7 +293,6 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
             a2 = scaled_lo(a2, sc);
             a1 = scaled_hi(a1, sc);
             a3 = scaled_hi(a3, sc);
-            const unsigned k_bytes = (j * 64 + q * 16) * 2;  // the step's k within the split
 #if STAGE == STAGE_DECODE
             sink += a0 + a1 + a2 + a3;
             if (q % 2 == 0 || NTILES == 2) ldmatrix4(b_base + k_bytes, b);

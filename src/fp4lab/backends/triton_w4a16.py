@@ -487,17 +487,9 @@ def _check_stream(prepared: Prepared) -> correctness.GateResult:
     from fp4lab.backends import stream_kernel
 
     (words,) = prepared.args
-    result = _run(prepared).cpu()
-    return _exact(result, stream_kernel.expected_xor(words.cpu(), result.numel()),
+    result = correctness.run_poisoned(prepared).cpu()
+    return correctness.exact(result, stream_kernel.expected_xor(words.cpu(), result.numel()),
                   "stream XOR", "words", "every word read")
-
-
-def _run(prepared: Prepared) -> torch.Tensor:
-    correctness.poison(prepared.out)
-    result = prepared.call()
-    if result.is_cuda:
-        torch.cuda.synchronize(result.device)
-    return result
 
 
 def expected_checksum(a_bf16: torch.Tensor, packed: torch.Tensor,
@@ -516,23 +508,13 @@ def _check_checksum(prepared: Prepared, config: TileConfig) -> correctness.GateR
         n = prepared.out.shape[1]
         packed, scale_bytes = (untiled(packed, n, config.block_n),
                                untiled(scale_bytes, n, config.block_n))
-    result = _run(prepared).cpu()
-    return _exact(result, expected_checksum(a_bf16.cpu(), packed.cpu(), scale_bytes.cpu()),
+    result = correctness.run_poisoned(prepared).cpu()
+    return correctness.exact(result, expected_checksum(a_bf16.cpu(), packed.cpu(), scale_bytes.cpu()),
                   "load checksum", "sums", "int32 sums of every byte read")
 
 
-def _exact(result: torch.Tensor, expected: torch.Tensor, check: str, units: str,
-           what: str) -> correctness.GateResult:
-    """An integer check that must match to the last bit: "ok", or how many `units` differ."""
-    wrong = int((result != expected).sum())
-    if wrong:
-        return correctness.GateResult("wrong_result", math.nan,
-                                      f"{check}: {wrong} of {expected.numel()} {units} differ")
-    return correctness.GateResult("ok", 0.0, f"{check} exact ({what})")
-
-
 def _check_row_sums(prepared: Prepared) -> correctness.GateResult:
-    result = _run(prepared)
+    result = correctness.run_poisoned(prepared)
     reference = (prepared.ref_a.double().sum(dim=1)[:, None]
                  + prepared.ref_w.double().sum(dim=1)[None, :])                          # [M, N]
     return correctness.compare(result, reference, torch.linalg.vector_norm(reference).item(),

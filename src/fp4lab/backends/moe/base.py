@@ -208,11 +208,7 @@ def check_call(call: MoeCall, problem) -> correctness.GateResult:
     else:
         reference = grouped_reference(call.ref_a, call.ref_w, problem.loads)
     reference_norm = torch.linalg.vector_norm(reference).item()
-    if call.out is not None:
-        correctness.poison(call.out)
-    result = call.to_rows(call.call())
-    if result.is_cuda:
-        torch.cuda.synchronize(result.device)
+    result = call.to_rows(correctness.run_poisoned(call))
     return correctness.compare(result, reference, reference_norm,
                                correctness.TOLERANCE[call.tolerance_key])
 
