@@ -1,5 +1,7 @@
 """Chapter 01's anatomy section from a table like `analysis.gemm.anatomy` returns: the stream
-stage's line and column appear when the run timed it and not when it did not (older runs)."""
+stage's line and column appear when the run timed it and not when it did not (older runs); the
+CUDA kernel's nested stages are stated step by step; with two kernels dissected, the faster one
+leads and the other is stated against it."""
 
 import numpy as np
 import pandas as pd
@@ -9,13 +11,26 @@ from fp4lab.chapters import ch01_gemm
 
 
 def table(stream: float) -> pd.DataFrame:
-    row = {"fmt": "nvfp4", "n": 8192, "k": 8192, "m": 1, "stream": stream, "load": 14.7,
-           "decode": 23.4, "math": 36.4, "full": 20.2, "decode_x2": 38.2, "copy_floor_us": 8.9,
-           "launch_floor_us": 2.2}
-    frame = pd.DataFrame([row])
+    """The Triton kernel's row (no "mma" stage)."""
+    row = {"backend": "triton-w4a16", "fmt": "nvfp4", "n": 8192, "k": 8192, "m": 1, "stream": stream,
+           "load": 14.7, "decode": 23.4, "math": 36.4, "mma": np.nan, "full": 20.2, "decode_x2": 38.2,
+           "copy_floor_us": 8.9, "launch_floor_us": 2.2}
+    return finish(pd.DataFrame([row]))
+
+
+def cuda_table() -> pd.DataFrame:
+    """The CUDA kernel at M=1 and 16 as call 60 measured it (NOTES.md): nested stages."""
+    common = {"backend": "cuda-w4a16", "fmt": "nvfp4", "n": 8192, "k": 8192, "stream": 10.36, "math": np.nan,
+              "decode_x2": np.nan, "launch_floor_us": 2.2}
+    return finish(pd.DataFrame([
+        {**common, "m": 1, "load": 9.01, "decode": 9.09, "mma": 9.40, "full": 10.96, "copy_floor_us": 8.90},
+        {**common, "m": 16, "load": 10.81, "decode": 11.09, "mma": 14.46, "full": 16.48, "copy_floor_us": 8.94}]))
+
+
+def finish(frame: pd.DataFrame) -> pd.DataFrame:
     frame["load_share"] = 100 * frame["load"] / frame["full"]
-    return frame[["fmt", "n", "k", "m", *analysis.ANATOMY_STAGES, "copy_floor_us", "launch_floor_us",
-                  "load_share"]]
+    return frame[["backend", "fmt", "n", "k", "m", *analysis.ANATOMY_STAGES, "copy_floor_us",
+                  "launch_floor_us", "load_share"]]
 
 
 def test_a_timed_stream_gets_its_line_and_column():
@@ -63,3 +78,34 @@ def test_each_row_says_how_its_kernel_moved_the_tiles():
     assert ch01_gemm.load_paths_note(three) == (
         f"; tiles moved by TMA from tile-ordered bytes at {first.n}x{first.k} M={first.m} ({first.fmt}); "
         f"by TMA at {second.n}x{second.k} M={second.m} ({second.fmt}); by cp.async in the other rows")
+
+
+def test_nested_stages_are_stated_step_by_step_at_each_m():
+    lines = ch01_gemm.anatomy_findings(cuda_table())
+    steps, = [line for line in lines if line.startswith("Stage by stage")]
+    assert ("the loads 9.01 us, the decode +0.080 us, the MMAs +0.31 us, the split-K reduction +1.6 us "
+            "(the full kernel, 11.0 us)") in steps
+    assert steps.endswith("after the loads, the split-K reduction costs most.")
+    sixteen, = [line for line in lines if line.startswith("At M=16")]
+    assert "16.5 us" in sixteen and "the MMAs +3.4 us" in sixteen and "the split-K reduction +2.0 us" in sixteen
+    assert sixteen.endswith("after the loads, the MMAs cost most.")
+    assert not any("decode without math" in line for line in lines)     # the Triton kernel's words
+
+
+def test_the_faster_kernel_leads_and_the_other_is_stated_against_it():
+    both = pd.concat([table(10.36), cuda_table()], ignore_index=True)
+    assert analysis.anatomy_kernel(both) == "cuda-w4a16"       # 10.96 against 20.2 at the shared point
+    other, = ch01_gemm.other_kernel_lines(both, "cuda-w4a16")
+    assert other.startswith("`triton-w4a16`") and "20.2 us" in other and "1.8x" in other and "14.7 us" in other
+    slower = both.assign(full=np.where(both["backend"] == "cuda-w4a16", 30.0, both["full"]))
+    assert analysis.anatomy_kernel(slower) == "triton-w4a16"
+    assert analysis.anatomy_kernel(both.iloc[0:0]) is None
+
+
+def test_each_kernel_names_its_load_path_when_two_are_shown():
+    both = pd.concat([table(10.36), cuda_table()], ignore_index=True)
+    both["loads"] = ["TMA", "16-byte loads to registers", "16-byte loads to registers"]
+    assert ch01_gemm.load_paths_note(both) == ("; triton-w4a16's tiles moved by TMA in every row"
+                                               "; cuda-w4a16's tiles moved by 16-byte loads to registers in every row")
+    assert analysis.load_path("cuda g8 d4 w16 k1 b2 pdl-all") == "16-byte loads to registers"
+    assert analysis.load_path("") == "cp.async" and analysis.load_path(None) == "—"

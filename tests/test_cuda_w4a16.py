@@ -308,6 +308,28 @@ def test_every_anatomy_stage_passes_its_own_check(fmt, m, config):
         assert variant.prepared.info["stage"] == variant.stage
 
 
+@pytest.mark.cuda
+def test_the_sweep_times_every_stage_of_the_kernel_on_a_gpu(tmp_path):
+    """The GEMM sweep's anatomy points of cuda-w4a16 (its worker, the preset config): every stage
+    passes its check and is timed, beside the Triton kernel's; chapter 01's table reads both."""
+    from fp4lab.analysis import gemm as analysis
+    from fp4lab.results import RunDir
+    from fp4lab.sweep import GemmSweep
+
+    config = GemmSweep.from_profile("smoke", "cuda", backends=["cuda-w4a16", "triton-w4a16"], fmts=["nvfp4"],
+                                    m_values=[1], shapes=[[512, 2048]], anatomy_m=[1, 16],
+                                    timer={"repeats": 3, "warmup_s": 0.0, "cold_l2": False, "use_graph": True})
+    run = RunDir.create(tmp_path, run_id="anatomy")
+    sweep_gemm.run_sweep(config, run, progress=False)
+    rows = run.read_table("anatomy")
+    cuda_rows = rows[rows["backend"] == "cuda-w4a16"]
+    assert sorted(cuda_rows["stage"]) == sorted(2 * ["load", "decode", "mma", "full"])
+    assert (rows["status"] == "ok").all(), rows[rows["status"] != "ok"][["backend", "stage", "error"]]
+    assert (cuda_rows["median_us"] > 0).all() and cuda_rows["config"].str.startswith("cuda ").all()
+    table = analysis.anatomy(analysis.gemm_results(run))
+    assert set(table["backend"]) == {"cuda-w4a16", "triton-w4a16"} and table["stream"].notna().all()
+
+
 def test_the_anatomy_sums_are_per_warp_in_the_kernels_order():
     # two row tiles, four k-groups; warps of 1 group, teams of 2 warps: 2 splits x 2 tiles x 2
     # slices. A code word of 1 in one (tile, group) shows which warp's sum holds it

@@ -20,8 +20,8 @@ FAST = {"repeats": 3, "warmup_s": 0.0, "cold_l2": False, "use_graph": False}
 
 
 def config(backends, m_values=(1, 4, 8), **overrides) -> GemmSweep:
-    return GemmSweep.from_profile("smoke", "cpu", backends=list(backends), fmts=["nvfp4"],
-                                  m_values=list(m_values), shapes=[[32, 64]], timer=FAST, **overrides)
+    return GemmSweep.from_profile("smoke", "cpu", **{"backends": list(backends), "fmts": ["nvfp4"],
+                                  "m_values": list(m_values), "shapes": [[32, 64]], "timer": FAST, **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -216,3 +216,59 @@ def test_moe_config_checks():
         moe_config(["magic"])
     with pytest.raises(ParameterError, match="batch_sizes"):
         moe_config(["loop-bf16"], batch_sizes=[0])
+
+
+# -- the kernels' anatomy ---------------------------------------------------------------------------
+
+def test_the_anatomy_dissects_each_kernel_the_grid_runs_in_its_formats():
+    from fp4lab.sweep.plan import anatomy_points
+
+    both = config(["triton-w4a16", "cuda-w4a16"], fmts=["nvfp4", "mxfp4"], anatomy_m=[1, 16],
+                  anatomy_fmts=["nvfp4"])
+    points = anatomy_points(both)
+    for backend, stages in schema.ANATOMY_KERNELS.items():
+        mine = [p for p in points if p.backend == backend]
+        assert {p.stage for p in mine} == set(stages) and {p.m for p in mine} == {1, 16}
+        assert {p.group for p in mine} == {f"{backend}-anatomy"}      # one worker per kernel
+    assert {p.fmt for p in points} == {"nvfp4"}
+    assert len({p.key(0) for p in points}) == len(points) == 2 * (6 + 4)
+    assert {p.backend for p in anatomy_points(config(["cuda-w4a16"], anatomy_m=[1]))} == {"cuda-w4a16"}
+    assert anatomy_points(config(["torch-bf16"], anatomy_m=[1])) == []           # no dissected kernel
+    assert anatomy_points(config(["cuda-w4a16"], anatomy_m=[1], anatomy_fmts=["mxfp4"])) == []  # not in fmts
+    assert {p.fmt for p in anatomy_points(config(["cuda-w4a16"], fmts=["nvfp4", "mxfp4"],
+                                                 anatomy_m=[1]))} == {"nvfp4", "mxfp4"}   # default: every one
+    with pytest.raises(ParameterError, match=re.escape("anatomy_fmts[0]")):
+        config(["cuda-w4a16"], anatomy_fmts=["fp3"])
+
+
+def test_the_anatomy_worker_builds_each_point_once_and_stores_a_failed_check_untimed(monkeypatch):
+    """measure_job in this process with a fake kernel: the kernel's module is the one named for its
+    backend, all of a point's stages are built in one call, a stage whose check fails becomes a
+    wrong_result row with no time, the others are timed with their config."""
+    import fakes.anatomy_kernel as fake
+
+    from fp4lab.sweep import anatomy, registry
+
+    class Available:
+        def availability(self, device, import_check=True):
+            return True, ""
+
+    monkeypatch.setitem(anatomy.KERNEL_MODULES, "cuda-w4a16", "fakes.anatomy_kernel")
+    monkeypatch.setattr(registry, "backend", lambda name: Available())
+    fake.CALLS.clear()
+    points = [{"backend": "cuda-w4a16", "stage": stage, "fmt": "nvfp4", "n": 32, "k": 64, "m": m}
+              for m in (1, 3) for stage in schema.ANATOMY_KERNELS["cuda-w4a16"]]
+    sent = []
+    anatomy.measure_job({"points": points, "device": "cpu", "timer": FAST, "seed": 0, "run_id": "r"},
+                        lambda kind, **values: sent.append((kind, values)))
+    rows = [values["row"] for kind, values in sent if kind == "row"]
+    assert [kind for kind, _ in sent][0] == "ready" and len(rows) == len(points)
+    assert [c["m"] for c in fake.CALLS] == [1, 3]                       # once per point, every stage
+    assert fake.CALLS[0]["stages"] == schema.ANATOMY_KERNELS["cuda-w4a16"]
+    for row in rows:
+        assert row["backend"] == "cuda-w4a16" and row["config"] == f"cuda fake {row['stage']}"
+        if row["stage"] == "mma":
+            assert row["status"] == "wrong_result" and row["median_us"] is None
+            assert row["error"] == "mma: partial tiles do not add up"
+        else:
+            assert row["status"] == "ok" and row["median_us"] > 0 and row["rel_err"] < 1e-2

@@ -85,8 +85,16 @@ def test_unknown_stage_is_refused_by_name():
         triton_w4a16.anatomy_variants(torch.randn(1, 64), w, "cpu", stages=("mma",))
 
 
-def test_one_list_of_stages_from_the_kernel_to_the_figure():
+def test_one_list_of_stages_from_the_kernels_to_the_figure():
+    """Each dissected kernel's stages are the schema's (the sweep plans them from it), the schema's
+    every stage has a label in the figure, and the sweep knows where each kernel's variants live."""
     from fp4lab import schema
+    from fp4lab.backends import cuda_w4a16
     from fp4lab.plots.gemm import STAGE_LABELS
+    from fp4lab.sweep.anatomy import KERNEL_MODULES
 
-    assert tuple(triton_w4a16.ANATOMY_STAGES) == schema.ANATOMY_STAGES == tuple(STAGE_LABELS)
+    assert schema.ANATOMY_KERNELS["triton-w4a16"] == tuple(triton_w4a16.ANATOMY_STAGES)
+    assert set(schema.ANATOMY_KERNELS["cuda-w4a16"]) == set(cuda_w4a16.ANATOMY_STAGES)
+    assert tuple(STAGE_LABELS) == schema.ANATOMY_STAGES
+    assert set(schema.ANATOMY_STAGES) == {s for stages in schema.ANATOMY_KERNELS.values() for s in stages}
+    assert set(KERNEL_MODULES) == set(schema.ANATOMY_KERNELS)

@@ -138,17 +138,24 @@ GEMM = Table("gemm", key=("backend", "fmt", "n", "k", "m", "gpu_index"), doc=(
         ("window_end_s", "float", "energy window end (epoch s)"),
     ))
 
-# the stage variants an anatomy row can hold, in the order the book shows them (what each one does:
-# fp4lab.backends.triton_w4a16.ANATOMY_STAGES, which holds the same keys)
-ANATOMY_STAGES = ("stream", "load", "decode", "math", "full", "decode_x2")
+# the stage variants an anatomy row can hold, in the order the book shows them, and the stages each
+# dissected kernel has (what each one does: the kernel module's ANATOMY_STAGES, which holds the same
+# keys; "stream" is no stage of a kernel but the same bytes read by one streaming launch, timed once
+# per point beside the Triton kernel's stages)
+ANATOMY_STAGES = ("stream", "load", "decode", "math", "mma", "full", "decode_x2")
+ANATOMY_KERNELS = {
+    "triton-w4a16": ("stream", "load", "decode", "math", "full", "decode_x2"),
+    "cuda-w4a16": ("load", "decode", "mma", "full"),
+}
 
 ANATOMY = Table("anatomy", key=("backend", "stage", "fmt", "n", "k", "m", "gpu_index"), doc=(
-    "One row per stage variant of fp4lab's FP4 decode GEMM at one point: loads only, decode without "
-    "math, math on pre-decoded bf16, the full kernel, the decode done twice; beside them the same "
-    "weight bytes read once by a streaming kernel (the floor at this size); each with its own check."),
+    "One row per stage variant of one of fp4lab's FP4 decode GEMMs at one point: loads only, decode "
+    "without math, math on pre-decoded bf16 (Triton) or the MMAs without the split-K reduction (CUDA), "
+    "the full kernel, the decode done twice (Triton); beside them the same weight bytes read once by a "
+    "streaming kernel (the floor at this size); each with its own check."),
     columns=_columns(
         ("run_id", "str", "the run folder's id"),
-        ("backend", "str", "the kernel dissected (triton-w4a16)"),
+        ("backend", "str", "the kernel dissected (" + " | ".join(ANATOMY_KERNELS) + ")"),
         ("stage", "str", " | ".join(ANATOMY_STAGES)),
         ("what", "str", "what the variant does"),
         ("config", "str", "the tile config the kernel's stages share (the stream's launch shape)"),

@@ -348,22 +348,28 @@ ANATOMY_STAGES = schema.ANATOMY_STAGES
 
 
 def anatomy(results: GemmResults) -> pd.DataFrame:
-    """Per format, shape and M: each stage variant's time beside the copy floor (the FP4 weights and
-    activations at the measured bandwidth) and the launch floor, the share of the full kernel the
-    loads alone take, and how the kernel's config moves its tiles (`load_path`)."""
+    """Per dissected kernel, format, shape and M: each stage variant's time beside the copy floor
+    (the FP4 weights and activations at the measured bandwidth) and the launch floor, the share of
+    the full kernel the loads alone take, and how the kernel's config moves its tiles (`loads`).
+    The "stream" stage (the same bytes read by one streaming launch: no stage of either kernel)
+    is the point's, shown in every kernel's row."""
     frame = results.view.run.read_table("anatomy")
     frame = of_gpu(frame, lead_gpu(frame)) if len(frame) else frame
     ok = frame[(frame["status"] == "ok") & frame["stage"].isin(ANATOMY_STAGES)] if len(frame) else frame
-    columns = ["fmt", "n", "k", "m", "loads", *ANATOMY_STAGES, "copy_floor_us", "launch_floor_us",
-               "load_share"]
-    if not len(ok):
+    columns = ["backend", "fmt", "n", "k", "m", "loads", *ANATOMY_STAGES, "copy_floor_us",
+               "launch_floor_us", "load_share"]
+    kernels = ok[ok["stage"] != "stream"] if len(ok) else ok
+    if not len(kernels):
         return pd.DataFrame(columns=columns)
     point = ["fmt", "n", "k", "m"]
-    wide = ok.pivot_table(index=point, columns="stage", values="median_us", aggfunc="median")
-    wide = wide.reindex(columns=list(ANATOMY_STAGES)).reset_index()
-    kernel = (ok[ok["stage"] == "full"].groupby(point)["config"].first() if "config" in ok
-              else pd.Series(dtype=object))                          # runs from before the column
-    wide["loads"] = [load_path(kernel.get(tuple(key))) for key in wide[point].itertuples(index=False)]
+    wide = kernels.pivot_table(index=["backend", *point], columns="stage", values="median_us", aggfunc="median")
+    wide = wide.reindex(columns=[s for s in ANATOMY_STAGES if s != "stream"]).reset_index()
+    stream = ok[ok["stage"] == "stream"].groupby(point)["median_us"].median()
+    wide["stream"] = [stream.get(tuple(key), np.nan) for key in wide[point].itertuples(index=False)]
+    config = (kernels[kernels["stage"] == "full"].groupby(["backend", *point])["config"].first()
+              if "config" in kernels else pd.Series(dtype=object))        # runs from before the column
+    wide["loads"] = [load_path(config.get(tuple(key)))
+                     for key in wide[["backend", *point]].itertuples(index=False)]
     bandwidth = results.bandwidth_tbps
     wide["copy_floor_us"] = [roofline.gemm_bytes(int(r.m), int(r.n), int(r.k), "fp4", r.fmt, "bf16") /
                              (bandwidth * 1e6) if bandwidth else np.nan for r in wide.itertuples(index=False)]
@@ -372,13 +378,28 @@ def anatomy(results: GemmResults) -> pd.DataFrame:
     return wide[columns]
 
 
+def anatomy_kernel(table: pd.DataFrame) -> str | None:
+    """The dissected kernel whose full kernel is fastest (median over the points every dissected
+    kernel measured): the one the book's anatomy figure and findings show. None without rows."""
+    timed = table.dropna(subset=["full"])
+    if not len(timed):
+        return None
+    point = ["fmt", "n", "k", "m"]
+    shared = timed.groupby(point)["backend"].transform("nunique") == timed["backend"].nunique()
+    common = timed[shared] if shared.any() else timed
+    return str(common.groupby("backend")["full"].median().idxmin())
+
+
 def load_path(config_label) -> str:
-    """How a `TileConfig.label()` moves its weight tiles: "TMA" or "cp.async" (its " tma"
-    word), "... from tile-ordered bytes" with its " tiles" word (layout "tiles"); "—" when
-    unknown."""
+    """How a kernel config moves its weight tiles, from its label: the CUDA kernel's ("cuda ...")
+    16-byte loads straight into registers; a `TileConfig.label()`'s "TMA" or "cp.async" (its
+    " tma" word), "... from tile-ordered bytes" with its " tiles" word (layout "tiles"); "—"
+    when unknown."""
     if not isinstance(config_label, str):
         return "—"
     words = config_label.split()
+    if words[:1] == ["cuda"]:
+        return "16-byte loads to registers"
     return (("TMA" if "tma" in words else "cp.async")
             + (" from tile-ordered bytes" if "tiles" in words else ""))
 

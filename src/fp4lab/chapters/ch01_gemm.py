@@ -32,10 +32,11 @@ FASTEST = [Col("m", "M (tokens)", "int"), Col("backend", "fastest 4-bit method")
            Col("cases won", "cases won (format x shape)"),
            Col("median speed-up vs bf16", "speed-up vs cuBLAS bf16 (median)", "ratio"),
            Col("median % of FP4 floor", "% of the FP4 read floor reached (median)", "pct")]
-ANATOMY = [Col("shape", "N x K"), Col("m", "M", "int"), Col("fmt", "format"),
+ANATOMY = [Col("backend", "kernel"), Col("shape", "N x K"), Col("m", "M", "int"), Col("fmt", "format"),
            Col("stream", "bytes as a stream", "us"), Col("load", "loads only", "us"),
            Col("decode", "decode, no math", "us"),
-           Col("math", "math on bf16", "us"), Col("full", "full kernel", "us"),
+           Col("math", "math on bf16", "us"), Col("mma", "MMAs, no split-K reduction", "us"),
+           Col("full", "full kernel", "us"),
            Col("decode_x2", "decode twice", "us"), Col("copy_floor_us", "copy floor", "us"),
            Col("load_share", "loads / full", "pct")]
 SPREAD = [Col("gpu_index", "GPU", "int"), Col("pci_bus_id", "PCI bus id"),
@@ -143,36 +144,52 @@ def _anatomy(page, results) -> None:
     if not len(table):
         rows = results.view.run.read_table("anatomy")
         reason = rows["error"].dropna().iloc[0] if len(rows) and rows["error"].notna().any() else "not measured"
-        page.prose("anatomy", f"No stage of the kernel was timed in this run "
+        page.prose("anatomy", f"No stage of the kernels was timed in this run "
                               f"({text.md(text.package_relative(reason))}).")
         return
-    # one format in the figure (the two differ by a few percent; both are in the table below)
-    shown = "nvfp4" if (table["fmt"] == "nvfp4").any() else table["fmt"].iloc[0]
-    others = sorted(set(table["fmt"]) - {shown})
-    page.figure("anatomy", figures.anatomy(table[table["fmt"] == shown]), results.caption(
-        f"{shown.upper()}" + (f" ({', '.join(f.upper() for f in others)} in the table)" if others else "")
-        + "; each stage variant passed its own check (a checksum of the bytes read, row sums, or the gate)"))
+    kernel = analysis.anatomy_kernel(table)
+    mine = table[table["backend"] == kernel]
+    # one kernel and one format in the figure (the formats differ by a few percent; all rows are in the table)
+    shown = "nvfp4" if (mine["fmt"] == "nvfp4").any() else mine["fmt"].iloc[0]
+    others = sorted(set(table["backend"]) - {kernel})
+    page.figure("anatomy", figures.anatomy(mine[mine["fmt"] == shown]), results.caption(
+        f"{kernel}, the faster kernel dissected, {shown.upper()}"
+        + (f" ({text.join(others)} in the table)" if others else "")
+        + "; each stage variant passed its own check (exact integer sums of what it read or decoded, "
+          "row sums, or the gate)"))
     launch = table["launch_floor_us"].dropna()
-    page.html("anatomy", html_table(table.assign(shape=[f"{int(r.n)}x{int(r.k)}" for r in table.itertuples()]),
+    ordered = table.assign(first=table["backend"] != kernel).sort_values(["first", "backend", "n", "k", "m"])
+    page.html("anatomy", html_table(ordered.assign(shape=[f"{int(r.n)}x{int(r.k)}" for r in ordered.itertuples()]),
                                     anatomy_columns(table), caption=results.caption(
         "each stage's median time per call; copy floor: the FP4 weights and bf16 activations at the measured "
         "copy bandwidth" + (f"; launch floor {text.us(launch.iloc[0])} for every row" if len(launch) else "")
         + load_paths_note(table))))
-    page.bullets("anatomy", anatomy_findings(table))
+    page.bullets("anatomy", anatomy_findings(mine) + other_kernel_lines(table, kernel))
 
 
 def load_paths_note(table) -> str:
     """"; tiles moved by TMA at 8192x8192 M=1 (nvfp4, mxfp4), by cp.async in the other rows" (the
     kernel config of each row, its preset: every path but the most common one named with its
-    rows), or nothing when the run did not record them."""
+    rows), per kernel with its name where the table holds several ("; triton-w4a16's tiles ...;
+    cuda-w4a16's ..."), or nothing when the run did not record them."""
     if "loads" not in table:
         return ""
-    known = table[table["loads"] != "—"]
+    kernels = list(table.groupby("backend", sort=False)) if "backend" in table else [("", table)]
+    notes = [(name, _load_paths(rows)) for name, rows in kernels]
+    notes = [(name, note) for name, note in notes if note]
+    if len(notes) == 1:
+        return f"; tiles moved {notes[0][1]}"
+    return "".join(f"; {name}'s tiles moved {note}" for name, note in notes)
+
+
+def _load_paths(rows) -> str:
+    """"by TMA at ..., by cp.async in the other rows" for one kernel's rows ("" when unknown)."""
+    known = rows[rows["loads"] != "—"]
     paths = known["loads"].value_counts()
     if not len(paths):
         return ""
     if len(paths) == 1:
-        return f"; tiles moved by {paths.index[0]} in every row"
+        return f"by {paths.index[0]} in every row"
     named = []
     for path in paths.index[1:]:
         formats: dict[tuple[int, int, int], list[str]] = {}
@@ -181,7 +198,7 @@ def load_paths_note(table) -> str:
         where = ", ".join(f"{n}x{k} M={m} ({', '.join(fmts)})" for (n, k, m), fmts in sorted(formats.items()))
         named.append(f"by {path} at {where}")
     sep = "; " if len(named) > 1 else ", "       # commas already separate the rows of one path
-    return f"; tiles moved {sep.join(named)}{sep}by {paths.index[0]} in the other rows"
+    return f"{sep.join(named)}{sep}by {paths.index[0]} in the other rows"
 
 
 def _counters(page, folders, results) -> None:
@@ -201,10 +218,16 @@ def anatomy_columns(table) -> list[Col]:
     return [c for c in ANATOMY if c.source not in analysis.ANATOMY_STAGES or table[c.source].notna().any()]
 
 
-def anatomy_findings(table) -> list[str]:
-    """Where the time goes, from the largest shape at the smallest M measured (NVFP4 first)."""
+def anatomy_row(table):
+    """The row the findings start from: the largest shape at the smallest M (NVFP4 first)."""
     biggest = table[(table["n"] * table["k"]) == (table["n"] * table["k"]).max()]
-    row = biggest.assign(mx=biggest["fmt"] != "nvfp4").sort_values(["m", "mx"]).iloc[0]
+    return biggest.assign(mx=biggest["fmt"] != "nvfp4").sort_values(["m", "mx"]).iloc[0]
+
+
+def anatomy_findings(table) -> list[str]:
+    """Where one kernel's time goes, from `anatomy_row` and the larger Ms of its shape."""
+    row = anatomy_row(table)
+    biggest = table[(table["n"] == row["n"]) & (table["k"] == row["k"])]
     head = (f"On {row['n']}x{row['k']} at M={row['m']} ({text.md(row['fmt'])}) the loads-only variant takes "
             f"{text.us(row['load'])} against the full kernel's {text.us(row['full'])} "
             f"({text.pct(row['load_share'])}) and a copy floor of {text.us(row['copy_floor_us'])}: ")
@@ -220,6 +243,8 @@ def anatomy_findings(table) -> list[str]:
     else:
         head += "decoding and the math add time the loads do not hide."
     lines = [head]
+    if pd.notna(row.get("mma")):
+        lines.append(f"Stage by stage (each variant adds one to the one before): {stage_steps(row)}.")
     if pd.notna(row["stream"]):
         lines.append(f"Read once as a stream (one launch, no tiles, nothing decoded) the same bytes take "
                      f"{text.us(row['stream'])}, {text.pct(100 * row['copy_floor_us'] / row['stream'])} of the "
@@ -227,10 +252,15 @@ def anatomy_findings(table) -> list[str]:
                      f"loads-only variant is {text.ratio(row['load'] / row['stream'])} it, the full kernel "
                      f"{text.ratio(row['full'] / row['stream'])}.")
     for other in biggest[(biggest["fmt"] == row["fmt"]) & (biggest["m"] > row["m"])].sort_values("m").itertuples():
-        lines.append(f"At M={other.m} on the same shape the full kernel takes {text.us(other.full)} "
-                     f"({text.ratio(other.full / row['full'])} its M={row['m']} time for {other.m}x the tokens), "
-                     f"the loads only {text.us(other.load)}, decode without math {text.us(other.decode)}, "
+        line = (f"At M={other.m} on the same shape the full kernel takes {text.us(other.full)} "
+                f"({text.ratio(other.full / row['full'])} its M={row['m']} time for {other.m}x the tokens)")
+        if pd.notna(getattr(other, "mma", None)):
+            line += (f", against a copy floor of {text.us(other.copy_floor_us)}; stage by stage: "
+                     f"{stage_steps(other._asdict())}.")
+        else:
+            line += (f", the loads only {text.us(other.load)}, decode without math {text.us(other.decode)}, "
                      f"against a copy floor of {text.us(other.copy_floor_us)}.")
+        lines.append(line)
     if row["decode"] > row["full"]:
         lines.append(f"Decode without math ({text.us(row['decode'])}) is slower than the full kernel: "
                      "the variants change the pipeline, so the stages are not additive; read them as "
@@ -238,93 +268,24 @@ def anatomy_findings(table) -> list[str]:
     return lines
 
 
-def _gpus(page, results) -> None:
-    spread = analysis.gpu_spread(results)
-    if not len(spread):
-        page.prose("gpus", "This run measured no GPU, so there is no spread across GPUs to show.")
-        return
-    ranks = (results.view.info.get("sweep") or {}).get("ranks")
-    how = "swept through torchrun, one rank per GPU" if ranks else "measured in the sweep's own process"
-    if len(spread) == 1:
-        row = spread.iloc[0]
-        page.prose("gpus", f"One GPU measured: GPU {int(row['gpu_index'])} (PCI bus "
-                           f"{text.md(row['pci_bus_id'] or 'unknown')}), {how}. On a box with several "
-                           "GPUs this section sets each one's speed and clock against the others, so a "
-                           "slow or throttling card stands out.")
-        return
-    page.html("gpus", html_table(spread, SPREAD, caption=results.caption(
-        f"every GPU at the points they all measured ({how}); 1.00 = the box's median for that point")))
-    page.bullets("gpus", spread_findings(spread))
+def stage_steps(row) -> str:
+    """"the loads X, the decode +Y, the MMAs +Z, the split-K reduction +W (the full kernel): after
+    the loads, the MMAs cost most" for a kernel whose variants nest (each adds one stage)."""
+    steps = {"the decode": row["decode"] - row["load"], "the MMAs": row["mma"] - row["decode"],
+             "the split-K reduction": row["full"] - row["mma"]}
+    largest = max(steps, key=steps.get)
+    added = ", ".join(f"{name} {'+' if value >= 0 else '-'}{text.us(abs(value), 2)}" for name, value in steps.items())
+    return (f"the loads {text.us(row['load'])}, {added} (the full kernel, {text.us(row['full'])}): "
+            f"after the loads, {largest} {'cost' if largest.endswith('s') else 'costs'} most")
 
 
-def spread_findings(spread) -> list[str]:
-    slowest = spread.loc[spread["median_vs_box"].idxmax()]
-    fastest = spread.loc[spread["median_vs_box"].idxmin()]
-    return [f"GPU {int(slowest['gpu_index'])} is the slowest: {text.ratio(slowest['median_vs_box'])} the box's "
-            f"median time at decode M (worst point {text.ratio(slowest['slowest_vs_box'])}); GPU "
-            f"{int(fastest['gpu_index'])} the fastest at {text.ratio(fastest['median_vs_box'])}."]
-
-
-def _roofline(page, results) -> None:
-    roofs = {source: (c.bandwidth_tbps, c.peak_tflops) for source, c in
-             (("measured", results.measured), ("spec", results.spec)) if c is not None}
-    page.html("roofline", html_table(analysis.ceilings_table(results), CEILINGS, caption=results.caption(
-        "the ceilings every chapter divides by: measured in this run, before its points, beside the spec sheet")))
-    if len(results.ok):
-        page.figure("roofline", figures.roofline(results.ok, roofs), results.caption(
-            "solid roofs: ceilings measured in this run; dotted: the spec sheet"))
-
-
-def _seed(page, results, reference, profile: str) -> None:
-    from fp4lab.analysis import decode
-
-    config = decode.DiagnosisConfig.from_profile(profile)
-    for which in (results, reference):
-        backend = decode.seed_backend(which, config) if which is not None else None
-        if backend:
-            page.html("seed", html_table(analysis.seed_table(which, backend), SEED, caption=which.caption(
-                f"{backend}, the GEMM backend whose loop of expert GEMMs runs the {config.preset} layer "
-                f"fastest at B={config.decode_batch} (chapter 04's GEMM-loop model and decode power read "
-                f"it; the fastest layer path there may be a fused MoE kernel); {SEED_NOTE}")))
-    page.html("seed", html_table(seed_sm120_table(), PUBLISHED, caption="Published: " + SEED_SOURCE))
-
-
-def findings(results: analysis.GemmResults, reference: analysis.GemmResults | None) -> list[str]:
-    numbers = analysis.headline(results)
-    device = text.md(results.view.device)
-    lines = [f"On {device}, {text.count(len(numbers['backends_ok']), 'backend')} ran correctly "
-             f"({text.md(text.join(numbers['backends_ok']))}) and "
-             f"{text.count(len(numbers['backends_unavailable']), 'backend')} could not run here "
-             "(the table above gives each reason)."]
-    if "best" in numbers:
-        best, small = numbers["best"], numbers["smallest"]
-        basis = numbers["basis"]
-        lines.append(f"At M={small['m']} the fastest reader of the weights is {text.md(small['backend'])} on "
-                     f"{small['n']}x{small['k']} {text.md(small['fmt'])}: {text.sig(small['tbps'])} TB/s "
-                     f"({text.pct(small[f'pct_bandwidth_{basis}'])} of the {basis} bandwidth), "
-                     f"{text.sig(small['tflops'])} TFLOP/s.")
-        lines.append(f"The fastest point is {text.md(best['backend'])} at M={best['m']} on {best['n']}x{best['k']}: "
-                     f"{text.sig(best['tflops'], 4)} TFLOP/s, {text.pct(best['pct_peak_spec'])} of the spec "
-                     f"{text.md(best['math_dtype'])} peak and {text.pct(best['pct_peak_measured'])} of the measured one.")
-    fastest = analysis.fastest_fp4(results)
-    if len(fastest):
-        small = fastest[fastest["m"] == fastest["m"].min()]
-        best = small.loc[small["speedup_vs_bf16"].idxmax()]
-        lines.append(f"4-bit weights at M={best['m']}: the best case is {text.md(best['backend'])} on "
-                     f"{best['n']}x{best['k']} {text.md(best['fmt'])} at {text.us(best['us'])}, "
-                     f"{text.as_fast(best['us'], best['bf16_us'])} cuBLAS bf16 ({text.us(best['bf16_us'])}); "
-                     f"the FP4 read floor there is {text.us(best['floor_us'])}, so it reaches "
-                     f"{text.pct(best['pct_of_floor'])} of it.")
-    for dtype, how in numbers["raised"].items():
-        lines.append(f"The measured {text.md(dtype)} peak was {text.md(how)}.")
-    if numbers["failures"]:
-        lines.append("Points that failed: " + text.md(", ".join(
-            f"{backend} {status} x{count}" for (backend, status), count in numbers["failures"].items())) + ".")
-    if reference is not None and "best" in analysis.headline(reference):
-        ref = analysis.headline(reference)
-        lines.append(f"In the run shown beside ({text.code(reference.view.run_id)}, "
-                     f"{text.md(reference.view.device)}), the fastest point is "
-                     f"{text.md(ref['best']['backend'])} at {text.sig(ref['best']['tflops'], 4)} TFLOP/s "
-                     f"(M={ref['best']['m']}) and the fastest reader at M={ref['smallest']['m']} moves "
-                     f"{text.sig(ref['smallest']['tbps'])} TB/s.")
+def other_kernel_lines(table, kernel: str) -> list[str]:
+    """Each other dissected kernel at the point the findings start from, against `kernel`."""
+    lines = []
+    row = anatomy_row(table[table["backend"] == kernel])
+    at = (table["fmt"] == row["fmt"]) & (table["n"] == row["n"]) & (table["k"] == row["k"]) & (table["m"] == row["m"])
+    for other in table[at & (table["backend"] != kernel)].itertuples():
+        lines.append(f"{text.code(other.backend)}, dissected the same way at that point, takes {text.us(other.full)} "
+                     f"for the full kernel ({text.ratio(other.full / row['full'])} {text.code(kernel)}'s) and "
+                     f"{text.us(other.load)} for its loads alone.")
     return lines

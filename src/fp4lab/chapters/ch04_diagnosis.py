@@ -94,7 +94,7 @@ def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
     return (f"The other {text.us(path['layer_us'] - v['floor_us'])} of the layer is the kernel's own time above "
             "every floor, not HBM: a kernel that streamed these weights at the copy bandwidth would run the layer "
             f"{text.ratio(1 / v['explained'])} faster (what such time is made of: chapter 01, the anatomy of "
-            "fp4lab's own triton-w4a16 kernel and the hardware counters of the kernels profiled).")
+            "fp4lab's own kernels and the hardware counters of the kernels profiled).")
 
 
 def smoke_sentence(d: decode.Diagnosis) -> str:

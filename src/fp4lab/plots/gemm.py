@@ -115,7 +115,7 @@ def roofline(points: pd.DataFrame, roofs: dict[str, tuple[float, dict[str, float
 
 
 STAGE_LABELS = {"stream": "bytes as a stream", "load": "loads only", "decode": "decode, no math", "math": "math on bf16 weights",
-                "full": "full kernel", "decode_x2": "decode done twice"}
+                "mma": "MMAs, no split-K reduction", "full": "full kernel", "decode_x2": "decode done twice"}
 
 
 def anatomy(table: pd.DataFrame):

@@ -103,7 +103,8 @@ class GemmSweep:
     energy_window_s: float             # 0: no energy window per point
     telemetry_hz: float
     point_timeout_s: float             # a point that takes longer becomes a `timeout` row
-    anatomy_m: tuple[int, ...] = ()    # Ms at which fp4lab's FP4 kernel is dissected by stage
+    anatomy_m: tuple[int, ...] = ()    # Ms at which fp4lab's FP4 kernels are dissected by stage
+    anatomy_fmts: tuple[str, ...] = ()  # of fmts, those they are dissected in (empty: every one)
     gpus: str = "one"                  # "all": one torchrun rank per visible GPU (sweep.ranks)
     device: str = "auto"
     profile: str = "smoke"
@@ -151,6 +152,7 @@ class GemmSweep:
             fmts=fmts, shapes=shapes,
             m_values=params.check_int_list("m_values", self.m_values),
             anatomy_m=params.check_int_list("anatomy_m", self.anatomy_m, allow_empty=True),
+            anatomy_fmts=params.check_text_list("anatomy_fmts", self.anatomy_fmts, FORMATS),
             gpus=check_gpus(self.gpus),
             energy_window_s=params.check_float("energy_window_s", self.energy_window_s, 0, 60),
             telemetry_hz=params.check_float("telemetry_hz", self.telemetry_hz, 0, 1000, strict_minimum=True),
@@ -161,6 +163,11 @@ class GemmSweep:
         from fp4lab.sweep.registry import backend_names
 
         return self.backends or tuple(backend_names())
+
+    @property
+    def anatomy_formats(self) -> tuple[str, ...]:
+        """The grid's formats the anatomy dissects (a grid of other formats: none)."""
+        return tuple(f for f in self.fmts if f in self.anatomy_fmts) if self.anatomy_fmts else self.fmts
 
 
 @dataclass(frozen=True)

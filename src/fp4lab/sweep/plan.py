@@ -42,8 +42,9 @@ class GemmPoint:
 
 @dataclass(frozen=True)
 class AnatomyPoint:
-    """One stage variant of the dense FP4 kernel at one GEMM point."""
+    """One stage variant of one of fp4lab's FP4 kernels at one GEMM point."""
 
+    backend: str
     stage: str
     fmt: str
     n: int
@@ -51,18 +52,19 @@ class AnatomyPoint:
     m: int
 
     table = "anatomy"
-    group = "triton-w4a16-anatomy"
-    backend = "triton-w4a16"
+
+    @property
+    def group(self) -> str:
+        return f"{self.backend}-anatomy"
 
     def key(self, gpu_index: int | None) -> tuple:
-        return schema.ANATOMY.row_key({**dataclasses.asdict(self), "backend": self.backend,
-                                       "gpu_index": gpu_index})
+        return schema.ANATOMY.row_key({**dataclasses.asdict(self), "gpu_index": gpu_index})
 
     def identity(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def label(self) -> str:
-        return f"anatomy {self.stage} {self.fmt} M={self.m} {self.n}x{self.k}"
+        return f"anatomy {self.backend} {self.stage} {self.fmt} M={self.m} {self.n}x{self.k}"
 
 
 @dataclass(frozen=True)
@@ -100,9 +102,12 @@ def gemm_points(config) -> list[GemmPoint]:
 
 
 def anatomy_points(config) -> list[AnatomyPoint]:
-    """Every stage at the anatomy's Ms on every shape and format of the GEMM grid."""
-    return [AnatomyPoint(stage, fmt, n, k, m) for fmt in config.fmts for (n, k) in config.shapes
-            for m in config.anatomy_m for stage in schema.ANATOMY_STAGES]
+    """Per dissected kernel the sweep runs (schema.ANATOMY_KERNELS), every one of its stages at
+    the anatomy's Ms on every shape of the GEMM grid, in the anatomy's formats."""
+    return [AnatomyPoint(backend, stage, fmt, n, k, m)
+            for backend, stages in schema.ANATOMY_KERNELS.items() if backend in config.backend_names
+            for fmt in config.anatomy_formats for (n, k) in config.shapes
+            for m in config.anatomy_m for stage in stages]
 
 
 def moe_points(config, method_kinds: dict[str, tuple[str, str]]) -> list[MoePoint]:
