@@ -289,3 +289,95 @@ def other_kernel_lines(table, kernel: str) -> list[str]:
                      f"for the full kernel ({text.ratio(other.full / row['full'])} {text.code(kernel)}'s) and "
                      f"{text.us(other.load)} for its loads alone.")
     return lines
+
+
+def _gpus(page, results) -> None:
+    spread = analysis.gpu_spread(results)
+    if not len(spread):
+        page.prose("gpus", "This run measured no GPU, so there is no spread across GPUs to show.")
+        return
+    ranks = (results.view.info.get("sweep") or {}).get("ranks")
+    how = "swept through torchrun, one rank per GPU" if ranks else "measured in the sweep's own process"
+    if len(spread) == 1:
+        row = spread.iloc[0]
+        page.prose("gpus", f"One GPU measured: GPU {int(row['gpu_index'])} (PCI bus "
+                           f"{text.md(row['pci_bus_id'] or 'unknown')}), {how}. On a box with several "
+                           "GPUs this section sets each one's speed and clock against the others, so a "
+                           "slow or throttling card stands out.")
+        return
+    page.html("gpus", html_table(spread, SPREAD, caption=results.caption(
+        f"every GPU at the points they all measured ({how}); 1.00 = the box's median for that point")))
+    page.bullets("gpus", spread_findings(spread))
+
+
+def spread_findings(spread) -> list[str]:
+    slowest = spread.loc[spread["median_vs_box"].idxmax()]
+    fastest = spread.loc[spread["median_vs_box"].idxmin()]
+    return [f"GPU {int(slowest['gpu_index'])} is the slowest: {text.ratio(slowest['median_vs_box'])} the box's "
+            f"median time at decode M (worst point {text.ratio(slowest['slowest_vs_box'])}); GPU "
+            f"{int(fastest['gpu_index'])} the fastest at {text.ratio(fastest['median_vs_box'])}."]
+
+
+def _roofline(page, results) -> None:
+    roofs = {source: (c.bandwidth_tbps, c.peak_tflops) for source, c in
+             (("measured", results.measured), ("spec", results.spec)) if c is not None}
+    page.html("roofline", html_table(analysis.ceilings_table(results), CEILINGS, caption=results.caption(
+        "the ceilings every chapter divides by: measured in this run, before its points, beside the spec sheet")))
+    if len(results.ok):
+        page.figure("roofline", figures.roofline(results.ok, roofs), results.caption(
+            "solid roofs: ceilings measured in this run; dotted: the spec sheet"))
+
+
+def _seed(page, results, reference, profile: str) -> None:
+    from fp4lab.analysis import decode
+
+    config = decode.DiagnosisConfig.from_profile(profile)
+    for which in (results, reference):
+        backend = decode.seed_backend(which, config) if which is not None else None
+        if backend:
+            page.html("seed", html_table(analysis.seed_table(which, backend), SEED, caption=which.caption(
+                f"{backend}, the GEMM backend whose loop of expert GEMMs runs the {config.preset} layer "
+                f"fastest at B={config.decode_batch} (chapter 04's GEMM-loop model and decode power read "
+                f"it; the fastest layer path there may be a fused MoE kernel); {SEED_NOTE}")))
+    page.html("seed", html_table(seed_sm120_table(), PUBLISHED, caption="Published: " + SEED_SOURCE))
+
+
+def findings(results: analysis.GemmResults, reference: analysis.GemmResults | None) -> list[str]:
+    numbers = analysis.headline(results)
+    device = text.md(results.view.device)
+    lines = [f"On {device}, {text.count(len(numbers['backends_ok']), 'backend')} ran correctly "
+             f"({text.md(text.join(numbers['backends_ok']))}) and "
+             f"{text.count(len(numbers['backends_unavailable']), 'backend')} could not run here "
+             "(the table above gives each reason)."]
+    if "best" in numbers:
+        best, small = numbers["best"], numbers["smallest"]
+        basis = numbers["basis"]
+        lines.append(f"At M={small['m']} the fastest reader of the weights is {text.md(small['backend'])} on "
+                     f"{small['n']}x{small['k']} {text.md(small['fmt'])}: {text.sig(small['tbps'])} TB/s "
+                     f"({text.pct(small[f'pct_bandwidth_{basis}'])} of the {basis} bandwidth), "
+                     f"{text.sig(small['tflops'])} TFLOP/s.")
+        lines.append(f"The fastest point is {text.md(best['backend'])} at M={best['m']} on {best['n']}x{best['k']}: "
+                     f"{text.sig(best['tflops'], 4)} TFLOP/s, {text.pct(best['pct_peak_spec'])} of the spec "
+                     f"{text.md(best['math_dtype'])} peak and {text.pct(best['pct_peak_measured'])} of the measured one.")
+    fastest = analysis.fastest_fp4(results)
+    if len(fastest):
+        small = fastest[fastest["m"] == fastest["m"].min()]
+        best = small.loc[small["speedup_vs_bf16"].idxmax()]
+        lines.append(f"4-bit weights at M={best['m']}: the best case is {text.md(best['backend'])} on "
+                     f"{best['n']}x{best['k']} {text.md(best['fmt'])} at {text.us(best['us'])}, "
+                     f"{text.as_fast(best['us'], best['bf16_us'])} cuBLAS bf16 ({text.us(best['bf16_us'])}); "
+                     f"the FP4 read floor there is {text.us(best['floor_us'])}, so it reaches "
+                     f"{text.pct(best['pct_of_floor'])} of it.")
+    for dtype, how in numbers["raised"].items():
+        lines.append(f"The measured {text.md(dtype)} peak was {text.md(how)}.")
+    if numbers["failures"]:
+        lines.append("Points that failed: " + text.md(", ".join(
+            f"{backend} {status} x{count}" for (backend, status), count in numbers["failures"].items())) + ".")
+    if reference is not None and "best" in analysis.headline(reference):
+        ref = analysis.headline(reference)
+        lines.append(f"In the run shown beside ({text.code(reference.view.run_id)}, "
+                     f"{text.md(reference.view.device)}), the fastest point is "
+                     f"{text.md(ref['best']['backend'])} at {text.sig(ref['best']['tflops'], 4)} TFLOP/s "
+                     f"(M={ref['best']['m']}) and the fastest reader at M={ref['smallest']['m']} moves "
+                     f"{text.sig(ref['smallest']['tbps'])} TB/s.")
+    return lines
