@@ -145,3 +145,19 @@ def test_gate_on_cuda_passes_cublas_and_catches_a_scale():
                    make_call)
     result = check_backend(bad, TOLERANCE["bf16"])
     assert result.status == "wrong_result" and "wrong scale" in result.message
+
+
+def test_run_poisoned_takes_a_list_of_results_as_a_loop_of_expert_gemms_returns():
+    """loop-triton-w4a16's call returns one tensor per expert: the check must run it (the H200
+    reference run 20261203T1155Z stored 32 error rows when it assumed one tensor)."""
+    from types import SimpleNamespace
+
+    from fp4lab import correctness
+
+    out = torch.zeros(2, 3)
+    experts = [torch.ones(1, 3), torch.full((1, 3), 2.0)]
+    prepared = SimpleNamespace(out=out, call=lambda: experts)
+    assert correctness.run_poisoned(prepared) is experts
+    assert poison_survived(out).all()                                      # poisoned before the call
+    single = SimpleNamespace(out=None, call=lambda: experts[0])
+    assert correctness.run_poisoned(single) is experts[0]

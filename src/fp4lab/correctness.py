@@ -99,14 +99,16 @@ def poison_survived(out: torch.Tensor) -> torch.Tensor:
     return out == torch.iinfo(out.dtype).min
 
 
-def run_poisoned(prepared) -> torch.Tensor:
-    """Poison `prepared.out` (when it has one), run `prepared.call()` once and synchronize: the
-    result a check reads."""
+def run_poisoned(prepared):
+    """Poison `prepared.out` (when it has one), run `prepared.call()` once and synchronize every
+    GPU its result lies on: the result a check reads (a tensor, or a list of them: a loop of
+    expert GEMMs)."""
     if prepared.out is not None:
         poison(prepared.out)
     result = prepared.call()
-    if result.is_cuda:
-        torch.cuda.synchronize(result.device)
+    tensors = result if isinstance(result, (list, tuple)) else [result]
+    for device in {t.device for t in tensors if isinstance(t, torch.Tensor) and t.is_cuda}:
+        torch.cuda.synchronize(device)
     return result
 
 

@@ -285,8 +285,8 @@ def other_kernel_lines(table, kernel: str) -> list[str]:
     row = anatomy_row(table[table["backend"] == kernel])
     at = (table["fmt"] == row["fmt"]) & (table["n"] == row["n"]) & (table["k"] == row["k"]) & (table["m"] == row["m"])
     for other in table[at & (table["backend"] != kernel)].itertuples():
-        lines.append(f"{text.code(other.backend)}, dissected the same way at that point, takes {text.us(other.full)} "
-                     f"for the full kernel ({text.ratio(other.full / row['full'])} {text.code(kernel)}'s) and "
+        lines.append(f"{text.code(other.backend)}, dissected at the same point, takes {text.us(other.full)} "
+                     f"for its full kernel ({text.ratio(other.full / row['full'])} {text.code(kernel)}'s) and "
                      f"{text.us(other.load)} for its loads alone.")
     return lines
 
