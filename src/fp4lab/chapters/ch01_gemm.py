@@ -32,7 +32,7 @@ FASTEST = [Col("m", "M (tokens)", "int"), Col("backend", "fastest 4-bit method")
            Col("cases won", "cases won (format x shape)"),
            Col("median speed-up vs bf16", "speed-up vs cuBLAS bf16 (median)", "ratio"),
            Col("median % of FP4 floor", "% of the FP4 read floor reached (median)", "pct")]
-ANATOMY = [Col("backend", "kernel"), Col("shape", "N x K"), Col("m", "M", "int"), Col("fmt", "format"),
+ANATOMY = [Col("shape", "N x K"), Col("m", "M", "int"), Col("fmt", "format"),
            Col("stream", "bytes as a stream", "us"), Col("load", "loads only", "us"),
            Col("decode", "decode, no math", "us"),
            Col("math", "math on bf16", "us"), Col("mma", "MMAs, no split-K reduction", "us"),
@@ -154,16 +154,17 @@ def _anatomy(page, results) -> None:
     others = sorted(set(table["backend"]) - {kernel})
     page.figure("anatomy", figures.anatomy(mine[mine["fmt"] == shown]), results.caption(
         f"{kernel}, the faster kernel dissected, {shown.upper()}"
-        + (f" ({text.join(others)} in the table)" if others else "")
+        + (f" ({text.join(others)} in its own table below)" if others else "")
         + "; each stage variant passed its own check (exact integer sums of what it read or decoded, "
           "row sums, or the gate)"))
     launch = table["launch_floor_us"].dropna()
-    ordered = table.assign(first=table["backend"] != kernel).sort_values(["first", "backend", "n", "k", "m"])
-    page.html("anatomy", html_table(ordered.assign(shape=[f"{int(r.n)}x{int(r.k)}" for r in ordered.itertuples()]),
-                                    anatomy_columns(table), caption=results.caption(
-        "each stage's median time per call; copy floor: the FP4 weights and bf16 activations at the measured "
-        "copy bandwidth" + (f"; launch floor {text.us(launch.iloc[0])} for every row" if len(launch) else "")
-        + load_paths_note(table))))
+    for name in [kernel, *others]:                     # one table per kernel: its own stages
+        rows = table[table["backend"] == name].sort_values(["n", "k", "m", "fmt"])
+        page.html("anatomy", html_table(rows.assign(shape=[f"{int(r.n)}x{int(r.k)}" for r in rows.itertuples()]),
+                                        anatomy_columns(rows), caption=results.caption(
+            f"{name}: each stage's median time per call; copy floor: the FP4 weights and bf16 activations at "
+            "the measured copy bandwidth" + (f"; launch floor {text.us(launch.iloc[0])} for every row" if len(launch)
+                                             else "") + load_paths_note(rows))))
     page.bullets("anatomy", anatomy_findings(mine) + other_kernel_lines(table, kernel))
 
 
@@ -214,7 +215,8 @@ def _counters(page, folders, results) -> None:
 
 
 def anatomy_columns(table) -> list[Col]:
-    """ANATOMY without the stages this run did not time (a run from before the stream stage)."""
+    """ANATOMY without the stages these rows did not time (another kernel's, or a run from before
+    the stream stage)."""
     return [c for c in ANATOMY if c.source not in analysis.ANATOMY_STAGES or table[c.source].notna().any()]
 
 
