@@ -272,3 +272,14 @@ def test_the_anatomy_worker_builds_each_point_once_and_stores_a_failed_check_unt
             assert row["error"] == "mma: partial tiles do not add up"
         else:
             assert row["status"] == "ok" and row["median_us"] > 0 and row["rel_err"] < 1e-2
+
+
+def test_the_cli_counts_the_anatomy_rows_beside_the_gemm_rows(tmp_path, capsys):
+    """A GEMM sweep also times the kernels' stages: its closing line says how many rows of each."""
+    from fp4lab import cli
+
+    assert cli.main(["sweep", "--profile", "smoke", "--backends", "cuda-w4a16", "--format", "nvfp4",
+                     "--m", "1", "--shapes", "32x64", "--device", "cpu", "--gpus", "one",
+                     "--out", str(tmp_path), "--run-id", "count", "--quiet"]) == 0
+    assert ("the run holds 1 gemm rows (1 unavailable) and 8 anatomy rows (8 unavailable)"
+            in capsys.readouterr().err)            # 4 stages at the smoke profile's M = 1 and 16

@@ -160,13 +160,22 @@ def _measure(work, run, table: str) -> int:
               f"{run.path}", file=sys.stderr)
         return 1
     rows = run.read_table(table)
-    counts = rows["status"].value_counts().to_dict() if len(rows) else {}
-    print(f"{measured} points measured in {time.monotonic() - started:.1f} s; the run holds {len(rows)}: "
-          + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())), file=sys.stderr)
+    held = [_held(rows, table)]
+    if table == "gemm" and run.has_table("anatomy"):      # the GEMM sweep also times the kernels' stages
+        held.append(_held(run.read_table("anatomy"), "anatomy"))
+    print(f"{measured} points measured in {time.monotonic() - started:.1f} s; the run holds "
+          + " and ".join(held), file=sys.stderr)
     if table == "gemm" and len(rows):
         print(printable(_headline(run)), file=sys.stderr)      # names from the run's rows
     print(run.path)
     return 0
+
+
+def _held(rows, table: str) -> str:
+    """"22 gemm rows (2 ok, 20 unavailable)"."""
+    counts = rows["status"].value_counts().to_dict() if len(rows) else {}
+    return (f"{len(rows)} {table} rows"
+            + (f" ({', '.join(f'{n} {status}' for status, n in sorted(counts.items()))})" if counts else ""))
 
 
 def _headline(run) -> str:
