@@ -171,26 +171,15 @@ def _anatomy(page, results) -> None:
 def load_paths_note(table) -> str:
     """"; tiles moved by TMA at 8192x8192 M=1 (nvfp4, mxfp4), by cp.async in the other rows" (the
     kernel config of each row, its preset: every path but the most common one named with its
-    rows), per kernel with its name where the table holds several ("; triton-w4a16's tiles ...;
-    cuda-w4a16's ..."), or nothing when the run did not record them."""
+    rows), or nothing when the run did not record them."""
     if "loads" not in table:
         return ""
-    kernels = list(table.groupby("backend", sort=False)) if "backend" in table else [("", table)]
-    notes = [(name, _load_paths(rows)) for name, rows in kernels]
-    notes = [(name, note) for name, note in notes if note]
-    if len(notes) == 1:
-        return f"; tiles moved {notes[0][1]}"
-    return "".join(f"; {name}'s tiles moved {note}" for name, note in notes)
-
-
-def _load_paths(rows) -> str:
-    """"by TMA at ..., by cp.async in the other rows" for one kernel's rows ("" when unknown)."""
-    known = rows[rows["loads"] != "—"]
+    known = table[table["loads"] != "—"]
     paths = known["loads"].value_counts()
     if not len(paths):
         return ""
     if len(paths) == 1:
-        return f"by {paths.index[0]} in every row"
+        return f"; tiles moved by {paths.index[0]} in every row"
     named = []
     for path in paths.index[1:]:
         formats: dict[tuple[int, int, int], list[str]] = {}
@@ -199,7 +188,7 @@ def _load_paths(rows) -> str:
         where = ", ".join(f"{n}x{k} M={m} ({', '.join(fmts)})" for (n, k, m), fmts in sorted(formats.items()))
         named.append(f"by {path} at {where}")
     sep = "; " if len(named) > 1 else ", "       # commas already separate the rows of one path
-    return f"{sep.join(named)}{sep}by {paths.index[0]} in the other rows"
+    return f"; tiles moved {sep.join(named)}{sep}by {paths.index[0]} in the other rows"
 
 
 def _counters(page, folders, results) -> None:
