@@ -23,7 +23,8 @@ from fp4lab.chapters import CHAPTERS
 from fp4lab.errors import ParameterError
 from fp4lab.results import REFERENCE_ROOT, RunDir, find_run_dirs
 
-SOURCE = find_run_dirs(REFERENCE_ROOT)[-1]        # the newest reference run: every table
+# the newest reference run that holds every table (20261203T1155Z measured no comm: NOTES, call 62)
+SOURCE = [path for path in find_run_dirs(REFERENCE_ROOT) if RunDir(path).has_table("comm")][-1]
 # chapter knobs that keep the routing model small (seconds, not tens of seconds)
 SMALL = {"01_fp4_gemm_sweep": {"measure": False},
          "03_moe_expert_scatter": {"measure": False, "batch_sizes": [64, 512], "ep_degrees": [1, 8],
