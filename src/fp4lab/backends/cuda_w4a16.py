@@ -468,7 +468,7 @@ def _stage_check(stage: str, prepared: Prepared, fmt: str,
 
 
 def _check_partials(prepared: Prepared, tolerance: float) -> correctness.GateResult:
-    partials = correctness.run_poisoned(prepared)                                                  # [splits, M, N]
+    partials = correctness.run_poisoned(prepared)                            # [splits, M, N]
     reference = correctness.reference_gemm(prepared.ref_a, prepared.ref_w)
     return correctness.compare(partials.double().sum(dim=0).cpu(), reference,
                                torch.linalg.vector_norm(reference).item(), tolerance)

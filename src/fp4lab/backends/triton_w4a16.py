@@ -489,7 +489,7 @@ def _check_stream(prepared: Prepared) -> correctness.GateResult:
     (words,) = prepared.args
     result = correctness.run_poisoned(prepared).cpu()
     return correctness.exact(result, stream_kernel.expected_xor(words.cpu(), result.numel()),
-                  "stream XOR", "words", "every word read")
+                             "stream XOR", "words", "every word read")
 
 
 def expected_checksum(a_bf16: torch.Tensor, packed: torch.Tensor,
@@ -510,7 +510,7 @@ def _check_checksum(prepared: Prepared, config: TileConfig) -> correctness.GateR
                                untiled(scale_bytes, n, config.block_n))
     result = correctness.run_poisoned(prepared).cpu()
     return correctness.exact(result, expected_checksum(a_bf16.cpu(), packed.cpu(), scale_bytes.cpu()),
-                  "load checksum", "sums", "int32 sums of every byte read")
+                             "load checksum", "sums", "int32 sums of every byte read")
 
 
 def _check_row_sums(prepared: Prepared) -> correctness.GateResult:

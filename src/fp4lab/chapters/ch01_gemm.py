@@ -149,7 +149,7 @@ def _anatomy(page, results) -> None:
         return
     kernel = analysis.anatomy_kernel(table)
     mine = table[table["backend"] == kernel]
-    # one kernel and one format in the figure (the formats differ by a few percent; all rows are in the table)
+    # one kernel and one format in the figure (the formats differ by a few percent; every row is in the tables)
     shown = "nvfp4" if (mine["fmt"] == "nvfp4").any() else mine["fmt"].iloc[0]
     others = sorted(set(table["backend"]) - {kernel})
     page.figure("anatomy", figures.anatomy(mine[mine["fmt"] == shown]), results.caption(
