@@ -30,17 +30,17 @@ from fp4lab.backends.cuda_w4a16 import CudaTileConfig, choose_config  # noqa: E4
 SHAPES = ((8192, 8192), (4096, 6144), (6144, 2048))
 M_VALUES = (1, 4, 16)
 # (k-groups a warp, of them in flight, warps a CTA, warps a team on one row tile, CTAs an SM must
-# fit (None: ptxas' own register choice), launch overlaps): the preset builds, then the builds of
-# calls 53 and 56 beside them; `min_ctas` buys registers (1: up to 128 for 16 warps, 2: up to 64;
-# call 57: 1-9% faster than ptxas' own ~52 where the occupancy allows it, while 77 registers fit
-# one 16-warp CTA an SM, not two: 8192x8192 NVFP4 M=1 14.35 us against 12.67)
-BUILDS = ((8, 4, 8, 4, 1, ("tail", "all")), (8, 4, 16, 1, 2, ("tail", "all")),
-          (16, 4, 16, 1, 2, ("tail", "all")),
-          (8, 4, 8, 4, None, ("tail",)), (8, 4, 16, 1, None, ("tail", "all")),
-          (16, 4, 16, 1, None, ("tail", "all")), (8, 4, 16, 1, 1, ("tail", "all")),
-          (16, 4, 16, 1, 1, ("tail", "all")), (8, 4, 8, 4, 3, ("tail", "all")))
-GRID = tuple(CudaTileConfig(groups=g, depth=d, warps=w, kwarps=kw, min_ctas=b, overlap=overlap)
-             for g, d, w, kw, b, overlaps in BUILDS for overlap in overlaps)
+# fit): the preset builds of call 57 (benchmarks/NOTES.md: `min_ctas` buys registers, 1-9% faster
+# than ptxas' own ~52 where the occupancy allows it), and 4 k-groups a warp (twice the splits,
+# which a cluster reduction may now afford), each launched both ways and with its splits reduced
+# in thread-block clusters of every size the H200 runs (1: global atomics only; over 8: the
+# non-portable size); `CudaTileConfig.reason` leaves out the builds a point cannot take
+BUILDS = ((8, 4, 8, 4, 1), (8, 4, 16, 1, 2), (16, 4, 16, 1, 2), (4, 4, 16, 1, 2))
+OVERLAPS = ("tail", "all")
+CLUSTERS = (1, 2, 3, 4, 6, 8, 12, 16)
+GRID = tuple(CudaTileConfig(groups=g, depth=d, warps=w, kwarps=kw, min_ctas=b, overlap=overlap,
+                            cluster=cluster)
+             for g, d, w, kw, b in BUILDS for overlap in OVERLAPS for cluster in CLUSTERS)
 
 PEERS = ("triton-w4a16", "torch-bf16", "humming-w4a16")
 
@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for measurements.jsonl")
     parser.add_argument("--formats", default="nvfp4,mxfp4")
+    parser.add_argument("--no-anatomy", action="store_true", help="leave the preset's stages out")
     args = parser.parse_args(argv)
     device = tune.script_device("cuda_probe", smoke=False)
     if device is None:
@@ -91,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     timer = tune.device_timer()
     weights: dict = {}
     best: dict = {}
-    print(f"{'fmt':<5} {'N x K':>10} {'M':>3} {'variant':<30} {'status':<12} {'us':>8} {'TB/s':>5} "
-          f"{'regs':>4} {'local':>5}  note")
+    print(f"{'fmt':<5} {'N x K':>10} {'M':>3} {'variant':<34} {'status':<12} {'us':>8} {'TB/s':>5} "
+          f"{'regs':>4} {'local':>5} {'clus':>4}  note")
     with open(out / "measurements.jsonl", "w") as log:
         for fmt in tune.parse_formats(args.formats):
             for n, k in SHAPES:
@@ -106,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                                   None) for name in PEERS]
                     variants += [(f"anatomy {stage}", "cuda-w4a16-anatomy",
                                   lambda stage=stage: anatomy_row(stage, pick, a, w, device, timer), None)
-                                 for stage in ("stream", *cuda_w4a16.ANATOMY_STAGES)]
+                                 for stage in ("stream", *cuda_w4a16.ANATOMY_STAGES)
+                                 if not args.no_anatomy]
                     for label, backend, run, config in variants:
                         row = {"fmt": fmt, "n": n, "k": k, "m": m, "variant": label,
                                "backend": backend, **run(), "bytes": tune.fp4_bytes(point)}
@@ -121,10 +123,11 @@ def main(argv: list[str] | None = None) -> int:
                         log.write(json.dumps(row) + "\n")
                         log.flush()
                         info = row.get("info") or {}
-                        print(f"{fmt:<5} {f'{n}x{k}':>10} {m:>3} {label:<30} {row['status']:<12} "
+                        print(f"{fmt:<5} {f'{n}x{k}':>10} {m:>3} {label:<34} {row['status']:<12} "
                               f"{row.get('median_us', float('nan')):8.2f} "
                               f"{row.get('tbps', float('nan')):5.2f} "
-                              f"{info.get('registers', ''):>4} {info.get('local_bytes', ''):>5}  "
+                              f"{info.get('registers', ''):>4} {info.get('local_bytes', ''):>5} "
+                              f"{info.get('active_clusters', ''):>4}  "
                               f"{'pick ' if row.get('pick') else ''}{(row.get('message') or '')[:90]}",
                               flush=True)
     (out / "presets.json").write_text(json.dumps(best, indent=1) + "\n")

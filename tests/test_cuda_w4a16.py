@@ -103,6 +103,21 @@ def test_configs_are_validated_and_say_what_a_point_needs():
     assert "shared memory" in team.reason(16, 8192, 8192) and team.reason(1, 8192, 8192) is None
 
 
+def test_cluster_configs_are_validated_and_size_their_shared_partials():
+    clustered = cuda.CudaTileConfig(groups=16, depth=4, warps=16, min_ctas=2, overlap="tail", cluster=8)
+    assert clustered.label() == "cuda g16 d4 w16 k1 b2 c8 pdl-tail"
+    assert clustered.reason(16, 8192, 8192) is None              # 8 splits: one cluster a column
+    assert "gives 6 splits of 1024, which clusters of 8 CTAs cannot divide" in \
+        clustered.reason(16, 4096, 6144)
+    # the partial tiles (16 tiles x 32 lanes x 4 floats x n8 tiles) reuse the activations' space
+    assert clustered.shared_bytes(16) == 16 * (2 * 1024 + 16)    # activations are larger
+    assert clustered.shared_bytes(1) == 4 * 16 * 1 * 4 * 32      # the partials are larger
+    assert cuda.CudaTileConfig(groups=16, depth=4, warps=16).shared_bytes(1) == 2 * 1024 + 16
+    for bad in (0, 17, 2.0, True):
+        with pytest.raises(ValueError, match="cluster must be an int from 1 to 16"):
+            cuda.CudaTileConfig(cluster=bad)
+
+
 def test_the_preset_rule_is_the_probes_winners_and_fits_any_point():
     # calls 57 and 60's fastest builds on the issue's three shapes (benchmarks/NOTES.md)
     team, short_m16, full_early, full_tail, narrow = (p.config for p in cuda.PRESETS)
@@ -202,7 +217,13 @@ GPU_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=2), cuda.CudaTileConfig(group
                cuda.CudaTileConfig(groups=4, warps=16, depth=2, kwarps=2),
                cuda.CudaTileConfig(groups=4, warps=4, overlap="tail"),
                cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2, overlap="all"),
-               cuda.CudaTileConfig(groups=8, warps=8, depth=4, min_ctas=8, overlap="all")]   # 32 registers
+               cuda.CudaTileConfig(groups=8, warps=8, depth=4, min_ctas=8, overlap="all"),   # 32 registers
+               # split-K in a thread-block cluster: the cluster covers K (8 splits); clusters and
+               # the workspace (8 splits, 2 a cluster); with teams; 16 CTAs (non-portable) and PDL
+               cuda.CudaTileConfig(groups=2, warps=2, cluster=8),
+               cuda.CudaTileConfig(groups=2, warps=4, depth=1, cluster=2),
+               cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2, cluster=4, overlap="tail"),
+               cuda.CudaTileConfig(groups=1, warps=1, cluster=16, overlap="all")]
 
 
 def seeded_operands(fmt: str, m: int, n: int, k: int):
@@ -291,7 +312,8 @@ def test_dependent_launches_read_what_the_kernel_before_them_wrote(overlap):
 
 ANATOMY_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=4, depth=1),                  # split-K
                    cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2),        # teams
-                   cuda.CudaTileConfig(groups=16, warps=8, depth=4, min_ctas=2, overlap="all")]
+                   cuda.CudaTileConfig(groups=16, warps=8, depth=4, min_ctas=2, overlap="all"),
+                   cuda.CudaTileConfig(groups=2, warps=4, depth=2, cluster=4)]       # a cluster
 
 
 @pytest.mark.cuda

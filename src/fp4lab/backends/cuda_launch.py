@@ -1,11 +1,14 @@
-"""Launching an NVRTC-built kernel with programmatic dependent launch (PDL), through the driver.
+"""Launching an NVRTC-built kernel with launch attributes, through the driver: programmatic
+dependent launch (PDL) and thread-block clusters.
 
 `torch.cuda._compile_kernel` launches with `cuLaunchKernel`, which takes no launch attributes. PDL
 needs `cuLaunchKernelEx` with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: the kernel may
 then start while the previous kernel in the stream is still finishing, as soon as every CTA of that
 kernel has executed `griddepcontrol.launch_dependents` (or exited); its own `griddepcontrol.wait`
 returns once the previous kernel has completed and its writes are visible. Captured into a CUDA
-graph, the launch becomes a programmatic edge (CUDA >= 12.3).
+graph, the launch becomes a programmatic edge (CUDA >= 12.3). CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+groups CTAs into clusters (sm_90) that run at once on one GPC and read each other's shared memory;
+more than 8 CTAs a cluster needs the function's non-portable-size attribute.
 
 The structures mirror cuda.h (CUDA 12-13, 64-bit): CUlaunchAttribute is 72 bytes (a 4-byte id,
 4 of padding, a 64-byte value union), CUlaunchConfig 56. tests/test_cuda_launch.py checks the
@@ -19,14 +22,21 @@ import functools
 
 import torch
 
-PROGRAMMATIC_STREAM_SERIALIZATION = 6     # CUlaunchAttributeID, cuda.h
+CLUSTER_DIMENSION = 4                     # CUlaunchAttributeID, cuda.h
+PROGRAMMATIC_STREAM_SERIALIZATION = 6
 # CUfunction_attribute, cuda.h: what ptxas gave the build
 FUNCTION_ATTRIBUTES = {"local_bytes": 3, "registers": 4}
+NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
+PORTABLE_CLUSTER = 8                      # CTAs a cluster may have without that attribute
+
+
+class ClusterDimension(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
 
 
 class LaunchAttributeValue(ctypes.Union):
     _fields_ = [("programmatic_stream_serialization_allowed", ctypes.c_int),
-                ("pad", ctypes.c_char * 64)]
+                ("cluster", ClusterDimension), ("pad", ctypes.c_char * 64)]
 
 
 class LaunchAttribute(ctypes.Structure):
@@ -57,16 +67,30 @@ def kernel_parameters(args: list) -> tuple[ctypes.Array, list]:
 
 
 def launch_config(grid, block, shared_bytes: int, stream: int,
-                  attribute: LaunchAttribute) -> LaunchConfig:
-    """A CUlaunchConfig with one attribute (the caller keeps `attribute` alive)."""
+                  attributes: ctypes.Array) -> LaunchConfig:
+    """A CUlaunchConfig with an array of attributes (the caller keeps `attributes` alive)."""
     return LaunchConfig(*grid, *block, shared_bytes, ctypes.c_void_p(stream),
-                        ctypes.pointer(attribute), 1)
+                        ctypes.cast(attributes, ctypes.POINTER(LaunchAttribute)), len(attributes))
 
 
 def dependent_launch_attribute() -> LaunchAttribute:
     attribute = LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
     attribute.value.programmatic_stream_serialization_allowed = 1
     return attribute
+
+
+def cluster_attribute(cluster: tuple[int, int, int]) -> LaunchAttribute:
+    """CTAs a cluster along (x, y, z); each must divide the grid's."""
+    attribute = LaunchAttribute(id=CLUSTER_DIMENSION)
+    attribute.value.cluster = ClusterDimension(*cluster)
+    return attribute
+
+
+def launch_attributes(dependent: bool, cluster: tuple[int, int, int]) -> ctypes.Array:
+    """The attributes of one launch: PDL when `dependent`, the cluster shape unless (1, 1, 1)."""
+    chosen = ([dependent_launch_attribute()] if dependent else []) + \
+        ([cluster_attribute(cluster)] if cluster != (1, 1, 1) else [])
+    return (LaunchAttribute * len(chosen))(*chosen)
 
 
 @functools.lru_cache(maxsize=None)
@@ -78,6 +102,11 @@ def _driver() -> ctypes.CDLL:
     driver.cuFuncGetAttribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int,
                                           ctypes.c_void_p]
     driver.cuFuncGetAttribute.restype = ctypes.c_int
+    driver.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    driver.cuFuncSetAttribute.restype = ctypes.c_int
+    driver.cuOccupancyMaxActiveClusters.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
+                                                    ctypes.POINTER(LaunchConfig)]
+    driver.cuOccupancyMaxActiveClusters.restype = ctypes.c_int
     return driver
 
 
@@ -101,12 +130,35 @@ def function_attributes(kernel) -> dict[str, int]:
     return values
 
 
-def launch_dependent(kernel, grid, block, shared_mem: int, args: list) -> None:
-    """Launch a `torch.cuda._compile_kernel` kernel on the current stream with PDL allowed."""
+def allow_cluster(kernel, cluster: tuple[int, int, int]) -> None:
+    """Let `kernel` launch in clusters of this shape (clusters over PORTABLE_CLUSTER CTAs need the
+    function's non-portable attribute; sm_90 runs up to 16)."""
+    if cluster[0] * cluster[1] * cluster[2] > PORTABLE_CLUSTER:
+        driver = _driver()
+        _check(driver, driver.cuFuncSetAttribute(kernel.func, NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+               "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)")
+
+
+def active_clusters(kernel, grid, block, shared_mem: int, cluster: tuple[int, int, int]) -> int:
+    """How many clusters of this shape the GPU runs at once (cuOccupancyMaxActiveClusters): below
+    the grid's cluster count, the launch runs in more than one wave."""
+    attributes = launch_attributes(False, cluster)
+    config = launch_config(grid, block, shared_mem, 0, attributes)
+    driver, count = _driver(), ctypes.c_int()
+    _check(driver, driver.cuOccupancyMaxActiveClusters(ctypes.byref(count), kernel.func,
+                                                       ctypes.byref(config)),
+           "cuOccupancyMaxActiveClusters")
+    return count.value
+
+
+def launch_ex(kernel, grid, block, shared_mem: int, args: list, *, dependent: bool = False,
+              cluster: tuple[int, int, int] = (1, 1, 1)) -> None:
+    """Launch a `torch.cuda._compile_kernel` kernel on the current stream through cuLaunchKernelEx,
+    with PDL allowed (`dependent`) and in clusters of `cluster` CTAs (`allow_cluster` first)."""
     pointers, _values = kernel_parameters(args)
-    attribute = dependent_launch_attribute()
+    attributes = launch_attributes(dependent, cluster)
     config = launch_config(grid, block, shared_mem, torch.cuda.current_stream().cuda_stream,
-                           attribute)
+                           attributes)
     driver = _driver()
     _check(driver, driver.cuLaunchKernelEx(ctypes.byref(config), kernel.func, pointers, None),
            "cuLaunchKernelEx")

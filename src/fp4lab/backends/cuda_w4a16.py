@@ -29,7 +29,8 @@ import torch
 
 from fp4lab import correctness
 from fp4lab.backends.base import Backend, Prepared, Requirements, prepared_from, resolve_device
-from fp4lab.backends.cuda_launch import function_attributes, launch_dependent
+from fp4lab.backends.cuda_launch import (active_clusters, allow_cluster, function_attributes,
+                                         launch_ex)
 from fp4lab.backends.triton_w4a16 import (SCALE_EXP, AnatomyVariant, check_scale_range,
                                           kernel_scale_bytes, sm_count)
 
@@ -44,6 +45,7 @@ WARP_CHOICES = (1, 2, 4, 8, 16)
 # epilogue overlaps that launch); "all" as soon as every CTA has started (the next kernel's weight
 # loads run in the CTA slots this one frees)
 OVERLAP_CHOICES = ("off", "tail", "all")
+MAX_CLUSTER = 16              # CTAs a cluster on sm_90 (over 8: the non-portable attribute)
 REGISTERS_PER_SM = 64 * 1024  # sm_90 (and sm_80-sm_89): what `min_ctas` divides
 MAX_THREADS_PER_SM = 2048
 MAX_REGISTERS = 255           # a thread's
@@ -66,7 +68,9 @@ class CudaTileConfig:
     is how many CTAs an SM must fit at once (`__launch_bounds__`' second argument), which caps
     ptxas' registers a thread at 64 K / (min_ctas x threads) (255 at most): None leaves ptxas its
     own choice, which is fewer registers than even `min_ctas=1` allows (52 against 77 for g16 d4
-    w16 NVFP4, the H200 probe of call 56), so the cap can buy registers as well as warps."""
+    w16 NVFP4, the H200 probe of call 56), so the cap can buy registers as well as warps.
+    `cluster` CTAs of consecutive splits form a thread-block cluster and add their partial tiles
+    in distributed shared memory (1: every split adds into the float32 workspace)."""
 
     groups: int = 8
     warps: int = 4
@@ -74,6 +78,7 @@ class CudaTileConfig:
     kwarps: int = 1
     overlap: str = "off"
     min_ctas: int | None = None
+    cluster: int = 1
 
     def __post_init__(self):
         if self.depth is None:
@@ -94,6 +99,10 @@ class CudaTileConfig:
             raise ValueError(f"CudaTileConfig.min_ctas must be None or 1 to {most_ctas} for "
                              f"{self.warps}-warp CTAs "
                              f"({MAX_THREADS_PER_SM} threads an SM), got {self.min_ctas!r}")
+        if isinstance(self.cluster, bool) or not isinstance(self.cluster, int) \
+                or not 1 <= self.cluster <= MAX_CLUSTER:
+            raise ValueError(f"CudaTileConfig.cluster must be an int from 1 to {MAX_CLUSTER} (CTAs "
+                             f"a thread-block cluster on sm_90), got {self.cluster!r}")
         if self.warps % self.kwarps:
             raise ValueError(f"CudaTileConfig.kwarps ({self.kwarps}) must divide warps "
                              f"({self.warps}): a CTA's warps form teams of kwarps")
@@ -116,8 +125,12 @@ class CudaTileConfig:
 
     def shared_bytes(self, m: int) -> int:
         """Dynamic shared memory: the CTA's staged activations, M rows of its k in bf16, each
-        row padded by 16 bytes (the kernel's ROW_WORDS)."""
-        return m * (2 * self.split_k + 16)
+        row padded by 16 bytes (the kernel's ROW_WORDS); in a cluster, at least the CTA's
+        partial tiles (float, 32 lanes x 4 a tile of 8 activation rows), which reuse it."""
+        activations = m * (2 * self.split_k + 16)
+        if self.cluster == 1:
+            return activations
+        return max(activations, 4 * self.tiles * n_tiles(m) * 4 * LANES)
 
     def static_shared_bytes(self, m: int) -> int:
         """The kernel's static shared memory: the teams' partial tiles (float, 32 lanes x 4 a
@@ -145,6 +158,8 @@ class CudaTileConfig:
         label = f"cuda g{self.groups} d{self.depth} w{self.warps} k{self.kwarps}"
         if self.min_ctas is not None:
             label += f" b{self.min_ctas}"
+        if self.cluster > 1:
+            label += f" c{self.cluster}"
         return label if self.overlap == "off" else f"{label} {self.launch}"
 
     def reason(self, m: int, n: int, k: int) -> str | None:
@@ -154,6 +169,9 @@ class CudaTileConfig:
         if k % self.split_k:
             return (f"K={k} is not a multiple of {self.split_k} "
                     f"(64 x {self.groups} groups x {self.kwarps} warps)")
+        if self.splits(k) % self.cluster:
+            return (f"K={k} gives {self.splits(k)} splits of {self.split_k}, which clusters of "
+                    f"{self.cluster} CTAs cannot divide")
         shared = self.shared_bytes(m) + self.static_shared_bytes(m)
         if shared > SHARED_LIMIT:
             return (f"M={m} rows of {self.split_k} k need {shared} bytes of shared memory, over "
@@ -343,7 +361,8 @@ def compiled(config: CudaTileConfig, fmt: str, tiles: int, capability: tuple[int
     options = [f"-DGROUPS={config.groups}", f"-DDEPTH={config.depth}", f"-DWARPS={config.warps}",
                f"-DKWARPS={config.kwarps}", f"-DNTILES={tiles}",
                f"-DNVFP4={int(fmt == 'nvfp4')}", f"-DOVERLAP_ALL={int(config.overlap == 'all')}",
-               f"-DMIN_CTAS={config.min_ctas or 0}", f"-DSTAGE={list(ANATOMY_STAGES).index(stage)}",
+               f"-DMIN_CTAS={config.min_ctas or 0}", f"-DCLUSTER={config.cluster}",
+               f"-DSTAGE={list(ANATOMY_STAGES).index(stage)}",
                "-std=c++17"]
     return torch.cuda._compile_kernel(KERNEL_SOURCE.read_text(), KERNEL_NAME,
                                       compute_capability=f"{capability[0]}{capability[1]}",
@@ -412,7 +431,17 @@ def _prepare(backend: CudaW4A16, a, w, device, config: CudaTileConfig | None, st
     counts = torch.zeros(grid[0], dtype=torch.int32, device=device)
     unused = torch.empty(0, dtype=torch.bfloat16, device=device)
     shared = config.shared_bytes(m)
-    launch = kernel if config.overlap == "off" else functools.partial(launch_dependent, kernel)
+    cluster = (1, config.cluster, 1)                       # consecutive splits of one column
+    info = {"config": config.label(), "launch": config.launch, "stage": stage,
+            **function_attributes(kernel)}
+    if config.overlap == "off" and config.cluster == 1:
+        launch = kernel
+    else:
+        allow_cluster(kernel, cluster)
+        launch = functools.partial(launch_ex, kernel, dependent=config.overlap != "off",
+                                   cluster=cluster)
+        if config.cluster > 1:     # below grid / cluster, the launch runs in more than one wave
+            info["active_clusters"] = active_clusters(kernel, grid, block, shared, cluster)
 
     def gemm(a_arg, weights_arg, scales_arg, unbias_arg, out_arg):
         result, sums = (out_arg, workspace) if stage == "full" else (unused, out_arg)
@@ -422,9 +451,7 @@ def _prepare(backend: CudaW4A16, a, w, device, config: CudaTileConfig | None, st
         return out_arg
 
     return prepared_from(gemm, (a_bf16, weights, scales, unbias), out,
-                         ref_a=a_bf16.float(), ref_w=formats.dequantize(w).float(),
-                         info={"config": config.label(), "launch": config.launch, "stage": stage,
-                               **function_attributes(kernel)})
+                         ref_a=a_bf16.float(), ref_w=formats.dequantize(w).float(), info=info)
 
 
 # --- kernel anatomy ------------------------------------------------------------------------------

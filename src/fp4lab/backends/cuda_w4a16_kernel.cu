@@ -1,7 +1,7 @@
 // fp4lab's CUDA decode GEMM for FP4 weights at decode-sized M (<= 16): out[M, N] = a[M, K] . W^T.
 //
 // Compiled at prepare with NVRTC (no headers: plain integer types and inline PTX), one build per
-// (GROUPS, DEPTH, WARPS, KWARPS, NTILES, NVFP4, OVERLAP_ALL, MIN_CTAS), given as -D defines
+// (GROUPS, DEPTH, WARPS, KWARPS, NTILES, NVFP4, OVERLAP_ALL, MIN_CTAS, CLUSTER), given as -D defines
 // (MIN_CTAS: CTAs an SM must fit, which caps the registers a thread; 0 leaves them to ptxas).
 // Shape legend: M activation rows, N weight rows, K reduction; a "row tile" is 16 weight rows (one
 // mma.sync M side), a "k-group" 64 k (four m16n8k16 MMAs); g = lane / 4 and t = lane % 4 as in the
@@ -38,6 +38,13 @@
 // barrier (two sequentially consistent fences cost 4-11%, session 9); the CTA that arrives last
 // writes bf16 and zeroes the workspace and counter behind it (a CUDA graph replays it with no
 // memset node).
+// Split-K inside a thread-block cluster (CLUSTER > 1, sm_90; launched with a cluster of CLUSTER CTAs
+// along blockIdx.y): the CTAs of a cluster hold consecutive splits of one CTA column. Each puts its
+// partial tiles in its own shared memory, and after one cluster barrier each adds up its share of the
+// tile's elements over all CLUSTER shared memories (distributed shared memory: ld.shared::cluster,
+// no L2 round trip) and stores them as bf16 when the cluster covers all of K, else adds them into the
+// workspace as above, with CLUSTER times fewer atomics (the anatomy at M = 16: the global reduction
+// cost 1.6-2.6 us of 7.6-16.5, call 61).
 // Programmatic dependent launch (PDL; the backend's `overlap`): launched with
 // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda_launch.py), a kernel may start while
 // the previous one in the stream finishes. Only the weights and scales (never written by a kernel)
@@ -54,6 +61,9 @@
 #define ROW_WORDS (KWARPS * KS / 2 + 4)  // bf16x2 words a staged row (the CTA's k), +4 (16 B):
                                      // conflict-free ldmatrix
 #define SCALE_BYTES (NVFP4 ? 8 : 4)  // scale bytes per (row pair g, g+8) per k-group
+#ifndef CLUSTER
+#define CLUSTER 1
+#endif
 
 // STAGE (the anatomy's variants, numbered in the order of cuda_w4a16.ANATOMY_STAGES): the GEMM; loads
 // only (codes, scales, activations staged and read by ldmatrix; the codes and scales summed); loads
@@ -158,6 +168,30 @@ __device__ __forceinline__ int arrive(int* counter) {
     int before;
     asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(before) : "l"(counter) : "memory");
     return before;
+}
+
+// every thread of every CTA in the cluster: a release of this CTA's shared-memory writes and an
+// acquire of the others' (what the second barrier of the reduction needs as well: no CTA exits while
+// another still reads its shared memory)
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
+                 ::: "memory");
+}
+
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned rank;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    return rank;
+}
+
+// the float at the same shared-memory address (a 32-bit shared::cta address) in CTA `rank` of the
+// cluster; volatile: it must stay below the barrier that published it
+__device__ __forceinline__ float load_cluster(u32 address, unsigned rank) {
+    u32 remote;
+    float v;
+    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(address), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    return v;
 }
 
 // PDL's two halves (sm_90): wait for the previous kernel's completion and writes; let the next
@@ -365,12 +399,44 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
                     if (IN_M(nt, e)) out_tile[OFFSET(nt, e)] = to_bf16(acc[0][nt][e] * factor);
         return;
     }
+#if CLUSTER > 1
+    // the CTA's partial tiles, in fragment order [TILES, NTILES, 4 e, 32 lanes], where the
+    // activations were (every warp's last ldmatrix is behind the first barrier)
+    __syncthreads();
+    float* tiles_partial = reinterpret_cast<float*>(act);
+    if (slice == 0)
+#pragma unroll
+        for (int i = 0; i < NTILES * 4; ++i)
+            tiles_partial[(team * NTILES * 4 + i) * 32 + lane] = acc[0][i / 4][i % 4] * factor;
+    cluster_sync();
+    // this CTA's share of the M x (16 TILES) outputs, in output order (consecutive threads,
+    // consecutive n: coalesced stores), each the sum of its element in every CTA of the cluster
+    const unsigned columns = TILES * 16, outputs = (unsigned)M * columns;
+    const unsigned share = (outputs + CLUSTER - 1) / CLUSTER, first = cluster_rank() * share;
+    const unsigned end = first + share < outputs ? first + share : outputs;
+    for (unsigned i = first + threadIdx.x; i < end; i += WARPS * 32) {
+        const unsigned row = i / columns, column = i % columns;            // m, n within the CTA
+        const unsigned row_in_tile = column % 16, e = 2 * (row_in_tile / 8) + row % 2;
+        const unsigned element = (((column / 16) * NTILES + row / 8) * 4 + e) * 32
+                                 + 4 * (row_in_tile % 8) + (row % 8) / 2;   // lane 4 g + t
+        const u32 address = shared_address(tiles_partial + element);
+        float sum = 0.f;
+#pragma unroll
+        for (unsigned r = 0; r < CLUSTER; ++r) sum += load_cluster(address, r);
+        const unsigned at = row * (unsigned)N + blockIdx.x * columns + column;
+        if (splits == CLUSTER) out[at] = to_bf16(sum);
+        else atomicAdd(&ws[at], sum);
+    }
+    cluster_sync();
+    if (splits == CLUSTER) return;
+#else
     if (slice == 0)
 #pragma unroll
         for (int nt = 0; nt < NTILES; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
                 if (IN_M(nt, e)) atomicAdd(&ws_tile[OFFSET(nt, e)], acc[0][nt][e] * factor);
+#endif
     // every thread's adds before thread 0's arrival (the barrier), then thread 0 releases them
     // and, if last, acquires the others'; the barrier after hands that to every thread
     __syncthreads();
