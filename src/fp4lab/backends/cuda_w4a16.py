@@ -425,9 +425,10 @@ def _prepare(backend: CudaW4A16, a, w, device, config: CudaTileConfig | None, st
         out = torch.empty(grid[1], m, n, dtype=torch.float32, device=device)        # [splits, M, N]
     else:
         out = torch.empty(grid[0] * grid[1] * config.warps, dtype=torch.int32, device=device)
-    # the full kernel's split-K sums ([M, N], zero between calls) and per column counters; the
-    # stages write `out` where the full kernel adds into the workspace, and no output (`unused`)
-    workspace = torch.zeros(m, n, dtype=torch.float32, device=device)
+    # the full kernel's split-K sums (zero between calls; in fragment order, a lane's four
+    # accumulators of an n8 tile together: [T, n8 tiles, 32 lanes, 4]) and per column counters;
+    # the stages write `out` where the full kernel adds into the workspace, and no output (`unused`)
+    workspace = torch.zeros(n // ROW_TILE, n_tiles(m), LANES, 4, dtype=torch.float32, device=device)
     counts = torch.zeros(grid[0], dtype=torch.int32, device=device)
     unused = torch.empty(0, dtype=torch.bfloat16, device=device)
     shared = config.shared_bytes(m)
