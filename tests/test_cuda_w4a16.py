@@ -3,6 +3,8 @@ and on a GPU the kernel itself behind the correctness gate."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -119,28 +121,34 @@ def test_cluster_configs_are_validated_and_size_their_shared_partials():
 
 
 def test_the_preset_rule_is_the_probes_winners_and_fits_any_point():
-    # calls 57 and 60's fastest builds on the issue's three shapes (benchmarks/NOTES.md)
-    team, short_m16, full_early, full_tail, narrow = (p.config for p in cuda.PRESETS)
+    # calls 57, 60 and 64's fastest builds on the issue's three shapes (benchmarks/NOTES.md)
+    team, short_m16, full_early, full_tail, narrow = (cuda.PRESETS[i].config for i in (0, 2, 3, 5, 6))
+    short_clustered, small_clustered = cuda.PRESETS[1], cuda.PRESETS[4]
     # call 60: "all" faster in both formats with the 10-instruction decode
     assert cuda.choose_config(1, 6144, 2048) == cuda.choose_config(4, 6144, 2048) == team
     assert team.overlap == "all"
     assert team.grid(6144, 2048) == (192, 1, 1) and team.min_ctas == 1     # no split-K, more registers
-    assert cuda.choose_config(16, 6144, 2048) == short_m16
+    # call 64: 96 CTAs (24 columns x 4 splits) add their splits in one cluster a column
+    assert short_clustered.clustered and cuda.choose_config(16, 6144, 2048) == \
+        dataclasses.replace(short_m16, cluster=4)
     assert cuda.choose_config(1, 8192, 8192) == cuda.choose_config(4, 8192, 8192)
     assert cuda.choose_config(1, 8192, 8192) == full_early
     assert full_early.overlap == "all" and full_early.grid(8192, 8192) == (32, 8, 1)
     assert full_early.register_cap == 64                      # two 16-warp CTAs an SM
     assert cuda.choose_config(16, 8192, 8192) == full_tail and full_tail.overlap == "tail"
-    # 16 k-groups a warp give 4096x6144 only 96 CTAs, under the H200's 132 SMs: 8 k-groups (192)
+    # 16 k-groups a warp give 4096x6144 only 96 CTAs, under the H200's 132 SMs: at M <= 8 a
+    # cluster of its 6 splits (call 64), at M = 16 8 k-groups (192 CTAs)
     assert full_early.grid(4096, 6144) == (16, 6, 1)
-    assert cuda.choose_config(1, 4096, 6144) == cuda.choose_config(16, 4096, 6144)
-    assert cuda.choose_config(1, 4096, 6144) == narrow
+    assert cuda.choose_config(1, 4096, 6144) == cuda.choose_config(4, 4096, 6144) == \
+        dataclasses.replace(small_clustered.config, cluster=6)
+    assert cuda.choose_config(16, 4096, 6144) == narrow
     assert narrow.grid(4096, 6144) == (16, 12, 1)
-    # on a GPU with fewer SMs the same grid counts as full
+    # on a GPU with fewer SMs the same grid counts as full: no cluster
     assert cuda.choose_config(1, 4096, 6144, sms=78) == full_early
-    # the team needs K a multiple of 2048
-    assert cuda.choose_config(1, 8192, 512) == short_m16
-    for m, n, k in ((1, 48, 128), (4, 112, 64 * 7), (16, 16, 64)):
+    # a cluster needs 2 to 16 splits: K = 512 has 1, so short K falls back to the plain build
+    assert cuda.choose_config(16, 8192, 512) == short_m16
+    assert cuda.choose_config(16, 256, 1024).cluster == 2
+    for m, n, k in ((1, 48, 128), (4, 112, 64 * 7), (16, 16, 64), (1, 256, 64 * 17 * 16)):
         config = cuda.choose_config(m, n, k)
         assert config.reason(m, n, k) is None, (m, n, k, config)
 

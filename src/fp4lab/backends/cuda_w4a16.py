@@ -20,6 +20,7 @@ decode on the CPU, and the correctness gate proves the kernel on the GPU before 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -196,18 +197,34 @@ def point_reason(m: int, n: int, k: int) -> str | None:
 @dataclass(frozen=True)
 class Preset:
     """A build for the points with M <= max_m and K <= max_k (None: any K), and, with
-    `one_cta_per_sm`, only where its grid has at least as many CTAs as the GPU has SMs."""
+    `one_cta_per_sm`, only where its grid has at least as many CTAs as the GPU has SMs. A
+    `clustered` preset reduces all of a column's splits in one thread-block cluster (2 to
+    MAX_CLUSTER of them) and holds only where its grid has fewer CTAs than the GPU has SMs: every
+    cluster then runs at once (on the H200, clusters of 8 two-a-SM CTAs fit 240 CTAs, not 256:
+    a second wave, 8192x8192 M=1 15.5 us against 10.9, call 64)."""
 
     max_m: int
     max_k: int | None
     config: CudaTileConfig
     one_cta_per_sm: bool = False
+    clustered: bool = False
+
+    def build(self, n: int, k: int) -> CudaTileConfig:
+        """The config at an N x K point it holds: a clustered preset's cluster is the point's
+        splits."""
+        if not self.clustered:
+            return self.config
+        return dataclasses.replace(self.config, cluster=self.config.splits(k))
 
     def holds(self, m: int, n: int, k: int, sms: int) -> bool:
         columns, splits, _ = self.config.grid(n, k)
-        return (m <= self.max_m and (self.max_k is None or k <= self.max_k)
-                and self.config.reason(m, n, k) is None
-                and (not self.one_cta_per_sm or columns * splits >= sms))
+        if m > self.max_m or (self.max_k is not None and k > self.max_k) \
+                or self.config.reason(m, n, k) is not None:
+            return False
+        if self.clustered:
+            return (2 <= splits <= MAX_CLUSTER and columns * splits < sms
+                    and self.build(n, k).reason(m, n, k) is None)
+        return not self.one_cta_per_sm or columns * splits >= sms
 
 
 # The first preset that holds wins: the H200 probe of 2026-12-02 (benchmarks/NOTES.md, call 57;
@@ -225,12 +242,21 @@ class Preset:
 #   - `min_ctas=2` (61-64 registers, still two 16-warp CTAs an SM) 1-5% faster than ptxas' ~52
 #     (8192x8192 NVFP4 M=1 12.08 us against 12.67);
 #   - programmatic dependent launch everywhere: "all" where 16-warp CTAs fill the GPU at M <= 8,
-#     "tail" at M = 16 and for short K (call 53: "all" up to 48% slower on small grids or CTAs).
+#     "tail" at M = 16 and for short K (call 53: "all" up to 48% slower on small grids or CTAs);
+#   - where a grid has fewer CTAs than SMs (96 at 6144x2048 M = 16 and 4096x6144 with 16 k-groups
+#     a warp), a thread-block cluster of all the splits adds them in distributed shared memory
+#     (call 64, results/measurements/20261203T1410Z-h200-cuda-cluster-probe: 6144x2048 NVFP4 M=16
+#     7.08 us against 7.60; 4096x6144 NVFP4 M=4 6.87 against 7.23, M=1 6.59 against 6.68; on the
+#     full grids every cluster build was slower, 8192x8192 M=16 17.26 us with pairs against 16.33).
+_SHORT_K_TAIL = CudaTileConfig(groups=8, depth=4, warps=16, min_ctas=2, overlap="tail")
 PRESETS = (Preset(8, 2048, CudaTileConfig(groups=8, depth=4, warps=8, kwarps=4, min_ctas=1,
                                           overlap="all")),
-           Preset(16, 2048, CudaTileConfig(groups=8, depth=4, warps=16, min_ctas=2, overlap="tail")),
+           Preset(16, 2048, _SHORT_K_TAIL, clustered=True),
+           Preset(16, 2048, _SHORT_K_TAIL),
            Preset(8, None, CudaTileConfig(groups=16, depth=4, warps=16, min_ctas=2, overlap="all"),
                   one_cta_per_sm=True),
+           Preset(8, None, CudaTileConfig(groups=16, depth=4, warps=16, min_ctas=2, overlap="tail"),
+                  clustered=True),
            Preset(16, None, CudaTileConfig(groups=16, depth=4, warps=16, min_ctas=2, overlap="tail"),
                   one_cta_per_sm=True),
            Preset(16, None, CudaTileConfig(groups=8, depth=4, warps=16, min_ctas=2, overlap="all")))
@@ -242,7 +268,7 @@ def choose_config(m: int, n: int, k: int, sms: int = 132) -> CudaTileConfig:
     4) that divide K/64, launched plainly, which runs any point point_reason admits."""
     for preset in PRESETS:
         if preset.holds(m, n, k, sms):
-            return preset.config
+            return preset.build(n, k)
     groups = max(g for g in GROUP_CHOICES if g <= 4 and (k // K_GROUP) % g == 0)
     return CudaTileConfig(groups=groups, warps=1)
 
@@ -425,10 +451,9 @@ def _prepare(backend: CudaW4A16, a, w, device, config: CudaTileConfig | None, st
         out = torch.empty(grid[1], m, n, dtype=torch.float32, device=device)        # [splits, M, N]
     else:
         out = torch.empty(grid[0] * grid[1] * config.warps, dtype=torch.int32, device=device)
-    # the full kernel's split-K sums (zero between calls; in fragment order, a lane's four
-    # accumulators of an n8 tile together: [T, n8 tiles, 32 lanes, 4]) and per column counters;
-    # the stages write `out` where the full kernel adds into the workspace, and no output (`unused`)
-    workspace = torch.zeros(n // ROW_TILE, n_tiles(m), LANES, 4, dtype=torch.float32, device=device)
+    # the full kernel's split-K sums ([M, N], zero between calls) and per column counters; the
+    # stages write `out` where the full kernel adds into the workspace, and no output (`unused`)
+    workspace = torch.zeros(m, n, dtype=torch.float32, device=device)
     counts = torch.zeros(grid[0], dtype=torch.int32, device=device)
     unused = torch.empty(0, dtype=torch.bfloat16, device=device)
     shared = config.shared_bytes(m)

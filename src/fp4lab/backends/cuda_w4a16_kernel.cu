@@ -34,8 +34,7 @@
 // bits 15 and 8..6 read as e2m1 * 2^-126, scale bytes carry 2^100); the epilogue multiplies by
 // `unbias`, 2^26 over the nvfp4 global scale (computed at prepare: no division in the kernel).
 // Split-K across CTAs (blockIdx.y): each adds its partial tiles into the float32 workspace (zero
-// between calls; in fragment order, so that a lane's four accumulators of an n8 tile are 16
-// contiguous bytes, one vector atomic, sm_90's red.v4.f32) and thread 0 bumps the CTA column's counter with one acq_rel atomic after a
+// between calls) and thread 0 bumps the CTA column's counter with one acq_rel atomic after a
 // barrier (two sequentially consistent fences cost 4-11%, session 9); the CTA that arrives last
 // writes bf16 and zeroes the workspace and counter behind it (a CUDA graph replays it with no
 // memset node).
@@ -211,25 +210,15 @@ __device__ __forceinline__ unsigned short to_bf16(float v) {
     return r;
 }
 
-struct __align__(16) f32x4 { float x, y, z, w; };
-
-// 16 bytes added at L2 by one atomic (no return value)
-__device__ __forceinline__ void add_l2(float* p, const float* v) {
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};"
-        :: "l"(p), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3]) : "memory");
-}
-
-// the sums the other CTAs added, read at L2 (past L1), then zeroed for the next call
-__device__ __forceinline__ f32x4 take_l2(float* p) {
-    f32x4 v;
-    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
-        : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
-    asm volatile("st.global.cg.v4.f32 [%0], {%1, %1, %1, %1};" :: "l"(p), "f"(0.f) : "memory");
+__device__ __forceinline__ float load_l2(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
     return v;
 }
 
-// the workspace in fragment order, [N / 16 row tiles, NTILES, 32 lanes, 4 accumulators]
-#define WS_INDEX(tile, nt, lane) ((((tile) * NTILES + (nt)) * 32 + (lane)) * 4)
+__device__ __forceinline__ void store_l2(float* p, float v) {
+    asm volatile("st.global.cg.f32 [%0], %1;" :: "l"(p), "f"(v));
+}
 
 // MIN_CTAS 0: the one-argument form, ptxas' own register choice; an explicit minimum, even 1,
 // lets it use up to 64 K / (MIN_CTAS x threads), more than it takes by itself (77 against 52 for
@@ -245,8 +234,7 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
                 const u32x4* __restrict__ a,            // [M, K] bf16, rows 16-byte aligned
                 const float* __restrict__ unbias,       // [1] 2^26 (/ the nvfp4 encode scale)
                 unsigned short* __restrict__ out,       // [M, N] bf16
-                float* __restrict__ ws,                 // [N/16, NTILES, 32, 4] float32, zero
-                                                        // between calls (STAGE_MMA: [splits, M, N])
+                float* __restrict__ ws,                 // [M, N] float32, zero between calls
                 int* __restrict__ counts,               // [N / (16 * TILES)], zero between calls
                 int M, int N, int K, int splits) {
     extern __shared__ __align__(16) u32 act[];          // [M, KWARPS * KS] bf16, padded rows
@@ -390,6 +378,7 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     const float factor = *unbias;
     const unsigned n0 = tile * 16 + g;
     unsigned short* out_tile = out + n0;
+    float* ws_tile = ws + n0;
 #define OFFSET(nt, e) ((nt * 8 + 2 * t + (e & 1)) * (unsigned)N + 8 * (e >> 1))
 #define IN_M(nt, e) (nt * 8 + 2 * t + (e & 1) < (unsigned)M)
 #if STAGE == STAGE_MMA                                   // the split's own [M, N] slice
@@ -398,7 +387,7 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
         for (int nt = 0; nt < NTILES; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                if (IN_M(nt, e)) ws[split * (unsigned)(M * N) + n0 + OFFSET(nt, e)] = acc[0][nt][e] * factor;
+                if (IN_M(nt, e)) ws_tile[split * (unsigned)(M * N) + OFFSET(nt, e)] = acc[0][nt][e] * factor;
     return;
 #endif
     if (splits == 1) {
@@ -428,14 +417,15 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     for (unsigned i = first + threadIdx.x; i < end; i += WARPS * 32) {
         const unsigned row = i / columns, column = i % columns;            // m, n within the CTA
         const unsigned row_in_tile = column % 16, e = 2 * (row_in_tile / 8) + row % 2;
-        const unsigned nt = row / 8, lane_of = 4 * (row_in_tile % 8) + (row % 8) / 2;  // 4 g + t
-        const unsigned element = (((column / 16) * NTILES + nt) * 4 + e) * 32 + lane_of;
+        const unsigned element = (((column / 16) * NTILES + row / 8) * 4 + e) * 32
+                                 + 4 * (row_in_tile % 8) + (row % 8) / 2;   // lane 4 g + t
         const u32 address = shared_address(tiles_partial + element);
         float sum = 0.f;
 #pragma unroll
         for (unsigned r = 0; r < CLUSTER; ++r) sum += load_cluster(address, r);
-        if (splits == CLUSTER) out[row * (unsigned)N + blockIdx.x * columns + column] = to_bf16(sum);
-        else atomicAdd(&ws[WS_INDEX(blockIdx.x * TILES + column / 16, nt, lane_of) + e], sum);
+        const unsigned at = row * (unsigned)N + blockIdx.x * columns + column;
+        if (splits == CLUSTER) out[at] = to_bf16(sum);
+        else atomicAdd(&ws[at], sum);
     }
     cluster_sync();
     if (splits == CLUSTER) return;
@@ -443,12 +433,9 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     if (slice == 0)
 #pragma unroll
         for (int nt = 0; nt < NTILES; ++nt)
-            if (2 * t < (unsigned)M - nt * 8) {            // a row of this lane's is real
-                float v[4];
 #pragma unroll
-                for (int e = 0; e < 4; ++e) v[e] = acc[0][nt][e] * factor;
-                add_l2(ws + WS_INDEX(tile, nt, lane), v);
-            }
+            for (int e = 0; e < 4; ++e)
+                if (IN_M(nt, e)) atomicAdd(&ws_tile[OFFSET(nt, e)], acc[0][nt][e] * factor);
 #endif
     // every thread's adds before thread 0's arrival (the barrier), then thread 0 releases them
     // and, if last, acquires the others'; the barrier after hands that to every thread
@@ -458,13 +445,13 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     if (!last_split || slice > 0) return;
 #pragma unroll
     for (int nt = 0; nt < NTILES; ++nt)
-        if (2 * t < (unsigned)M - nt * 8) {
-            const f32x4 sum = take_l2(ws + WS_INDEX(tile, nt, lane));
-            const float v[4] = {sum.x, sum.y, sum.z, sum.w};
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-                if (IN_M(nt, e)) out_tile[OFFSET(nt, e)] = to_bf16(v[e]);
-        }
+        for (int e = 0; e < 4; ++e)
+            if (IN_M(nt, e)) {
+                float* sum = &ws_tile[OFFSET(nt, e)];
+                out_tile[OFFSET(nt, e)] = to_bf16(load_l2(sum));
+                store_l2(sum, 0.f);
+            }
 #undef OFFSET
 #undef IN_M
     if (threadIdx.x == 0) counts[blockIdx.x] = 0;
