@@ -417,4 +417,11 @@ def test_rows_a_resumed_run_adds_at_another_commit_are_recorded_and_captioned(tm
     [entry] = run.run_json()["provenance"]["later_commits"]
     assert entry["fp4lab_git_sha"] == "def456" and entry["rows"] == 2 and entry["tables"] == ["gemm", "anatomy"]
     assert view(run).caption("x").endswith("fp4lab abc123 (rows added later at def456)")
+    # a later commit that sorts first still comes after the ones before it, each named once
+    for sha, m in (("0aa111", 8), ("def456", 16)):
+        monkeypatch.setenv("FP4LAB_GIT_SHA", sha)
+        before = run.row_count(("gemm",))
+        run.append_rows("gemm", [gemm_row("cuda-w4a16", m, 64, 64, 3.0)])
+        run.note_later_commit(("gemm",), before)
+    assert view(run).caption("x").endswith("fp4lab abc123 (rows added later at def456, 0aa111)")
     assert RunDir.open(run.path).run_json()["provenance"]["later_commits"][0]["at"]   # run.json still valid

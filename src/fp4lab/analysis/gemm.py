@@ -350,13 +350,14 @@ ANATOMY_STAGES = schema.ANATOMY_STAGES
 def anatomy(results: GemmResults) -> pd.DataFrame:
     """Per dissected kernel, format, shape and M: each stage variant's time beside the copy floor
     (the FP4 weights and activations at the measured bandwidth) and the launch floor, the share of
-    the full kernel the loads alone take, and how the kernel's config moves its tiles (`loads`).
+    the full kernel the loads alone take, how the kernel's config moves its tiles (`loads`) and
+    adds its split-K partials (`reduction`).
     The "stream" stage (the same bytes read by one streaming launch: no stage of either kernel)
     is the point's, shown in every kernel's row."""
     frame = results.view.run.read_table("anatomy")
     frame = of_gpu(frame, lead_gpu(frame)) if len(frame) else frame
     ok = frame[(frame["status"] == "ok") & frame["stage"].isin(ANATOMY_STAGES)] if len(frame) else frame
-    columns = ["backend", "fmt", "n", "k", "m", "loads", *ANATOMY_STAGES, "copy_floor_us",
+    columns = ["backend", "fmt", "n", "k", "m", "loads", "reduction", *ANATOMY_STAGES, "copy_floor_us",
                "launch_floor_us", "load_share"]
     kernels = ok[ok["stage"] != "stream"] if len(ok) else ok
     if not len(kernels):
@@ -370,6 +371,8 @@ def anatomy(results: GemmResults) -> pd.DataFrame:
               if "config" in kernels else pd.Series(dtype=object))        # runs from before the column
     wide["loads"] = [load_path(config.get(tuple(key)))
                      for key in wide[["backend", *point]].itertuples(index=False)]
+    wide["reduction"] = [reduction_path(config.get(tuple(key)), int(key.k))
+                         for key in wide[["backend", *point]].itertuples(index=False)]
     bandwidth = results.bandwidth_tbps
     wide["copy_floor_us"] = [roofline.gemm_bytes(int(r.m), int(r.n), int(r.k), "fp4", r.fmt, "bf16") /
                              (bandwidth * 1e6) if bandwidth else np.nan for r in wide.itertuples(index=False)]
@@ -402,6 +405,23 @@ def load_path(config_label) -> str:
         return "16-byte loads to registers"
     return (("TMA" if "tma" in words else "cp.async")
             + (" from tile-ordered bytes" if "tiles" in words else ""))
+
+
+def reduction_path(config_label, k: int) -> str:
+    """How a CUDA kernel config ("cuda g<groups> ... k<kwarps> ... [c<cluster>]") adds its split-K
+    partials at reduction length K: "no split-K" where one CTA covers K, "in a 6-CTA cluster"
+    (distributed shared memory), else float atomics at L2; "—" for other kernels' labels."""
+    if not isinstance(config_label, str) or config_label.split()[:1] != ["cuda"]:
+        return "—"
+    fields = {word[0]: int(word[1:]) for word in config_label.split()[1:]
+              if word[:1] in "gkc" and word[1:].isdigit()}
+    if "g" not in fields or "k" not in fields:
+        return "—"
+    if k <= 64 * fields["g"] * fields["k"]:
+        return "no split-K (one CTA covers K)"
+    if fields.get("c", 1) > 1:
+        return f"split-K added in a {fields['c']}-CTA cluster (distributed shared memory)"
+    return "split-K added by float atomics at L2"
 
 
 # -- across GPUs ------------------------------------------------------------------------------------

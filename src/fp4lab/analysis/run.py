@@ -64,8 +64,9 @@ class RunView:
         if versions.get("torch"):
             parts.append(f"torch {versions['torch']}")
         if prov.get("fp4lab_git_sha"):
-            later = sorted({str(entry.get("fp4lab_git_sha"))[:12] for entry in prov.get("later_commits") or []
-                            if isinstance(entry, dict) and entry.get("fp4lab_git_sha")})
+            later = list(dict.fromkeys(  # in the order they were recorded: oldest first
+                str(entry.get("fp4lab_git_sha"))[:12] for entry in prov.get("later_commits") or []
+                if isinstance(entry, dict) and entry.get("fp4lab_git_sha")))
             parts.append(f"fp4lab {str(prov['fp4lab_git_sha'])[:12]}"
                          + (f" (rows added later at {', '.join(later)})" if later else ""))
         return "; ".join(parts)

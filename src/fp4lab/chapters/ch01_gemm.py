@@ -169,26 +169,34 @@ def _anatomy(page, results) -> None:
 
 
 def load_paths_note(table) -> str:
-    """"; tiles moved by TMA at 8192x8192 M=1 (nvfp4, mxfp4), by cp.async in the other rows" (the
-    kernel config of each row, its preset: every path but the most common one named with its
-    rows), or nothing when the run did not record them."""
-    if "loads" not in table:
+    """"; tiles moved by TMA at 8192x8192 M=1 (nvfp4, mxfp4), by cp.async in the other rows" and,
+    for the CUDA kernel, how each row adds its split-K partials (the kernel config of each row, its
+    preset: every path but the most common one named with its rows), or nothing when the run did
+    not record them."""
+    return (rows_note(table, "loads", "tiles moved ", lambda path: f"by {path}")
+            + rows_note(table, "reduction", "", lambda path: path))
+
+
+def rows_note(table, column: str, lead: str, phrase) -> str:
+    """"; <lead><phrase(path)> at <rows>, ..., <phrase(most common)> in the other rows" for the
+    values of `column` ("—" unknown), or "; <lead><phrase(path)> in every row"."""
+    if column not in table:
         return ""
-    known = table[table["loads"] != "—"]
-    paths = known["loads"].value_counts()
+    known = table[table[column] != "—"]
+    paths = known[column].value_counts()
     if not len(paths):
         return ""
     if len(paths) == 1:
-        return f"; tiles moved by {paths.index[0]} in every row"
+        return f"; {lead}{phrase(paths.index[0])} in every row"
     named = []
     for path in paths.index[1:]:
         formats: dict[tuple[int, int, int], list[str]] = {}
-        for r in known[known["loads"] == path].sort_values("fmt", ascending=False).itertuples():  # nvfp4 first
+        for r in known[known[column] == path].sort_values("fmt", ascending=False).itertuples():  # nvfp4 first
             formats.setdefault((int(r.n), int(r.k), int(r.m)), []).append(r.fmt)
         where = ", ".join(f"{n}x{k} M={m} ({', '.join(fmts)})" for (n, k, m), fmts in sorted(formats.items()))
-        named.append(f"by {path} at {where}")
+        named.append(f"{phrase(path)} at {where}")
     sep = "; " if len(named) > 1 else ", "       # commas already separate the rows of one path
-    return f"; tiles moved {sep.join(named)}{sep}by {paths.index[0]} in the other rows"
+    return f"; {lead}{sep.join(named)}{sep}{phrase(paths.index[0])} in the other rows"
 
 
 def _counters(page, folders, results) -> None:
