@@ -43,8 +43,9 @@
 // partial tiles in its own shared memory, and after one cluster barrier each adds up its share of the
 // tile's elements over all CLUSTER shared memories (distributed shared memory: ld.shared::cluster,
 // no L2 round trip) and stores them as bf16 when the cluster covers all of K, else adds them into the
-// workspace as above, with CLUSTER times fewer atomics (the anatomy at M = 16: the global reduction
-// cost 1.6-2.6 us of 7.6-16.5, call 61).
+// workspace as above, with CLUSTER times fewer atomics. It pays only where every cluster is resident
+// at once: the presets use it where a grid has fewer CTAs than SMs (6144x2048 M = 16: 7.08 us against
+// 7.60); the H200 holds 30 clusters of 8 two-a-SM CTAs, not the 32 of a 256-CTA grid (call 64).
 // Programmatic dependent launch (PDL; the backend's `overlap`): launched with
 // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda_launch.py), a kernel may start while
 // the previous one in the stream finishes. Only the weights and scales (never written by a kernel)
