@@ -39,20 +39,21 @@ BUILDS = ((8, 4, 8, 4, 1), (8, 4, 16, 1, 2), (16, 4, 16, 1, 2), (4, 4, 16, 1, 2)
 OVERLAPS = ("tail", "all")
 GRID = tuple(CudaTileConfig(groups=g, depth=d, warps=w, kwarps=kw, min_ctas=b, overlap=overlap,
                             wgmma=wgmma)
-             for g, d, w, kw, b in BUILDS for overlap in OVERLAPS for wgmma in (False, True)
+             for g, d, w, kw, b in BUILDS for overlap in OVERLAPS for wgmma in (0, 2)
              if not wgmma or kw == 1)
 
 
-def with_wgmma(config: CudaTileConfig) -> CudaTileConfig | None:
+def with_wgmma(config: CudaTileConfig, in_flight: int = 2) -> CudaTileConfig | None:
     """The same build with one wgmma a warpgroup, where its warps form whole warpgroups."""
     if config.kwarps != 1 or config.warps % 4:
         return None
-    return dataclasses.replace(config, wgmma=True)
+    return dataclasses.replace(config, wgmma=in_flight)
 
 
 def point_grid(pick: CudaTileConfig) -> list[CudaTileConfig]:
-    """GRID, the preset and the preset with wgmma, each once."""
-    return list(dict.fromkeys(c for c in (*GRID, pick, with_wgmma(pick)) if c is not None))
+    """GRID, the preset and the preset with wgmma at every depth in flight, each once."""
+    return list(dict.fromkeys(c for c in (*GRID, pick, *(with_wgmma(pick, n) for n in (1, 2, 3, 4)))
+                              if c is not None))
 
 
 PEERS = ("triton-w4a16", "torch-bf16", "humming-w4a16")

@@ -46,6 +46,7 @@ WARP_CHOICES = (1, 2, 4, 8, 16)
 # epilogue overlaps that launch); "all" as soon as every CTA has started (the next kernel's weight
 # loads run in the CTA slots this one frees)
 OVERLAP_CHOICES = ("off", "tail", "all")
+WGMMA_CHOICES = (0, 1, 2, 3, 4)   # wgmma steps in flight (0: mma.sync a warp instead)
 MAX_CLUSTER = 16              # CTAs a cluster on sm_90 (over 8: the non-portable attribute)
 REGISTERS_PER_SM = 64 * 1024  # sm_90 (and sm_80-sm_89): what `min_ctas` divides
 MAX_THREADS_PER_SM = 2048
@@ -72,9 +73,10 @@ class CudaTileConfig:
     own choice, which is fewer registers than even `min_ctas=1` allows (52 against 77 for g16 d4
     w16 NVFP4, the H200 probe of call 56), so the cap can buy registers as well as warps.
     `cluster` CTAs of consecutive splits form a thread-block cluster and add their partial tiles
-    in distributed shared memory (1: every split adds into the float32 workspace). `wgmma` has
-    each warpgroup (4 warps, 64 weight rows) issue one asynchronous sm_90a wgmma a k16 step, B
-    read from shared memory, instead of each warp's mma.sync (needs warps in fours, one a tile)."""
+    in distributed shared memory (1: every split adds into the float32 workspace). `wgmma` > 0
+    has each warpgroup (4 warps, 64 weight rows) issue one asynchronous sm_90a wgmma a k16 step,
+    B read from shared memory, `wgmma` steps of them in flight, instead of each warp's mma.sync
+    (0; needs warps in fours, one a tile)."""
 
     groups: int = 8
     warps: int = 4
@@ -83,7 +85,7 @@ class CudaTileConfig:
     overlap: str = "off"
     min_ctas: int | None = None
     cluster: int = 1
-    wgmma: bool = False
+    wgmma: int = 0
 
     def __post_init__(self):
         if self.depth is None:
@@ -108,8 +110,9 @@ class CudaTileConfig:
                 or not 1 <= self.cluster <= MAX_CLUSTER:
             raise ValueError(f"CudaTileConfig.cluster must be an int from 1 to {MAX_CLUSTER} (CTAs "
                              f"a thread-block cluster on sm_90), got {self.cluster!r}")
-        if not isinstance(self.wgmma, bool):
-            raise ValueError(f"CudaTileConfig.wgmma must be True or False, got {self.wgmma!r}")
+        if type(self.wgmma) is not int or self.wgmma not in WGMMA_CHOICES:
+            raise ValueError(f"CudaTileConfig.wgmma must be one of {WGMMA_CHOICES} (0: mma.sync; "
+                             f"else wgmma steps in flight), got {self.wgmma!r}")
         if self.wgmma and (self.kwarps != 1 or self.warps % 4):
             raise ValueError(f"CudaTileConfig.wgmma needs warps in warpgroups of 4, each warp on its "
                              f"own row tile: warps a multiple of 4 and kwarps 1, got warps "
@@ -173,7 +176,7 @@ class CudaTileConfig:
         if self.cluster > 1:
             label += f" c{self.cluster}"
         if self.wgmma:
-            label += " wg"
+            label += f" wg{self.wgmma}"
         return label if self.overlap == "off" else f"{label} {self.launch}"
 
     def reason(self, m: int, n: int, k: int) -> str | None:
@@ -401,7 +404,7 @@ def compiled(config: CudaTileConfig, fmt: str, tiles: int, capability: tuple[int
                f"-DKWARPS={config.kwarps}", f"-DNTILES={tiles}",
                f"-DNVFP4={int(fmt == 'nvfp4')}", f"-DOVERLAP_ALL={int(config.overlap == 'all')}",
                f"-DMIN_CTAS={config.min_ctas or 0}", f"-DCLUSTER={config.cluster}",
-               f"-DWGMMA={int(config.wgmma)}",
+               f"-DWGMMA={config.wgmma}",
                f"-DSTAGE={list(ANATOMY_STAGES).index(stage)}",
                "-std=c++17"]
     # wgmma is sm_90a's: the architecture-specific target, which runs on sm_90 only

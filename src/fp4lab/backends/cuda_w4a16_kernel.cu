@@ -46,8 +46,8 @@
 // workspace as above, with CLUSTER times fewer atomics. It pays only where every cluster is resident
 // at once: the presets use it where a grid has fewer CTAs than SMs (6144x2048 M = 16: 7.08 us against
 // 7.60); the H200 holds 30 clusters of 8 two-a-SM CTAs, not the 32 of a 256-CTA grid (call 64).
-// WGMMA (sm_90a): each warpgroup (4 warps, 4 row tiles: 64 weight rows) issues one asynchronous
-// wgmma.m64n{8,16}k16 a k16 step instead of each warp's one or two mma.sync, A (the decoded weights)
+// WGMMA (sm_90a; 0: off, else how many steps' wgmmas may run at once): each warpgroup (4 warps,
+// 4 row tiles: 64 weight rows) issues one asynchronous wgmma.m64n{8,16}k16 a k16 step instead of each warp's one or two mma.sync, A (the decoded weights)
 // from the same registers, B (the activations) read by the tensor cores from shared memory, staged
 // for it as 8-row core matrices (K-major, no swizzle; rows past M copies of row M - 1): one
 // instruction for eight, no ldmatrix, and the next step's decode runs while it computes (at M = 16
@@ -316,10 +316,11 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     const unsigned row_vectors = K / 8;
     const u32 act_base = shared_address(act);
 #if WGMMA
-    // as the wgmma's B operand: [k / 8 chunks, B_ROWS rows, 16 bytes], rows past M copy row M - 1
+    // as the wgmma's B operand: [k / 8 chunks, B_ROWS rows, 16 bytes], rows past M copy row M - 1;
+    // consecutive threads, consecutive 16 bytes of shared memory (no bank conflicts)
     for (unsigned i = threadIdx.x; i < B_ROWS * chunks; i += WARPS * 32) {
-        const unsigned row = i / chunks, chunk = i % chunks, source = row < (unsigned)M ? row : M - 1;
-        copy_async(act_base + (chunk * B_ROWS + row) * 16, a_split + source * row_vectors + chunk);
+        const unsigned row = i % B_ROWS, chunk = i / B_ROWS, source = row < (unsigned)M ? row : M - 1;
+        copy_async(act_base + i * 16, a_split + source * row_vectors + chunk);
     }
 #else
     for (unsigned i = threadIdx.x; i < (unsigned)M * chunks; i += WARPS * 32) {
@@ -386,11 +387,11 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
 #if STAGE == STAGE_DECODE
             sink += a0 + a1 + a2 + a3;
             if (!WGMMA && (q % 2 == 0 || NTILES == 2)) ldmatrix4(b_base + k_bytes, b);
-#elif WGMMA                                              // one group a step, at most two in flight
+#elif WGMMA                                              // one group a step, WGMMA of them in flight
             wgmma_fence();
             wgmma(acc[0], a0, a1, a2, a3, b_descriptor(act_base + (j * 4 + q) * 2 * B_ROWS * 16));
             wgmma_commit();
-            wgmma_wait<1>();
+            wgmma_wait<WGMMA - 1>();
 #elif NTILES == 1
             if (q % 2 == 0) ldmatrix4(b_base + k_bytes, b);
             mma(acc[q & 1][0], a0, a1, a2, a3, b[2 * (q % 2)], b[2 * (q % 2) + 1]);
