@@ -31,30 +31,16 @@ SHAPES = ((8192, 8192), (4096, 6144), (6144, 2048))
 M_VALUES = (1, 4, 16)
 # (k-groups a warp, of them in flight, warps a CTA, warps a team on one row tile, CTAs an SM must
 # fit): the preset builds of call 57 (benchmarks/NOTES.md: `min_ctas` buys registers, 1-9% faster
-# than ptxas' own ~52 where the occupancy allows it) and 4 k-groups a warp, each launched both ways,
-# with mma.sync a warp and (where its warps form whole warpgroups, one a row tile) with one wgmma a
-# warpgroup; every point adds its preset and the preset with wgmma (clusters where the preset has
-# one: call 64 measured every cluster size); `CudaTileConfig.reason` leaves out what a point cannot take
+# than ptxas' own ~52 where the occupancy allows it), and 4 k-groups a warp (twice the splits,
+# which a cluster reduction may now afford), each launched both ways and with its splits reduced
+# in thread-block clusters of every size the H200 runs (1: global atomics only; over 8: the
+# non-portable size); `CudaTileConfig.reason` leaves out the builds a point cannot take
 BUILDS = ((8, 4, 8, 4, 1), (8, 4, 16, 1, 2), (16, 4, 16, 1, 2), (4, 4, 16, 1, 2))
 OVERLAPS = ("tail", "all")
+CLUSTERS = (1, 2, 3, 4, 6, 8, 12, 16)
 GRID = tuple(CudaTileConfig(groups=g, depth=d, warps=w, kwarps=kw, min_ctas=b, overlap=overlap,
-                            wgmma=wgmma)
-             for g, d, w, kw, b in BUILDS for overlap in OVERLAPS for wgmma in (0, 2)
-             if not wgmma or kw == 1)
-
-
-def with_wgmma(config: CudaTileConfig, in_flight: int = 2) -> CudaTileConfig | None:
-    """The same build with one wgmma a warpgroup, where its warps form whole warpgroups."""
-    if config.kwarps != 1 or config.warps % 4:
-        return None
-    return dataclasses.replace(config, wgmma=in_flight)
-
-
-def point_grid(pick: CudaTileConfig) -> list[CudaTileConfig]:
-    """GRID, the preset and the preset with wgmma at every depth in flight, each once."""
-    return list(dict.fromkeys(c for c in (*GRID, pick, *(with_wgmma(pick, n) for n in (1, 2, 3, 4)))
-                              if c is not None))
-
+                            cluster=cluster)
+             for g, d, w, kw, b in BUILDS for overlap in OVERLAPS for cluster in CLUSTERS)
 
 PEERS = ("triton-w4a16", "torch-bf16", "humming-w4a16")
 
@@ -116,15 +102,13 @@ def main(argv: list[str] | None = None) -> int:
                     a, w = tune.operands(point, device, weights)
                     pick = choose_config(m, n, k)
                     variants = [(c.label(), "cuda-w4a16", lambda c=c: cuda_row(c, point, a, w, device, timer),
-                                 c) for c in point_grid(pick)]
+                                 c) for c in GRID]
                     variants += [(name, name, lambda name=name: peer_row(name, point, a, w, device, timer),
                                   None) for name in PEERS]
-                    dissected = [("", pick)] + ([(" wg", with_wgmma(pick))] if with_wgmma(pick) else [])
-                    variants += [(f"anatomy{tag} {stage}", "cuda-w4a16-anatomy",
-                                  lambda stage=stage, c=c: anatomy_row(stage, c, a, w, device, timer), None)
-                                 for tag, c in dissected
+                    variants += [(f"anatomy {stage}", "cuda-w4a16-anatomy",
+                                  lambda stage=stage: anatomy_row(stage, pick, a, w, device, timer), None)
                                  for stage in ("stream", *cuda_w4a16.ANATOMY_STAGES)
-                                 if not args.no_anatomy and not (tag and stage == "stream")]
+                                 if not args.no_anatomy]
                     for label, backend, run, config in variants:
                         row = {"fmt": fmt, "n": n, "k": k, "m": m, "variant": label,
                                "backend": backend, **run(), "bytes": tune.fp4_bytes(point)}

@@ -120,19 +120,6 @@ def test_cluster_configs_are_validated_and_size_their_shared_partials():
             cuda.CudaTileConfig(cluster=bad)
 
 
-def test_wgmma_configs_need_whole_warpgroups_and_stage_their_b_operand_unpadded():
-    wide = cuda.CudaTileConfig(groups=16, depth=4, warps=16, min_ctas=2, overlap="tail", wgmma=2)
-    assert wide.label() == "cuda g16 d4 w16 k1 b2 wg2 pdl-tail"
-    assert wide.shared_bytes(16) == 16 * 2 * 1024 and wide.shared_bytes(3) == 8 * 2 * 1024
-    with pytest.raises(ValueError, match="warps a multiple of 4 and kwarps 1, got warps 8, kwarps 4"):
-        cuda.CudaTileConfig(warps=8, kwarps=4, wgmma=1)
-    with pytest.raises(ValueError, match="got warps 2, kwarps 1"):
-        cuda.CudaTileConfig(warps=2, wgmma=1)
-    for bad in (True, 5, -1, 1.0):
-        with pytest.raises(ValueError, match="wgmma must be one of"):
-            cuda.CudaTileConfig(wgmma=bad)
-
-
 def test_the_preset_rule_is_the_probes_winners_and_fits_any_point():
     # calls 57, 60 and 64's fastest builds on the issue's three shapes (benchmarks/NOTES.md)
     team, short_m16, full_early, full_tail, narrow = (cuda.PRESETS[i].config for i in (0, 2, 3, 5, 6))
@@ -244,10 +231,7 @@ GPU_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=2), cuda.CudaTileConfig(group
                cuda.CudaTileConfig(groups=2, warps=2, cluster=8),
                cuda.CudaTileConfig(groups=2, warps=4, depth=1, cluster=2),
                cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2, cluster=4, overlap="tail"),
-               cuda.CudaTileConfig(groups=1, warps=1, cluster=16, overlap="all"),
-               # one wgmma a warpgroup: split-K; with a cluster and PDL
-               cuda.CudaTileConfig(groups=2, warps=4, wgmma=1),
-               cuda.CudaTileConfig(groups=4, warps=8, depth=2, cluster=2, overlap="tail", wgmma=3)]
+               cuda.CudaTileConfig(groups=1, warps=1, cluster=16, overlap="all")]
 
 
 def seeded_operands(fmt: str, m: int, n: int, k: int):
@@ -337,8 +321,7 @@ def test_dependent_launches_read_what_the_kernel_before_them_wrote(overlap):
 ANATOMY_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=4, depth=1),                  # split-K
                    cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2),        # teams
                    cuda.CudaTileConfig(groups=16, warps=8, depth=4, min_ctas=2, overlap="all"),
-                   cuda.CudaTileConfig(groups=2, warps=4, depth=2, cluster=4),       # a cluster
-                   cuda.CudaTileConfig(groups=4, warps=8, depth=2, wgmma=2)]         # wgmma
+                   cuda.CudaTileConfig(groups=2, warps=4, depth=2, cluster=4)]       # a cluster
 
 
 @pytest.mark.cuda

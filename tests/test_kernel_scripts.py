@@ -130,16 +130,12 @@ def test_cuda_probe_grid_is_every_valid_build_and_without_a_gpu_it_says_so(tmp_p
     from fp4lab.backends.cuda_w4a16 import choose_config as cuda_choose
 
     probe = load("cuda_probe")
-    # 4 builds x 2 launches, with mma.sync and (but the 8-warp team) with wgmma
-    assert len(set(probe.GRID)) == len(probe.GRID) == 14
-    assert {c.wgmma for c in probe.GRID} == {0, 2} and {c.min_ctas for c in probe.GRID} == {1, 2}
-    for n, k in probe.SHAPES:      # every point times its preset, and the preset with wgmma
-        for m in probe.M_VALUES:
-            grid, pick = probe.point_grid(cuda_choose(m, n, k)), cuda_choose(m, n, k)
-            assert pick in grid and len(set(grid)) == len(grid)
-            if pick.kwarps == 1:
-                assert {c.wgmma for c in grid if c.groups == pick.groups and c.cluster == pick.cluster
-                        and c.overlap == pick.overlap} == {0, 1, 2, 3, 4}
+    # 4 builds x 2 launches x 8 cluster sizes (1: global atomics only)
+    assert len(set(probe.GRID)) == len(probe.GRID) == 64
+    assert {c.min_ctas for c in probe.GRID} == {1, 2}
+    assert {c.cluster for c in probe.GRID} == set(probe.CLUSTERS) == {1, 2, 3, 4, 6, 8, 12, 16}
+    for n, k in probe.SHAPES:      # the preset of every point is one of the builds it times
+        assert all(cuda_choose(m, n, k) in probe.GRID for m in probe.M_VALUES)
     if not torch.cuda.is_available():
         run = subprocess.run([sys.executable, os.path.join(BENCH, "cuda_probe.py"), "--out",
                               str(tmp_path)], capture_output=True, text=True, timeout=120,

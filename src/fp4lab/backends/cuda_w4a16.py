@@ -46,7 +46,6 @@ WARP_CHOICES = (1, 2, 4, 8, 16)
 # epilogue overlaps that launch); "all" as soon as every CTA has started (the next kernel's weight
 # loads run in the CTA slots this one frees)
 OVERLAP_CHOICES = ("off", "tail", "all")
-WGMMA_CHOICES = (0, 1, 2, 3, 4)   # wgmma steps in flight (0: mma.sync a warp instead)
 MAX_CLUSTER = 16              # CTAs a cluster on sm_90 (over 8: the non-portable attribute)
 REGISTERS_PER_SM = 64 * 1024  # sm_90 (and sm_80-sm_89): what `min_ctas` divides
 MAX_THREADS_PER_SM = 2048
@@ -57,7 +56,6 @@ WEIGHT_BIAS = 2.0 ** (126 - SCALE_EXP)     # decoded weights are e2m1 * scale * 
 KERNEL_SOURCE = Path(__file__).with_name("cuda_w4a16_kernel.cu")
 KERNEL_NAME = "fp4_decode_gemm"
 MIN_CAPABILITY = (9, 0)      # mul.rn.bf16x2 (the scale multiply) is sm_90's
-WGMMA_CAPABILITY = (9, 0)    # wgmma builds are sm_90a code: Hopper only
 
 
 @dataclass(frozen=True)
@@ -73,10 +71,7 @@ class CudaTileConfig:
     own choice, which is fewer registers than even `min_ctas=1` allows (52 against 77 for g16 d4
     w16 NVFP4, the H200 probe of call 56), so the cap can buy registers as well as warps.
     `cluster` CTAs of consecutive splits form a thread-block cluster and add their partial tiles
-    in distributed shared memory (1: every split adds into the float32 workspace). `wgmma` > 0
-    has each warpgroup (4 warps, 64 weight rows) issue one asynchronous sm_90a wgmma a k16 step,
-    B read from shared memory, `wgmma` steps of them in flight, instead of each warp's mma.sync
-    (0; needs warps in fours, one a tile)."""
+    in distributed shared memory (1: every split adds into the float32 workspace)."""
 
     groups: int = 8
     warps: int = 4
@@ -85,7 +80,6 @@ class CudaTileConfig:
     overlap: str = "off"
     min_ctas: int | None = None
     cluster: int = 1
-    wgmma: int = 0
 
     def __post_init__(self):
         if self.depth is None:
@@ -110,13 +104,6 @@ class CudaTileConfig:
                 or not 1 <= self.cluster <= MAX_CLUSTER:
             raise ValueError(f"CudaTileConfig.cluster must be an int from 1 to {MAX_CLUSTER} (CTAs "
                              f"a thread-block cluster on sm_90), got {self.cluster!r}")
-        if type(self.wgmma) is not int or self.wgmma not in WGMMA_CHOICES:
-            raise ValueError(f"CudaTileConfig.wgmma must be one of {WGMMA_CHOICES} (0: mma.sync; "
-                             f"else wgmma steps in flight), got {self.wgmma!r}")
-        if self.wgmma and (self.kwarps != 1 or self.warps % 4):
-            raise ValueError(f"CudaTileConfig.wgmma needs warps in warpgroups of 4, each warp on its "
-                             f"own row tile: warps a multiple of 4 and kwarps 1, got warps "
-                             f"{self.warps}, kwarps {self.kwarps}")
         if self.warps % self.kwarps:
             raise ValueError(f"CudaTileConfig.kwarps ({self.kwarps}) must divide warps "
                              f"({self.warps}): a CTA's warps form teams of kwarps")
@@ -141,8 +128,7 @@ class CudaTileConfig:
         """Dynamic shared memory: the CTA's staged activations, M rows of its k in bf16, each
         row padded by 16 bytes (the kernel's ROW_WORDS); in a cluster, at least the CTA's
         partial tiles (float, 32 lanes x 4 a tile of 8 activation rows), which reuse it."""
-        activations = (8 * n_tiles(m) if self.wgmma else m) * 2 * self.split_k \
-            + (0 if self.wgmma else 16 * m)     # wgmma: 8 or 16 rows as its B operand, unpadded
+        activations = m * (2 * self.split_k + 16)
         if self.cluster == 1:
             return activations
         return max(activations, 4 * self.tiles * n_tiles(m) * 4 * LANES)
@@ -175,8 +161,6 @@ class CudaTileConfig:
             label += f" b{self.min_ctas}"
         if self.cluster > 1:
             label += f" c{self.cluster}"
-        if self.wgmma:
-            label += f" wg{self.wgmma}"
         return label if self.overlap == "off" else f"{label} {self.launch}"
 
     def reason(self, m: int, n: int, k: int) -> str | None:
@@ -404,13 +388,10 @@ def compiled(config: CudaTileConfig, fmt: str, tiles: int, capability: tuple[int
                f"-DKWARPS={config.kwarps}", f"-DNTILES={tiles}",
                f"-DNVFP4={int(fmt == 'nvfp4')}", f"-DOVERLAP_ALL={int(config.overlap == 'all')}",
                f"-DMIN_CTAS={config.min_ctas or 0}", f"-DCLUSTER={config.cluster}",
-               f"-DWGMMA={config.wgmma}",
                f"-DSTAGE={list(ANATOMY_STAGES).index(stage)}",
                "-std=c++17"]
-    # wgmma is sm_90a's: the architecture-specific target, which runs on sm_90 only
-    target = f"{capability[0]}{capability[1]}" + ("a" if config.wgmma else "")
     return torch.cuda._compile_kernel(KERNEL_SOURCE.read_text(), KERNEL_NAME,
-                                      compute_capability=target,
+                                      compute_capability=f"{capability[0]}{capability[1]}",
                                       nvcc_options=options)
 
 
@@ -455,9 +436,6 @@ def _prepare(backend: CudaW4A16, a, w, device, config: CudaTileConfig | None, st
     config = config or choose_config(m, n, k, sm_count(device))
     if config.reason(m, n, k):
         raise ValueError(f"{backend.name} {config.label()}: {config.reason(m, n, k)}")
-    if config.wgmma and torch.cuda.get_device_capability(device) != WGMMA_CAPABILITY:
-        raise ValueError(f"{backend.name} {config.label()}: wgmma runs on sm_90 only (sm_90a code), "
-                         f"this GPU is sm_{''.join(map(str, torch.cuda.get_device_capability(device)))}")
     check_scale_range(w)
     w = w.to(device)
     weights, scales = mma_layout(formats.unpack_nibbles(w.packed), kernel_scale_bytes(w), w.fmt)

@@ -1,7 +1,7 @@
 // fp4lab's CUDA decode GEMM for FP4 weights at decode-sized M (<= 16): out[M, N] = a[M, K] . W^T.
 //
 // Compiled at prepare with NVRTC (no headers: plain integer types and inline PTX), one build per
-// (GROUPS, DEPTH, WARPS, KWARPS, NTILES, NVFP4, OVERLAP_ALL, MIN_CTAS, CLUSTER, WGMMA), given as -D defines
+// (GROUPS, DEPTH, WARPS, KWARPS, NTILES, NVFP4, OVERLAP_ALL, MIN_CTAS, CLUSTER), given as -D defines
 // (MIN_CTAS: CTAs an SM must fit, which caps the registers a thread; 0 leaves them to ptxas).
 // Shape legend: M activation rows, N weight rows, K reduction; a "row tile" is 16 weight rows (one
 // mma.sync M side), a "k-group" 64 k (four m16n8k16 MMAs); g = lane / 4 and t = lane % 4 as in the
@@ -46,12 +46,6 @@
 // workspace as above, with CLUSTER times fewer atomics. It pays only where every cluster is resident
 // at once: the presets use it where a grid has fewer CTAs than SMs (6144x2048 M = 16: 7.08 us against
 // 7.60); the H200 holds 30 clusters of 8 two-a-SM CTAs, not the 32 of a 256-CTA grid (call 64).
-// WGMMA (sm_90a; 0: off, else how many steps' wgmmas may run at once): each warpgroup (4 warps,
-// 4 row tiles: 64 weight rows) issues one asynchronous wgmma.m64n{8,16}k16 a k16 step instead of each warp's one or two mma.sync, A (the decoded weights)
-// from the same registers, B (the activations) read by the tensor cores from shared memory, staged
-// for it as 8-row core matrices (K-major, no swizzle; rows past M copies of row M - 1): one
-// instruction for eight, no ldmatrix, and the next step's decode runs while it computes (at M = 16
-// the MMAs added 3.3 us of 16.5 on 8192x8192, call 67).
 // Programmatic dependent launch (PDL; the backend's `overlap`): launched with
 // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda_launch.py), a kernel may start while
 // the previous one in the stream finishes. Only the weights and scales (never written by a kernel)
@@ -71,10 +65,6 @@
 #ifndef CLUSTER
 #define CLUSTER 1
 #endif
-#ifndef WGMMA
-#define WGMMA 0
-#endif
-#define B_ROWS (8 * NTILES)          // WGMMA: activation rows staged, the wgmma's N
 
 // STAGE (the anatomy's variants, numbered in the order of cuda_w4a16.ANATOMY_STAGES): the GEMM; loads
 // only (codes, scales, activations staged and read by ldmatrix; the codes and scales summed); loads
@@ -181,43 +171,6 @@ __device__ __forceinline__ int arrive(int* counter) {
     return before;
 }
 
-// wgmma (sm_90a): the fence orders this thread's register writes (the A fragment, the accumulators)
-// before the warpgroup's next wgmma; commit closes a group of them; wait_group N returns once at most
-// N groups are still running (their A registers and accumulators may then be touched again)
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int GROUPS_IN_FLIGHT>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(GROUPS_IN_FLIGHT) : "memory");
-}
-
-// the shared-memory descriptor of the B operand at `address` (a 32-bit shared::cta address): the
-// start, the byte offset to the core matrices of the next 8 k (B_ROWS rows of 16 bytes on) and to
-// those of the next 8 rows (128 bytes on), each in 16-byte units; swizzle mode 0 (bits 62-63)
-__device__ __forceinline__ unsigned long long b_descriptor(u32 address) {
-    const unsigned long long next_k = B_ROWS * 16 / 16, next_rows = 128 / 16;
-    return ((address >> 4) & 0x3FFFull) | (next_k << 16) | (next_rows << 32);
-}
-
-// d[NTILES][4] += A (this warp's 16 rows of the warpgroup's 64: a0..a3, the mma.sync fragment) . B
-__device__ __forceinline__ void wgmma(float (*d)[4], u32 a0, u32 a1, u32 a2, u32 a3,
-                                      unsigned long long b) {
-#if NTILES == 1
-    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %9, 0;\n\t"
-        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, "
-        "p, 1, 1, 0;\n\t}"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
-#else
-    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %13, 0;\n\t"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
-        "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n\t}"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
-#endif
-}
-
 // every thread of every CTA in the cluster: a release of this CTA's shared-memory writes and an
 // acquire of the others' (what the second barrier of the reduction needs as well: no CTA exits while
 // another still reads its shared memory)
@@ -315,19 +268,10 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     const u32x4* a_split = a + (long)split * chunks;
     const unsigned row_vectors = K / 8;
     const u32 act_base = shared_address(act);
-#if WGMMA
-    // as the wgmma's B operand: [k / 8 chunks, B_ROWS rows, 16 bytes], rows past M copy row M - 1;
-    // consecutive threads, consecutive 16 bytes of shared memory (no bank conflicts)
-    for (unsigned i = threadIdx.x; i < B_ROWS * chunks; i += WARPS * 32) {
-        const unsigned row = i % B_ROWS, chunk = i / B_ROWS, source = row < (unsigned)M ? row : M - 1;
-        copy_async(act_base + i * 16, a_split + source * row_vectors + chunk);
-    }
-#else
     for (unsigned i = threadIdx.x; i < (unsigned)M * chunks; i += WARPS * 32) {
         const unsigned row = i / chunks, chunk = i % chunks;
         copy_async(act_base + (row * ROW_WORDS + chunk * 4) * 4, a_split + row * row_vectors + chunk);
     }
-#endif
     wait_copies();
     __syncthreads();
 
@@ -365,7 +309,7 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
             const unsigned k_bytes = (j * 64 + q * 16) * 2;  // the step's k within the split
 #if STAGE == STAGE_LOAD
             sink += x;
-            if (!WGMMA && (q % 2 == 0 || NTILES == 2)) ldmatrix4(b_base + k_bytes, b);
+            if (q % 2 == 0 || NTILES == 2) ldmatrix4(b_base + k_bytes, b);
             continue;
 #endif
             // A fragment: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..),
@@ -386,12 +330,7 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
             a3 = scaled_hi(a3, sc);
 #if STAGE == STAGE_DECODE
             sink += a0 + a1 + a2 + a3;
-            if (!WGMMA && (q % 2 == 0 || NTILES == 2)) ldmatrix4(b_base + k_bytes, b);
-#elif WGMMA                                              // one group a step, WGMMA of them in flight
-            wgmma_fence();
-            wgmma(acc[0], a0, a1, a2, a3, b_descriptor(act_base + (j * 4 + q) * 2 * B_ROWS * 16));
-            wgmma_commit();
-            wgmma_wait<WGMMA - 1>();
+            if (q % 2 == 0 || NTILES == 2) ldmatrix4(b_base + k_bytes, b);
 #elif NTILES == 1
             if (q % 2 == 0) ldmatrix4(b_base + k_bytes, b);
             mma(acc[q & 1][0], a0, a1, a2, a3, b[2 * (q % 2)], b[2 * (q % 2) + 1]);
@@ -403,9 +342,6 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
         }
     }
 #undef ISSUE
-#if WGMMA && STAGE != STAGE_LOAD && STAGE != STAGE_DECODE
-    wgmma_wait<0>();                                     // the accumulators are final
-#endif
 #if !OVERLAP_ALL
     let_next_kernel_launch();
 #endif
