@@ -67,15 +67,15 @@ def test_each_row_says_how_its_kernel_moved_the_tiles():
     wide = analysis.anatomy(analysis.gemm_results(run)).set_index(["fmt", "n", "k", "m"])
     assert wide.loc[("nvfp4", 8192, 8192, 1), "loads"] == "TMA"
     assert wide.loc[("nvfp4", 8192, 8192, 16), "loads"] == "cp.async"
-    note = ch01_gemm.load_paths_note(wide.reset_index())
+    note = ch01_gemm.paths_note(wide.reset_index())
     assert note == ("; tiles moved by TMA at 8192x8192 M=1 (nvfp4, mxfp4), by cp.async in the "
                     "other rows")
-    assert ch01_gemm.load_paths_note(table(10.2)) == ""                # a run without the column
+    assert ch01_gemm.paths_note(table(10.2)) == ""                # a run without the column
     assert [analysis.load_path(v) for v in ("dot m16n64k256 s2 w4 st3 swap ptx", None)] == ["cp.async", "—"]
     assert analysis.load_path("dot m16n128k256 s4 w4 st3 swap ptx tma tiles") == "TMA from tile-ordered bytes"
     three = wide.reset_index().assign(loads=["TMA from tile-ordered bytes"] + ["TMA"] + ["cp.async"] * (len(wide) - 2))
     first, second = three.iloc[0], three.iloc[1]
-    assert ch01_gemm.load_paths_note(three) == (
+    assert ch01_gemm.paths_note(three) == (
         f"; tiles moved by TMA from tile-ordered bytes at {first.n}x{first.k} M={first.m} ({first.fmt}); "
         f"by TMA at {second.n}x{second.k} M={second.m} ({second.fmt}); by cp.async in the other rows")
 
@@ -105,7 +105,7 @@ def test_the_faster_kernel_leads_and_the_other_is_stated_against_it():
 def test_the_cuda_kernels_rows_name_its_load_path():
     """Each kernel has its own table: the CUDA kernel's caption says how it reads its weights."""
     rows = cuda_table().assign(loads=[analysis.load_path("cuda g8 d4 w16 k1 b2 pdl-all")] * 2)
-    assert ch01_gemm.load_paths_note(rows) == "; tiles moved by 16-byte loads to registers in every row"
+    assert ch01_gemm.paths_note(rows) == "; tiles moved by 16-byte loads to registers in every row"
     assert analysis.load_path("") == "cp.async" and analysis.load_path(None) == "—"
 
 
@@ -122,7 +122,7 @@ def test_the_cuda_kernels_rows_say_how_each_adds_its_split_k():
     assert cuda[("nvfp4", 6144, 2048, 16)] == "split-K added in a 4-CTA cluster (distributed shared memory)"
     assert cuda[("nvfp4", 8192, 8192, 16)] == "split-K added by float atomics at L2"
     assert set(wide.loc[wide["backend"] == "triton-w4a16", "reduction"]) == {"—"}    # not said for Triton
-    note = ch01_gemm.load_paths_note(wide[wide["backend"] == "cuda-w4a16"])
+    note = ch01_gemm.paths_note(wide[wide["backend"] == "cuda-w4a16"])
     assert note == ("; tiles moved by 16-byte loads to registers in every row"
                     "; split-K added in a 6-CTA cluster (distributed shared memory) at 4096x6144 M=1 (nvfp4); "
                     "no split-K (one CTA covers K) at 6144x2048 M=1 (nvfp4); "

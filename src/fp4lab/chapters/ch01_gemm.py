@@ -164,11 +164,11 @@ def _anatomy(page, results) -> None:
                                         anatomy_columns(rows), caption=results.caption(
             f"{name}: each stage's median time per call; copy floor: the FP4 weights and bf16 activations at "
             "the measured copy bandwidth" + (f"; launch floor {text.us(launch.iloc[0])} for every row" if len(launch)
-                                             else "") + load_paths_note(rows))))
+                                             else "") + paths_note(rows))))
     page.bullets("anatomy", anatomy_findings(mine) + other_kernel_lines(table, kernel))
 
 
-def load_paths_note(table) -> str:
+def paths_note(table) -> str:
     """"; tiles moved by TMA at 8192x8192 M=1 (nvfp4, mxfp4), by cp.async in the other rows" and,
     for the CUDA kernel, how each row adds its split-K partials (the kernel config of each row, its
     preset: every path but the most common one named with its rows), or nothing when the run did
