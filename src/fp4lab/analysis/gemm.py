@@ -381,6 +381,15 @@ def anatomy(results: GemmResults) -> pd.DataFrame:
     return wide[columns]
 
 
+NESTED_STAGES = schema.ANATOMY_KERNELS["cuda-w4a16"]   # each variant adds one stage to the one before
+
+
+def stage_increments(row) -> dict[str, float]:
+    """What each of the CUDA kernel's nested stages adds to the one before it (us), from one row of
+    `anatomy`: {"decode": decode - load, "mma": mma - decode, "full": full - mma}."""
+    return {stage: row[stage] - row[before] for before, stage in zip(NESTED_STAGES, NESTED_STAGES[1:])}
+
+
 def anatomy_kernel(table: pd.DataFrame) -> str | None:
     """The dissected kernel whose full kernel is fastest (median over the points every dissected
     kernel measured): the one the book's anatomy figure and findings show. None without rows."""

@@ -270,8 +270,8 @@ def anatomy_findings(table) -> list[str]:
 def stage_steps(row) -> str:
     """"the loads X, the decode +Y, the MMAs +Z, the split-K reduction +W (the full kernel): after
     the loads, the MMAs cost most" for a kernel whose variants nest (each adds one stage)."""
-    steps = {"the decode": row["decode"] - row["load"], "the MMAs": row["mma"] - row["decode"],
-             "the split-K reduction": row["full"] - row["mma"]}
+    names = {"decode": "the decode", "mma": "the MMAs", "full": "the split-K reduction"}
+    steps = {names[stage]: value for stage, value in analysis.stage_increments(row).items()}
     largest = max(steps, key=steps.get)
     added = ", ".join(f"{name} {'+' if value >= 0 else '-'}{text.us(abs(value), 2)}" for name, value in steps.items())
     return (f"the loads {text.us(row['load'])}, {added} (the full kernel, {text.us(row['full'])}): "
