@@ -1,6 +1,7 @@
 """`cuda-w4a16`, fp4lab's CUDA decode GEMM, against its peers at issue 13's decode points: every
-build of the kernel (`GRID`: k-groups a warp, depth, warps a CTA, warps a team, register cap, launch)
-gated, then timed with the package's timer (cold L2, CUDA graph), beside the Triton kernel's
+build of the kernel (`GRID`: k-groups a warp, depth, warps a CTA, warps a team, register cap, the
+shared-memory ring, launch; and at each point the cluster twin of every build whose grid is under
+one CTA an SM, `builds_at`) gated, then timed with the package's timer (cold L2, CUDA graph), beside the Triton kernel's
 preset, cuBLAS bf16 and humming-w4a16 (when its wheel is installed) at the same points; then the
 preset build's anatomy stages (`cuda_w4a16.ANATOMY_STAGES`, each passing its own check) and the
 streaming read of the same bytes.
@@ -25,22 +26,37 @@ import tune_w4a16 as tune  # noqa: E402  (beside this script)
 from fp4lab import correctness  # noqa: E402
 from fp4lab.backends import get  # noqa: E402
 from fp4lab.backends import cuda_w4a16, triton_w4a16  # noqa: E402
-from fp4lab.backends.cuda_w4a16 import CudaTileConfig, choose_config  # noqa: E402
+from fp4lab.backends.cuda_w4a16 import CudaTileConfig, Preset, choose_config  # noqa: E402
 
 SHAPES = ((8192, 8192), (4096, 6144), (6144, 2048))
 M_VALUES = (1, 4, 16)
-# (k-groups a warp, of them in flight, warps a CTA, warps a team on one row tile, CTAs an SM must
-# fit): the preset builds of call 57 (benchmarks/NOTES.md: `min_ctas` buys registers, 1-9% faster
-# than ptxas' own ~52 where the occupancy allows it), and 4 k-groups a warp (twice the splits,
-# which a cluster reduction may now afford), each launched both ways and with its splits reduced
-# in thread-block clusters of every size the H200 runs (1: global atomics only; over 8: the
-# non-portable size); `CudaTileConfig.reason` leaves out the builds a point cannot take
-BUILDS = ((8, 4, 8, 4, 1), (8, 4, 16, 1, 2), (16, 4, 16, 1, 2), (4, 4, 16, 1, 2))
+# (k-groups a warp, depth, warps a CTA, warps a team on one row tile, CTAs an SM must fit, ring):
+# the three preset builds (call 57: `min_ctas` buys registers, 1-9% faster than ptxas' own ~52),
+# each again with its codes and scales through the shared-memory ring, 3 or 7 groups ahead
+# (DEPTH 4 and 8 slots) where the registers held 4; and 32 k-groups a warp with a ring of 8 or 16
+# slots in one 16-warp CTA an SM (128 registers: half the warps, each with more in flight, and half
+# the splits); each launched both ways. `CudaTileConfig.reason` leaves out what a point cannot take
+BUILDS = ((8, 4, 8, 4, 1, False), (8, 4, 16, 1, 2, False), (16, 4, 16, 1, 2, False),
+          (8, 4, 8, 4, 1, True), (8, 4, 16, 1, 2, True), (8, 8, 16, 1, 2, True),
+          (16, 4, 16, 1, 2, True), (16, 8, 16, 1, 2, True),
+          (32, 8, 16, 1, 1, True), (32, 16, 16, 1, 1, True))
 OVERLAPS = ("tail", "all")
-CLUSTERS = (1, 2, 3, 4, 6, 8, 12, 16)
 GRID = tuple(CudaTileConfig(groups=g, depth=d, warps=w, kwarps=kw, min_ctas=b, overlap=overlap,
-                            cluster=cluster)
-             for g, d, w, kw, b in BUILDS for overlap in OVERLAPS for cluster in CLUSTERS)
+                            ring=ring)
+             for g, d, w, kw, b, ring in BUILDS for overlap in OVERLAPS)
+SMS = 132                                    # the H200's: where a grid is under one CTA an SM
+
+
+def builds_at(m: int, n: int, k: int) -> list[CudaTileConfig]:
+    """The builds timed at a point: GRID, and after each build whose grid has fewer CTAs than SMs
+    its twin with all of a column's splits in one cluster (the `clustered` presets' rule)."""
+    builds = []
+    for config in GRID:
+        builds.append(config)
+        clustered = Preset(m, None, config, clustered=True)
+        if clustered.holds(m, n, k, SMS):
+            builds.append(clustered.build(n, k))
+    return builds
 
 PEERS = ("triton-w4a16", "torch-bf16", "humming-w4a16")
 
@@ -93,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     weights: dict = {}
     best: dict = {}
     print(f"{'fmt':<5} {'N x K':>10} {'M':>3} {'variant':<34} {'status':<12} {'us':>8} {'TB/s':>5} "
-          f"{'regs':>4} {'local':>5} {'clus':>4}  note")
+          f"{'regs':>4} {'local':>5} {'ctas':>4} {'clus':>4}  note")
     with open(out / "measurements.jsonl", "w") as log:
         for fmt in tune.parse_formats(args.formats):
             for n, k in SHAPES:
@@ -102,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                     a, w = tune.operands(point, device, weights)
                     pick = choose_config(m, n, k)
                     variants = [(c.label(), "cuda-w4a16", lambda c=c: cuda_row(c, point, a, w, device, timer),
-                                 c) for c in GRID]
+                                 c) for c in builds_at(m, n, k)]
                     variants += [(name, name, lambda name=name: peer_row(name, point, a, w, device, timer),
                                   None) for name in PEERS]
                     variants += [(f"anatomy {stage}", "cuda-w4a16-anatomy",
@@ -127,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                               f"{row.get('median_us', float('nan')):8.2f} "
                               f"{row.get('tbps', float('nan')):5.2f} "
                               f"{info.get('registers', ''):>4} {info.get('local_bytes', ''):>5} "
-                              f"{info.get('active_clusters', ''):>4}  "
+                              f"{info.get('ctas_per_sm', ''):>4} {info.get('active_clusters', ''):>4}  "
                               f"{'pick ' if row.get('pick') else ''}{(row.get('message') or '')[:90]}",
                               flush=True)
     (out / "presets.json").write_text(json.dumps(best, indent=1) + "\n")

@@ -96,13 +96,33 @@ def test_configs_are_validated_and_say_what_a_point_needs():
     assert "multiple of 64 (16 rows x 4 tiles)" in config.reason(1, 8208, 8192)
     assert "multiple of 512 (64 x 8 groups x 1 warps)" in config.reason(1, 8192, 8448)
     # staged activations: M rows of the CTA's k, 16 padding bytes a row, and the teams' partial
-    # tiles, under the launch limit
+    # tiles, under what a CTA may opt in to (over 48 KB the backend sets the attribute)
     wide = cuda.CudaTileConfig(groups=32, depth=4)
-    assert wide.shared_bytes(8) == 8 * (2 * 2048 + 16)
-    assert wide.reason(8, 8192, 8192) is None
-    assert "need 65800 bytes of shared memory" in wide.reason(16, 8192, 8192)
+    assert wide.shared_bytes(16) == 16 * (2 * 2048 + 16) > cuda.SHARED_DEFAULT
+    assert wide.reason(16, 8192, 8192) is None
     assert team.static_shared_bytes(16) == 4 * (7 * 2 * 4 * 32 + 1) + 4
-    assert "shared memory" in team.reason(16, 8192, 8192) and team.reason(1, 8192, 8192) is None
+    assert "need 269576 bytes of shared memory, over the 232448 a CTA may have" in \
+        team.reason(16, 8192, 8192)
+    assert team.reason(1, 8192, 8192) is None
+
+
+def test_ring_configs_are_validated_and_put_their_slots_in_front_of_the_activations():
+    ring = cuda.CudaTileConfig(groups=16, depth=8, warps=16, min_ctas=2, overlap="tail", ring=True)
+    assert ring.label() == "cuda g16 d8 w16 k1 b2 ring pdl-tail"
+    assert cuda.CudaTileConfig(groups=16, depth=8, warps=16, cluster=4, ring=True).label() == \
+        "cuda g16 d8 w16 k1 c4 ring"
+    # 8 slots of 576 bytes (a warp's 512 code bytes and 64 scale bytes) a warp, then 16 rows
+    assert ring.ring_bytes == 16 * 8 * 576
+    assert ring.shared_bytes(16) == 16 * 8 * 576 + 16 * (2 * 1024 + 16)
+    assert cuda.CudaTileConfig(groups=16, depth=8, warps=16).ring_bytes == 0
+    clustered = cuda.CudaTileConfig(groups=16, depth=4, warps=16, cluster=8, ring=True)
+    assert clustered.shared_bytes(1) == 16 * 4 * 576 + 4 * 16 * 1 * 4 * 32   # the partials win
+    deep = cuda.CudaTileConfig(groups=32, depth=32, warps=16, ring=True)
+    assert "and a ring of 294912 need" in deep.reason(1, 8192, 8192)
+    with pytest.raises(ValueError, match="depth must be at least 2 with ring"):
+        cuda.CudaTileConfig(groups=4, depth=1, ring=True)
+    with pytest.raises(ValueError, match="ring must be True or False"):
+        cuda.CudaTileConfig(ring=1)
 
 
 def test_cluster_configs_are_validated_and_size_their_shared_partials():
@@ -231,7 +251,14 @@ GPU_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=2), cuda.CudaTileConfig(group
                cuda.CudaTileConfig(groups=2, warps=2, cluster=8),
                cuda.CudaTileConfig(groups=2, warps=4, depth=1, cluster=2),
                cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2, cluster=4, overlap="tail"),
-               cuda.CudaTileConfig(groups=1, warps=1, cluster=16, overlap="all")]
+               cuda.CudaTileConfig(groups=1, warps=1, cluster=16, overlap="all"),
+               # codes and scales through the shared-memory ring: split-K, every slot refilled
+               # (16 groups, 8 slots), teams, a cluster, PDL, a CTA over 48 KB of shared memory
+               cuda.CudaTileConfig(groups=4, warps=4, depth=2, ring=True),
+               cuda.CudaTileConfig(groups=16, warps=8, depth=8, ring=True, overlap="tail"),
+               cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2, ring=True, overlap="all"),
+               cuda.CudaTileConfig(groups=2, warps=4, depth=2, cluster=4, ring=True),
+               cuda.CudaTileConfig(groups=8, warps=16, depth=8, kwarps=2, ring=True)]
 
 
 def seeded_operands(fmt: str, m: int, n: int, k: int):
@@ -321,7 +348,8 @@ def test_dependent_launches_read_what_the_kernel_before_them_wrote(overlap):
 ANATOMY_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=4, depth=1),                  # split-K
                    cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2),        # teams
                    cuda.CudaTileConfig(groups=16, warps=8, depth=4, min_ctas=2, overlap="all"),
-                   cuda.CudaTileConfig(groups=2, warps=4, depth=2, cluster=4)]       # a cluster
+                   cuda.CudaTileConfig(groups=2, warps=4, depth=2, cluster=4),       # a cluster
+                   cuda.CudaTileConfig(groups=4, warps=4, depth=4, ring=True)]       # the ring
 
 
 @pytest.mark.cuda

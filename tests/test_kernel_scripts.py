@@ -130,12 +130,20 @@ def test_cuda_probe_grid_is_every_valid_build_and_without_a_gpu_it_says_so(tmp_p
     from fp4lab.backends.cuda_w4a16 import choose_config as cuda_choose
 
     probe = load("cuda_probe")
-    # 4 builds x 2 launches x 8 cluster sizes (1: global atomics only)
-    assert len(set(probe.GRID)) == len(probe.GRID) == 64
-    assert {c.min_ctas for c in probe.GRID} == {1, 2}
-    assert {c.cluster for c in probe.GRID} == set(probe.CLUSTERS) == {1, 2, 3, 4, 6, 8, 12, 16}
+    # 10 builds (3 in registers, 7 through the shared-memory ring) x 2 launches
+    assert len(set(probe.GRID)) == len(probe.GRID) == 20
+    assert {c.min_ctas for c in probe.GRID} == {1, 2} and {c.cluster for c in probe.GRID} == {1}
+    assert sum(c.ring for c in probe.GRID) == 14
     for n, k in probe.SHAPES:      # the preset of every point is one of the builds it times
-        assert all(cuda_choose(m, n, k) in probe.GRID for m in probe.M_VALUES)
+        for m in probe.M_VALUES:
+            builds = probe.builds_at(m, n, k)
+            assert len(set(builds)) == len(builds) and cuda_choose(m, n, k) in builds
+    # cluster twins only where a grid is under one CTA an SM: at 6144x2048 8 k-groups a warp (96
+    # CTAs, 4 splits) and 16 (48, 2); at 8192x8192 only 32 k-groups a warp (128 CTAs, 4 splits)
+    twins = [c for c in probe.builds_at(16, 6144, 2048) if c.cluster > 1]
+    assert {(c.groups, c.cluster) for c in twins} == {(8, 4), (16, 2)}
+    twins = [c for c in probe.builds_at(16, 8192, 8192) if c.cluster > 1]
+    assert {(c.groups, c.cluster) for c in twins} == {(32, 4)} and len(twins) == 4
     if not torch.cuda.is_available():
         run = subprocess.run([sys.executable, os.path.join(BENCH, "cuda_probe.py"), "--out",
                               str(tmp_path)], capture_output=True, text=True, timeout=120,

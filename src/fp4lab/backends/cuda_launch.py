@@ -27,6 +27,7 @@ PROGRAMMATIC_STREAM_SERIALIZATION = 6
 # CUfunction_attribute, cuda.h: what ptxas gave the build
 FUNCTION_ATTRIBUTES = {"local_bytes": 3, "registers": 4}
 NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
+MAX_DYNAMIC_SHARED_SIZE_BYTES = 8         # a launch may ask for up to this (default 48 KB)
 PORTABLE_CLUSTER = 8                      # CTAs a cluster may have without that attribute
 
 
@@ -107,6 +108,9 @@ def _driver() -> ctypes.CDLL:
     driver.cuOccupancyMaxActiveClusters.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
                                                     ctypes.POINTER(LaunchConfig)]
     driver.cuOccupancyMaxActiveClusters.restype = ctypes.c_int
+    driver.cuOccupancyMaxActiveBlocksPerMultiprocessor.argtypes = [
+        ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+    driver.cuOccupancyMaxActiveBlocksPerMultiprocessor.restype = ctypes.c_int
     return driver
 
 
@@ -137,6 +141,24 @@ def allow_cluster(kernel, cluster: tuple[int, int, int]) -> None:
         driver = _driver()
         _check(driver, driver.cuFuncSetAttribute(kernel.func, NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
                "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)")
+
+
+def allow_shared(kernel, shared_bytes: int) -> None:
+    """Let `kernel`'s launches ask for up to `shared_bytes` of dynamic shared memory (over 48 KB
+    needs the opt-in; the attribute is a ceiling, so one value serves every launch under it)."""
+    driver = _driver()
+    _check(driver, driver.cuFuncSetAttribute(kernel.func, MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes),
+           f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, {shared_bytes})")
+
+
+def resident_ctas(kernel, threads: int, shared_mem: int) -> int:
+    """How many CTAs of `threads` threads and `shared_mem` dynamic shared bytes an SM holds at once
+    (cuOccupancyMaxActiveBlocksPerMultiprocessor: registers, shared memory and threads)."""
+    driver, count = _driver(), ctypes.c_int()
+    _check(driver, driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(count), kernel.func,
+                                                                      threads, shared_mem),
+           "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+    return count.value
 
 
 def active_clusters(kernel, grid, block, shared_mem: int, cluster: tuple[int, int, int]) -> int:
