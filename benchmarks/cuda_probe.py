@@ -61,6 +61,14 @@ def builds_at(m: int, n: int, k: int) -> list[CudaTileConfig]:
 PEERS = ("triton-w4a16", "torch-bf16", "humming-w4a16")
 
 
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """'8192x8192,4096x6144' -> [(8192, 8192), (4096, 6144)]."""
+    try:
+        return [tuple(int(v) for v in item.lower().split("x")) for item in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"--shapes: N x K points like 8192x8192,4096x6144, got {text!r}") from None
+
+
 def peer_row(name: str, point: tune.Point, a, w, device: str, timer) -> dict:
     backend = get(name)
     available, reason = backend.availability(device)
@@ -99,6 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="folder for measurements.jsonl")
     parser.add_argument("--formats", default="nvfp4,mxfp4")
     parser.add_argument("--no-anatomy", action="store_true", help="leave the preset's stages out")
+    parser.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES),
+                        help="N x K points, comma-separated (default: the issue's three)")
+    parser.add_argument("--ms", default=",".join(map(str, M_VALUES)), help="M values, comma-separated")
+    parser.add_argument("--builds", default="all", choices=("all", "ring"),
+                        help="ring: only the ring builds and the preset (a follow-up probe)")
+    parser.add_argument("--no-peers", action="store_true", help=f"leave {', '.join(PEERS)} out")
     args = parser.parse_args(argv)
     device = tune.script_device("cuda_probe", smoke=False)
     if device is None:
@@ -112,15 +126,16 @@ def main(argv: list[str] | None = None) -> int:
           f"{'regs':>4} {'local':>5} {'ctas':>4} {'clus':>4}  note")
     with open(out / "measurements.jsonl", "w") as log:
         for fmt in tune.parse_formats(args.formats):
-            for n, k in SHAPES:
-                for m in M_VALUES:
+            for n, k in parse_shapes(args.shapes):
+                for m in (int(m) for m in args.ms.split(",")):
                     point = tune.Point(fmt, n, k, m)
                     a, w = tune.operands(point, device, weights)
                     pick = choose_config(m, n, k)
                     variants = [(c.label(), "cuda-w4a16", lambda c=c: cuda_row(c, point, a, w, device, timer),
-                                 c) for c in builds_at(m, n, k)]
+                                 c) for c in builds_at(m, n, k)
+                                if args.builds == "all" or c.ring or c == pick]
                     variants += [(name, name, lambda name=name: peer_row(name, point, a, w, device, timer),
-                                  None) for name in PEERS]
+                                  None) for name in PEERS if not args.no_peers]
                     variants += [(f"anatomy {stage}", "cuda-w4a16-anatomy",
                                   lambda stage=stage: anatomy_row(stage, pick, a, w, device, timer), None)
                                  for stage in ("stream", *cuda_w4a16.ANATOMY_STAGES)

@@ -170,6 +170,12 @@ __device__ __forceinline__ void wait_copies() {
 
 // the ring's groups of copies: each k-group's copies are one group; waiting leaves at most
 // `pending` of this thread's latest groups in flight (the oldest first complete)
+// the ring's copy of weight bytes: as load_stream, past L1 and with the L2's 256-byte prefetch
+__device__ __forceinline__ void copy_async_stream(u32 shared, const void* global) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" :: "r"(shared), "l"(global)
+                 : "memory");
+}
+
 __device__ __forceinline__ void commit_copies() {
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
@@ -306,7 +312,7 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     const bool copies_scales = lane < SCALE_BYTES / 2;
 #define AHEAD (DEPTH - 1)
 #define SLOT(j) (ring + ((j) % DEPTH) * SLOT_BYTES)
-#define ISSUE(j) (copy_async(SLOT(j) + lane * 16, wp + (j) * 32), \
+#define ISSUE(j) (copy_async_stream(SLOT(j) + lane * 16, wp + (j) * 32), \
                   copies_scales ? copy_async(SLOT(j) + 512 + lane * 16, sp + (j) * (SCALE_BYTES / 2)) \
                                 : (void)0)
 #else
