@@ -143,12 +143,20 @@ def allow_cluster(kernel, cluster: tuple[int, int, int]) -> None:
                "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)")
 
 
+_shared_allowed: dict[int, int] = {}       # CUfunction handle -> the ceiling set on it
+
+
 def allow_shared(kernel, shared_bytes: int) -> None:
-    """Let `kernel`'s launches ask for up to `shared_bytes` of dynamic shared memory (over 48 KB
-    needs the opt-in; the attribute is a ceiling, so one value serves every launch under it)."""
+    """Let `kernel`'s launches ask for `shared_bytes` of dynamic shared memory (over 48 KB needs
+    the opt-in). The attribute is a ceiling shared by every launch of the function, so it only
+    ever rises: a launch prepared earlier with more keeps working."""
+    handle = int(kernel.func.value if hasattr(kernel.func, "value") else kernel.func)
+    if _shared_allowed.get(handle, 0) >= shared_bytes:
+        return
     driver = _driver()
     _check(driver, driver.cuFuncSetAttribute(kernel.func, MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes),
            f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, {shared_bytes})")
+    _shared_allowed[handle] = shared_bytes
 
 
 def resident_ctas(kernel, threads: int, shared_mem: int) -> int:

@@ -479,8 +479,8 @@ def _prepare(backend: CudaW4A16, a, w, device, config: CudaTileConfig | None, st
     shared = config.shared_bytes(m)
     cluster = (1, config.cluster, 1)                       # consecutive splits of one column
     opt_in = shared >= SHARED_DEFAULT
-    if opt_in:       # a ceiling, what the build's static shared memory leaves: one value a build
-        allow_shared(kernel, SHARED_LIMIT - config.static_shared_bytes(m))
+    if opt_in:
+        allow_shared(kernel, shared)
     info = {"config": config.label(), "launch": config.launch, "stage": stage,
             **function_attributes(kernel), "shared_bytes": shared,
             "ctas_per_sm": resident_ctas(kernel, config.threads, shared)}
