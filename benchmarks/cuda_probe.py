@@ -30,20 +30,16 @@ from fp4lab.backends.cuda_w4a16 import CudaTileConfig, Preset, choose_config  # 
 
 SHAPES = ((8192, 8192), (4096, 6144), (6144, 2048))
 M_VALUES = (1, 4, 16)
-# (k-groups a warp, depth, warps a CTA, warps a team on one row tile, CTAs an SM must fit, ring):
-# the three preset builds (call 57: `min_ctas` buys registers, 1-9% faster than ptxas' own ~52),
-# each again with its codes and scales through the shared-memory ring, 3 or 7 groups ahead
-# (DEPTH 4 and 8 slots) where the registers held 4; and 32 k-groups a warp with a ring of 8 or 16
-# slots in one 16-warp CTA an SM (128 registers: half the warps, each with more in flight, and half
-# the splits); each launched both ways. `CudaTileConfig.reason` leaves out what a point cannot take
-BUILDS = ((8, 4, 8, 4, 1, False), (8, 4, 16, 1, 2, False), (16, 4, 16, 1, 2, False),
-          (8, 4, 8, 4, 1, True), (8, 4, 16, 1, 2, True), (8, 8, 16, 1, 2, True),
-          (16, 4, 16, 1, 2, True), (16, 8, 16, 1, 2, True),
-          (32, 8, 16, 1, 1, True), (32, 16, 16, 1, 1, True))
+# (k-groups a warp, depth, warps a CTA, warps a team on one row tile, CTAs an SM must fit): the
+# three preset builds (call 57: `min_ctas` buys registers, 1-9% faster than ptxas' own ~52), and
+# 16-warp CTAs of teams of 2 or 4 warps a tile, which stage 2-4x the k (over 48 KB at M = 16:
+# the opt-in) for half to a quarter of the splits, the teams adding up in shared memory; each
+# launched both ways. `CudaTileConfig.reason` leaves out what a point cannot take
+BUILDS = ((8, 4, 8, 4, 1), (8, 4, 16, 1, 2), (16, 4, 16, 1, 2),
+          (8, 4, 16, 2, 2), (16, 4, 16, 2, 2), (8, 4, 16, 4, 1))
 OVERLAPS = ("tail", "all")
-GRID = tuple(CudaTileConfig(groups=g, depth=d, warps=w, kwarps=kw, min_ctas=b, overlap=overlap,
-                            ring=ring)
-             for g, d, w, kw, b, ring in BUILDS for overlap in OVERLAPS)
+GRID = tuple(CudaTileConfig(groups=g, depth=d, warps=w, kwarps=kw, min_ctas=b, overlap=overlap)
+             for g, d, w, kw, b in BUILDS for overlap in OVERLAPS)
 SMS = 132                                    # the H200's: where a grid is under one CTA an SM
 
 
@@ -110,8 +106,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES),
                         help="N x K points, comma-separated (default: the issue's three)")
     parser.add_argument("--ms", default=",".join(map(str, M_VALUES)), help="M values, comma-separated")
-    parser.add_argument("--builds", default="all", choices=("all", "ring"),
-                        help="ring: only the ring builds and the preset (a follow-up probe)")
     parser.add_argument("--no-peers", action="store_true", help=f"leave {', '.join(PEERS)} out")
     args = parser.parse_args(argv)
     device = tune.script_device("cuda_probe", smoke=False)
@@ -132,8 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                     a, w = tune.operands(point, device, weights)
                     pick = choose_config(m, n, k)
                     variants = [(c.label(), "cuda-w4a16", lambda c=c: cuda_row(c, point, a, w, device, timer),
-                                 c) for c in builds_at(m, n, k)
-                                if args.builds == "all" or c.ring or c == pick]
+                                 c) for c in builds_at(m, n, k)]
                     variants += [(name, name, lambda name=name: peer_row(name, point, a, w, device, timer),
                                   None) for name in PEERS if not args.no_peers]
                     variants += [(f"anatomy {stage}", "cuda-w4a16-anatomy",

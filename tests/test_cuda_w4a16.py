@@ -106,25 +106,6 @@ def test_configs_are_validated_and_say_what_a_point_needs():
     assert team.reason(1, 8192, 8192) is None
 
 
-def test_ring_configs_are_validated_and_put_their_slots_in_front_of_the_activations():
-    ring = cuda.CudaTileConfig(groups=16, depth=8, warps=16, min_ctas=2, overlap="tail", ring=True)
-    assert ring.label() == "cuda g16 d8 w16 k1 b2 ring pdl-tail"
-    assert cuda.CudaTileConfig(groups=16, depth=8, warps=16, cluster=4, ring=True).label() == \
-        "cuda g16 d8 w16 k1 c4 ring"
-    # 8 slots of 576 bytes (a warp's 512 code bytes and 64 scale bytes) a warp, then 16 rows
-    assert ring.ring_bytes == 16 * 8 * 576
-    assert ring.shared_bytes(16) == 16 * 8 * 576 + 16 * (2 * 1024 + 16)
-    assert cuda.CudaTileConfig(groups=16, depth=8, warps=16).ring_bytes == 0
-    clustered = cuda.CudaTileConfig(groups=16, depth=4, warps=16, cluster=8, ring=True)
-    assert clustered.shared_bytes(1) == 16 * 4 * 576 + 4 * 16 * 1 * 4 * 32   # the partials win
-    deep = cuda.CudaTileConfig(groups=32, depth=32, warps=16, ring=True)
-    assert "and a ring of 294912 need" in deep.reason(1, 8192, 8192)
-    with pytest.raises(ValueError, match="depth must be at least 2 with ring"):
-        cuda.CudaTileConfig(groups=4, depth=1, ring=True)
-    with pytest.raises(ValueError, match="ring must be True or False"):
-        cuda.CudaTileConfig(ring=1)
-
-
 def test_cluster_configs_are_validated_and_size_their_shared_partials():
     clustered = cuda.CudaTileConfig(groups=16, depth=4, warps=16, min_ctas=2, overlap="tail", cluster=8)
     assert clustered.label() == "cuda g16 d4 w16 k1 b2 c8 pdl-tail"
@@ -251,14 +232,7 @@ GPU_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=2), cuda.CudaTileConfig(group
                cuda.CudaTileConfig(groups=2, warps=2, cluster=8),
                cuda.CudaTileConfig(groups=2, warps=4, depth=1, cluster=2),
                cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2, cluster=4, overlap="tail"),
-               cuda.CudaTileConfig(groups=1, warps=1, cluster=16, overlap="all"),
-               # codes and scales through the shared-memory ring: split-K, every slot refilled
-               # (16 groups, 8 slots), teams, a cluster, PDL, a CTA over 48 KB of shared memory
-               cuda.CudaTileConfig(groups=4, warps=4, depth=2, ring=True),
-               cuda.CudaTileConfig(groups=16, warps=8, depth=8, ring=True, overlap="tail"),
-               cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2, ring=True, overlap="all"),
-               cuda.CudaTileConfig(groups=2, warps=4, depth=2, cluster=4, ring=True),
-               cuda.CudaTileConfig(groups=8, warps=16, depth=8, kwarps=2, ring=True)]
+               cuda.CudaTileConfig(groups=1, warps=1, cluster=16, overlap="all")]
 
 
 def seeded_operands(fmt: str, m: int, n: int, k: int):
@@ -282,6 +256,20 @@ def test_kernel_passes_the_gate(fmt, m, config):
     # them); float atomics add in any order, so a repeat may round differently by one bf16 ulp
     first = prepared.out.clone()
     assert_same_within_atomics_order(prepared.call(), first)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("overlap", ["off", "tail"])
+def test_a_build_over_48_kb_of_shared_memory_opts_in_and_passes_the_gate(overlap):
+    # 16 rows of 2048 k staged (a team of 2 warps a tile): 65.8 KB, the opt-in attribute's case
+    a, w = seeded_operands("nvfp4", 16, 128, 4096)
+    config = cuda.CudaTileConfig(groups=16, warps=16, depth=4, kwarps=2, overlap=overlap)
+    assert config.shared_bytes(16) > cuda.SHARED_DEFAULT
+    prepared = get("cuda-w4a16").prepare(a, w, "cuda", config=config)
+    gate = correctness.check_backend(prepared, correctness.TOLERANCE["nvfp4"])
+    assert gate.ok, gate.message
+    assert prepared.info["shared_bytes"] == config.shared_bytes(16)
+    assert prepared.info["ctas_per_sm"] == 3          # 3 x 66 KB of the H200's 228 KB an SM
 
 
 @pytest.mark.cuda
@@ -348,8 +336,7 @@ def test_dependent_launches_read_what_the_kernel_before_them_wrote(overlap):
 ANATOMY_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=4, depth=1),                  # split-K
                    cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2),        # teams
                    cuda.CudaTileConfig(groups=16, warps=8, depth=4, min_ctas=2, overlap="all"),
-                   cuda.CudaTileConfig(groups=2, warps=4, depth=2, cluster=4),       # a cluster
-                   cuda.CudaTileConfig(groups=4, warps=4, depth=4, ring=True)]       # the ring
+                   cuda.CudaTileConfig(groups=2, warps=4, depth=2, cluster=4)]       # a cluster
 
 
 @pytest.mark.cuda

@@ -130,20 +130,19 @@ def test_cuda_probe_grid_is_every_valid_build_and_without_a_gpu_it_says_so(tmp_p
     from fp4lab.backends.cuda_w4a16 import choose_config as cuda_choose
 
     probe = load("cuda_probe")
-    # 10 builds (3 in registers, 7 through the shared-memory ring) x 2 launches
-    assert len(set(probe.GRID)) == len(probe.GRID) == 20
+    # 6 builds (the 3 presets', 3 of teams in 16-warp CTAs) x 2 launches
+    assert len(set(probe.GRID)) == len(probe.GRID) == 12
     assert {c.min_ctas for c in probe.GRID} == {1, 2} and {c.cluster for c in probe.GRID} == {1}
-    assert sum(c.ring for c in probe.GRID) == 14
+    assert {c.kwarps for c in probe.GRID if c.warps == 16} == {1, 2, 4}
     for n, k in probe.SHAPES:      # the preset of every point is one of the builds it times
         for m in probe.M_VALUES:
             builds = probe.builds_at(m, n, k)
             assert len(set(builds)) == len(builds) and cuda_choose(m, n, k) in builds
     # cluster twins only where a grid is under one CTA an SM: at 6144x2048 8 k-groups a warp (96
-    # CTAs, 4 splits) and 16 (48, 2); at 8192x8192 only 32 k-groups a warp (128 CTAs, 4 splits)
+    # CTAs, 4 splits) and 16 (48, 2), and the teams of 2 (96, 2); none on 8192x8192's 256 CTAs
     twins = [c for c in probe.builds_at(16, 6144, 2048) if c.cluster > 1]
-    assert {(c.groups, c.cluster) for c in twins} == {(8, 4), (16, 2)}
-    twins = [c for c in probe.builds_at(16, 8192, 8192) if c.cluster > 1]
-    assert {(c.groups, c.cluster) for c in twins} == {(32, 4)} and len(twins) == 4
+    assert {(c.groups, c.kwarps, c.cluster) for c in twins} == {(8, 1, 4), (16, 1, 2), (8, 2, 2)}
+    assert not [c for c in probe.builds_at(16, 8192, 8192) if c.cluster > 1]
     if not torch.cuda.is_available():
         run = subprocess.run([sys.executable, os.path.join(BENCH, "cuda_probe.py"), "--out",
                               str(tmp_path)], capture_output=True, text=True, timeout=120,

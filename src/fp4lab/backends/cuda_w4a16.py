@@ -52,7 +52,6 @@ MAX_THREADS_PER_SM = 2048
 MAX_REGISTERS = 255           # a thread's
 SHARED_DEFAULT = 48 * 1024   # dynamic shared memory a launch gets without the opt-in attribute
 SHARED_LIMIT = 227 * 1024    # what sm_90 lets one CTA opt in to (228 KB an SM, 1 KB reserved a CTA)
-RING_SLOT_BYTES = 512 + 64   # a ring slot: a warp's codes of one k-group and its (nvfp4) scales
 SCALE_BYTES = {"nvfp4": 8, "mxfp4": 4}     # per (rows g, g+8) per k-group
 WEIGHT_BIAS = 2.0 ** (126 - SCALE_EXP)     # decoded weights are e2m1 * scale * 2^-26
 KERNEL_SOURCE = Path(__file__).with_name("cuda_w4a16_kernel.cu")
@@ -73,10 +72,7 @@ class CudaTileConfig:
     own choice, which is fewer registers than even `min_ctas=1` allows (52 against 77 for g16 d4
     w16 NVFP4, the H200 probe of call 56), so the cap can buy registers as well as warps.
     `cluster` CTAs of consecutive splits form a thread-block cluster and add their partial tiles
-    in distributed shared memory (1: every split adds into the float32 workspace). With `ring`,
-    the codes and scales go to a ring of `depth` slots in shared memory by cp.async instead of
-    registers, `depth - 1` groups ahead of the math (more bytes in flight than the registers
-    allow, and no register held by a load on its way)."""
+    in distributed shared memory (1: every split adds into the float32 workspace)."""
 
     groups: int = 8
     warps: int = 4
@@ -85,7 +81,6 @@ class CudaTileConfig:
     overlap: str = "off"
     min_ctas: int | None = None
     cluster: int = 1
-    ring: bool = False
 
     def __post_init__(self):
         if self.depth is None:
@@ -110,11 +105,6 @@ class CudaTileConfig:
                 or not 1 <= self.cluster <= MAX_CLUSTER:
             raise ValueError(f"CudaTileConfig.cluster must be an int from 1 to {MAX_CLUSTER} (CTAs "
                              f"a thread-block cluster on sm_90), got {self.cluster!r}")
-        if not isinstance(self.ring, bool):
-            raise ValueError(f"CudaTileConfig.ring must be True or False, got {self.ring!r}")
-        if self.ring and self.depth < 2:
-            raise ValueError(f"CudaTileConfig.depth must be at least 2 with ring (its slots: "
-                             f"depth - 1 groups ahead of the math), got {self.depth}")
         if self.warps % self.kwarps:
             raise ValueError(f"CudaTileConfig.kwarps ({self.kwarps}) must divide warps "
                              f"({self.warps}): a CTA's warps form teams of kwarps")
@@ -135,19 +125,15 @@ class CudaTileConfig:
     def grid(self, n: int, k: int) -> tuple[int, int, int]:
         return (n // (ROW_TILE * self.tiles), self.splits(k), 1)
 
-    @property
-    def ring_bytes(self) -> int:
-        """Shared memory of the ring (`depth` slots a warp), in front of the activations."""
-        return self.warps * self.depth * RING_SLOT_BYTES if self.ring else 0
-
     def shared_bytes(self, m: int) -> int:
-        """Dynamic shared memory: the ring, then the CTA's staged activations, M rows of its k in
-        bf16, each row padded by 16 bytes (the kernel's ROW_WORDS); in a cluster, at least the
-        CTA's partial tiles (float, 32 lanes x 4 a tile of 8 activation rows), which reuse them."""
+        """Dynamic shared memory: the CTA's staged activations, M rows of its k in bf16, each
+        row padded by 16 bytes (the kernel's ROW_WORDS); in a cluster, at least the CTA's
+        partial tiles (float, 32 lanes x 4 a tile of 8 activation rows), which reuse it. Over
+        SHARED_DEFAULT, the backend opts the build in (up to SHARED_LIMIT)."""
         activations = m * (2 * self.split_k + 16)
-        if self.cluster > 1:
-            activations = max(activations, 4 * self.tiles * n_tiles(m) * 4 * LANES)
-        return self.ring_bytes + activations
+        if self.cluster == 1:
+            return activations
+        return max(activations, 4 * self.tiles * n_tiles(m) * 4 * LANES)
 
     def static_shared_bytes(self, m: int) -> int:
         """The kernel's static shared memory: the teams' partial tiles (float, 32 lanes x 4 a
@@ -177,8 +163,6 @@ class CudaTileConfig:
             label += f" b{self.min_ctas}"
         if self.cluster > 1:
             label += f" c{self.cluster}"
-        if self.ring:
-            label += " ring"
         return label if self.overlap == "off" else f"{label} {self.launch}"
 
     def reason(self, m: int, n: int, k: int) -> str | None:
@@ -193,9 +177,8 @@ class CudaTileConfig:
                     f"{self.cluster} CTAs cannot divide")
         shared = self.shared_bytes(m) + self.static_shared_bytes(m)
         if shared > SHARED_LIMIT:
-            ring = f" and a ring of {self.ring_bytes}" if self.ring else ""
-            return (f"M={m} rows of {self.split_k} k{ring} need {shared} bytes of shared memory, "
-                    f"over the {SHARED_LIMIT} a CTA may have")
+            return (f"M={m} rows of {self.split_k} k need {shared} bytes of shared memory, over "
+                    f"the {SHARED_LIMIT} a CTA may have")
         return None
 
 
@@ -407,7 +390,6 @@ def compiled(config: CudaTileConfig, fmt: str, tiles: int, capability: tuple[int
                f"-DKWARPS={config.kwarps}", f"-DNTILES={tiles}",
                f"-DNVFP4={int(fmt == 'nvfp4')}", f"-DOVERLAP_ALL={int(config.overlap == 'all')}",
                f"-DMIN_CTAS={config.min_ctas or 0}", f"-DCLUSTER={config.cluster}",
-               f"-DRING={int(config.ring)}",
                f"-DSTAGE={list(ANATOMY_STAGES).index(stage)}",
                "-std=c++17"]
     return torch.cuda._compile_kernel(KERNEL_SOURCE.read_text(), KERNEL_NAME,

@@ -1,7 +1,7 @@
 // fp4lab's CUDA decode GEMM for FP4 weights at decode-sized M (<= 16): out[M, N] = a[M, K] . W^T.
 //
 // Compiled at prepare with NVRTC (no headers: plain integer types and inline PTX), one build per
-// (GROUPS, DEPTH, WARPS, KWARPS, NTILES, NVFP4, OVERLAP_ALL, MIN_CTAS, CLUSTER, RING), given as -D defines
+// (GROUPS, DEPTH, WARPS, KWARPS, NTILES, NVFP4, OVERLAP_ALL, MIN_CTAS, CLUSTER), given as -D defines
 // (MIN_CTAS: CTAs an SM must fit, which caps the registers a thread; 0 leaves them to ptxas).
 // Shape legend: M activation rows, N weight rows, K reduction; a "row tile" is 16 weight rows (one
 // mma.sync M side), a "k-group" 64 k (four m16n8k16 MMAs); g = lane / 4 and t = lane % 4 as in the
@@ -30,15 +30,6 @@
 //     their partial tiles in shared memory at the end (at short K, where a CTA can cover it all);
 //     more row tiles a CTA (WARPS / KWARPS) stage the activations once for more of N, which at
 //     M = 16 is as many L2 bytes as the weights with 4 tiles a CTA.
-// The shared-memory ring (RING 1): a warp's loads in registers are capped by the registers a thread
-// has at 32 warps an SM (64: DEPTH 4, 2 KB a warp in flight), and a warp waiting on the tensor pipe
-// issues its next load late (the long-scoreboard and math-throttle stalls at M = 16, call 63). With
-// RING, each lane copies its 16 bytes of a k-group into a ring of DEPTH slots in shared memory by
-// cp.async (no register holds them on the way), lanes 0-3 the group's 64 scale bytes beside them,
-// DEPTH - 1 groups ahead of the math; before a group's math, the warp waits for its copies
-// (cp.async.wait_group), __syncwarp publishes the scale bytes other lanes copied, and each lane
-// reads its codes and its rows' scales back (a 16-byte and an 8-byte shared load). The slot it
-// refills is the one the warp read in the previous group, whose values its math has consumed.
 // Decoded weights are e2m1 * scale * 2^-26 (the Triton kernel's bit trick: code bits placed at bf16
 // bits 15 and 8..6 read as e2m1 * 2^-126, scale bytes carry 2^100); the epilogue multiplies by
 // `unbias`, 2^26 over the nvfp4 global scale (computed at prepare: no division in the kernel).
@@ -74,14 +65,6 @@
 #ifndef CLUSTER
 #define CLUSTER 1
 #endif
-#ifndef RING
-#define RING 0
-#endif
-#define SLOT_BYTES (512 + 64)        // a ring slot: a warp's codes of one k-group, then its scales
-#define RING_BYTES (RING ? WARPS * DEPTH * SLOT_BYTES : 0)   // in front of the activations
-#if RING && DEPTH < 2
-#error "the shared-memory ring needs DEPTH >= 2 slots (DEPTH - 1 groups ahead of the math)"
-#endif
 
 // STAGE (the anatomy's variants, numbered in the order of cuda_w4a16.ANATOMY_STAGES): the GEMM; loads
 // only (codes, scales, activations staged and read by ldmatrix; the codes and scales summed); loads
@@ -115,17 +98,6 @@ __device__ __forceinline__ Scales load_scales(const Scales* p) {
     asm volatile("ld.global.v2.u32 {%0, %1}, [%2];" : "=r"(v.word[0]), "=r"(v.word[1]) : "l"(p));
 #else
     asm volatile("ld.global.u32 %0, [%1];" : "=r"(v.word[0]) : "l"(p));
-#endif
-    return v;
-}
-
-__device__ __forceinline__ Scales load_shared_scales(u32 address) {
-    Scales v;
-#if NVFP4
-    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.word[0]), "=r"(v.word[1]) : "r"(address)
-                 : "memory");
-#else
-    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v.word[0]) : "r"(address) : "memory");
 #endif
     return v;
 }
@@ -166,31 +138,6 @@ __device__ __forceinline__ void copy_async(u32 shared, const void* global) {
 
 __device__ __forceinline__ void wait_copies() {
     asm volatile("cp.async.wait_all;" ::: "memory");
-}
-
-// the ring's groups of copies: each k-group's copies are one group; waiting leaves at most
-// `pending` of this thread's latest groups in flight (the oldest first complete)
-// the ring's copy of weight bytes: as load_stream, past L1 and with the L2's 256-byte prefetch
-__device__ __forceinline__ void copy_async_stream(u32 shared, const void* global) {
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" :: "r"(shared), "l"(global)
-                 : "memory");
-}
-
-__device__ __forceinline__ void commit_copies() {
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-template <int pending>
-__device__ __forceinline__ void wait_copies_but() {
-    asm volatile("cp.async.wait_group %0;" :: "n"(pending) : "memory");
-}
-
-// a ring slot read back: this lane's 16 code bytes, and the scale bytes of its row pair g
-__device__ __forceinline__ u32x4 load_shared_codes(u32 address) {
-    u32x4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(address) : "memory");
-    return v;
 }
 
 // the 32-bit shared-memory address cp.async and ldmatrix take
@@ -291,9 +238,7 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
                 float* __restrict__ ws,                 // [M, N] float32, zero between calls
                 int* __restrict__ counts,               // [N / (16 * TILES)], zero between calls
                 int M, int N, int K, int splits) {
-    // [WARPS, DEPTH slots, SLOT_BYTES] the ring (RING), then [M, KWARPS * KS] bf16, padded rows
-    extern __shared__ __align__(16) u32 dynamic_shared[];
-    u32* const act = dynamic_shared + RING_BYTES / 4;
+    extern __shared__ __align__(16) u32 act[];          // [M, KWARPS * KS] bf16, padded rows
     // the partial tiles of warps 1.. of each team: [TILES, KWARPS - 1, NTILES * 4, 32 lanes]
     __shared__ float partial[TILES * (KWARPS - 1) * NTILES * 4 * 32 + 1];
     __shared__ int last_split;
@@ -304,36 +249,18 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     const unsigned tile = blockIdx.x * TILES + team;              // this warp's 16-row tile
     const long group0 = (long)tile * (unsigned)(K / 64) + (split * KWARPS + slice) * GROUPS;
 
-    const u32x4* wp = w + group0 * 32 + lane;
-#if RING
-    // a group's scales, 64 bytes (nvfp4; 32 mxfp4) after its codes: 16 bytes a lane 0-3 (0-1)
-    const u32x4* sp = reinterpret_cast<const u32x4*>(s + group0 * 8) + lane;
-    const u32 ring = shared_address(dynamic_shared) + warp * (DEPTH * SLOT_BYTES);
-    const bool copies_scales = lane < SCALE_BYTES / 2;
-#define AHEAD (DEPTH - 1)
-#define SLOT(j) (ring + ((j) % DEPTH) * SLOT_BYTES)
-#define ISSUE(j) (copy_async_stream(SLOT(j) + lane * 16, wp + (j) * 32), \
-                  copies_scales ? copy_async(SLOT(j) + 512 + lane * 16, sp + (j) * (SCALE_BYTES / 2)) \
-                                : (void)0)
-#else
     // codes (16 B a lane a k-group) and block scales; the compiler keeps only the DEPTH + 1
     // groups alive at once in registers (every index below is a constant after unrolling)
     u32x4 codes[GROUPS];
     Scales scales[GROUPS];
+    const u32x4* wp = w + group0 * 32 + lane;
     const Scales* sp = s + group0 * 8 + g;
-#define AHEAD DEPTH
 #define ISSUE(j) (codes[j] = load_stream(wp + (j) * 32), scales[j] = load_scales(sp + (j) * 8))
-#endif
 #if OVERLAP_ALL
     let_next_kernel_launch();
 #endif
 #pragma unroll
-    for (int j = 0; j < AHEAD; ++j) {
-        ISSUE(j);
-#if RING
-        commit_copies();
-#endif
-    }
+    for (int j = 0; j < DEPTH; ++j) ISSUE(j);
     wait_for_previous_kernel();      // everything below may read what the previous kernel wrote
 
     // the CTA's k range of the M activation rows into shared memory, 16 bytes a copy
@@ -369,23 +296,12 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     u32 sink = 0;                                        // STAGE_LOAD, STAGE_DECODE: the sum
 #pragma unroll
     for (int j = 0; j < GROUPS; ++j) {
-#if RING
-        wait_copies_but<AHEAD - 1>();                    // group j has landed (every iteration
-        __syncwarp();                                    // commits one group, maybe empty)
-        const u32x4 code = load_shared_codes(SLOT(j) + lane * 16);
-        const Scales scale = load_shared_scales(SLOT(j) + 512 + g * SCALE_BYTES);
-        if (j + AHEAD < GROUPS) ISSUE(j + AHEAD);        // into the slot group j - 1 left
-        commit_copies();
-#else
         if (j + DEPTH < GROUPS) ISSUE(j + DEPTH);        // keeps DEPTH groups in flight
-        const u32x4 code = codes[j];
-        const Scales scale = scales[j];
-#endif
 #if STAGE == STAGE_LOAD
 #pragma unroll
-        for (int i = 0; i < SCALE_BYTES / 4; ++i) sink += scale.word[i];
+        for (int i = 0; i < SCALE_BYTES / 4; ++i) sink += scales[j].word[i];
 #endif
-        const u32 words[4] = {code.x, code.y, code.z, code.w};
+        const u32 words[4] = {codes[j].x, codes[j].y, codes[j].z, codes[j].w};
         u32 b[4];                                        // the B fragments ldmatrix gave
 #pragma unroll
         for (int q = 0; q < 4; ++q) {                    // one k16 MMA step
@@ -404,9 +320,9 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
             u32 a2 = x & 0x81C081C0u;
             u32 a3 = (((x >> 3) & 0x05C005C0u) * 0x21u) & 0x81C081C0u;  // sign << 5, magnitude
 #if NVFP4                                                // a 16-k block per MMA
-            const u32 sc = scale_pair(scale.word[q >> 1], q & 1);
+            const u32 sc = scale_pair(scales[j].word[q >> 1], q & 1);
 #else                                                    // a 32-k block per two MMAs
-            const u32 sc = scale_pair(scale.word[0], q >> 1);
+            const u32 sc = scale_pair(scales[j].word[0], q >> 1);
 #endif
             a0 = scaled_lo(a0, sc);
             a2 = scaled_lo(a2, sc);
@@ -426,10 +342,6 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
         }
     }
 #undef ISSUE
-#undef AHEAD
-#ifdef SLOT
-#undef SLOT
-#endif
 #if !OVERLAP_ALL
     let_next_kernel_launch();
 #endif
