@@ -232,13 +232,14 @@ class Preset:
 # The first preset that holds wins: the H200 probe of 2026-12-02 (benchmarks/NOTES.md, call 57;
 # results/measurements/20261202T1843Z-h200-cuda-probe), the fastest of 9 builds x 2 launch
 # overlaps at M = 1, 4, 16 on 8192x8192, 4096x6144 and 6144x2048, both formats:
-#   - short K (2048): a team of 4 warps splits each tile's k, a CTA covers all of K (no split-K),
-#     with the registers `min_ctas=1` allows (85 NVFP4, 64 MXFP4, against ~52 by ptxas' choice:
-#     3-9% faster); the next call may launch as the CTAs start ("all": NVFP4 4.14 us at M=1 against
-#     4.67 after the math; in MXFP4 "all" was 28% slower with the 13-instruction decode, and is 14%
-#     faster with the 10-instruction one, 3.68 against 4.26: the probe of 2026-12-03, call 60,
-#     results/measurements/20261203T0925Z-h200-cuda-probe); at M = 16 the team's staged
-#     activations do not fit: 16 tiles a CTA;
+#   - short K (2048): teams of 4 warps split each tile's k, 4 tiles a 16-warp CTA, which covers all
+#     of K (no split-K), with the registers `min_ctas=1` allows (72 NVFP4, 67 MXFP4, against ~52 by
+#     ptxas' choice: 3-9% faster); the next call may launch as the CTAs start ("all": NVFP4 4.14 us
+#     at M=1 against 4.67 after the math, call 60, results/measurements/20261203T0925Z-h200-cuda-probe).
+#     At M = 16 its 66 KB of staged activations need the shared-memory opt-in (call 73,
+#     results/measurements/20261203T1712Z-h200-cuda-team-probe: 6144x2048 M=16 6.24 us NVFP4 and
+#     6.01 MXFP4 against 7.14 and 7.39 for 16 tiles a CTA in a cluster; M=4 4.61 against 4.98 for
+#     2 tiles a CTA; M=1 3.86, the same); other short K (below 2048) take the 16-tile builds;
 #   - otherwise 16 tiles a CTA (the activations staged once for all 16), 16 k-groups a warp where
 #     that still gives a CTA per SM (8192x8192: 256 CTAs), else 8 (4096x6144: 192 CTAs);
 #   - `min_ctas=2` (61-64 registers, still two 16-warp CTAs an SM) 1-5% faster than ptxas' ~52
@@ -251,8 +252,8 @@ class Preset:
 #     7.08 us against 7.60; 4096x6144 NVFP4 M=4 6.87 against 7.23, M=1 6.59 against 6.68; on the
 #     full grids every cluster build was slower, 8192x8192 M=16 17.26 us with pairs against 16.33).
 _SHORT_K_TAIL = CudaTileConfig(groups=8, depth=4, warps=16, min_ctas=2, overlap="tail")
-PRESETS = (Preset(8, 2048, CudaTileConfig(groups=8, depth=4, warps=8, kwarps=4, min_ctas=1,
-                                          overlap="all")),
+PRESETS = (Preset(16, 2048, CudaTileConfig(groups=8, depth=4, warps=16, kwarps=4, min_ctas=1,
+                                           overlap="all")),
            Preset(16, 2048, _SHORT_K_TAIL, clustered=True),
            Preset(16, 2048, _SHORT_K_TAIL),
            Preset(8, None, CudaTileConfig(groups=16, depth=4, warps=16, min_ctas=2, overlap="all"),
