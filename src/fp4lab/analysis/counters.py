@@ -248,8 +248,7 @@ def instruction_bound(profiles: list[Counters], bandwidth_tbps: float | None = N
              f"{lean.instr_per_weight:.1f} on {text.pct(lean.issue_pct)} of cycles, and its warps stall most on "
              f"{stall} cycles per instruction issued")
     if stall.startswith("long scoreboard") and float(stall.split()[-1]) >= LOAD_BOUND_STALLS:
-        head += (": it waits on its global loads, so the bytes it keeps in flight per SM, not its "
-                 "instructions, bound it now")
+        head += ": it waits on its global loads, not on its instructions"
     return head + "."
 
 
