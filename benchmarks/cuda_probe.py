@@ -1,8 +1,9 @@
 """`cuda-w4a16`, fp4lab's CUDA decode GEMM, against its peers at issue 13's decode points: every
-build of the kernel (`GRID`: k-groups a warp, depth, warps a CTA, warps a team, register cap, the
-shared-memory ring, launch; and at each point the cluster twin of every build whose grid is under
-one CTA an SM, `builds_at`) gated, then timed with the package's timer (cold L2, CUDA graph), beside the Triton kernel's
-preset, cuBLAS bf16 and humming-w4a16 (when its wheel is installed) at the same points; then the
+build of the kernel (`GRID`: k-groups a warp, depth, warps a CTA, warps a team, register cap,
+launch; at each point also the cluster twin of every build whose grid is under one CTA an SM,
+`builds_at`) gated, then timed with the package's timer (cold L2, CUDA graph), beside the Triton
+kernel's preset, cuBLAS bf16 and humming-w4a16 (when its wheel is installed) at the same points
+(`--no-peers` leaves them out); then the
 preset build's anatomy stages (`cuda_w4a16.ANATOMY_STAGES`, each passing its own check) and the
 streaming read of the same bytes.
 

@@ -246,8 +246,8 @@ class Preset:
 #     (8192x8192 NVFP4 M=1 12.08 us against 12.67);
 #   - programmatic dependent launch everywhere: "all" where 16-warp CTAs fill the GPU at M <= 8,
 #     "tail" at M = 16 and for short K (call 53: "all" up to 48% slower on small grids or CTAs);
-#   - where a grid has fewer CTAs than SMs (96: 6144x2048 M = 16 with 8 k-groups a warp, 4096x6144
-#     with 16), a thread-block cluster of all the splits adds them in distributed shared memory
+#   - where a grid has fewer CTAs than SMs (96: 4096x6144 M <= 8 with 16 k-groups a warp; K below
+#     2048 with 8), a thread-block cluster of all the splits adds them in distributed shared memory
 #     (call 64, results/measurements/20261203T1410Z-h200-cuda-cluster-probe: 6144x2048 NVFP4 M=16
 #     7.08 us against 7.60; 4096x6144 NVFP4 M=4 6.87 against 7.23, M=1 6.59 against 6.68; on the
 #     full grids every cluster build was slower, 8192x8192 M=16 17.26 us with pairs against 16.33).
