@@ -142,6 +142,14 @@ def device_label(run_json: dict[str, Any]) -> str:
     return str(device.get("name") or device.get("cpu_model") or device.get("kind") or "unknown device")
 
 
+def later_commits(run_json: dict[str, Any]) -> list[str]:
+    """The commits that added rows to a run after its own (provenance.later_commits,
+    `RunDir.note_later_commit`), in the order they were recorded (oldest first), each once."""
+    entries = (run_json.get("provenance") or {}).get("later_commits") or []
+    return list(dict.fromkeys(str(entry["fp4lab_git_sha"]) for entry in entries
+                              if isinstance(entry, dict) and entry.get("fp4lab_git_sha")))
+
+
 def is_gpu_run(run_json: dict[str, Any]) -> bool:
     return device_of(run_json).get("kind") == "cuda"
 

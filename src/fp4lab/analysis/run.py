@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fp4lab.results import RunDir, device_label, device_of, is_gpu_run
+from fp4lab.results import RunDir, device_label, device_of, is_gpu_run, later_commits
 
 
 @dataclass(frozen=True)
@@ -64,9 +64,7 @@ class RunView:
         if versions.get("torch"):
             parts.append(f"torch {versions['torch']}")
         if prov.get("fp4lab_git_sha"):
-            later = list(dict.fromkeys(  # in the order they were recorded: oldest first
-                str(entry.get("fp4lab_git_sha"))[:12] for entry in prov.get("later_commits") or []
-                if isinstance(entry, dict) and entry.get("fp4lab_git_sha")))
+            later = [sha[:12] for sha in later_commits(self.info)]
             parts.append(f"fp4lab {str(prov['fp4lab_git_sha'])[:12]}"
                          + (f" (rows added later at {', '.join(later)})" if later else ""))
         return "; ".join(parts)
