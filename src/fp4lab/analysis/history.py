@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fp4lab import text
 from fp4lab.results import REFERENCE_ROOT, RunDir, later_commits, list_runs
 
 POINT_KEY = ["backend", "fmt", "m", "n", "k"]
@@ -135,7 +136,7 @@ def backend_regressions(ratios: pd.DataFrame) -> pd.DataFrame:
 
 def provenance_fields(run_json: dict[str, Any]) -> dict[str, Any]:
     """The flat facts a number depends on: GPU, driver, CUDA, library versions, fp4lab commit and
-    the commits that added rows later (None when none did)."""
+    the commits that added rows later, short as git prints them (None when none did)."""
     prov = run_json.get("provenance") or {}
     device = prov.get("device") or {}
     capability = device.get("compute_capability")
@@ -143,7 +144,7 @@ def provenance_fields(run_json: dict[str, Any]) -> dict[str, Any]:
               "compute capability": ".".join(map(str, capability)) if isinstance(capability, list) else capability,
               "driver": device.get("driver"), "CUDA": prov.get("cuda"), "python": prov.get("python"),
               "fp4lab commit": prov.get("fp4lab_git_sha"),
-              "rows added later at": ", ".join(later_commits(run_json)) or None,
+              "rows added later at": ", ".join(map(text.short_sha, later_commits(run_json))) or None,
               "profile": (run_json.get("report") or {}).get("profile")}
     fields.update(prov.get("versions") or {})
     return fields

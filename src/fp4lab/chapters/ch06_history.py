@@ -85,14 +85,7 @@ def show(page, section: str, c: analysis.Comparison) -> None:
         changes = c.changes.copy()
         commit = changes["field"] == "fp4lab commit"
         changes.loc[commit, ["before", "now"]] = changes.loc[commit, ["before", "now"]].map(text.short_sha)
-        later = changes["field"] == "rows added later at"
-        changes.loc[later, ["before", "now"]] = changes.loc[later, ["before", "now"]].map(short_shas)
         page.html(section, html_table(changes, CHANGES, caption="what changed between the two runs"))
-
-
-def short_shas(value):
-    """'56d9385c5bdb..., 0aa1117...' -> '56d9385, 0aa1117' (None stays None)."""
-    return ", ".join(map(text.short_sha, value.split(", "))) if isinstance(value, str) else value
 
 
 def summary(c: analysis.Comparison) -> list[str]:
