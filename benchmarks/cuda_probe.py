@@ -58,14 +58,6 @@ def builds_at(m: int, n: int, k: int) -> list[CudaTileConfig]:
 PEERS = ("triton-w4a16", "torch-bf16", "humming-w4a16")
 
 
-def parse_shapes(text: str) -> list[tuple[int, int]]:
-    """'8192x8192,4096x6144' -> [(8192, 8192), (4096, 6144)]."""
-    try:
-        return [tuple(int(v) for v in item.lower().split("x")) for item in text.split(",")]
-    except ValueError:
-        raise SystemExit(f"--shapes: N x K points like 8192x8192,4096x6144, got {text!r}") from None
-
-
 def peer_row(name: str, point: tune.Point, a, w, device: str, timer) -> dict:
     backend = get(name)
     available, reason = backend.availability(device)
@@ -106,9 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-anatomy", action="store_true", help="leave the preset's stages out")
     parser.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES),
                         help="N x K points, comma-separated (default: the issue's three)")
-    parser.add_argument("--ms", default=",".join(map(str, M_VALUES)), help="M values, comma-separated")
+    parser.add_argument("--m", default=",".join(map(str, M_VALUES)), help="M values, comma-separated")
     parser.add_argument("--no-peers", action="store_true", help=f"leave {', '.join(PEERS)} out")
     args = parser.parse_args(argv)
+    fmts, shapes, m_values = (tune.parse_formats(args.formats), tune.parse_shapes(args.shapes),
+                              tune.parse_m(args.m))
     device = tune.script_device("cuda_probe", smoke=False)
     if device is None:
         return 2
@@ -120,9 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'fmt':<5} {'N x K':>10} {'M':>3} {'variant':<34} {'status':<12} {'us':>8} {'TB/s':>5} "
           f"{'regs':>4} {'local':>5} {'ctas':>4} {'clus':>4}  note")
     with open(out / "measurements.jsonl", "w") as log:
-        for fmt in tune.parse_formats(args.formats):
-            for n, k in parse_shapes(args.shapes):
-                for m in (int(m) for m in args.ms.split(",")):
+        for fmt in fmts:
+            for n, k in shapes:
+                for m in m_values:
                     point = tune.Point(fmt, n, k, m)
                     a, w = tune.operands(point, device, weights)
                     pick = choose_config(m, n, k)
