@@ -1,6 +1,6 @@
 """`cuda-w4a16`, fp4lab's CUDA decode GEMM, against its peers at issue 13's decode points: every
-build of the kernel (`GRID`: k-groups a warp, depth, warps a CTA, warps a team, register cap,
-launch; at each point also the cluster twin of every build whose grid is under one CTA an SM,
+build of the kernel (`GRID`, `WIDE_GRID` over M = 16: k-groups a warp, depth, warps a CTA, warps
+a team, register cap, row tiles a warp, launch; at each point also the cluster twin of every build whose grid is under one CTA an SM,
 `builds_at`) gated, then timed with the package's timer (cold L2, CUDA graph), beside the Triton
 kernel's preset, cuBLAS bf16 and humming-w4a16 (when its wheel is installed) at the same points
 (`--no-peers` leaves them out); then the
@@ -31,24 +31,39 @@ from fp4lab.backends.cuda_w4a16 import CudaTileConfig, Preset, choose_config  # 
 
 SHAPES = ((8192, 8192), (4096, 6144), (6144, 2048))
 M_VALUES = (1, 4, 16)
-# (k-groups a warp, depth, warps a CTA, warps a team on one row tile, CTAs an SM must fit): the
-# three preset builds (call 57: `min_ctas` buys registers, 1-9% faster than ptxas' own ~52), and
-# 16-warp CTAs of teams of 2 or 4 warps a tile, which stage 2-4x the k (over 48 KB at M = 16:
-# the opt-in) for half to a quarter of the splits, the teams adding up in shared memory; each
-# launched both ways. `CudaTileConfig.reason` leaves out what a point cannot take
-BUILDS = ((8, 4, 8, 4, 1), (8, 4, 16, 1, 2), (16, 4, 16, 1, 2),
-          (8, 4, 16, 2, 2), (16, 4, 16, 2, 2), (8, 4, 16, 4, 1))
+# (k-groups a warp, depth, warps a CTA, warps a team on one row tile, CTAs an SM must fit, row
+# tiles a warp), for M <= 16: the three preset builds (call 57: `min_ctas` buys registers, 1-9%
+# faster than ptxas' own ~52) and the short-K team preset (call 73); then two row tiles a warp,
+# whose B fragments (ldmatrix from the staged activations) feed the MMAs of 32 weight rows: half
+# the shared-memory reads a weight, twice the registers a warp (96 at M = 16: one 16-warp CTA or
+# two 8-warp CTAs an SM)
+DECODE_BUILDS = ((8, 4, 16, 1, 2, 1), (16, 4, 16, 1, 2, 1), (8, 4, 16, 4, 1, 1),
+                 (16, 4, 16, 1, 1, 2), (16, 4, 8, 1, 2, 2), (8, 4, 8, 1, 2, 2), (8, 2, 8, 1, 2, 2),
+                 (8, 4, 16, 2, 1, 2))
+# for 16 < M <= 64 (eight n8 activation tiles at M = 64; ~100 registers a thread with one row
+# tile a warp, ~190 with two, so 16-warp CTAs hold one and 8-warp CTAs one or two an SM)
+WIDE_BUILDS = ((8, 4, 16, 1, 1, 1), (8, 4, 8, 1, 2, 1), (4, 4, 16, 1, 1, 1), (8, 4, 16, 2, 1, 1),
+               (8, 4, 8, 1, 1, 2), (8, 2, 8, 1, 1, 2), (4, 4, 8, 1, 1, 2), (8, 2, 4, 1, None, 2))
 OVERLAPS = ("tail", "all")
-GRID = tuple(CudaTileConfig(groups=g, depth=d, warps=w, kwarps=kw, min_ctas=b, overlap=overlap)
-             for g, d, w, kw, b in BUILDS for overlap in OVERLAPS)
+
+
+def grid_of(builds) -> tuple[CudaTileConfig, ...]:
+    return tuple(CudaTileConfig(groups=g, depth=d, warps=w, kwarps=kw, min_ctas=b, overlap=overlap,
+                                row_tiles=r)
+                 for g, d, w, kw, b, r in builds for overlap in OVERLAPS)
+
+
+GRID = grid_of(DECODE_BUILDS)
+WIDE_GRID = grid_of(WIDE_BUILDS)
 SMS = 132                                    # the H200's: where a grid is under one CTA an SM
 
 
 def builds_at(m: int, n: int, k: int) -> list[CudaTileConfig]:
-    """The builds timed at a point: GRID, and after each build whose grid has fewer CTAs than SMs
-    its twin with all of a column's splits in one cluster (the `clustered` presets' rule)."""
+    """The builds timed at a point: GRID (WIDE_GRID over M = 16), and after each build whose grid
+    has fewer CTAs than SMs its twin with all of a column's splits in one cluster (the
+    `clustered` presets' rule)."""
     builds = []
-    for config in GRID:
+    for config in (GRID if m <= 16 else WIDE_GRID):
         builds.append(config)
         clustered = Preset(m, None, config, clustered=True)
         if clustered.holds(m, n, k, SMS):

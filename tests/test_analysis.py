@@ -295,7 +295,7 @@ def test_chapters_04_and_05_model_a_smoke_layer_with_the_same_gemm(tmp_path):
 
 
 def test_a_decode_only_kernel_does_not_time_the_layer_models(tmp_path):
-    """cuda-w4a16 runs M <= 16 only: read at its M = 16 for an expert parallelism rank's M = 128
+    """cuda-w4a16 runs decode M only: read at its M = 16 for an expert parallelism rank's M = 128
     it would model a layer faster than anything measured there. The models take the fastest
     backend that ran every M; the decode kernel stays in chapter 01's tables."""
     rows = (glm5_gemm_rows("torch-bf16", DECODE_MS)

@@ -106,6 +106,25 @@ def test_configs_are_validated_and_say_what_a_point_needs():
     assert team.reason(1, 8192, 8192) is None
 
 
+def test_two_row_tiles_a_warp_and_up_to_eight_activation_tiles():
+    with pytest.raises(ValueError, match=r"row_tiles must be one of \(1, 2\)"):
+        cuda.CudaTileConfig(row_tiles=4)
+    paired = cuda.CudaTileConfig(groups=16, depth=4, warps=16, min_ctas=1, row_tiles=2)
+    assert paired.label() == "cuda g16 d4 w16 k1 r2 b1"
+    assert paired.teams == 16 and paired.tiles == 32 and paired.grid(8192, 8192) == (16, 8, 1)
+    assert "multiple of 512 (16 rows x 32 tiles)" in paired.reason(1, 6144 + 256, 8192)
+    # n8 tiles of activation rows: the fewest that cover M
+    assert [cuda.n_tiles(m) for m in (1, 8, 9, 16, 17, 32, 33, 64)] == [1, 1, 2, 2, 4, 4, 8, 8]
+    # the teams' partial tiles are static shared memory: at most 48 KB (4 teams of 4 warps at M=64
+    # hold 3 x 4 x 8 n8 tiles x 512 bytes)
+    teams = cuda.CudaTileConfig(groups=8, depth=4, warps=16, kwarps=4, min_ctas=1)
+    assert teams.static_shared_bytes(64) == 4 * (4 * 3 * 8 * 4 * 32 + 1) + 4
+    assert "static shared memory, over the 49152 a kernel may declare" in teams.reason(64, 6144, 2048)
+    assert teams.reason(32, 6144, 2048) is None
+    # staged activations grow with M: 64 rows of 1024 k and the padding
+    assert paired.shared_bytes(64) == 64 * (2 * 1024 + 16)
+
+
 def test_cluster_configs_are_validated_and_size_their_shared_partials():
     clustered = cuda.CudaTileConfig(groups=16, depth=4, warps=16, min_ctas=2, overlap="tail", cluster=8)
     assert clustered.label() == "cuda g16 d4 w16 k1 b2 c8 pdl-tail"
@@ -158,12 +177,13 @@ def test_the_preset_rule_is_the_probes_winners_and_fits_any_point():
 
 def test_backend_refuses_points_it_does_not_take_before_any_work():
     backend = get("cuda-w4a16")
-    assert backend.point_reason(32, 8192, 8192) == "a decode kernel: M <= 16, got M=32"
+    assert backend.point_reason(65, 8192, 8192) == "a decode kernel: M <= 64, got M=65"
+    assert backend.point_reason(64, 8192, 8192) is None
     assert "multiple of 16" in backend.point_reason(1, 8200, 8192)
     assert backend.point_reason(16, 4096, 6144) is None
     w = formats.quantize(torch.randn(64, 256), "nvfp4")
-    with pytest.raises(ValueError, match="M <= 16"):
-        backend.prepare(torch.randn(17, 256).bfloat16(), w, "cpu")
+    with pytest.raises(ValueError, match="M <= 64"):
+        backend.prepare(torch.randn(65, 256).bfloat16(), w, "cpu")
     with pytest.raises(ValueError, match="CUDA GPU"):
         backend.prepare(torch.randn(1, 256).bfloat16(), w, "cpu")
 
@@ -172,9 +192,9 @@ def test_sweep_records_a_shape_a_backend_does_not_take_as_unavailable(monkeypatc
     backend = get("cuda-w4a16")
     monkeypatch.setattr(type(backend), "availability",
                         lambda self, device, import_check=True: (True, self.what))
-    reason = sweep_gemm._static_reason(backend, GemmPoint("cuda-w4a16", "nvfp4", 8192, 8192, 64),
+    reason = sweep_gemm._static_reason(backend, GemmPoint("cuda-w4a16", "nvfp4", 8192, 8192, 256),
                                        "cuda")
-    assert reason == "a decode kernel: M <= 16, got M=64"
+    assert reason == "a decode kernel: M <= 64, got M=256"
     assert sweep_gemm._static_reason(backend, GemmPoint("cuda-w4a16", "nvfp4", 8192, 8192, 16),
                                      "cuda") is None
 
@@ -260,6 +280,28 @@ def test_kernel_passes_the_gate(fmt, m, config):
     assert_same_within_atomics_order(prepared.call(), first)
 
 
+# builds over M = 16: two row tiles a warp (split-K, PDL, teams, a cluster) and one
+WIDE_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=2, row_tiles=2),
+                cuda.CudaTileConfig(groups=4, warps=4, depth=2, row_tiles=2, overlap="tail"),
+                cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2, row_tiles=2),
+                cuda.CudaTileConfig(groups=2, warps=4, depth=1, cluster=2, row_tiles=2),
+                cuda.CudaTileConfig(groups=2, warps=8, depth=1, kwarps=8),
+                cuda.CudaTileConfig(groups=4, warps=4)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("m", [1, 9, 17, 33, 64])
+@pytest.mark.parametrize("config", WIDE_CONFIGS, ids=lambda c: c.label())
+def test_two_row_tiles_and_up_to_64_rows_pass_the_gate(fmt, m, config):
+    a, w = seeded_operands(fmt, m, 128, 1024)
+    prepared = get("cuda-w4a16").prepare(a, w, "cuda", config=config)
+    gate = correctness.check_backend(prepared, correctness.TOLERANCE[fmt])
+    assert gate.ok, gate.message
+    first = prepared.out.clone()
+    assert_same_within_atomics_order(prepared.call(), first)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("overlap", ["off", "tail"])
 def test_a_build_over_48_kb_of_shared_memory_opts_in_and_passes_the_gate(overlap):
@@ -338,7 +380,8 @@ def test_dependent_launches_read_what_the_kernel_before_them_wrote(overlap):
 ANATOMY_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=4, depth=1),                  # split-K
                    cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2),        # teams
                    cuda.CudaTileConfig(groups=16, warps=8, depth=4, min_ctas=2, overlap="all"),
-                   cuda.CudaTileConfig(groups=2, warps=4, depth=2, cluster=4)]       # a cluster
+                   cuda.CudaTileConfig(groups=2, warps=4, depth=2, cluster=4),       # a cluster
+                   cuda.CudaTileConfig(groups=2, warps=4, depth=1, row_tiles=2)]     # 2 tiles a warp
 
 
 @pytest.mark.cuda
@@ -393,3 +436,10 @@ def test_the_anatomy_sums_are_per_warp_in_the_kernels_order():
     assert torch.equal(sums, expected)
     decoded = cuda.expected_sums(weights, scales, "nvfp4", "decode", config)
     assert decoded.shape == (8,) and decoded.dtype == torch.int32
+    # two row tiles a warp: one team of 2 warps covers both tiles, so tile 1's word lands in the
+    # same warp as tile 0's would: split 1, slice 1 -> warp 1 * 2 + 1 = 3; the scale in warp 2
+    paired = cuda.CudaTileConfig(groups=1, warps=2, kwarps=2, row_tiles=2)
+    sums = cuda.expected_sums(weights, scales, "nvfp4", "load", paired)
+    expected = torch.zeros(4, dtype=torch.int32)
+    expected[3], expected[2] = 1, 8
+    assert torch.equal(sums, expected)

@@ -254,7 +254,7 @@ def fastest_gemm_backend(gemm: gemm_analysis.GemmResults | None, model: presets.
 def every_m_backends(ok: pd.DataFrame) -> list[str]:
     """The backends with a correct point at the run's largest M: the ones a layer model may time
     any expert load with (the models ask for busy experts' and expert parallelism's larger M; a
-    decode-only kernel, cuda-w4a16 at M <= 16, would be read at its largest M instead, too fast)."""
+    decode-only kernel, cuda-w4a16 at M <= 64, would be read at its largest M instead, too fast)."""
     largest = ok.groupby("backend")["m"].max()
     return list(largest.index[largest == largest.max()])
 

@@ -1,4 +1,4 @@
-"""`cuda-w4a16`: fp4lab's CUDA decode GEMM, FP4 weights in the MMA's register order (M <= 16).
+"""`cuda-w4a16`: fp4lab's CUDA decode GEMM, FP4 weights in the MMA's register order (M <= 64).
 
 The Triton kernel (`triton-w4a16`) is instruction-bound at decode M on Hopper (benchmarks/NOTES.md,
 calls 37-39: ~4 instructions per weight, a third of them Triton's code around the decode). This
@@ -9,7 +9,7 @@ registers, and decodes each 4-byte word (one MMA's operand) in 10 integer instru
 scale multiplies. See the kernel file's header for the rest. `anatomy_variants` builds it with
 stages left out (loads only, decode without MMA, no split-K reduction), each with its own check.
 
-Shape legend: `M` activation rows (<= 16), `N` weight rows (a multiple of 16), `K` reduction (a
+Shape legend: `M` activation rows (<= 64), `N` weight rows (a multiple of 16), `K` reduction (a
 multiple of 64), `T` = N/16 row tiles, `G` = K/64 k-groups, `S` the scale block (16 nvfp4, 32
 mxfp4), lane = 4 g + t (g = lane / 4, t = lane % 4, the PTX fragment tables' names).
 
@@ -35,7 +35,9 @@ from fp4lab.backends.cuda_launch import (active_clusters, allow_cluster, allow_s
 from fp4lab.backends.triton_w4a16 import (SCALE_EXP, AnatomyVariant, check_scale_range,
                                           kernel_scale_bytes, sm_count)
 
-MAX_M = 16                   # two n8 MMA tiles of activation rows
+MAX_M = 64                   # eight n8 MMA tiles of activation rows
+N_TILE_CHOICES = (1, 2, 4, 8)  # n8 tiles of activation rows a build holds (-DNTILES)
+ROW_TILE_CHOICES = (1, 2)      # 16-row weight tiles a warp (-DRTILES)
 ROW_TILE = 16                # weight rows an MMA covers
 K_GROUP = 64                 # k a lane's 16-byte load covers (four k16 MMAs)
 LANES = 32
@@ -72,7 +74,9 @@ class CudaTileConfig:
     own choice, which is fewer registers than even `min_ctas=1` allows (52 against 77 for g16 d4
     w16 NVFP4, the H200 probe of call 56), so the cap can buy registers as well as warps.
     `cluster` CTAs of consecutive splits form a thread-block cluster and add their partial tiles
-    in distributed shared memory (1: every split adds into the float32 workspace)."""
+    in distributed shared memory (1: every split adds into the float32 workspace). `row_tiles`
+    16-row weight tiles a warp covers: with 2, each B fragment a warp reads from shared memory
+    (ldmatrix) feeds the MMAs of both, half the shared-memory reads a weight."""
 
     groups: int = 8
     warps: int = 4
@@ -81,12 +85,14 @@ class CudaTileConfig:
     overlap: str = "off"
     min_ctas: int | None = None
     cluster: int = 1
+    row_tiles: int = 1
 
     def __post_init__(self):
         if self.depth is None:
             object.__setattr__(self, "depth", self.groups)
         for name, choices in (("groups", GROUP_CHOICES), ("warps", WARP_CHOICES),
-                              ("depth", GROUP_CHOICES), ("kwarps", WARP_CHOICES)):
+                              ("depth", GROUP_CHOICES), ("kwarps", WARP_CHOICES),
+                              ("row_tiles", ROW_TILE_CHOICES)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"CudaTileConfig.{name} must be one of {choices}, "
                                  f"got {getattr(self, name)!r}")
@@ -110,9 +116,14 @@ class CudaTileConfig:
                              f"({self.warps}): a CTA's warps form teams of kwarps")
 
     @property
+    def teams(self) -> int:
+        """Teams of `kwarps` warps a CTA (each covers `row_tiles` row tiles)."""
+        return self.warps // self.kwarps
+
+    @property
     def tiles(self) -> int:
         """Row tiles (16 rows each) a CTA covers."""
-        return self.warps // self.kwarps
+        return self.teams * self.row_tiles
 
     @property
     def split_k(self) -> int:
@@ -159,6 +170,8 @@ class CudaTileConfig:
 
     def label(self) -> str:
         label = f"cuda g{self.groups} d{self.depth} w{self.warps} k{self.kwarps}"
+        if self.row_tiles > 1:
+            label += f" r{self.row_tiles}"
         if self.min_ctas is not None:
             label += f" b{self.min_ctas}"
         if self.cluster > 1:
@@ -175,7 +188,11 @@ class CudaTileConfig:
         if self.splits(k) % self.cluster:
             return (f"K={k} gives {self.splits(k)} splits of {self.split_k}, which clusters of "
                     f"{self.cluster} CTAs cannot divide")
-        shared = self.shared_bytes(m) + self.static_shared_bytes(m)
+        static = self.static_shared_bytes(m)
+        if static > SHARED_DEFAULT:
+            return (f"M={m}: the partial tiles of {self.kwarps}-warp teams need {static} bytes of "
+                    f"static shared memory, over the {SHARED_DEFAULT} a kernel may declare")
+        shared = self.shared_bytes(m) + static
         if shared > SHARED_LIMIT:
             return (f"M={m} rows of {self.split_k} k need {shared} bytes of shared memory, over "
                     f"the {SHARED_LIMIT} a CTA may have")
@@ -183,8 +200,9 @@ class CudaTileConfig:
 
 
 def n_tiles(m: int) -> int:
-    """n8 MMA tiles of activation rows: 1 up to M = 8, 2 up to 16."""
-    return 1 if m <= 8 else 2
+    """n8 MMA tiles of activation rows a build holds: the fewest of N_TILE_CHOICES covering M
+    (1 up to M = 8, 2 up to 16, 4 up to 32, 8 up to 64)."""
+    return next(tiles for tiles in N_TILE_CHOICES if 8 * tiles >= m)
 
 
 def point_reason(m: int, n: int, k: int) -> str | None:
@@ -391,6 +409,7 @@ def compiled(config: CudaTileConfig, fmt: str, tiles: int, capability: tuple[int
                f"-DKWARPS={config.kwarps}", f"-DNTILES={tiles}",
                f"-DNVFP4={int(fmt == 'nvfp4')}", f"-DOVERLAP_ALL={int(config.overlap == 'all')}",
                f"-DMIN_CTAS={config.min_ctas or 0}", f"-DCLUSTER={config.cluster}",
+               f"-DRTILES={config.row_tiles}",
                f"-DSTAGE={list(ANATOMY_STAGES).index(stage)}",
                "-std=c++17"]
     return torch.cuda._compile_kernel(KERNEL_SOURCE.read_text(), KERNEL_NAME,
@@ -404,10 +423,10 @@ class CudaW4A16(Backend):
     library = "cuda"
     weight_dtype, act_dtype = "fp4", "bf16"
     requires = Requirements(min_capability=MIN_CAPABILITY, unit="bf16x2 multiply (sm_90)")
-    what = ("fp4lab's CUDA decode GEMM (M <= 16): codes pre-laid in mma.sync's register order, "
+    what = ("fp4lab's CUDA decode GEMM (M <= 64): codes pre-laid in mma.sync's register order, "
             "16-byte loads straight to registers, split-K in one launch, programmatic dependent "
             "launch (weight-only, NVRTC)")
-    note = "decode-sized M only (M <= 16)"
+    note = "decode-sized M only (M <= 64)"
 
     def runtime_reason(self) -> str | None:
         if not hasattr(torch.cuda, "_compile_kernel"):
@@ -542,7 +561,7 @@ def expected_sums(weights: torch.Tensor, scales: torch.Tensor, fmt: str, stage: 
                   config: CudaTileConfig) -> torch.Tensor:
     """int32 [warps of the grid]: what stage "load" or "decode" stores, one wrapping sum a warp,
     from the laid-out bytes; warps in the kernel's order (split, CTA column, team, slice), a
-    warp's k-groups (split * kwarps + slice) * groups onwards of its team's row tile."""
+    warp's k-groups (split * kwarps + slice) * groups onwards of its team's `row_tiles` row tiles."""
     tiles, groups = weights.shape[:2]
     if stage == "load":                   # the codes' words; the 4 lanes t of g read one scale
         per = _words(weights).sum(dim=(2, 3)) + 4 * _words(scales).sum(dim=(2, 3))  # [T, G]
@@ -551,8 +570,9 @@ def expected_sums(weights: torch.Tensor, scales: torch.Tensor, fmt: str, stage: 
         bits = values.view(torch.int16).to(torch.int64) & 0xFFFF                # [T, G, 32, 4q, 4r, 2h]
         per = (bits[..., 0] + (bits[..., 1] << 16)).sum(dim=(2, 3, 4))           # [T, G]
     splits = groups // (config.groups * config.kwarps)
-    per = per.reshape(tiles // config.tiles, config.tiles, splits, config.kwarps, config.groups)
-    total = per.sum(dim=-1).permute(2, 0, 1, 3).reshape(-1) & 0xFFFFFFFF        # [split, col, team, slice]
+    per = per.reshape(tiles // config.tiles, config.teams, config.row_tiles, splits,
+                      config.kwarps, config.groups)                 # [col, team, r, split, slice, group]
+    total = per.sum(dim=(2, 5)).permute(2, 0, 1, 3).reshape(-1) & 0xFFFFFFFF    # [split, col, team, slice]
     return torch.where(total >= 2**31, total - 2**32, total).to(torch.int32)
 
 

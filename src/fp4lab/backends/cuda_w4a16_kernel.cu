@@ -58,7 +58,16 @@
 // coherent load past the barrier that follows them, nor, in the loop, past the ldmatrix reads.
 
 #define KS (64 * GROUPS)             // k a warp covers
-#define TILES (WARPS / KWARPS)       // row tiles (teams) a CTA
+#ifndef RTILES
+#define RTILES 1                     // row tiles a warp (2: each B fragment feeds both)
+#endif
+#define TEAMS (WARPS / KWARPS)       // teams a CTA
+#define TILES (TEAMS * RTILES)       // row tiles a CTA
+#define PAIRS (NTILES / 2)           // ldmatrix.x4 reads a k16 step (NTILES >= 2)
+// independent accumulator chains: two alternating ones where a warp has only one or two MMAs a
+// k16 step (a chain's MMAs wait on each other), else one (its (row tile, n8 tile) MMAs are many)
+#define CHAINS (RTILES * NTILES <= 2 ? 2 : 1)
+#define FRAGS (RTILES * NTILES * 4)  // accumulator floats a lane
 #define ROW_WORDS (KWARPS * KS / 2 + 4)  // bf16x2 words a staged row (the CTA's k), +4 (16 B):
                                      // conflict-free ldmatrix
 #define SCALE_BYTES (NVFP4 ? 8 : 4)  // scale bytes per (row pair g, g+8) per k-group
@@ -239,28 +248,31 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
                 int* __restrict__ counts,               // [N / (16 * TILES)], zero between calls
                 int M, int N, int K, int splits) {
     extern __shared__ __align__(16) u32 act[];          // [M, KWARPS * KS] bf16, padded rows
-    // the partial tiles of warps 1.. of each team: [TILES, KWARPS - 1, NTILES * 4, 32 lanes]
-    __shared__ float partial[TILES * (KWARPS - 1) * NTILES * 4 * 32 + 1];
+    // the partial tiles of warps 1.. of each team: [TEAMS, KWARPS - 1, FRAGS, 32 lanes]
+    __shared__ float partial[TEAMS * (KWARPS - 1) * FRAGS * 32 + 1];
     __shared__ int last_split;
     const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned g = lane >> 2, t = lane & 3;
     const unsigned split = blockIdx.y;
-    const unsigned team = warp / KWARPS, slice = warp % KWARPS;   // row tile in the CTA, k slice
-    const unsigned tile = blockIdx.x * TILES + team;              // this warp's 16-row tile
-    const long group0 = (long)tile * (unsigned)(K / 64) + (split * KWARPS + slice) * GROUPS;
+    const unsigned team = warp / KWARPS, slice = warp % KWARPS;   // team in the CTA, k slice
+    const unsigned tile0 = (blockIdx.x * TEAMS + team) * RTILES;  // this warp's first 16-row tile
+    const unsigned groups_k = K / 64;                             // k-groups of a row tile
+    const long group0 = (long)tile0 * groups_k + (split * KWARPS + slice) * GROUPS;
 
-    // codes (16 B a lane a k-group) and block scales; the compiler keeps only the DEPTH + 1
-    // groups alive at once in registers (every index below is a constant after unrolling)
-    u32x4 codes[GROUPS];
-    Scales scales[GROUPS];
+    // codes (16 B a lane a k-group a row tile) and block scales; the compiler keeps only the
+    // DEPTH + 1 groups alive at once in registers (every index below is a constant after unrolling)
+    u32x4 codes[GROUPS][RTILES];
+    Scales scales[GROUPS][RTILES];
     const u32x4* wp = w + group0 * 32 + lane;
     const Scales* sp = s + group0 * 8 + g;
-#define ISSUE(j) (codes[j] = load_stream(wp + (j) * 32), scales[j] = load_scales(sp + (j) * 8))
+#define ISSUE(j) _Pragma("unroll") for (int r = 0; r < RTILES; ++r) \
+    (codes[j][r] = load_stream(wp + ((long)r * groups_k + (j)) * 32), \
+     scales[j][r] = load_scales(sp + ((long)r * groups_k + (j)) * 8))
 #if OVERLAP_ALL
     let_next_kernel_launch();
 #endif
 #pragma unroll
-    for (int j = 0; j < DEPTH; ++j) ISSUE(j);
+    for (int j = 0; j < DEPTH; ++j) { ISSUE(j); }
     wait_for_previous_kernel();      // everything below may read what the previous kernel wrote
 
     // the CTA's k range of the M activation rows into shared memory, 16 bytes a copy
@@ -275,70 +287,92 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     wait_copies();
     __syncthreads();
 
-    // this lane's ldmatrix row: matrices (k 0-7, 8-15) of one MMA and of the next (NTILES 1),
-    // or of activation tiles 0 and 1 (NTILES 2); rows past M read row M - 1
+    // this lane's ldmatrix rows: matrices (k 0-7, 8-15) of one MMA and of the next (NTILES 1),
+    // or, for each pair p of activation tiles (NTILES >= 2), k 0-7 and 8-15 of tiles 2p and
+    // 2p + 1; rows past M read row M - 1
 #if NTILES == 1
     const unsigned b_row = lane % 8, b_k = 8 * (lane / 8);
+    const u32 b_base[1] = {act_base + ((b_row < (unsigned)M ? b_row : M - 1) * ROW_WORDS
+                                       + slice * KS / 2 + b_k / 2) * 4};
 #else
     const unsigned b_row = 8 * (lane / 16) + lane % 8, b_k = 8 * ((lane / 8) % 2);
+    u32 b_base[PAIRS];
+#pragma unroll
+    for (int p = 0; p < PAIRS; ++p) {
+        const unsigned row = 16 * p + b_row;
+        b_base[p] = act_base + ((row < (unsigned)M ? row : M - 1) * ROW_WORDS
+                                + slice * KS / 2 + b_k / 2) * 4;
+    }
 #endif
-    const u32 b_base = act_base + ((b_row < (unsigned)M ? b_row : M - 1) * ROW_WORDS
-                                   + slice * KS / 2 + b_k / 2) * 4;
 
-    // two accumulators, alternate MMAs: two dependency chains instead of one
-    float acc[2][NTILES][4];
+    // acc[chain][row tile][n8 tile][fragment]
+    float acc[CHAINS][RTILES][NTILES][4];
 #pragma unroll
-    for (int c = 0; c < 2; ++c)
+    for (int c = 0; c < CHAINS; ++c)
 #pragma unroll
-        for (int nt = 0; nt < NTILES; ++nt)
-            acc[c][nt][0] = acc[c][nt][1] = acc[c][nt][2] = acc[c][nt][3] = 0.f;
+        for (int r = 0; r < RTILES; ++r)
+#pragma unroll
+            for (int nt = 0; nt < NTILES; ++nt)
+                acc[c][r][nt][0] = acc[c][r][nt][1] = acc[c][r][nt][2] = acc[c][r][nt][3] = 0.f;
 
     u32 sink = 0;                                        // STAGE_LOAD, STAGE_DECODE: the sum
 #pragma unroll
     for (int j = 0; j < GROUPS; ++j) {
-        if (j + DEPTH < GROUPS) ISSUE(j + DEPTH);        // keeps DEPTH groups in flight
+        if (j + DEPTH < GROUPS) { ISSUE(j + DEPTH); }    // keeps DEPTH groups in flight
 #if STAGE == STAGE_LOAD
 #pragma unroll
-        for (int i = 0; i < SCALE_BYTES / 4; ++i) sink += scales[j].word[i];
+        for (int r = 0; r < RTILES; ++r)
+#pragma unroll
+            for (int i = 0; i < SCALE_BYTES / 4; ++i) sink += scales[j][r].word[i];
 #endif
-        const u32 words[4] = {codes[j].x, codes[j].y, codes[j].z, codes[j].w};
-        u32 b[4];                                        // the B fragments ldmatrix gave
+        // the B fragments ldmatrix gave: [PAIRS][4] (NTILES 1: one read for two steps)
+        u32 b[NTILES == 1 ? 1 : PAIRS][4];
 #pragma unroll
         for (int q = 0; q < 4; ++q) {                    // one k16 MMA step
-            const u32 x = words[q];
             const unsigned k_bytes = (j * 64 + q * 16) * 2;  // the step's k within the split
-#if STAGE == STAGE_LOAD
-            sink += x;
-            if (q % 2 == 0 || NTILES == 2) ldmatrix4(b_base + k_bytes, b);
-            continue;
-#endif
-            // A fragment: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..),
-            // each bf16 half's code bits placed by the layout where these ops take them from
-            // (mma_layout's MAGNITUDE_AT, SIGN_AT): 10 integer instructions for the 8 codes
-            u32 a0 = ((x & 0x40074007u) * 0x42u) & 0x81C081C0u;   // sign << 1, magnitude << 6
-            u32 a1 = (x << 3) & 0x81C081C0u;
-            u32 a2 = x & 0x81C081C0u;
-            u32 a3 = (((x >> 3) & 0x05C005C0u) * 0x21u) & 0x81C081C0u;  // sign << 5, magnitude
-#if NVFP4                                                // a 16-k block per MMA
-            const u32 sc = scale_pair(scales[j].word[q >> 1], q & 1);
-#else                                                    // a 32-k block per two MMAs
-            const u32 sc = scale_pair(scales[j].word[0], q >> 1);
-#endif
-            a0 = scaled_lo(a0, sc);
-            a2 = scaled_lo(a2, sc);
-            a1 = scaled_hi(a1, sc);
-            a3 = scaled_hi(a3, sc);
-#if STAGE == STAGE_DECODE
-            sink += a0 + a1 + a2 + a3;
-            if (q % 2 == 0 || NTILES == 2) ldmatrix4(b_base + k_bytes, b);
-#elif NTILES == 1
-            if (q % 2 == 0) ldmatrix4(b_base + k_bytes, b);
-            mma(acc[q & 1][0], a0, a1, a2, a3, b[2 * (q % 2)], b[2 * (q % 2) + 1]);
+            const int chain = CHAINS == 2 ? (q & 1) : 0;
+#if NTILES == 1
+            if (q % 2 == 0) ldmatrix4(b_base[0] + k_bytes, b[0]);
 #else
-            ldmatrix4(b_base + k_bytes, b);
-            mma(acc[q & 1][0], a0, a1, a2, a3, b[0], b[1]);
-            mma(acc[q & 1][1], a0, a1, a2, a3, b[2], b[3]);
+#pragma unroll
+            for (int p = 0; p < PAIRS; ++p) ldmatrix4(b_base[p] + k_bytes, b[p]);
 #endif
+#pragma unroll
+            for (int r = 0; r < RTILES; ++r) {
+                const u32 x = (q == 0 ? codes[j][r].x : q == 1 ? codes[j][r].y
+                               : q == 2 ? codes[j][r].z : codes[j][r].w);
+#if STAGE == STAGE_LOAD
+                sink += x;
+                continue;
+#endif
+                // A fragment: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..),
+                // each bf16 half's code bits placed by the layout where these ops take them from
+                // (mma_layout's MAGNITUDE_AT, SIGN_AT): 10 integer instructions for the 8 codes
+                u32 a0 = ((x & 0x40074007u) * 0x42u) & 0x81C081C0u;   // sign << 1, magnitude << 6
+                u32 a1 = (x << 3) & 0x81C081C0u;
+                u32 a2 = x & 0x81C081C0u;
+                u32 a3 = (((x >> 3) & 0x05C005C0u) * 0x21u) & 0x81C081C0u;  // sign << 5, magnitude
+#if NVFP4                                                // a 16-k block per MMA
+                const u32 sc = scale_pair(scales[j][r].word[q >> 1], q & 1);
+#else                                                    // a 32-k block per two MMAs
+                const u32 sc = scale_pair(scales[j][r].word[0], q >> 1);
+#endif
+                a0 = scaled_lo(a0, sc);
+                a2 = scaled_lo(a2, sc);
+                a1 = scaled_hi(a1, sc);
+                a3 = scaled_hi(a3, sc);
+#if STAGE == STAGE_DECODE
+                sink += a0 + a1 + a2 + a3;
+#elif NTILES == 1
+                mma(acc[chain][r][0], a0, a1, a2, a3, b[0][2 * (q % 2)], b[0][2 * (q % 2) + 1]);
+#else
+#pragma unroll
+                for (int p = 0; p < PAIRS; ++p) {
+                    mma(acc[chain][r][2 * p], a0, a1, a2, a3, b[p][0], b[p][1]);
+                    mma(acc[chain][r][2 * p + 1], a0, a1, a2, a3, b[p][2], b[p][3]);
+                }
+#endif
+            }
         }
     }
 #undef ISSUE
@@ -353,51 +387,48 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     return;
 #endif
 
+    // the lane's accumulator floats in one order: i = (row tile * NTILES + n8 tile) * 4 + fragment
+#define ACC(i) acc[0][(i) / (NTILES * 4)][((i) / 4) % NTILES][(i) % 4]
 #pragma unroll
-    for (int nt = 0; nt < NTILES; ++nt)
+    for (int c = 1; c < CHAINS; ++c)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[0][nt][e] += acc[1][nt][e];
+        for (int i = 0; i < FRAGS; ++i) ACC(i) += acc[c][i / (NTILES * 4)][(i / 4) % NTILES][i % 4];
 
-    // the k slices of a team add up in shared memory; slice 0 holds the team's tile after it
+    // the k slices of a team add up in shared memory; slice 0 holds the team's tiles after it
     if (KWARPS > 1) {
-        float* team_partial = partial + team * (KWARPS - 1) * NTILES * 4 * 32 + lane;
+        float* team_partial = partial + team * (KWARPS - 1) * FRAGS * 32 + lane;
         if (slice > 0)
 #pragma unroll
-            for (int i = 0; i < NTILES * 4; ++i)
-                team_partial[((slice - 1) * NTILES * 4 + i) * 32] = acc[0][i / 4][i % 4];
+            for (int i = 0; i < FRAGS; ++i) team_partial[((slice - 1) * FRAGS + i) * 32] = ACC(i);
         __syncthreads();
         if (slice == 0)
 #pragma unroll
             for (int other = 0; other < KWARPS - 1; ++other)
 #pragma unroll
-                for (int i = 0; i < NTILES * 4; ++i)
-                    acc[0][i / 4][i % 4] += team_partial[(other * NTILES * 4 + i) * 32];
+                for (int i = 0; i < FRAGS; ++i) ACC(i) += team_partial[(other * FRAGS + i) * 32];
     }
 
     // c0, c1: (weight row g, activation rows 2t, 2t+1); c2, c3: row g+8. Offsets from
     // (row 0, weight row n0) of the [M, N] output and workspace: 32-bit (M * N < 2^31)
     const float factor = *unbias;
-    const unsigned n0 = tile * 16 + g;
+    const unsigned n0 = tile0 * 16 + g;
     unsigned short* out_tile = out + n0;
     float* ws_tile = ws + n0;
-#define OFFSET(nt, e) ((nt * 8 + 2 * t + (e & 1)) * (unsigned)N + 8 * (e >> 1))
-#define IN_M(nt, e) (nt * 8 + 2 * t + (e & 1) < (unsigned)M)
+#define OFFSET(i) ((((i) / 4) % NTILES * 8 + 2 * t + ((i) & 1)) * (unsigned)N \
+                   + 16 * ((i) / (NTILES * 4)) + 8 * (((i) & 3) >> 1))
+#define IN_M(i) (((i) / 4) % NTILES * 8 + 2 * t + ((i) & 1) < (unsigned)M)
 #if STAGE == STAGE_MMA                                   // the split's own [M, N] slice
     if (slice == 0)
 #pragma unroll
-        for (int nt = 0; nt < NTILES; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                if (IN_M(nt, e)) ws_tile[split * (unsigned)(M * N) + OFFSET(nt, e)] = acc[0][nt][e] * factor;
+        for (int i = 0; i < FRAGS; ++i)
+            if (IN_M(i)) ws_tile[split * (unsigned)(M * N) + OFFSET(i)] = ACC(i) * factor;
     return;
 #endif
     if (splits == 1) {
         if (slice == 0)
 #pragma unroll
-            for (int nt = 0; nt < NTILES; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    if (IN_M(nt, e)) out_tile[OFFSET(nt, e)] = to_bf16(acc[0][nt][e] * factor);
+            for (int i = 0; i < FRAGS; ++i)
+                if (IN_M(i)) out_tile[OFFSET(i)] = to_bf16(ACC(i) * factor);
         return;
     }
 #if CLUSTER > 1
@@ -407,8 +438,8 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     float* tiles_partial = reinterpret_cast<float*>(act);
     if (slice == 0)
 #pragma unroll
-        for (int i = 0; i < NTILES * 4; ++i)
-            tiles_partial[(team * NTILES * 4 + i) * 32 + lane] = acc[0][i / 4][i % 4] * factor;
+        for (int i = 0; i < FRAGS; ++i)
+            tiles_partial[(team * FRAGS + i) * 32 + lane] = ACC(i) * factor;
     cluster_sync();
     // this CTA's share of the M x (16 TILES) outputs, in output order (consecutive threads,
     // consecutive n: coalesced stores), each the sum of its element in every CTA of the cluster
@@ -433,10 +464,8 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
 #else
     if (slice == 0)
 #pragma unroll
-        for (int nt = 0; nt < NTILES; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                if (IN_M(nt, e)) atomicAdd(&ws_tile[OFFSET(nt, e)], acc[0][nt][e] * factor);
+        for (int i = 0; i < FRAGS; ++i)
+            if (IN_M(i)) atomicAdd(&ws_tile[OFFSET(i)], ACC(i) * factor);
 #endif
     // every thread's adds before thread 0's arrival (the barrier), then thread 0 releases them
     // and, if last, acquires the others'; the barrier after hands that to every thread
@@ -445,15 +474,14 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     __syncthreads();
     if (!last_split || slice > 0) return;
 #pragma unroll
-    for (int nt = 0; nt < NTILES; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            if (IN_M(nt, e)) {
-                float* sum = &ws_tile[OFFSET(nt, e)];
-                out_tile[OFFSET(nt, e)] = to_bf16(load_l2(sum));
-                store_l2(sum, 0.f);
-            }
+    for (int i = 0; i < FRAGS; ++i)
+        if (IN_M(i)) {
+            float* sum = &ws_tile[OFFSET(i)];
+            out_tile[OFFSET(i)] = to_bf16(load_l2(sum));
+            store_l2(sum, 0.f);
+        }
 #undef OFFSET
 #undef IN_M
+#undef ACC
     if (threadIdx.x == 0) counts[blockIdx.x] = 0;
 }
