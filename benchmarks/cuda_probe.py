@@ -1,6 +1,6 @@
 """`cuda-w4a16`, fp4lab's CUDA decode GEMM, against its peers at issue 13's decode points: every
 build of the kernel (`GRID`, `WIDE_GRID` over M = 16: k-groups a warp, depth, warps a CTA, warps
-a team, register cap, row tiles a warp, launch; at each point also the cluster twin of every build whose grid is under one CTA an SM,
+a team, register cap, row tiles a warp, wgmma steps in flight, launch; at each point also the cluster twin of every build whose grid is under one CTA an SM,
 `builds_at`) gated, then timed with the package's timer (cold L2, CUDA graph), beside the Triton
 kernel's preset, cuBLAS bf16 and humming-w4a16 (when its wheel is installed) at the same points
 (`--no-peers` leaves them out); then the
@@ -40,17 +40,20 @@ M_VALUES = (1, 4, 16)
 DECODE_BUILDS = ((8, 4, 16, 1, 2, 1), (16, 4, 16, 1, 2, 1), (8, 4, 16, 4, 1, 1),
                  (16, 4, 16, 1, 1, 2), (16, 4, 8, 1, 2, 2), (8, 4, 8, 1, 2, 2), (8, 2, 8, 1, 2, 2),
                  (8, 4, 16, 2, 1, 2))
-# for 16 < M <= 64 (eight n8 activation tiles at M = 64; ~100 registers a thread with one row
-# tile a warp, ~190 with two, so 16-warp CTAs hold one and 8-warp CTAs one or two an SM)
-WIDE_BUILDS = ((8, 4, 16, 1, 1, 1), (8, 4, 8, 1, 2, 1), (4, 4, 16, 1, 1, 1), (8, 4, 16, 2, 1, 1),
-               (8, 4, 8, 1, 1, 2), (8, 2, 8, 1, 1, 2), (4, 4, 8, 1, 1, 2), (8, 2, 4, 1, None, 2))
+# for 16 < M <= 64 (eight n8 activation tiles at M = 64), the fastest mma.sync builds of call 75
+# (one row tile a warp: ~100 registers; teams of 2 at short K), then wgmma builds (a seventh
+# field: wgmma steps in flight): one wgmma.m64n64k16 a warpgroup a k16 step, B read by the tensor
+# cores from shared memory (no ldmatrix), ~76 registers, 2-4 8-warp CTAs an SM
+WIDE_BUILDS = ((8, 4, 8, 1, 2, 1), (8, 4, 16, 2, 1, 1),
+               (8, 4, 8, 1, 2, 1, 1), (8, 4, 8, 1, 3, 1, 1), (8, 4, 16, 1, 1, 1, 1),
+               (8, 4, 8, 1, 3, 1, 2), (4, 4, 8, 1, 3, 1, 1), (4, 4, 8, 1, 4, 1, 1))
 OVERLAPS = ("tail", "all")
 
 
 def grid_of(builds) -> tuple[CudaTileConfig, ...]:
     return tuple(CudaTileConfig(groups=g, depth=d, warps=w, kwarps=kw, min_ctas=b, overlap=overlap,
-                                row_tiles=r)
-                 for g, d, w, kw, b, r in builds for overlap in OVERLAPS)
+                                row_tiles=r, wgmma=wgmma[0] if wgmma else 0)
+                 for g, d, w, kw, b, r, *wgmma in builds for overlap in OVERLAPS)
 
 
 GRID = grid_of(DECODE_BUILDS)

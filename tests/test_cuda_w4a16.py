@@ -125,6 +125,19 @@ def test_two_row_tiles_a_warp_and_up_to_eight_activation_tiles():
     assert paired.shared_bytes(64) == 64 * (2 * 1024 + 16)
 
 
+def test_wgmma_builds_are_warpgroups_of_one_row_tile_a_warp():
+    wide = cuda.CudaTileConfig(groups=8, depth=4, warps=8, min_ctas=3, overlap="tail", wgmma=1)
+    assert wide.label() == "cuda g8 d4 w8 k1 b3 wg1 pdl-tail"
+    # B as 8-row core matrices of the n8 tiles M needs (1, 2, 4 or 8), unpadded: 24 rows stage as 32
+    assert wide.shared_bytes(64) == 64 * 2 * 512 and wide.shared_bytes(24) == 32 * 2 * 512
+    for bad in (3, 8, True, 1.0):
+        with pytest.raises(ValueError, match=r"wgmma must be one of \(0, 1, 2, 4\)"):
+            cuda.CudaTileConfig(warps=4, wgmma=bad)
+    for fields in ({"warps": 2}, {"warps": 8, "kwarps": 2}, {"warps": 4, "row_tiles": 2}):
+        with pytest.raises(ValueError, match="wgmma needs warps in warpgroups of 4"):
+            cuda.CudaTileConfig(wgmma=1, **fields)
+
+
 def test_cluster_configs_are_validated_and_size_their_shared_partials():
     clustered = cuda.CudaTileConfig(groups=16, depth=4, warps=16, min_ctas=2, overlap="tail", cluster=8)
     assert clustered.label() == "cuda g16 d4 w16 k1 b2 c8 pdl-tail"
@@ -280,13 +293,17 @@ def test_kernel_passes_the_gate(fmt, m, config):
     assert_same_within_atomics_order(prepared.call(), first)
 
 
-# builds over M = 16: two row tiles a warp (split-K, PDL, teams, a cluster) and one
+# builds over M = 16: two row tiles a warp (split-K, PDL, teams, a cluster), one, and wgmma
 WIDE_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=2, row_tiles=2),
                 cuda.CudaTileConfig(groups=4, warps=4, depth=2, row_tiles=2, overlap="tail"),
                 cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2, row_tiles=2),
                 cuda.CudaTileConfig(groups=2, warps=4, depth=1, cluster=2, row_tiles=2),
                 cuda.CudaTileConfig(groups=2, warps=8, depth=1, kwarps=8),
-                cuda.CudaTileConfig(groups=4, warps=4)]
+                cuda.CudaTileConfig(groups=4, warps=4),
+                # one wgmma a warpgroup a k16 step: synchronous, two in flight with PDL, a cluster
+                cuda.CudaTileConfig(groups=2, warps=4, wgmma=1),
+                cuda.CudaTileConfig(groups=4, warps=8, depth=2, wgmma=2, overlap="tail"),
+                cuda.CudaTileConfig(groups=2, warps=4, depth=1, cluster=2, wgmma=4)]
 
 
 @pytest.mark.cuda
@@ -381,7 +398,8 @@ ANATOMY_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=4, depth=1),             
                    cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2),        # teams
                    cuda.CudaTileConfig(groups=16, warps=8, depth=4, min_ctas=2, overlap="all"),
                    cuda.CudaTileConfig(groups=2, warps=4, depth=2, cluster=4),       # a cluster
-                   cuda.CudaTileConfig(groups=2, warps=4, depth=1, row_tiles=2)]     # 2 tiles a warp
+                   cuda.CudaTileConfig(groups=2, warps=4, depth=1, row_tiles=2),     # 2 tiles a warp
+                   cuda.CudaTileConfig(groups=2, warps=4, depth=1, wgmma=1)]         # a warpgroup
 
 
 @pytest.mark.cuda

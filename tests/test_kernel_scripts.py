@@ -131,11 +131,12 @@ def test_cuda_probe_grid_is_every_valid_build_and_without_a_gpu_it_says_so(tmp_p
 
     probe = load("cuda_probe")
     # 8 builds (the 3 presets', the short-K team's, 4 with two row tiles a warp) x 2 launches,
-    # and 8 for M over 16
+    # and 8 for M over 16 (2 of mma.sync, 6 of wgmma)
     assert len(set(probe.GRID)) == len(probe.GRID) == 16
     assert len(set(probe.WIDE_GRID)) == len(probe.WIDE_GRID) == 16
     assert {c.min_ctas for c in probe.GRID} == {1, 2} and {c.cluster for c in probe.GRID} == {1}
-    assert {c.row_tiles for c in probe.GRID} == {c.row_tiles for c in probe.WIDE_GRID} == {1, 2}
+    assert {c.row_tiles for c in probe.GRID} == {1, 2} and {c.wgmma for c in probe.GRID} == {0}
+    assert {c.wgmma for c in probe.WIDE_GRID} == {0, 1, 2}
     assert {c.kwarps for c in probe.GRID if c.warps == 16} == {1, 2, 4}
     for n, k in probe.SHAPES:      # the preset of every point is one of the builds it times
         for m in probe.M_VALUES:

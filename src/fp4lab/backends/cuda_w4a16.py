@@ -48,6 +48,7 @@ WARP_CHOICES = (1, 2, 4, 8, 16)
 # epilogue overlaps that launch); "all" as soon as every CTA has started (the next kernel's weight
 # loads run in the CTA slots this one frees)
 OVERLAP_CHOICES = ("off", "tail", "all")
+WGMMA_CHOICES = (0, 1, 2, 4)  # wgmma steps in flight (0: mma.sync a warp instead)
 MAX_CLUSTER = 16              # CTAs a cluster on sm_90 (over 8: the non-portable attribute)
 REGISTERS_PER_SM = 64 * 1024  # sm_90 (and sm_80-sm_89): what `min_ctas` divides
 MAX_THREADS_PER_SM = 2048
@@ -59,6 +60,7 @@ WEIGHT_BIAS = 2.0 ** (126 - SCALE_EXP)     # decoded weights are e2m1 * scale * 
 KERNEL_SOURCE = Path(__file__).with_name("cuda_w4a16_kernel.cu")
 KERNEL_NAME = "fp4_decode_gemm"
 MIN_CAPABILITY = (9, 0)      # mul.rn.bf16x2 (the scale multiply) is sm_90's
+WGMMA_CAPABILITY = (9, 0)    # wgmma builds are sm_90a code: Hopper only
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,11 @@ class CudaTileConfig:
     `cluster` CTAs of consecutive splits form a thread-block cluster and add their partial tiles
     in distributed shared memory (1: every split adds into the float32 workspace). `row_tiles`
     16-row weight tiles a warp covers: with 2, each B fragment a warp reads from shared memory
-    (ldmatrix) feeds the MMAs of both, half the shared-memory reads a weight."""
+    (ldmatrix) feeds the MMAs of both, half the shared-memory reads a weight. `wgmma` > 0 has
+    each warpgroup (4 warps, 64 weight rows) issue one asynchronous sm_90a wgmma.m64nNk16 a k16
+    step (N = 8 x the n8 tiles M needs), B read by the tensor cores from shared memory (no
+    ldmatrix), `wgmma` steps of them in flight, instead of each warp's mma.sync (0; needs warps
+    in fours, one row tile each)."""
 
     groups: int = 8
     warps: int = 4
@@ -86,6 +92,7 @@ class CudaTileConfig:
     min_ctas: int | None = None
     cluster: int = 1
     row_tiles: int = 1
+    wgmma: int = 0
 
     def __post_init__(self):
         if self.depth is None:
@@ -111,6 +118,13 @@ class CudaTileConfig:
                 or not 1 <= self.cluster <= MAX_CLUSTER:
             raise ValueError(f"CudaTileConfig.cluster must be an int from 1 to {MAX_CLUSTER} (CTAs "
                              f"a thread-block cluster on sm_90), got {self.cluster!r}")
+        if type(self.wgmma) is not int or self.wgmma not in WGMMA_CHOICES:
+            raise ValueError(f"CudaTileConfig.wgmma must be one of {WGMMA_CHOICES} (0: mma.sync; "
+                             f"else wgmma steps in flight), got {self.wgmma!r}")
+        if self.wgmma and (self.kwarps != 1 or self.row_tiles != 1 or self.warps % 4):
+            raise ValueError(f"CudaTileConfig.wgmma needs warps in warpgroups of 4, each warp on its "
+                             f"own row tile: warps a multiple of 4, kwarps 1 and row_tiles 1, got "
+                             f"warps {self.warps}, kwarps {self.kwarps}, row_tiles {self.row_tiles}")
         if self.warps % self.kwarps:
             raise ValueError(f"CudaTileConfig.kwarps ({self.kwarps}) must divide warps "
                              f"({self.warps}): a CTA's warps form teams of kwarps")
@@ -141,7 +155,10 @@ class CudaTileConfig:
         row padded by 16 bytes (the kernel's ROW_WORDS); in a cluster, at least the CTA's
         partial tiles (float, 32 lanes x 4 a tile of 8 activation rows), which reuse it. Over
         SHARED_DEFAULT, the backend opts the build in (up to SHARED_LIMIT)."""
-        activations = m * (2 * self.split_k + 16)
+        if self.wgmma:         # the wgmma's B operand: 8 rows an n8 tile, unpadded core matrices
+            activations = 8 * n_tiles(m) * 2 * self.split_k
+        else:
+            activations = m * (2 * self.split_k + 16)
         if self.cluster == 1:
             return activations
         return max(activations, 4 * self.tiles * n_tiles(m) * 4 * LANES)
@@ -176,6 +193,8 @@ class CudaTileConfig:
             label += f" b{self.min_ctas}"
         if self.cluster > 1:
             label += f" c{self.cluster}"
+        if self.wgmma:
+            label += f" wg{self.wgmma}"
         return label if self.overlap == "off" else f"{label} {self.launch}"
 
     def reason(self, m: int, n: int, k: int) -> str | None:
@@ -409,11 +428,13 @@ def compiled(config: CudaTileConfig, fmt: str, tiles: int, capability: tuple[int
                f"-DKWARPS={config.kwarps}", f"-DNTILES={tiles}",
                f"-DNVFP4={int(fmt == 'nvfp4')}", f"-DOVERLAP_ALL={int(config.overlap == 'all')}",
                f"-DMIN_CTAS={config.min_ctas or 0}", f"-DCLUSTER={config.cluster}",
-               f"-DRTILES={config.row_tiles}",
+               f"-DRTILES={config.row_tiles}", f"-DWGMMA={config.wgmma}",
                f"-DSTAGE={list(ANATOMY_STAGES).index(stage)}",
                "-std=c++17"]
+    # wgmma is sm_90a's: the architecture-specific target, which runs on sm_90 only
+    target = f"{capability[0]}{capability[1]}" + ("a" if config.wgmma else "")
     return torch.cuda._compile_kernel(KERNEL_SOURCE.read_text(), KERNEL_NAME,
-                                      compute_capability=f"{capability[0]}{capability[1]}",
+                                      compute_capability=target,
                                       nvcc_options=options)
 
 
@@ -458,13 +479,17 @@ def _prepare(backend: CudaW4A16, a, w, device, config: CudaTileConfig | None, st
     config = config or choose_config(m, n, k, sm_count(device))
     if config.reason(m, n, k):
         raise ValueError(f"{backend.name} {config.label()}: {config.reason(m, n, k)}")
+    capability = torch.cuda.get_device_capability(device)
+    if config.wgmma and capability != WGMMA_CAPABILITY:
+        raise ValueError(f"{backend.name} {config.label()}: wgmma runs on sm_90 only (sm_90a code), "
+                         f"this GPU is sm_{''.join(map(str, capability))}")
     check_scale_range(w)
     w = w.to(device)
     weights, scales = mma_layout(formats.unpack_nibbles(w.packed), kernel_scale_bytes(w), w.fmt)
     unbias = torch.full((1,), WEIGHT_BIAS, dtype=torch.float32, device=device)
     if w.global_scale is not None:
         unbias /= w.global_scale.float().reshape(-1)[0]
-    kernel = compiled(config, w.fmt, n_tiles(m), torch.cuda.get_device_capability(device), stage)
+    kernel = compiled(config, w.fmt, n_tiles(m), capability, stage)
     a_bf16 = a.to(device=device, dtype=torch.bfloat16).contiguous()                # [M, K]
     grid, block = config.grid(n, k), (config.threads, 1, 1)
     if stage == "full":
@@ -480,7 +505,8 @@ def _prepare(backend: CudaW4A16, a, w, device, config: CudaTileConfig | None, st
     unused = torch.empty(0, dtype=torch.bfloat16, device=device)
     shared = config.shared_bytes(m)
     cluster = (1, config.cluster, 1)                       # consecutive splits of one column
-    opt_in = shared >= SHARED_DEFAULT
+    # the 48 KB a launch gets without the attribute hold the static shared memory too
+    opt_in = shared + config.static_shared_bytes(m) > SHARED_DEFAULT
     if opt_in:
         allow_shared(kernel, shared)
     info = {"config": config.label(), "launch": config.launch, "stage": stage,

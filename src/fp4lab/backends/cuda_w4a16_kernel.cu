@@ -68,6 +68,10 @@
 // k16 step (a chain's MMAs wait on each other), else one (its (row tile, n8 tile) MMAs are many)
 #define CHAINS (RTILES * NTILES <= 2 ? 2 : 1)
 #define FRAGS (RTILES * NTILES * 4)  // accumulator floats a lane
+#ifndef WGMMA
+#define WGMMA 0
+#endif
+#define B_ROWS (8 * NTILES)          // WGMMA: activation rows staged, the wgmma's N
 #define ROW_WORDS (KWARPS * KS / 2 + 4)  // bf16x2 words a staged row (the CTA's k), +4 (16 B):
                                      // conflict-free ldmatrix
 #define SCALE_BYTES (NVFP4 ? 8 : 4)  // scale bytes per (row pair g, g+8) per k-group
@@ -180,6 +184,56 @@ __device__ __forceinline__ int arrive(int* counter) {
     return before;
 }
 
+// wgmma (sm_90a): the fence orders this thread's register writes (the A fragment, the accumulators)
+// before the warpgroup's next wgmma; commit closes a group of them; wait_group N returns once at most
+// N groups are still running (their A registers and accumulators may then be touched again)
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int GROUPS_IN_FLIGHT>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(GROUPS_IN_FLIGHT) : "memory");
+}
+
+// the shared-memory descriptor of the B operand at `address` (a 32-bit shared::cta address): the
+// start, the byte offset to the core matrices of the next 8 k (B_ROWS rows of 16 bytes on) and to
+// those of the next 8 rows (128 bytes on), each in 16-byte units; swizzle mode 0 (bits 62-63)
+__device__ __forceinline__ unsigned long long b_descriptor(u32 address) {
+    const unsigned long long next_k = B_ROWS * 16 / 16, next_rows = 128 / 16;
+    return ((address >> 4) & 0x3FFFull) | (next_k << 16) | (next_rows << 32);
+}
+
+// d[NTILES][4] += A (this warp's 16 rows of the warpgroup's 64: a0..a3, the mma.sync fragment) . B
+// (B_ROWS activation rows); d in the mma.sync accumulator order (rows g, g+8; columns 2t, 2t+1 of
+// each n8 tile)
+__device__ __forceinline__ void wgmma(float (*d)[4], u32 a0, u32 a1, u32 a2, u32 a3,
+                                      unsigned long long b) {
+#if NTILES == 1
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %9, 0;\n\t"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, %8, p, 1, 1, 0;\n\t}"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
+#elif NTILES == 2
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %13, 0;\n\t"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
+        "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n\t}"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
+#elif NTILES == 4
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %21, 0;\n\t"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n\t}"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
+#elif NTILES == 8
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %37, 0;\n\t"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n\t}"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
+#endif
+}
+
 // every thread of every CTA in the cluster: a release of this CTA's shared-memory writes and an
 // acquire of the others' (what the second barrier of the reduction needs as well: no CTA exits while
 // another still reads its shared memory)
@@ -280,10 +334,19 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     const u32x4* a_split = a + (long)split * chunks;
     const unsigned row_vectors = K / 8;
     const u32 act_base = shared_address(act);
+#if WGMMA
+    // as the wgmma's B operand: [k / 8 chunks, B_ROWS rows, 16 bytes], rows past M copy row M - 1;
+    // consecutive threads, consecutive 16 bytes of shared memory (no bank conflicts)
+    for (unsigned i = threadIdx.x; i < B_ROWS * chunks; i += WARPS * 32) {
+        const unsigned row = i % B_ROWS, chunk = i / B_ROWS, source = row < (unsigned)M ? row : M - 1;
+        copy_async(act_base + i * 16, a_split + source * row_vectors + chunk);
+    }
+#else
     for (unsigned i = threadIdx.x; i < (unsigned)M * chunks; i += WARPS * 32) {
         const unsigned row = i / chunks, chunk = i % chunks;
         copy_async(act_base + (row * ROW_WORDS + chunk * 4) * 4, a_split + row * row_vectors + chunk);
     }
+#endif
     wait_copies();
     __syncthreads();
 
@@ -292,11 +355,11 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     // 2p + 1; rows past M read row M - 1
 #if NTILES == 1
     const unsigned b_row = lane % 8, b_k = 8 * (lane / 8);
-    const u32 b_base[1] = {act_base + ((b_row < (unsigned)M ? b_row : M - 1) * ROW_WORDS
+    [[maybe_unused]] const u32 b_base[1] = {act_base + ((b_row < (unsigned)M ? b_row : M - 1) * ROW_WORDS
                                        + slice * KS / 2 + b_k / 2) * 4};
 #else
     const unsigned b_row = 8 * (lane / 16) + lane % 8, b_k = 8 * ((lane / 8) % 2);
-    u32 b_base[PAIRS];
+    [[maybe_unused]] u32 b_base[PAIRS];
 #pragma unroll
     for (int p = 0; p < PAIRS; ++p) {
         const unsigned row = 16 * p + b_row;
@@ -326,12 +389,13 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
             for (int i = 0; i < SCALE_BYTES / 4; ++i) sink += scales[j][r].word[i];
 #endif
         // the B fragments ldmatrix gave: [PAIRS][4] (NTILES 1: one read for two steps)
-        u32 b[NTILES == 1 ? 1 : PAIRS][4];
+        [[maybe_unused]] u32 b[NTILES == 1 ? 1 : PAIRS][4];
 #pragma unroll
         for (int q = 0; q < 4; ++q) {                    // one k16 MMA step
-            const unsigned k_bytes = (j * 64 + q * 16) * 2;  // the step's k within the split
-            const int chain = CHAINS == 2 ? (q & 1) : 0;
-#if NTILES == 1
+            [[maybe_unused]] const unsigned k_bytes = (j * 64 + q * 16) * 2;  // the step's k in the split
+            [[maybe_unused]] const int chain = CHAINS == 2 ? (q & 1) : 0;
+#if WGMMA                                                 // the tensor cores read B themselves
+#elif NTILES == 1
             if (q % 2 == 0) ldmatrix4(b_base[0] + k_bytes, b[0]);
 #else
 #pragma unroll
@@ -363,6 +427,11 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
                 a3 = scaled_hi(a3, sc);
 #if STAGE == STAGE_DECODE
                 sink += a0 + a1 + a2 + a3;
+#elif WGMMA                                              // one group a step, WGMMA of them in flight
+                wgmma_fence();
+                wgmma(acc[0][0], a0, a1, a2, a3, b_descriptor(act_base + (j * 4 + q) * 2 * B_ROWS * 16));
+                wgmma_commit();
+                wgmma_wait<WGMMA - 1>();
 #elif NTILES == 1
                 mma(acc[chain][r][0], a0, a1, a2, a3, b[0][2 * (q % 2)], b[0][2 * (q % 2) + 1]);
 #else
@@ -376,6 +445,9 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
         }
     }
 #undef ISSUE
+#if WGMMA && STAGE != STAGE_LOAD && STAGE != STAGE_DECODE
+    wgmma_wait<0>();                                     // the accumulators are final
+#endif
 #if !OVERLAP_ALL
     let_next_kernel_launch();
 #endif
