@@ -1,8 +1,9 @@
-// fp4lab's CUDA decode GEMM for FP4 weights at decode-sized M (<= 16): out[M, N] = a[M, K] . W^T.
+// fp4lab's CUDA decode GEMM for FP4 weights at decode-sized M (<= 64): out[M, N] = a[M, K] . W^T.
 //
 // Compiled at prepare with NVRTC (no headers: plain integer types and inline PTX), one build per
-// (GROUPS, DEPTH, WARPS, KWARPS, NTILES, NVFP4, OVERLAP_ALL, MIN_CTAS, CLUSTER), given as -D defines
-// (MIN_CTAS: CTAs an SM must fit, which caps the registers a thread; 0 leaves them to ptxas).
+// (GROUPS, DEPTH, WARPS, KWARPS, RTILES, NTILES, NVFP4, OVERLAP_ALL, MIN_CTAS, CLUSTER, WGMMA), given
+// as -D defines (MIN_CTAS: CTAs an SM must fit, which caps the registers a thread; 0 leaves them to
+// ptxas; NTILES: n8 tiles of activation rows, 1, 2, 4 or 8; RTILES: row tiles a warp, 1 or 2).
 // Shape legend: M activation rows, N weight rows, K reduction; a "row tile" is 16 weight rows (one
 // mma.sync M side), a "k-group" 64 k (four m16n8k16 MMAs); g = lane / 4 and t = lane % 4 as in the
 // PTX fragment tables.
@@ -46,6 +47,13 @@
 // workspace as above, with CLUSTER times fewer atomics. It pays only where every cluster is resident
 // at once: the presets use it where a grid has fewer CTAs than SMs (4096x6144 M = 4: 6.87 us against
 // 7.23); the H200 holds 30 clusters of 8 two-a-SM CTAs, not the 32 of a 256-CTA grid (call 64).
+// WGMMA (sm_90a; 0: off, else how many steps' wgmmas may run at once): each warpgroup (4 warps, 4 row
+// tiles: 64 weight rows) issues one asynchronous wgmma.m64nNk16 a k16 step (N = 8 x NTILES) instead
+// of each warp's NTILES mma.sync, A (the decoded weights) from the same registers, B (the
+// activations) read by the tensor cores from shared memory, staged for it as 8-row core matrices
+// (K-major, no swizzle; rows past M copies of row M - 1): no ldmatrix, and the next step's decode
+// runs while it computes. At M <= 16 it lost (call 68); at M = 64 a warp's ldmatrix reads (4 a
+// k16 step) and mma.sync are what mma.sync builds spend their time on (call 75).
 // Programmatic dependent launch (PDL; the backend's `overlap`): launched with
 // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda_launch.py), a kernel may start while
 // the previous one in the stream finishes. Only the weights and scales (never written by a kernel)
