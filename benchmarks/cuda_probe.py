@@ -40,13 +40,13 @@ M_VALUES = (1, 4, 16)
 DECODE_BUILDS = ((8, 4, 16, 1, 2, 1), (16, 4, 16, 1, 2, 1), (8, 4, 16, 4, 1, 1),
                  (16, 4, 16, 1, 1, 2), (16, 4, 8, 1, 2, 2), (8, 4, 8, 1, 2, 2), (8, 2, 8, 1, 2, 2),
                  (8, 4, 16, 2, 1, 2))
-# for 16 < M <= 64 (eight n8 activation tiles at M = 64), the fastest mma.sync builds of call 75
-# (one row tile a warp: ~100 registers; teams of 2 at short K), then wgmma builds (a seventh
+# for 16 < M <= 64 (eight n8 activation tiles at M = 64): one row tile a warp (~100 registers),
+# 8-warp CTAs or 16 in teams of 2 (at K = 2048 with a cluster the fastest at M = 64, call 75), or
+# 16 k-groups a warp (8 splits on 8192x8192, half the split-K atomics), and wgmma builds (a seventh
 # field: wgmma steps in flight): one wgmma.m64n64k16 a warpgroup a k16 step, B read by the tensor
-# cores from shared memory (no ldmatrix), ~76 registers, 2-4 8-warp CTAs an SM
-WIDE_BUILDS = ((8, 4, 8, 1, 2, 1), (8, 4, 16, 2, 1, 1),
-               (8, 4, 8, 1, 2, 1, 1), (8, 4, 8, 1, 3, 1, 1), (8, 4, 16, 1, 1, 1, 1),
-               (8, 4, 8, 1, 3, 1, 2), (4, 4, 8, 1, 3, 1, 1), (4, 4, 8, 1, 4, 1, 1))
+# cores from shared memory (no ldmatrix), ~76 registers (call 76: no faster than mma.sync)
+WIDE_BUILDS = ((8, 4, 8, 1, 2, 1), (8, 4, 16, 2, 1, 1), (16, 4, 8, 1, 1, 1),
+               (8, 4, 16, 1, 1, 1, 1), (8, 4, 8, 1, 2, 1, 1))
 OVERLAPS = ("tail", "all")
 
 
@@ -61,15 +61,15 @@ WIDE_GRID = grid_of(WIDE_BUILDS)
 SMS = 132                                    # the H200's: where a grid is under one CTA an SM
 
 
-def builds_at(m: int, n: int, k: int) -> list[CudaTileConfig]:
+def builds_at(m: int, n: int, k: int, every_twin: bool = False) -> list[CudaTileConfig]:
     """The builds timed at a point: GRID (WIDE_GRID over M = 16), and after each build whose grid
-    has fewer CTAs than SMs its twin with all of a column's splits in one cluster (the
-    `clustered` presets' rule)."""
+    has fewer CTAs than SMs (`every_twin`: any grid) its twin with all of a column's splits in
+    one cluster (the `clustered` presets' rule; 2 to 16 splits)."""
     builds = []
     for config in (GRID if m <= 16 else WIDE_GRID):
         builds.append(config)
         clustered = Preset(m, None, config, clustered=True)
-        if clustered.holds(m, n, k, SMS):
+        if clustered.holds(m, n, k, 10**6 if every_twin else SMS):
             builds.append(clustered.build(n, k))
     return builds
 
@@ -118,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="N x K points, comma-separated (default: the issue's three)")
     parser.add_argument("--m", default=",".join(map(str, M_VALUES)), help="M values, comma-separated")
     parser.add_argument("--no-peers", action="store_true", help=f"leave {', '.join(PEERS)} out")
+    parser.add_argument("--every-twin", action="store_true",
+                        help="time every build's cluster twin, not only where its grid is under "
+                             "one CTA an SM (at M = 64 the split-K atomics are the time: call 76)")
     args = parser.parse_args(argv)
     fmts, shapes, m_values = (tune.parse_formats(args.formats), tune.parse_shapes(args.shapes),
                               tune.parse_m(args.m))
@@ -139,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                     a, w = tune.operands(point, device, weights)
                     pick = choose_config(m, n, k)
                     variants = [(c.label(), "cuda-w4a16", lambda c=c: cuda_row(c, point, a, w, device, timer),
-                                 c) for c in builds_at(m, n, k)]
+                                 c) for c in builds_at(m, n, k, args.every_twin)]
                     variants += [(name, name, lambda name=name: peer_row(name, point, a, w, device, timer),
                                   None) for name in PEERS if not args.no_peers]
                     variants += [(f"anatomy {stage}", "cuda-w4a16-anatomy",

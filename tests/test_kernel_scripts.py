@@ -131,18 +131,21 @@ def test_cuda_probe_grid_is_every_valid_build_and_without_a_gpu_it_says_so(tmp_p
 
     probe = load("cuda_probe")
     # 8 builds (the 3 presets', the short-K team's, 4 with two row tiles a warp) x 2 launches,
-    # and 8 for M over 16 (2 of mma.sync, 6 of wgmma)
+    # and 5 for M over 16 (3 of mma.sync, 2 of wgmma)
     assert len(set(probe.GRID)) == len(probe.GRID) == 16
-    assert len(set(probe.WIDE_GRID)) == len(probe.WIDE_GRID) == 16
+    assert len(set(probe.WIDE_GRID)) == len(probe.WIDE_GRID) == 10
     assert {c.min_ctas for c in probe.GRID} == {1, 2} and {c.cluster for c in probe.GRID} == {1}
     assert {c.row_tiles for c in probe.GRID} == {1, 2} and {c.wgmma for c in probe.GRID} == {0}
-    assert {c.wgmma for c in probe.WIDE_GRID} == {0, 1, 2}
+    assert {c.wgmma for c in probe.WIDE_GRID} == {0, 1}
     assert {c.kwarps for c in probe.GRID if c.warps == 16} == {1, 2, 4}
     for n, k in probe.SHAPES:      # the preset of every point is one of the builds it times
         for m in probe.M_VALUES:
             builds = probe.builds_at(m, n, k)
             assert len(set(builds)) == len(builds) and cuda_choose(m, n, k) in builds
     assert set(probe.builds_at(64, 8192, 8192)) == set(probe.WIDE_GRID)
+    # --every-twin: each build's twin with its column's splits in one cluster on any grid
+    every = probe.builds_at(64, 8192, 8192, every_twin=True)
+    assert sorted(c.cluster for c in every if c.cluster > 1) == [8] * 4 + [16] * 6
     # cluster twins only where a grid is under one CTA an SM: at 6144x2048 8 k-groups a warp (96
     # CTAs, 4 splits), 16 (48, 2), two row tiles a warp (16 k-groups: 24 CTAs, 2; 8 with 8-warp
     # CTAs: 48, 4) and the 2-warp teams of two row tiles (48, 2); none on 8192x8192's full grids
