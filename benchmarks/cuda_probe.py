@@ -1,10 +1,10 @@
 """`cuda-w4a16`, fp4lab's CUDA decode GEMM, against its peers at issue 13's decode points: every
 build of the kernel (`GRID`, `WIDE_GRID` over M = 16: k-groups a warp, depth, warps a CTA, warps
-a team, register cap, row tiles a warp, wgmma steps in flight, launch; at each point also the cluster twin of every build whose grid is under one CTA an SM,
-`builds_at`) gated, then timed with the package's timer (cold L2, CUDA graph), beside the Triton
-kernel's preset, cuBLAS bf16 and humming-w4a16 (when its wheel is installed) at the same points
-(`--no-peers` leaves them out); then the
-preset build's anatomy stages (`cuda_w4a16.ANATOMY_STAGES`, each passing its own check) and the
+a team, register cap, launch; at each point also the cluster twin of every build whose grid is
+under one CTA an SM, `builds_at`, or of every build with `--every-twin`) gated, then timed with
+the package's timer (cold L2, CUDA graph), beside the Triton kernel's preset, cuBLAS bf16 and
+humming-w4a16 (when its wheel is installed) at the same points (`--no-peers` leaves them out);
+then the preset build's anatomy stages (`cuda_w4a16.ANATOMY_STAGES`, each passing its own check) and the
 streaming read of the same bytes.
 
     PYTHONPATH=src python3 benchmarks/cuda_probe.py --out $OUT/cuda
@@ -31,29 +31,23 @@ from fp4lab.backends.cuda_w4a16 import CudaTileConfig, Preset, choose_config  # 
 
 SHAPES = ((8192, 8192), (4096, 6144), (6144, 2048))
 M_VALUES = (1, 4, 16)
-# (k-groups a warp, depth, warps a CTA, warps a team on one row tile, CTAs an SM must fit, row
-# tiles a warp), for M <= 16: the three preset builds (call 57: `min_ctas` buys registers, 1-9%
-# faster than ptxas' own ~52) and the short-K team preset (call 73); then two row tiles a warp,
-# whose B fragments (ldmatrix from the staged activations) feed the MMAs of 32 weight rows: half
-# the shared-memory reads a weight, twice the registers a warp (96 at M = 16: one 16-warp CTA or
-# two 8-warp CTAs an SM)
-DECODE_BUILDS = ((8, 4, 16, 1, 2, 1), (16, 4, 16, 1, 2, 1), (8, 4, 16, 4, 1, 1),
-                 (16, 4, 16, 1, 1, 2), (16, 4, 8, 1, 2, 2), (8, 4, 8, 1, 2, 2), (8, 2, 8, 1, 2, 2),
-                 (8, 4, 16, 2, 1, 2))
-# for 16 < M <= 64 (eight n8 activation tiles at M = 64): one row tile a warp (~100 registers),
-# 8-warp CTAs or 16 in teams of 2 (at K = 2048 with a cluster the fastest at M = 64, call 75), or
-# 16 k-groups a warp (8 splits on 8192x8192, half the split-K atomics), and wgmma builds (a seventh
-# field: wgmma steps in flight): one wgmma.m64n64k16 a warpgroup a k16 step, B read by the tensor
-# cores from shared memory (no ldmatrix), ~76 registers (call 76: no faster than mma.sync)
-WIDE_BUILDS = ((8, 4, 8, 1, 2, 1), (8, 4, 16, 2, 1, 1), (16, 4, 8, 1, 1, 1),
-               (8, 4, 16, 1, 1, 1, 1), (8, 4, 8, 1, 2, 1, 1))
+# (k-groups a warp, depth, warps a CTA, warps a team on one row tile, CTAs an SM must fit), for
+# M <= 16: the three preset builds (call 57: `min_ctas` buys registers, 1-9% faster than ptxas'
+# own ~52), and 16-warp CTAs of teams of 2 or 4 warps a tile, which stage 2-4x the k (over 48 KB
+# at M = 16: the opt-in) for half to a quarter of the splits, the teams adding up in shared
+# memory; each launched both ways. `CudaTileConfig.reason` leaves out what a point cannot take
+DECODE_BUILDS = ((8, 4, 8, 4, 1), (8, 4, 16, 1, 2), (16, 4, 16, 1, 2),
+                 (8, 4, 16, 2, 2), (16, 4, 16, 2, 2), (8, 4, 16, 4, 1))
+# for 16 < M <= 64 (eight n8 activation tiles at M = 64, ~100 registers a thread): 8-warp CTAs
+# two an SM, 16-warp CTAs in teams of 2 (at K = 2048 with a cluster the fastest, call 75), 16
+# k-groups a warp (half the splits, so half the split-K atomics)
+WIDE_BUILDS = ((8, 4, 8, 1, 2), (8, 4, 16, 2, 1), (16, 4, 8, 1, 1), (8, 4, 16, 1, 1))
 OVERLAPS = ("tail", "all")
 
 
 def grid_of(builds) -> tuple[CudaTileConfig, ...]:
-    return tuple(CudaTileConfig(groups=g, depth=d, warps=w, kwarps=kw, min_ctas=b, overlap=overlap,
-                                row_tiles=r, wgmma=wgmma[0] if wgmma else 0)
-                 for g, d, w, kw, b, r, *wgmma in builds for overlap in OVERLAPS)
+    return tuple(CudaTileConfig(groups=g, depth=d, warps=w, kwarps=kw, min_ctas=b, overlap=overlap)
+                 for g, d, w, kw, b in builds for overlap in OVERLAPS)
 
 
 GRID = grid_of(DECODE_BUILDS)
@@ -120,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-peers", action="store_true", help=f"leave {', '.join(PEERS)} out")
     parser.add_argument("--every-twin", action="store_true",
                         help="time every build's cluster twin, not only where its grid is under "
-                             "one CTA an SM (at M = 64 the split-K atomics are the time: call 76)")
+                             "one CTA an SM (at M = 64 the split-K reduction costs 12 us of 55: call 78)")
     args = parser.parse_args(argv)
     fmts, shapes, m_values = (tune.parse_formats(args.formats), tune.parse_shapes(args.shapes),
                               tune.parse_m(args.m))

@@ -106,13 +106,7 @@ def test_configs_are_validated_and_say_what_a_point_needs():
     assert team.reason(1, 8192, 8192) is None
 
 
-def test_two_row_tiles_a_warp_and_up_to_eight_activation_tiles():
-    with pytest.raises(ValueError, match=r"row_tiles must be one of \(1, 2\)"):
-        cuda.CudaTileConfig(row_tiles=4)
-    paired = cuda.CudaTileConfig(groups=16, depth=4, warps=16, min_ctas=1, row_tiles=2)
-    assert paired.label() == "cuda g16 d4 w16 k1 r2 b1"
-    assert paired.teams == 16 and paired.tiles == 32 and paired.grid(8192, 8192) == (16, 8, 1)
-    assert "multiple of 512 (16 rows x 32 tiles)" in paired.reason(1, 6144 + 256, 8192)
+def test_up_to_eight_activation_tiles_and_static_shared_memory():
     # n8 tiles of activation rows: the fewest that cover M
     assert [cuda.n_tiles(m) for m in (1, 8, 9, 16, 17, 32, 33, 64)] == [1, 1, 2, 2, 4, 4, 8, 8]
     # the teams' partial tiles are static shared memory: at most 48 KB (4 teams of 4 warps at M=64
@@ -121,21 +115,8 @@ def test_two_row_tiles_a_warp_and_up_to_eight_activation_tiles():
     assert teams.static_shared_bytes(64) == 4 * (4 * 3 * 8 * 4 * 32 + 1) + 4
     assert "static shared memory, over the 49152 a kernel may declare" in teams.reason(64, 6144, 2048)
     assert teams.reason(32, 6144, 2048) is None
-    # staged activations grow with M: 64 rows of 1024 k and the padding
-    assert paired.shared_bytes(64) == 64 * (2 * 1024 + 16)
-
-
-def test_wgmma_builds_are_warpgroups_of_one_row_tile_a_warp():
-    wide = cuda.CudaTileConfig(groups=8, depth=4, warps=8, min_ctas=3, overlap="tail", wgmma=1)
-    assert wide.label() == "cuda g8 d4 w8 k1 b3 wg1 pdl-tail"
-    # B as 8-row core matrices of the n8 tiles M needs (1, 2, 4 or 8), unpadded: 24 rows stage as 32
-    assert wide.shared_bytes(64) == 64 * 2 * 512 and wide.shared_bytes(24) == 32 * 2 * 512
-    for bad in (3, 8, True, 1.0):
-        with pytest.raises(ValueError, match=r"wgmma must be one of \(0, 1, 2, 4\)"):
-            cuda.CudaTileConfig(warps=4, wgmma=bad)
-    for fields in ({"warps": 2}, {"warps": 8, "kwarps": 2}, {"warps": 4, "row_tiles": 2}):
-        with pytest.raises(ValueError, match="wgmma needs warps in warpgroups of 4"):
-            cuda.CudaTileConfig(wgmma=1, **fields)
+    # staged activations grow with M: 64 rows of 512 k and the padding
+    assert cuda.CudaTileConfig(groups=8, warps=8).shared_bytes(64) == 64 * (2 * 512 + 16)
 
 
 def test_cluster_configs_are_validated_and_size_their_shared_partials():
@@ -183,7 +164,16 @@ def test_the_preset_rule_is_the_probes_winners_and_fits_any_point():
     # a cluster needs 2 to 16 splits: K = 512 has 1, so short K falls back to the plain build
     assert cuda.choose_config(16, 8192, 512) == short_m16
     assert cuda.choose_config(16, 256, 1024).cluster == 2
-    for m, n, k in ((1, 48, 128), (4, 112, 64 * 7), (16, 16, 64), (1, 256, 64 * 17 * 16)):
+    # over M = 16 (calls 75-78, measured at M = 64): 8-warp CTAs of 8 k-groups, two an SM; at
+    # K = 2048 teams of 2 warps with both splits in one cluster (6144x2048: 96 CTAs)
+    wide, wide_short = cuda.PRESETS[-1], cuda.PRESETS[-2]
+    for m in (17, 33, 64):
+        assert cuda.choose_config(m, 8192, 8192) == cuda.choose_config(m, 4096, 6144) == wide.config
+        assert cuda.choose_config(m, 6144, 2048) == dataclasses.replace(wide_short.config, cluster=2)
+    assert wide.config.label() == "cuda g8 d4 w8 k1 b2 pdl-all" and wide_short.clustered
+    assert wide_short.config.label() == "cuda g8 d4 w16 k2 b1 pdl-tail"
+    for m, n, k in ((1, 48, 128), (4, 112, 64 * 7), (16, 16, 64), (1, 256, 64 * 17 * 16),
+                    (64, 16, 64), (40, 128, 2048), (64, 8192, 512)):
         config = cuda.choose_config(m, n, k)
         assert config.reason(m, n, k) is None, (m, n, k, config)
 
@@ -293,24 +283,21 @@ def test_kernel_passes_the_gate(fmt, m, config):
     assert_same_within_atomics_order(prepared.call(), first)
 
 
-# builds over M = 16: two row tiles a warp (split-K, PDL, teams, a cluster), one, and wgmma
-WIDE_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=2, row_tiles=2),
-                cuda.CudaTileConfig(groups=4, warps=4, depth=2, row_tiles=2, overlap="tail"),
-                cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2, row_tiles=2),
-                cuda.CudaTileConfig(groups=2, warps=4, depth=1, cluster=2, row_tiles=2),
+# builds over M = 16: split-K, PDL, teams (one over 48 KB of static and dynamic shared memory at
+# M = 17, the opt-in's case: call 75), one CTA covering K, a cluster
+WIDE_CONFIGS = [cuda.CudaTileConfig(groups=4, warps=4),
+                cuda.CudaTileConfig(groups=4, warps=4, depth=2, overlap="tail"),
+                cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2),
                 cuda.CudaTileConfig(groups=2, warps=8, depth=1, kwarps=8),
-                cuda.CudaTileConfig(groups=4, warps=4),
-                # one wgmma a warpgroup a k16 step: synchronous, two in flight with PDL, a cluster
-                cuda.CudaTileConfig(groups=2, warps=4, wgmma=1),
-                cuda.CudaTileConfig(groups=4, warps=8, depth=2, wgmma=2, overlap="tail"),
-                cuda.CudaTileConfig(groups=2, warps=4, depth=1, cluster=2, wgmma=4)]
+                cuda.CudaTileConfig(groups=2, warps=4, depth=1, cluster=2),
+                cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2, cluster=4, overlap="all")]
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-@pytest.mark.parametrize("m", [1, 9, 17, 33, 64])
+@pytest.mark.parametrize("m", [17, 24, 33, 64])
 @pytest.mark.parametrize("config", WIDE_CONFIGS, ids=lambda c: c.label())
-def test_two_row_tiles_and_up_to_64_rows_pass_the_gate(fmt, m, config):
+def test_up_to_64_rows_pass_the_gate(fmt, m, config):
     a, w = seeded_operands(fmt, m, 128, 1024)
     prepared = get("cuda-w4a16").prepare(a, w, "cuda", config=config)
     gate = correctness.check_backend(prepared, correctness.TOLERANCE[fmt])
@@ -398,13 +385,12 @@ ANATOMY_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=4, depth=1),             
                    cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2),        # teams
                    cuda.CudaTileConfig(groups=16, warps=8, depth=4, min_ctas=2, overlap="all"),
                    cuda.CudaTileConfig(groups=2, warps=4, depth=2, cluster=4),       # a cluster
-                   cuda.CudaTileConfig(groups=2, warps=4, depth=1, row_tiles=2),     # 2 tiles a warp
-                   cuda.CudaTileConfig(groups=2, warps=4, depth=1, wgmma=1)]         # a warpgroup
+                   cuda.CudaTileConfig(groups=2, warps=8, depth=2, min_ctas=2)]
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-@pytest.mark.parametrize("m", [1, 16])
+@pytest.mark.parametrize("m", [1, 16, 64])
 @pytest.mark.parametrize("config", ANATOMY_CONFIGS, ids=lambda c: c.label())
 def test_every_anatomy_stage_passes_its_own_check(fmt, m, config):
     a, w = seeded_operands(fmt, m, 256, 2048)
@@ -454,10 +440,4 @@ def test_the_anatomy_sums_are_per_warp_in_the_kernels_order():
     assert torch.equal(sums, expected)
     decoded = cuda.expected_sums(weights, scales, "nvfp4", "decode", config)
     assert decoded.shape == (8,) and decoded.dtype == torch.int32
-    # two row tiles a warp: one team of 2 warps covers both tiles, so tile 1's word lands in the
-    # same warp as tile 0's would: split 1, slice 1 -> warp 1 * 2 + 1 = 3; the scale in warp 2
-    paired = cuda.CudaTileConfig(groups=1, warps=2, kwarps=2, row_tiles=2)
-    sums = cuda.expected_sums(weights, scales, "nvfp4", "load", paired)
-    expected = torch.zeros(4, dtype=torch.int32)
-    expected[3], expected[2] = 1, 8
-    assert torch.equal(sums, expected)
+

@@ -130,32 +130,23 @@ def test_cuda_probe_grid_is_every_valid_build_and_without_a_gpu_it_says_so(tmp_p
     from fp4lab.backends.cuda_w4a16 import choose_config as cuda_choose
 
     probe = load("cuda_probe")
-    # 8 builds (the 3 presets', the short-K team's, 4 with two row tiles a warp) x 2 launches,
-    # and 5 for M over 16 (3 of mma.sync, 2 of wgmma)
-    assert len(set(probe.GRID)) == len(probe.GRID) == 16
-    assert len(set(probe.WIDE_GRID)) == len(probe.WIDE_GRID) == 10
+    # 6 builds (the 3 presets', 3 of teams in 16-warp CTAs) x 2 launches, and 4 over M = 16
+    assert len(set(probe.GRID)) == len(probe.GRID) == 12
+    assert len(set(probe.WIDE_GRID)) == len(probe.WIDE_GRID) == 8
     assert {c.min_ctas for c in probe.GRID} == {1, 2} and {c.cluster for c in probe.GRID} == {1}
-    assert {c.row_tiles for c in probe.GRID} == {1, 2} and {c.wgmma for c in probe.GRID} == {0}
-    assert {c.wgmma for c in probe.WIDE_GRID} == {0, 1}
     assert {c.kwarps for c in probe.GRID if c.warps == 16} == {1, 2, 4}
     for n, k in probe.SHAPES:      # the preset of every point is one of the builds it times
-        for m in probe.M_VALUES:
+        for m in (*probe.M_VALUES, 64):
             builds = probe.builds_at(m, n, k)
             assert len(set(builds)) == len(builds) and cuda_choose(m, n, k) in builds
-    assert set(probe.builds_at(64, 8192, 8192)) == set(probe.WIDE_GRID)
+    # cluster twins only where a grid is under one CTA an SM: at 6144x2048 8 k-groups a warp (96
+    # CTAs, 4 splits) and 16 (48, 2), and the teams of 2 (96, 2); none on 8192x8192's 256 CTAs
+    twins = [c for c in probe.builds_at(16, 6144, 2048) if c.cluster > 1]
+    assert {(c.groups, c.kwarps, c.cluster) for c in twins} == {(8, 1, 4), (16, 1, 2), (8, 2, 2)}
+    assert not [c for c in probe.builds_at(16, 8192, 8192) if c.cluster > 1]
     # --every-twin: each build's twin with its column's splits in one cluster on any grid
     every = probe.builds_at(64, 8192, 8192, every_twin=True)
-    assert sorted(c.cluster for c in every if c.cluster > 1) == [8] * 4 + [16] * 6
-    # cluster twins only where a grid is under one CTA an SM: at 6144x2048 8 k-groups a warp (96
-    # CTAs, 4 splits), 16 (48, 2), two row tiles a warp (16 k-groups: 24 CTAs, 2; 8 with 8-warp
-    # CTAs: 48, 4) and the 2-warp teams of two row tiles (48, 2); none on 8192x8192's full grids
-    twins = [c for c in probe.builds_at(16, 6144, 2048) if c.cluster > 1]
-    assert {(c.groups, c.warps, c.kwarps, c.row_tiles, c.cluster) for c in twins} == {
-        (8, 16, 1, 1, 4), (16, 16, 1, 1, 2), (16, 16, 1, 2, 2), (16, 8, 1, 2, 2), (8, 8, 1, 2, 4),
-        (8, 16, 2, 2, 2)}
-    # on 8192x8192 only the 16-warp build of two row tiles a warp (128 CTAs): a cluster of 8
-    assert {(c.warps, c.row_tiles, c.cluster) for c in probe.builds_at(16, 8192, 8192)
-            if c.cluster > 1} == {(16, 2, 8)}
+    assert sorted(c.cluster for c in every if c.cluster > 1) == [8, 8, 8, 8, 16, 16, 16, 16]
     if not torch.cuda.is_available():
         run = subprocess.run([sys.executable, os.path.join(BENCH, "cuda_probe.py"), "--out",
                               str(tmp_path)], capture_output=True, text=True, timeout=120,

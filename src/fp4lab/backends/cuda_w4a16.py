@@ -37,7 +37,6 @@ from fp4lab.backends.triton_w4a16 import (SCALE_EXP, AnatomyVariant, check_scale
 
 MAX_M = 64                   # eight n8 MMA tiles of activation rows
 N_TILE_CHOICES = (1, 2, 4, 8)  # n8 tiles of activation rows a build holds (-DNTILES)
-ROW_TILE_CHOICES = (1, 2)      # 16-row weight tiles a warp (-DRTILES)
 ROW_TILE = 16                # weight rows an MMA covers
 K_GROUP = 64                 # k a lane's 16-byte load covers (four k16 MMAs)
 LANES = 32
@@ -48,7 +47,6 @@ WARP_CHOICES = (1, 2, 4, 8, 16)
 # epilogue overlaps that launch); "all" as soon as every CTA has started (the next kernel's weight
 # loads run in the CTA slots this one frees)
 OVERLAP_CHOICES = ("off", "tail", "all")
-WGMMA_CHOICES = (0, 1, 2, 4)  # wgmma steps in flight (0: mma.sync a warp instead)
 MAX_CLUSTER = 16              # CTAs a cluster on sm_90 (over 8: the non-portable attribute)
 REGISTERS_PER_SM = 64 * 1024  # sm_90 (and sm_80-sm_89): what `min_ctas` divides
 MAX_THREADS_PER_SM = 2048
@@ -60,7 +58,6 @@ WEIGHT_BIAS = 2.0 ** (126 - SCALE_EXP)     # decoded weights are e2m1 * scale * 
 KERNEL_SOURCE = Path(__file__).with_name("cuda_w4a16_kernel.cu")
 KERNEL_NAME = "fp4_decode_gemm"
 MIN_CAPABILITY = (9, 0)      # mul.rn.bf16x2 (the scale multiply) is sm_90's
-WGMMA_CAPABILITY = (9, 0)    # wgmma builds are sm_90a code: Hopper only
 
 
 @dataclass(frozen=True)
@@ -76,13 +73,7 @@ class CudaTileConfig:
     own choice, which is fewer registers than even `min_ctas=1` allows (52 against 77 for g16 d4
     w16 NVFP4, the H200 probe of call 56), so the cap can buy registers as well as warps.
     `cluster` CTAs of consecutive splits form a thread-block cluster and add their partial tiles
-    in distributed shared memory (1: every split adds into the float32 workspace). `row_tiles`
-    16-row weight tiles a warp covers: with 2, each B fragment a warp reads from shared memory
-    (ldmatrix) feeds the MMAs of both, half the shared-memory reads a weight. `wgmma` > 0 has
-    each warpgroup (4 warps, 64 weight rows) issue one asynchronous sm_90a wgmma.m64nNk16 a k16
-    step (N = 8 x the n8 tiles M needs), B read by the tensor cores from shared memory (no
-    ldmatrix), `wgmma` steps of them in flight, instead of each warp's mma.sync (0; needs warps
-    in fours, one row tile each)."""
+    in distributed shared memory (1: every split adds into the float32 workspace)."""
 
     groups: int = 8
     warps: int = 4
@@ -91,15 +82,12 @@ class CudaTileConfig:
     overlap: str = "off"
     min_ctas: int | None = None
     cluster: int = 1
-    row_tiles: int = 1
-    wgmma: int = 0
 
     def __post_init__(self):
         if self.depth is None:
             object.__setattr__(self, "depth", self.groups)
         for name, choices in (("groups", GROUP_CHOICES), ("warps", WARP_CHOICES),
-                              ("depth", GROUP_CHOICES), ("kwarps", WARP_CHOICES),
-                              ("row_tiles", ROW_TILE_CHOICES)):
+                              ("depth", GROUP_CHOICES), ("kwarps", WARP_CHOICES)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"CudaTileConfig.{name} must be one of {choices}, "
                                  f"got {getattr(self, name)!r}")
@@ -118,26 +106,14 @@ class CudaTileConfig:
                 or not 1 <= self.cluster <= MAX_CLUSTER:
             raise ValueError(f"CudaTileConfig.cluster must be an int from 1 to {MAX_CLUSTER} (CTAs "
                              f"a thread-block cluster on sm_90), got {self.cluster!r}")
-        if type(self.wgmma) is not int or self.wgmma not in WGMMA_CHOICES:
-            raise ValueError(f"CudaTileConfig.wgmma must be one of {WGMMA_CHOICES} (0: mma.sync; "
-                             f"else wgmma steps in flight), got {self.wgmma!r}")
-        if self.wgmma and (self.kwarps != 1 or self.row_tiles != 1 or self.warps % 4):
-            raise ValueError(f"CudaTileConfig.wgmma needs warps in warpgroups of 4, each warp on its "
-                             f"own row tile: warps a multiple of 4, kwarps 1 and row_tiles 1, got "
-                             f"warps {self.warps}, kwarps {self.kwarps}, row_tiles {self.row_tiles}")
         if self.warps % self.kwarps:
             raise ValueError(f"CudaTileConfig.kwarps ({self.kwarps}) must divide warps "
                              f"({self.warps}): a CTA's warps form teams of kwarps")
 
     @property
-    def teams(self) -> int:
-        """Teams of `kwarps` warps a CTA (each covers `row_tiles` row tiles)."""
-        return self.warps // self.kwarps
-
-    @property
     def tiles(self) -> int:
         """Row tiles (16 rows each) a CTA covers."""
-        return self.teams * self.row_tiles
+        return self.warps // self.kwarps
 
     @property
     def split_k(self) -> int:
@@ -155,10 +131,7 @@ class CudaTileConfig:
         row padded by 16 bytes (the kernel's ROW_WORDS); in a cluster, at least the CTA's
         partial tiles (float, 32 lanes x 4 a tile of 8 activation rows), which reuse it. Over
         SHARED_DEFAULT, the backend opts the build in (up to SHARED_LIMIT)."""
-        if self.wgmma:         # the wgmma's B operand: 8 rows an n8 tile, unpadded core matrices
-            activations = 8 * n_tiles(m) * 2 * self.split_k
-        else:
-            activations = m * (2 * self.split_k + 16)
+        activations = m * (2 * self.split_k + 16)
         if self.cluster == 1:
             return activations
         return max(activations, 4 * self.tiles * n_tiles(m) * 4 * LANES)
@@ -187,14 +160,10 @@ class CudaTileConfig:
 
     def label(self) -> str:
         label = f"cuda g{self.groups} d{self.depth} w{self.warps} k{self.kwarps}"
-        if self.row_tiles > 1:
-            label += f" r{self.row_tiles}"
         if self.min_ctas is not None:
             label += f" b{self.min_ctas}"
         if self.cluster > 1:
             label += f" c{self.cluster}"
-        if self.wgmma:
-            label += f" wg{self.wgmma}"
         return label if self.overlap == "off" else f"{label} {self.launch}"
 
     def reason(self, m: int, n: int, k: int) -> str | None:
@@ -287,7 +256,15 @@ class Preset:
 #     2048 with 8), a thread-block cluster of all the splits adds them in distributed shared memory
 #     (call 64, results/measurements/20261203T1410Z-h200-cuda-cluster-probe: 6144x2048 NVFP4 M=16
 #     7.08 us against 7.60; 4096x6144 NVFP4 M=4 6.87 against 7.23, M=1 6.59 against 6.68; on the
-#     full grids every cluster build was slower, 8192x8192 M=16 17.26 us with pairs against 16.33).
+#     full grids every cluster build was slower, 8192x8192 M=16 17.26 us with pairs against 16.33);
+#   - over M = 16 (measured at M = 64 only, calls 75-78, results/measurements/20261203T1913Z-h200-
+#     cuda-wide-probe): 8-warp CTAs of 8 k-groups, two an SM (~102 registers), launched "all"
+#     (8192x8192 55.3 us, 4096x6144 31.3; humming 28.2 and 15.7: these points stay slower than the
+#     peers, the split-K atomics and the activations' staging and ldmatrix reads growing with M);
+#     at K = 2048 teams of 2 warps in 16-warp CTAs with both splits in one cluster (6144x2048 14.7
+#     us against 21.9 without it; cuBLAS bf16 9.8). Two row tiles a warp (half the ldmatrix reads)
+#     and one wgmma a warpgroup were slower or no faster at M = 16 and 64 (calls 75 and 77; the code
+#     stays at 8213dcd).
 _SHORT_K_TAIL = CudaTileConfig(groups=8, depth=4, warps=16, min_ctas=2, overlap="tail")
 PRESETS = (Preset(16, 2048, CudaTileConfig(groups=8, depth=4, warps=16, kwarps=4, min_ctas=1,
                                            overlap="all")),
@@ -299,7 +276,10 @@ PRESETS = (Preset(16, 2048, CudaTileConfig(groups=8, depth=4, warps=16, kwarps=4
                   clustered=True),
            Preset(16, None, CudaTileConfig(groups=16, depth=4, warps=16, min_ctas=2, overlap="tail"),
                   one_cta_per_sm=True),
-           Preset(16, None, CudaTileConfig(groups=8, depth=4, warps=16, min_ctas=2, overlap="all")))
+           Preset(16, None, CudaTileConfig(groups=8, depth=4, warps=16, min_ctas=2, overlap="all")),
+           Preset(64, 2048, CudaTileConfig(groups=8, depth=4, warps=16, kwarps=2, min_ctas=1,
+                                           overlap="tail"), clustered=True),
+           Preset(64, None, CudaTileConfig(groups=8, depth=4, warps=8, min_ctas=2, overlap="all")))
 
 
 def choose_config(m: int, n: int, k: int, sms: int = 132) -> CudaTileConfig:
@@ -428,13 +408,10 @@ def compiled(config: CudaTileConfig, fmt: str, tiles: int, capability: tuple[int
                f"-DKWARPS={config.kwarps}", f"-DNTILES={tiles}",
                f"-DNVFP4={int(fmt == 'nvfp4')}", f"-DOVERLAP_ALL={int(config.overlap == 'all')}",
                f"-DMIN_CTAS={config.min_ctas or 0}", f"-DCLUSTER={config.cluster}",
-               f"-DRTILES={config.row_tiles}", f"-DWGMMA={config.wgmma}",
                f"-DSTAGE={list(ANATOMY_STAGES).index(stage)}",
                "-std=c++17"]
-    # wgmma is sm_90a's: the architecture-specific target, which runs on sm_90 only
-    target = f"{capability[0]}{capability[1]}" + ("a" if config.wgmma else "")
     return torch.cuda._compile_kernel(KERNEL_SOURCE.read_text(), KERNEL_NAME,
-                                      compute_capability=target,
+                                      compute_capability=f"{capability[0]}{capability[1]}",
                                       nvcc_options=options)
 
 
@@ -479,17 +456,13 @@ def _prepare(backend: CudaW4A16, a, w, device, config: CudaTileConfig | None, st
     config = config or choose_config(m, n, k, sm_count(device))
     if config.reason(m, n, k):
         raise ValueError(f"{backend.name} {config.label()}: {config.reason(m, n, k)}")
-    capability = torch.cuda.get_device_capability(device)
-    if config.wgmma and capability != WGMMA_CAPABILITY:
-        raise ValueError(f"{backend.name} {config.label()}: wgmma runs on sm_90 only (sm_90a code), "
-                         f"this GPU is sm_{''.join(map(str, capability))}")
     check_scale_range(w)
     w = w.to(device)
     weights, scales = mma_layout(formats.unpack_nibbles(w.packed), kernel_scale_bytes(w), w.fmt)
     unbias = torch.full((1,), WEIGHT_BIAS, dtype=torch.float32, device=device)
     if w.global_scale is not None:
         unbias /= w.global_scale.float().reshape(-1)[0]
-    kernel = compiled(config, w.fmt, n_tiles(m), capability, stage)
+    kernel = compiled(config, w.fmt, n_tiles(m), torch.cuda.get_device_capability(device), stage)
     a_bf16 = a.to(device=device, dtype=torch.bfloat16).contiguous()                # [M, K]
     grid, block = config.grid(n, k), (config.threads, 1, 1)
     if stage == "full":
@@ -587,7 +560,7 @@ def expected_sums(weights: torch.Tensor, scales: torch.Tensor, fmt: str, stage: 
                   config: CudaTileConfig) -> torch.Tensor:
     """int32 [warps of the grid]: what stage "load" or "decode" stores, one wrapping sum a warp,
     from the laid-out bytes; warps in the kernel's order (split, CTA column, team, slice), a
-    warp's k-groups (split * kwarps + slice) * groups onwards of its team's `row_tiles` row tiles."""
+    warp's k-groups (split * kwarps + slice) * groups onwards of its team's row tile."""
     tiles, groups = weights.shape[:2]
     if stage == "load":                   # the codes' words; the 4 lanes t of g read one scale
         per = _words(weights).sum(dim=(2, 3)) + 4 * _words(scales).sum(dim=(2, 3))  # [T, G]
@@ -596,9 +569,8 @@ def expected_sums(weights: torch.Tensor, scales: torch.Tensor, fmt: str, stage: 
         bits = values.view(torch.int16).to(torch.int64) & 0xFFFF                # [T, G, 32, 4q, 4r, 2h]
         per = (bits[..., 0] + (bits[..., 1] << 16)).sum(dim=(2, 3, 4))           # [T, G]
     splits = groups // (config.groups * config.kwarps)
-    per = per.reshape(tiles // config.tiles, config.teams, config.row_tiles, splits,
-                      config.kwarps, config.groups)                 # [col, team, r, split, slice, group]
-    total = per.sum(dim=(2, 5)).permute(2, 0, 1, 3).reshape(-1) & 0xFFFFFFFF    # [split, col, team, slice]
+    per = per.reshape(tiles // config.tiles, config.tiles, splits, config.kwarps, config.groups)
+    total = per.sum(dim=-1).permute(2, 0, 1, 3).reshape(-1) & 0xFFFFFFFF        # [split, col, team, slice]
     return torch.where(total >= 2**31, total - 2**32, total).to(torch.int32)
 
 

@@ -1,9 +1,9 @@
 // fp4lab's CUDA decode GEMM for FP4 weights at decode-sized M (<= 64): out[M, N] = a[M, K] . W^T.
 //
 // Compiled at prepare with NVRTC (no headers: plain integer types and inline PTX), one build per
-// (GROUPS, DEPTH, WARPS, KWARPS, RTILES, NTILES, NVFP4, OVERLAP_ALL, MIN_CTAS, CLUSTER, WGMMA), given
-// as -D defines (MIN_CTAS: CTAs an SM must fit, which caps the registers a thread; 0 leaves them to
-// ptxas; NTILES: n8 tiles of activation rows, 1, 2, 4 or 8; RTILES: row tiles a warp, 1 or 2).
+// (GROUPS, DEPTH, WARPS, KWARPS, NTILES, NVFP4, OVERLAP_ALL, MIN_CTAS, CLUSTER), given as -D defines
+// (MIN_CTAS: CTAs an SM must fit, which caps the registers a thread; 0 leaves them to ptxas;
+// NTILES: n8 tiles of activation rows, 1, 2, 4 or 8).
 // Shape legend: M activation rows, N weight rows, K reduction; a "row tile" is 16 weight rows (one
 // mma.sync M side), a "k-group" 64 k (four m16n8k16 MMAs); g = lane / 4 and t = lane % 4 as in the
 // PTX fragment tables.
@@ -47,13 +47,6 @@
 // workspace as above, with CLUSTER times fewer atomics. It pays only where every cluster is resident
 // at once: the presets use it where a grid has fewer CTAs than SMs (4096x6144 M = 4: 6.87 us against
 // 7.23); the H200 holds 30 clusters of 8 two-a-SM CTAs, not the 32 of a 256-CTA grid (call 64).
-// WGMMA (sm_90a; 0: off, else how many steps' wgmmas may run at once): each warpgroup (4 warps, 4 row
-// tiles: 64 weight rows) issues one asynchronous wgmma.m64nNk16 a k16 step (N = 8 x NTILES) instead
-// of each warp's NTILES mma.sync, A (the decoded weights) from the same registers, B (the
-// activations) read by the tensor cores from shared memory, staged for it as 8-row core matrices
-// (K-major, no swizzle; rows past M copies of row M - 1): no ldmatrix, and the next step's decode
-// runs while it computes. At M <= 16 it lost (call 68); at M = 64 a warp's ldmatrix reads (4 a
-// k16 step) and mma.sync are what mma.sync builds spend their time on (call 75).
 // Programmatic dependent launch (PDL; the backend's `overlap`): launched with
 // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda_launch.py), a kernel may start while
 // the previous one in the stream finishes. Only the weights and scales (never written by a kernel)
@@ -66,20 +59,11 @@
 // coherent load past the barrier that follows them, nor, in the loop, past the ldmatrix reads.
 
 #define KS (64 * GROUPS)             // k a warp covers
-#ifndef RTILES
-#define RTILES 1                     // row tiles a warp (2: each B fragment feeds both)
-#endif
-#define TEAMS (WARPS / KWARPS)       // teams a CTA
-#define TILES (TEAMS * RTILES)       // row tiles a CTA
+#define TILES (WARPS / KWARPS)       // row tiles (teams) a CTA
 #define PAIRS (NTILES / 2)           // ldmatrix.x4 reads a k16 step (NTILES >= 2)
-// independent accumulator chains: two alternating ones where a warp has only one or two MMAs a
-// k16 step (a chain's MMAs wait on each other), else one (its (row tile, n8 tile) MMAs are many)
-#define CHAINS (RTILES * NTILES <= 2 ? 2 : 1)
-#define FRAGS (RTILES * NTILES * 4)  // accumulator floats a lane
-#ifndef WGMMA
-#define WGMMA 0
-#endif
-#define B_ROWS (8 * NTILES)          // WGMMA: activation rows staged, the wgmma's N
+// independent accumulator chains: two alternating ones where a warp has one or two MMAs a k16
+// step (a chain's MMAs wait on each other), else one (its n8 tiles' MMAs are independent)
+#define CHAINS (NTILES <= 2 ? 2 : 1)
 #define ROW_WORDS (KWARPS * KS / 2 + 4)  // bf16x2 words a staged row (the CTA's k), +4 (16 B):
                                      // conflict-free ldmatrix
 #define SCALE_BYTES (NVFP4 ? 8 : 4)  // scale bytes per (row pair g, g+8) per k-group
@@ -192,56 +176,6 @@ __device__ __forceinline__ int arrive(int* counter) {
     return before;
 }
 
-// wgmma (sm_90a): the fence orders this thread's register writes (the A fragment, the accumulators)
-// before the warpgroup's next wgmma; commit closes a group of them; wait_group N returns once at most
-// N groups are still running (their A registers and accumulators may then be touched again)
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int GROUPS_IN_FLIGHT>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(GROUPS_IN_FLIGHT) : "memory");
-}
-
-// the shared-memory descriptor of the B operand at `address` (a 32-bit shared::cta address): the
-// start, the byte offset to the core matrices of the next 8 k (B_ROWS rows of 16 bytes on) and to
-// those of the next 8 rows (128 bytes on), each in 16-byte units; swizzle mode 0 (bits 62-63)
-__device__ __forceinline__ unsigned long long b_descriptor(u32 address) {
-    const unsigned long long next_k = B_ROWS * 16 / 16, next_rows = 128 / 16;
-    return ((address >> 4) & 0x3FFFull) | (next_k << 16) | (next_rows << 32);
-}
-
-// d[NTILES][4] += A (this warp's 16 rows of the warpgroup's 64: a0..a3, the mma.sync fragment) . B
-// (B_ROWS activation rows); d in the mma.sync accumulator order (rows g, g+8; columns 2t, 2t+1 of
-// each n8 tile)
-__device__ __forceinline__ void wgmma(float (*d)[4], u32 a0, u32 a1, u32 a2, u32 a3,
-                                      unsigned long long b) {
-#if NTILES == 1
-    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %9, 0;\n\t"
-        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, %8, p, 1, 1, 0;\n\t}"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
-#elif NTILES == 2
-    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %13, 0;\n\t"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
-        "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n\t}"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
-#elif NTILES == 4
-    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %21, 0;\n\t"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-        "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n\t}"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
-#elif NTILES == 8
-    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %37, 0;\n\t"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n\t}"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
-#endif
-}
-
 // every thread of every CTA in the cluster: a release of this CTA's shared-memory writes and an
 // acquire of the others' (what the second barrier of the reduction needs as well: no CTA exits while
 // another still reads its shared memory)
@@ -310,31 +244,28 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
                 int* __restrict__ counts,               // [N / (16 * TILES)], zero between calls
                 int M, int N, int K, int splits) {
     extern __shared__ __align__(16) u32 act[];          // [M, KWARPS * KS] bf16, padded rows
-    // the partial tiles of warps 1.. of each team: [TEAMS, KWARPS - 1, FRAGS, 32 lanes]
-    __shared__ float partial[TEAMS * (KWARPS - 1) * FRAGS * 32 + 1];
+    // the partial tiles of warps 1.. of each team: [TILES, KWARPS - 1, NTILES * 4, 32 lanes]
+    __shared__ float partial[TILES * (KWARPS - 1) * NTILES * 4 * 32 + 1];
     __shared__ int last_split;
     const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned g = lane >> 2, t = lane & 3;
     const unsigned split = blockIdx.y;
-    const unsigned team = warp / KWARPS, slice = warp % KWARPS;   // team in the CTA, k slice
-    const unsigned tile0 = (blockIdx.x * TEAMS + team) * RTILES;  // this warp's first 16-row tile
-    const unsigned groups_k = K / 64;                             // k-groups of a row tile
-    const long group0 = (long)tile0 * groups_k + (split * KWARPS + slice) * GROUPS;
+    const unsigned team = warp / KWARPS, slice = warp % KWARPS;   // row tile in the CTA, k slice
+    const unsigned tile = blockIdx.x * TILES + team;              // this warp's 16-row tile
+    const long group0 = (long)tile * (unsigned)(K / 64) + (split * KWARPS + slice) * GROUPS;
 
-    // codes (16 B a lane a k-group a row tile) and block scales; the compiler keeps only the
-    // DEPTH + 1 groups alive at once in registers (every index below is a constant after unrolling)
-    u32x4 codes[GROUPS][RTILES];
-    Scales scales[GROUPS][RTILES];
+    // codes (16 B a lane a k-group) and block scales; the compiler keeps only the DEPTH + 1
+    // groups alive at once in registers (every index below is a constant after unrolling)
+    u32x4 codes[GROUPS];
+    Scales scales[GROUPS];
     const u32x4* wp = w + group0 * 32 + lane;
     const Scales* sp = s + group0 * 8 + g;
-#define ISSUE(j) _Pragma("unroll") for (int r = 0; r < RTILES; ++r) \
-    (codes[j][r] = load_stream(wp + ((long)r * groups_k + (j)) * 32), \
-     scales[j][r] = load_scales(sp + ((long)r * groups_k + (j)) * 8))
+#define ISSUE(j) (codes[j] = load_stream(wp + (j) * 32), scales[j] = load_scales(sp + (j) * 8))
 #if OVERLAP_ALL
     let_next_kernel_launch();
 #endif
 #pragma unroll
-    for (int j = 0; j < DEPTH; ++j) { ISSUE(j); }
+    for (int j = 0; j < DEPTH; ++j) ISSUE(j);
     wait_for_previous_kernel();      // everything below may read what the previous kernel wrote
 
     // the CTA's k range of the M activation rows into shared memory, 16 bytes a copy
@@ -342,19 +273,10 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     const u32x4* a_split = a + (long)split * chunks;
     const unsigned row_vectors = K / 8;
     const u32 act_base = shared_address(act);
-#if WGMMA
-    // as the wgmma's B operand: [k / 8 chunks, B_ROWS rows, 16 bytes], rows past M copy row M - 1;
-    // consecutive threads, consecutive 16 bytes of shared memory (no bank conflicts)
-    for (unsigned i = threadIdx.x; i < B_ROWS * chunks; i += WARPS * 32) {
-        const unsigned row = i % B_ROWS, chunk = i / B_ROWS, source = row < (unsigned)M ? row : M - 1;
-        copy_async(act_base + i * 16, a_split + source * row_vectors + chunk);
-    }
-#else
     for (unsigned i = threadIdx.x; i < (unsigned)M * chunks; i += WARPS * 32) {
         const unsigned row = i / chunks, chunk = i % chunks;
         copy_async(act_base + (row * ROW_WORDS + chunk * 4) * 4, a_split + row * row_vectors + chunk);
     }
-#endif
     wait_copies();
     __syncthreads();
 
@@ -363,11 +285,11 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     // 2p + 1; rows past M read row M - 1
 #if NTILES == 1
     const unsigned b_row = lane % 8, b_k = 8 * (lane / 8);
-    [[maybe_unused]] const u32 b_base[1] = {act_base + ((b_row < (unsigned)M ? b_row : M - 1) * ROW_WORDS
+    const u32 b_base[1] = {act_base + ((b_row < (unsigned)M ? b_row : M - 1) * ROW_WORDS
                                        + slice * KS / 2 + b_k / 2) * 4};
 #else
     const unsigned b_row = 8 * (lane / 16) + lane % 8, b_k = 8 * ((lane / 8) % 2);
-    [[maybe_unused]] u32 b_base[PAIRS];
+    u32 b_base[PAIRS];
 #pragma unroll
     for (int p = 0; p < PAIRS; ++p) {
         const unsigned row = 16 * p + b_row;
@@ -376,86 +298,69 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     }
 #endif
 
-    // acc[chain][row tile][n8 tile][fragment]
-    float acc[CHAINS][RTILES][NTILES][4];
+    // acc[chain][n8 tile][fragment]
+    float acc[CHAINS][NTILES][4];
 #pragma unroll
     for (int c = 0; c < CHAINS; ++c)
 #pragma unroll
-        for (int r = 0; r < RTILES; ++r)
-#pragma unroll
-            for (int nt = 0; nt < NTILES; ++nt)
-                acc[c][r][nt][0] = acc[c][r][nt][1] = acc[c][r][nt][2] = acc[c][r][nt][3] = 0.f;
+        for (int nt = 0; nt < NTILES; ++nt)
+            acc[c][nt][0] = acc[c][nt][1] = acc[c][nt][2] = acc[c][nt][3] = 0.f;
 
     u32 sink = 0;                                        // STAGE_LOAD, STAGE_DECODE: the sum
 #pragma unroll
     for (int j = 0; j < GROUPS; ++j) {
-        if (j + DEPTH < GROUPS) { ISSUE(j + DEPTH); }    // keeps DEPTH groups in flight
+        if (j + DEPTH < GROUPS) ISSUE(j + DEPTH);        // keeps DEPTH groups in flight
 #if STAGE == STAGE_LOAD
 #pragma unroll
-        for (int r = 0; r < RTILES; ++r)
-#pragma unroll
-            for (int i = 0; i < SCALE_BYTES / 4; ++i) sink += scales[j][r].word[i];
+        for (int i = 0; i < SCALE_BYTES / 4; ++i) sink += scales[j].word[i];
 #endif
-        // the B fragments ldmatrix gave: [PAIRS][4] (NTILES 1: one read for two steps)
-        [[maybe_unused]] u32 b[NTILES == 1 ? 1 : PAIRS][4];
+        const u32 words[4] = {codes[j].x, codes[j].y, codes[j].z, codes[j].w};
+        u32 b[NTILES == 1 ? 1 : PAIRS][4];               // the B fragments ldmatrix gave
 #pragma unroll
         for (int q = 0; q < 4; ++q) {                    // one k16 MMA step
-            [[maybe_unused]] const unsigned k_bytes = (j * 64 + q * 16) * 2;  // the step's k in the split
+            const u32 x = words[q];
+            const unsigned k_bytes = (j * 64 + q * 16) * 2;  // the step's k within the split
             [[maybe_unused]] const int chain = CHAINS == 2 ? (q & 1) : 0;
-#if WGMMA                                                 // the tensor cores read B themselves
-#elif NTILES == 1
+#if NTILES == 1
             if (q % 2 == 0) ldmatrix4(b_base[0] + k_bytes, b[0]);
 #else
 #pragma unroll
             for (int p = 0; p < PAIRS; ++p) ldmatrix4(b_base[p] + k_bytes, b[p]);
 #endif
-#pragma unroll
-            for (int r = 0; r < RTILES; ++r) {
-                const u32 x = (q == 0 ? codes[j][r].x : q == 1 ? codes[j][r].y
-                               : q == 2 ? codes[j][r].z : codes[j][r].w);
 #if STAGE == STAGE_LOAD
-                sink += x;
-                continue;
+            sink += x;
+            continue;
 #endif
-                // A fragment: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..),
-                // each bf16 half's code bits placed by the layout where these ops take them from
-                // (mma_layout's MAGNITUDE_AT, SIGN_AT): 10 integer instructions for the 8 codes
-                u32 a0 = ((x & 0x40074007u) * 0x42u) & 0x81C081C0u;   // sign << 1, magnitude << 6
-                u32 a1 = (x << 3) & 0x81C081C0u;
-                u32 a2 = x & 0x81C081C0u;
-                u32 a3 = (((x >> 3) & 0x05C005C0u) * 0x21u) & 0x81C081C0u;  // sign << 5, magnitude
+            // A fragment: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..),
+            // each bf16 half's code bits placed by the layout where these ops take them from
+            // (mma_layout's MAGNITUDE_AT, SIGN_AT): 10 integer instructions for the 8 codes
+            u32 a0 = ((x & 0x40074007u) * 0x42u) & 0x81C081C0u;   // sign << 1, magnitude << 6
+            u32 a1 = (x << 3) & 0x81C081C0u;
+            u32 a2 = x & 0x81C081C0u;
+            u32 a3 = (((x >> 3) & 0x05C005C0u) * 0x21u) & 0x81C081C0u;  // sign << 5, magnitude
 #if NVFP4                                                // a 16-k block per MMA
-                const u32 sc = scale_pair(scales[j][r].word[q >> 1], q & 1);
+            const u32 sc = scale_pair(scales[j].word[q >> 1], q & 1);
 #else                                                    // a 32-k block per two MMAs
-                const u32 sc = scale_pair(scales[j][r].word[0], q >> 1);
+            const u32 sc = scale_pair(scales[j].word[0], q >> 1);
 #endif
-                a0 = scaled_lo(a0, sc);
-                a2 = scaled_lo(a2, sc);
-                a1 = scaled_hi(a1, sc);
-                a3 = scaled_hi(a3, sc);
+            a0 = scaled_lo(a0, sc);
+            a2 = scaled_lo(a2, sc);
+            a1 = scaled_hi(a1, sc);
+            a3 = scaled_hi(a3, sc);
 #if STAGE == STAGE_DECODE
-                sink += a0 + a1 + a2 + a3;
-#elif WGMMA                                              // one group a step, WGMMA of them in flight
-                wgmma_fence();
-                wgmma(acc[0][0], a0, a1, a2, a3, b_descriptor(act_base + (j * 4 + q) * 2 * B_ROWS * 16));
-                wgmma_commit();
-                wgmma_wait<WGMMA - 1>();
+            sink += a0 + a1 + a2 + a3;
 #elif NTILES == 1
-                mma(acc[chain][r][0], a0, a1, a2, a3, b[0][2 * (q % 2)], b[0][2 * (q % 2) + 1]);
+            mma(acc[chain][0], a0, a1, a2, a3, b[0][2 * (q % 2)], b[0][2 * (q % 2) + 1]);
 #else
 #pragma unroll
-                for (int p = 0; p < PAIRS; ++p) {
-                    mma(acc[chain][r][2 * p], a0, a1, a2, a3, b[p][0], b[p][1]);
-                    mma(acc[chain][r][2 * p + 1], a0, a1, a2, a3, b[p][2], b[p][3]);
-                }
-#endif
+            for (int p = 0; p < PAIRS; ++p) {
+                mma(acc[chain][2 * p], a0, a1, a2, a3, b[p][0], b[p][1]);
+                mma(acc[chain][2 * p + 1], a0, a1, a2, a3, b[p][2], b[p][3]);
             }
+#endif
         }
     }
 #undef ISSUE
-#if WGMMA && STAGE != STAGE_LOAD && STAGE != STAGE_DECODE
-    wgmma_wait<0>();                                     // the accumulators are final
-#endif
 #if !OVERLAP_ALL
     let_next_kernel_launch();
 #endif
@@ -467,48 +372,53 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     return;
 #endif
 
-    // the lane's accumulator floats in one order: i = (row tile * NTILES + n8 tile) * 4 + fragment
-#define ACC(i) acc[0][(i) / (NTILES * 4)][((i) / 4) % NTILES][(i) % 4]
 #pragma unroll
     for (int c = 1; c < CHAINS; ++c)
 #pragma unroll
-        for (int i = 0; i < FRAGS; ++i) ACC(i) += acc[c][i / (NTILES * 4)][(i / 4) % NTILES][i % 4];
+        for (int nt = 0; nt < NTILES; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[0][nt][e] += acc[c][nt][e];
 
-    // the k slices of a team add up in shared memory; slice 0 holds the team's tiles after it
+    // the k slices of a team add up in shared memory; slice 0 holds the team's tile after it
     if (KWARPS > 1) {
-        float* team_partial = partial + team * (KWARPS - 1) * FRAGS * 32 + lane;
+        float* team_partial = partial + team * (KWARPS - 1) * NTILES * 4 * 32 + lane;
         if (slice > 0)
 #pragma unroll
-            for (int i = 0; i < FRAGS; ++i) team_partial[((slice - 1) * FRAGS + i) * 32] = ACC(i);
+            for (int i = 0; i < NTILES * 4; ++i)
+                team_partial[((slice - 1) * NTILES * 4 + i) * 32] = acc[0][i / 4][i % 4];
         __syncthreads();
         if (slice == 0)
 #pragma unroll
             for (int other = 0; other < KWARPS - 1; ++other)
 #pragma unroll
-                for (int i = 0; i < FRAGS; ++i) ACC(i) += team_partial[(other * FRAGS + i) * 32];
+                for (int i = 0; i < NTILES * 4; ++i)
+                    acc[0][i / 4][i % 4] += team_partial[(other * NTILES * 4 + i) * 32];
     }
 
     // c0, c1: (weight row g, activation rows 2t, 2t+1); c2, c3: row g+8. Offsets from
     // (row 0, weight row n0) of the [M, N] output and workspace: 32-bit (M * N < 2^31)
     const float factor = *unbias;
-    const unsigned n0 = tile0 * 16 + g;
+    const unsigned n0 = tile * 16 + g;
     unsigned short* out_tile = out + n0;
     float* ws_tile = ws + n0;
-#define OFFSET(i) ((((i) / 4) % NTILES * 8 + 2 * t + ((i) & 1)) * (unsigned)N \
-                   + 16 * ((i) / (NTILES * 4)) + 8 * (((i) & 3) >> 1))
-#define IN_M(i) (((i) / 4) % NTILES * 8 + 2 * t + ((i) & 1) < (unsigned)M)
+#define OFFSET(nt, e) ((nt * 8 + 2 * t + (e & 1)) * (unsigned)N + 8 * (e >> 1))
+#define IN_M(nt, e) (nt * 8 + 2 * t + (e & 1) < (unsigned)M)
 #if STAGE == STAGE_MMA                                   // the split's own [M, N] slice
     if (slice == 0)
 #pragma unroll
-        for (int i = 0; i < FRAGS; ++i)
-            if (IN_M(i)) ws_tile[split * (unsigned)(M * N) + OFFSET(i)] = ACC(i) * factor;
+        for (int nt = 0; nt < NTILES; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (IN_M(nt, e)) ws_tile[split * (unsigned)(M * N) + OFFSET(nt, e)] = acc[0][nt][e] * factor;
     return;
 #endif
     if (splits == 1) {
         if (slice == 0)
 #pragma unroll
-            for (int i = 0; i < FRAGS; ++i)
-                if (IN_M(i)) out_tile[OFFSET(i)] = to_bf16(ACC(i) * factor);
+            for (int nt = 0; nt < NTILES; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (IN_M(nt, e)) out_tile[OFFSET(nt, e)] = to_bf16(acc[0][nt][e] * factor);
         return;
     }
 #if CLUSTER > 1
@@ -518,8 +428,8 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     float* tiles_partial = reinterpret_cast<float*>(act);
     if (slice == 0)
 #pragma unroll
-        for (int i = 0; i < FRAGS; ++i)
-            tiles_partial[(team * FRAGS + i) * 32 + lane] = ACC(i) * factor;
+        for (int i = 0; i < NTILES * 4; ++i)
+            tiles_partial[(team * NTILES * 4 + i) * 32 + lane] = acc[0][i / 4][i % 4] * factor;
     cluster_sync();
     // this CTA's share of the M x (16 TILES) outputs, in output order (consecutive threads,
     // consecutive n: coalesced stores), each the sum of its element in every CTA of the cluster
@@ -544,8 +454,10 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
 #else
     if (slice == 0)
 #pragma unroll
-        for (int i = 0; i < FRAGS; ++i)
-            if (IN_M(i)) atomicAdd(&ws_tile[OFFSET(i)], ACC(i) * factor);
+        for (int nt = 0; nt < NTILES; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (IN_M(nt, e)) atomicAdd(&ws_tile[OFFSET(nt, e)], acc[0][nt][e] * factor);
 #endif
     // every thread's adds before thread 0's arrival (the barrier), then thread 0 releases them
     // and, if last, acquires the others'; the barrier after hands that to every thread
@@ -554,14 +466,15 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     __syncthreads();
     if (!last_split || slice > 0) return;
 #pragma unroll
-    for (int i = 0; i < FRAGS; ++i)
-        if (IN_M(i)) {
-            float* sum = &ws_tile[OFFSET(i)];
-            out_tile[OFFSET(i)] = to_bf16(load_l2(sum));
-            store_l2(sum, 0.f);
-        }
+    for (int nt = 0; nt < NTILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (IN_M(nt, e)) {
+                float* sum = &ws_tile[OFFSET(nt, e)];
+                out_tile[OFFSET(nt, e)] = to_bf16(load_l2(sum));
+                store_l2(sum, 0.f);
+            }
 #undef OFFSET
 #undef IN_M
-#undef ACC
     if (threadIdx.x == 0) counts[blockIdx.x] = 0;
 }
