@@ -272,13 +272,18 @@ def seeded_operands(fmt: str, m: int, n: int, k: int):
 @pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
 @pytest.mark.parametrize("config", GPU_CONFIGS, ids=lambda c: c.label())
 def test_kernel_passes_the_gate(fmt, m, config):
+    assert_gate_and_repeat(fmt, m, config)
+
+
+def assert_gate_and_repeat(fmt: str, m: int, config) -> None:
+    """The build passes the gate at M x 128 x 1024 within its register cap, and a second call
+    gives the same out: the split-K workspace and counters were reset by the first (else a repeat
+    adds to them); float atomics add in any order, so it may round differently by one bf16 ulp."""
     a, w = seeded_operands(fmt, m, 128, 1024)
     prepared = get("cuda-w4a16").prepare(a, w, "cuda", config=config)
     gate = correctness.check_backend(prepared, correctness.TOLERANCE[fmt])
     assert gate.ok, gate.message
     assert 0 < prepared.info["registers"] <= (config.register_cap or cuda.MAX_REGISTERS)
-    # the split-K workspace and counters were reset by the last call (else a repeat adds to
-    # them); float atomics add in any order, so a repeat may round differently by one bf16 ulp
     first = prepared.out.clone()
     assert_same_within_atomics_order(prepared.call(), first)
 
@@ -298,12 +303,7 @@ WIDE_CONFIGS = [cuda.CudaTileConfig(groups=4, warps=4),
 @pytest.mark.parametrize("m", [17, 24, 33, 64])
 @pytest.mark.parametrize("config", WIDE_CONFIGS, ids=lambda c: c.label())
 def test_up_to_64_rows_pass_the_gate(fmt, m, config):
-    a, w = seeded_operands(fmt, m, 128, 1024)
-    prepared = get("cuda-w4a16").prepare(a, w, "cuda", config=config)
-    gate = correctness.check_backend(prepared, correctness.TOLERANCE[fmt])
-    assert gate.ok, gate.message
-    first = prepared.out.clone()
-    assert_same_within_atomics_order(prepared.call(), first)
+    assert_gate_and_repeat(fmt, m, config)
 
 
 @pytest.mark.cuda
