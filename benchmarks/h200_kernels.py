@@ -287,7 +287,10 @@ def moe_candidates(pairs: int, experts: int, loads=LOADS, layouts=LAYOUTS,
     the K steps' fixed work per weight, the registers of the doubled tile spread over twice the
     threads); then on the preset's load path, 8 warps with twice the N tile of gate_up, of down,
     of both and of neither (each work item's gathered activations are re-read from L2 by every
-    N tile: N/BN times; the wider tile's registers spread over twice the threads); then the
+    N tile: N/BN times; the wider tile's registers spread over twice the threads); then on the
+    preset's load path the narrower ways: 2 warps, half gate_up's N tile (twice the CTAs), one
+    stage fewer, and BK 64 one stage deeper (the registers of a smaller step buy warps an SM:
+    the fused MoE issues 4.5 instructions a weight with warps waiting on each other); then the
     preset in each other layout of `layouts` on each of `loads` (its N tiles narrowed where
     they do not divide the model's I and H, `inter_hidden`: "tiles" needs it)."""
     pick = choose_moe_config(pairs, experts)
@@ -301,6 +304,10 @@ def moe_candidates(pairs: int, experts: int, loads=LOADS, layouts=LAYOUTS,
                                  block_n_gate_up=dividing_tile(gate_up * g, inter),
                                  block_n_down=dividing_tile(down * d, hidden))
              for g, d in ((1, 1), (2, 1), (1, 2), (2, 2))]
+    grid += [dataclasses.replace(pick, num_warps=2),
+             dataclasses.replace(pick, block_n_gate_up=max(gate_up // 2, 16)),
+             dataclasses.replace(pick, num_stages=max(pick.num_stages - 1, 1)),
+             dataclasses.replace(pick, block_k=64, num_stages=pick.num_stages + 1)]
     fitted = dataclasses.replace(pick, block_n_gate_up=dividing_tile(gate_up, inter),
                                  block_n_down=dividing_tile(down, hidden))
     grid += [dataclasses.replace(fitted, loads=kind, layout=layout) for layout in layouts

@@ -102,20 +102,27 @@ def test_moe_candidates_start_with_the_preset_and_vary_one_thing_each(device_scr
 
     pick = choose_moe_config(pairs, 256)
     grid = device_script.moe_candidates(pairs, 256)
-    assert grid[0] == pick and len(set(grid)) == len(grid) == 14
+    assert grid[0] == pick and len(set(grid)) == len(grid) == 18
     for config in grid[1:]:
         changed = {f.name for f in dataclasses.fields(config)
                    if getattr(config, f.name) != getattr(pick, f.name)} - {"loads"}
         assert changed in (set(), {"block_m"}, {"num_stages"}, {"block_k", "num_warps"},
                            {"layout"}, {"num_warps"}, {"num_warps", "block_n_gate_up"},
                            {"num_warps", "block_n_down"},
-                           {"num_warps", "block_n_gate_up", "block_n_down"}), changed
+                           {"num_warps", "block_n_gate_up", "block_n_down"},
+                           {"block_n_gate_up"}, {"block_k", "num_stages"}), changed
     wide = [c for c in grid if c.num_warps == 8 and c.block_k == pick.block_k]
     assert {(c.block_n_gate_up, c.block_n_down) for c in wide} == {
         (g * pick.block_n_gate_up, d * pick.block_n_down) for g in (1, 2) for d in (1, 2)}
     assert all(c.loads == pick.loads for c in wide)      # on the preset's load path
     assert sorted(c.loads for c in grid) == sorted(["pointer"] * 5 + ["tma"] * 5
-                                                   + [pick.loads] * 4)
+                                                   + [pick.loads] * 8)
+    narrow = grid[-6:-2]      # 2 warps, half gate_up's tile, a stage fewer, BK 64 a stage deeper
+    assert [(c.num_warps, c.block_n_gate_up, c.num_stages, c.block_k) for c in narrow] == [
+        (2, pick.block_n_gate_up, pick.num_stages, pick.block_k),
+        (pick.num_warps, pick.block_n_gate_up // 2, pick.num_stages, pick.block_k),
+        (pick.num_warps, pick.block_n_gate_up, pick.num_stages - 1, pick.block_k),
+        (pick.num_warps, pick.block_n_gate_up, pick.num_stages + 1, 64)]
     assert [c.layout for c in grid[-2:]] == ["tiles", "tiles"]   # the preset in tiles, both paths
     assert {grid[1].loads, grid[0].loads} == {"pointer", "tma"}    # the pick's twin next
 
