@@ -136,8 +136,9 @@ def test_cluster_configs_are_validated_and_size_their_shared_partials():
 
 def test_the_preset_rule_is_the_probes_winners_and_fits_any_point():
     # calls 57, 60, 64 and 73's fastest builds on the issue's three shapes (benchmarks/NOTES.md)
-    team, short_m16, full_early, full_tail, narrow = (cuda.PRESETS[i].config for i in (0, 2, 3, 5, 6))
-    short_clustered, small_clustered = cuda.PRESETS[1], cuda.PRESETS[4]
+    team, short_m16, full_early, small_team, full_tail, narrow = (
+        cuda.PRESETS[i].config for i in (0, 2, 3, 4, 6, 7))
+    short_clustered, small_clustered = cuda.PRESETS[1], cuda.PRESETS[5]
     # call 73: teams of 4 warps, 4 tiles a CTA, all of K=2048 (no split-K), at every M; "all"
     for m in (1, 4, 16):
         assert cuda.choose_config(m, 6144, 2048) == team
@@ -153,9 +154,13 @@ def test_the_preset_rule_is_the_probes_winners_and_fits_any_point():
     assert full_early.register_cap == 64                      # two 16-warp CTAs an SM
     assert cuda.choose_config(16, 8192, 8192) == full_tail and full_tail.overlap == "tail"
     # 16 k-groups a warp give 4096x6144 only 96 CTAs, under the H200's 132 SMs: at M <= 8 a
-    # cluster of its 6 splits (call 64), at M = 16 8 k-groups (192 CTAs)
+    # 8-warp CTAs of two 4-warp teams at M = 1 (384 CTAs of 2048 k), at M <= 8 a cluster of its 6
+    # splits (call 64), at M = 16 8 k-groups (192 CTAs)
     assert full_early.grid(4096, 6144) == (16, 6, 1)
-    assert cuda.choose_config(1, 4096, 6144) == cuda.choose_config(4, 4096, 6144) == \
+    assert cuda.choose_config(1, 4096, 6144) == small_team
+    assert small_team.label() == "cuda g8 d4 w8 k4 b1 pdl-all"
+    assert small_team.grid(4096, 6144) == (128, 3, 1)
+    assert cuda.choose_config(4, 4096, 6144) == cuda.choose_config(8, 4096, 6144) == \
         dataclasses.replace(small_clustered.config, cluster=6)
     assert cuda.choose_config(16, 4096, 6144) == narrow
     assert narrow.grid(4096, 6144) == (16, 12, 1)

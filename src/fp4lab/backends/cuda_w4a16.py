@@ -252,6 +252,11 @@ class Preset:
 #     (8192x8192 NVFP4 M=1 12.08 us against 12.67);
 #   - programmatic dependent launch everywhere: "all" where 16-warp CTAs fill the GPU at M <= 8,
 #     "tail" at M = 16 and for short K (call 53: "all" up to 48% slower on small grids or CTAs);
+#   - at M = 1 where 16 tiles a CTA leave SMs idle (4096x6144: 96 CTAs), 8-warp CTAs of two tiles,
+#     each tile's k split over a team of 4 warps (384 CTAs of 2048 k): in every probe of calls
+#     57-73 that measured both (results/measurements/20261203T0925Z-h200-cuda-probe, ...1410Z-...,
+#     ...1712Z-...) 6.31-6.45 us NVFP4 against 6.59-6.62 for the cluster below, 6.13-6.14 MXFP4
+#     against 6.20-6.23; measured at this one shape (call 80 puts it in the reference run);
 #   - where a grid has fewer CTAs than SMs (96: 4096x6144 M <= 8 with 16 k-groups a warp; K below
 #     2048 with 8), a thread-block cluster of all the splits adds them in distributed shared memory
 #     (call 64, results/measurements/20261203T1410Z-h200-cuda-cluster-probe: 6144x2048 NVFP4 M=16
@@ -272,6 +277,8 @@ PRESETS = (Preset(16, 2048, CudaTileConfig(groups=8, depth=4, warps=16, kwarps=4
            Preset(16, 2048, _SHORT_K_TAIL),
            Preset(8, None, CudaTileConfig(groups=16, depth=4, warps=16, min_ctas=2, overlap="all"),
                   one_cta_per_sm=True),
+           Preset(1, None, CudaTileConfig(groups=8, depth=4, warps=8, kwarps=4, min_ctas=1,
+                                          overlap="all")),
            Preset(8, None, CudaTileConfig(groups=16, depth=4, warps=16, min_ctas=2, overlap="tail"),
                   clustered=True),
            Preset(16, None, CudaTileConfig(groups=16, depth=4, warps=16, min_ctas=2, overlap="tail"),
