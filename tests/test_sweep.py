@@ -209,6 +209,21 @@ def test_moe_sweep_rows_rerun_and_crash_isolation(tmp_path, fake_backends_env):
     assert len(run.read_table("moe")) == len(frame)
 
 
+def test_a_second_model_swept_into_a_run_keeps_the_first_ones_record():
+    first = moe_config(["loop-bf16"], preset="glm-5")
+    second = moe_config(["loop-bf16"], preset="deepseek-v3")
+    glm = moe_sweep.sweep_record({}, first, first.model())
+    done = {**glm, "ended": "2026-12-03T17:00:00+00:00", "status": "complete"}
+    assert moe_sweep.sweep_record(done, first, first.model())["started"] == glm["started"]
+    both = moe_sweep.sweep_record(done, second, second.model())
+    assert both["model"]["key"] == second.model().key and both["ended"] is None
+    assert both["earlier"] == [done]                    # GLM-5's conditions, whole
+    again = moe_sweep.sweep_record({**both, "status": "complete"}, first, first.model())
+    assert [entry["model"]["key"] for entry in again["earlier"]] == [
+        first.model().key, second.model().key]          # every record, in the order they ran
+    assert again["earlier"][0] == done and "earlier" not in again["earlier"][1]
+
+
 def test_moe_config_checks():
     with pytest.raises(ParameterError, match="ep_degrees"):
         moe_config(["loop-bf16"], ep_degrees=[3], preset="glm-5")

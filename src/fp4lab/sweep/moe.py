@@ -228,6 +228,19 @@ def _static_reason(point: MoePoint, device: str) -> str | None:
     return None
 
 
+def sweep_record(stored: dict[str, Any], config: MoeSweep, model) -> dict[str, Any]:
+    """run.json's "moe" section as this sweep starts: a resume of the same model keeps its start;
+    another model swept into the same run (DeepSeek-V3 beside GLM-5, say) keeps each earlier
+    model's record, in the order they ran, under "earlier", so no sweep's conditions are lost."""
+    record = {"config": config.as_dict(), "model": dataclasses.asdict(model), "status": "running"}
+    previous = (stored.get("model") or {}).get("key")
+    if previous in (None, model.key):
+        return {**record, "started": stored.get("started") or utc_now()}
+    earlier = stored.get("earlier", []) + [{key: value for key, value in stored.items()
+                                            if key != "earlier"}]
+    return {**record, "started": utc_now(), "ended": None, "earlier": earlier}
+
+
 def run_sweep(config: MoeSweep, run: RunDir, *, retry_failed: bool = False, progress: bool = True,
               command: str | None = None) -> int:
     """Measure every point of `config` the run does not hold yet; returns how many were measured.
@@ -247,9 +260,7 @@ def run_sweep(config: MoeSweep, run: RunDir, *, retry_failed: bool = False, prog
                 if p.key(facts["gpu_index"], model.key, config.routing) not in done]
         if "provenance" not in run.run_json():
             run.update_run_json(None, {"provenance": provenance(command, device)})
-        stored = run.run_json().get("moe") or {}
-        run.update_run_json("moe", {"config": config.as_dict(), "model": dataclasses.asdict(model),
-                                    "started": stored.get("started") or utc_now(), "status": "running"})
+        run.update_run_json("moe", sweep_record(run.run_json().get("moe") or {}, config, model))
         bar = Progress(len(todo), f"moe {model.key}") if progress else None
 
         def record(row: dict[str, Any]) -> None:
