@@ -56,6 +56,24 @@ def test_chapters_03_and_04_state_the_same_layer_times(reference_copy):
     assert "grouped-bf16" in page_text(diagnosis_page, "paths") and ratio == text.ratio(grouped)
 
 
+def test_chapter_03_tables_each_other_model_the_run_swept_with_its_own_times(reference_copy):
+    from fp4lab import text
+    from fp4lab.analysis import moe
+
+    assert moe.other_presets(reference_copy, "glm-5") == ["deepseek-v3"]
+    assert moe.other_presets(reference_copy, "deepseek-v3") == ["glm-5"]
+    page = ch03_moe.build(str(reference_copy), "none", "full", "cpu")
+    others = page_text(page, "others")
+    at = moe.layer_times(moe.moe_results(reference_copy, "deepseek-v3"), 512, "uniform")
+    best = at.iloc[0]
+    assert "DeepSeek" in others and f"at {text.us(best['layer_us'])}" in others
+    first_row = re.search(r"<tbody><tr>(.*?)</tr>", others).group(1)      # fastest first
+    assert best["method"] in first_row and f">{text.us(best['layer_us'])}<" in first_row
+    fused = at[at["method"] == "triton-w4a16-moe"].iloc[0]
+    assert f"fp4lab's fused kernel takes {text.us(fused['layer_us'])}" in others
+    assert "GLM" not in others                       # the chapter's own model stays above
+
+
 def test_a_gpu_run_rendered_on_a_cpu_is_never_added_to(reference_copy):
     before = (reference_copy / "gemm.jsonl").read_text()
     CHAPTERS["01_fp4_gemm_sweep"].build(str(reference_copy), "none", "full", "cpu")

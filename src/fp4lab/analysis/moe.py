@@ -56,6 +56,15 @@ def moe_results(run_dir: str | RunDir, preset: str) -> MoeResults:
     return MoeResults(run_view, frame, model)
 
 
+def other_presets(run_dir: str | RunDir, preset: str) -> list[str]:
+    """The model presets besides `preset` (and its scaled stand-in) whose MoE rows the run holds,
+    in the order fp4lab.moe.presets lists them (a second model swept into the same run)."""
+    frame = view(run_dir).run.read_table("moe")
+    held = set(frame["preset"].dropna()) if len(frame) else set()
+    shown = {presets.get(preset).key, presets.scaled_down(presets.get(preset)).key}
+    return [key for key in presets.PRESETS if key in held - shown]
+
+
 # -- routing statistics (the model, no measurement) ------------------------------------------------
 
 def routing_table(model: presets.ModelPreset, batch_sizes, routing_spec: str, ep_degrees, steps: int,

@@ -1,6 +1,7 @@
 """Chapter 03, MoE expert scatter: how routing scatters a decode batch over the experts (mean
 and busiest expert), what each MoE method takes for one layer at those loads, and how well a
-model built from one expert's dense GEMM curve predicts it.
+model built from one expert's dense GEMM curve predicts it; other model presets swept into the
+same run are tabled beside it at the same decode batch.
 
 On a GPU the chapter measures the real preset; on a CPU a scaled-down stand-in (its rows say
 `scaled`; its times say nothing about the model). A run is shown as measured, whatever machine
@@ -97,6 +98,14 @@ def fill(context: Context, config: MoeSweep, target: float, decode_batch: int) -
             "layer model (from one expert's dense curve) against each measured point"))
         page.html("model", html_table(analysis.model_error(compared), ERRORS))
     _utilization(page, results, config, target)
+    for key in analysis.other_presets(context.run, config.preset):
+        other = analysis.moe_results(context.run, key)
+        other_at = decorated(other, decode_batch, config.routing)
+        if len(other_at):
+            page.html("others", html_table(other_at, LAYERS, caption=other.caption(
+                f"at B={int(other_at['batch'].iloc[0])}, the measured batch nearest the decode "
+                f"batch {decode_batch}")))
+            page.bullets("others", [other_model_finding(other, other_at)])
     if context.reference is not None and context.reference.run.has_table("moe"):
         reference = analysis.moe_results(context.reference.run, config.preset)
         ref_at = decorated(reference, decode_batch, config.routing)
@@ -139,6 +148,33 @@ def routing_findings(model, decode_batch: int, config: MoeSweep) -> list[str]:
             f"{text.md(model.name)} expert gets {text.sig(load['mean_m'])} tokens "
             f"(B x k / E = {text.sig(load['closed_form_mean'])}), but the busiest gets "
             f"{text.sig(load['busiest_m'])} on average: the busiest expert sets the step time."]
+
+
+def other_model_finding(results: analysis.MoeResults, at) -> str:
+    """One line on another model's layer at the decode batch: the fastest method, the fastest
+    FP4-weight one against its floor, fp4lab's fused kernel and grouped FP8 where they ran."""
+    def named(row) -> str:
+        return text.md(row["method"]) + (f" ({text.md(row['fmt'])})" if row["fmt"] else "")
+
+    def against_floor(row) -> str:
+        return f"{text.pct(row['pct_of_floor'])} of its weight-read floor ({text.us(row['read_floor_us'])})"
+
+    best, fp4 = at.iloc[0], at[at["weight_dtype"] == "fp4"]
+    parts = [f"{text.md(results.model.name)} at B={int(best['batch'])}: the fastest method is "
+             f"{named(best)} at {text.us(best['layer_us'])}"
+             + (f", {against_floor(best)}" if best["weight_dtype"] == "fp4" else "")]
+    if len(fp4) and fp4.index[0] != at.index[0]:
+        parts.append(f"the fastest FP4-weight one is {named(fp4.iloc[0])} at "
+                     f"{text.us(fp4.iloc[0]['layer_us'])}, {against_floor(fp4.iloc[0])}")
+    fused = at[at["method"] == "triton-w4a16-moe"]
+    if len(fused) and fused.index[0] != at.index[0]:
+        parts.append(f"fp4lab's fused kernel takes {text.us(fused.iloc[0]['layer_us'])} "
+                     f"({text.md(fused.iloc[0]['fmt'])}, {text.pct(fused.iloc[0]['pct_of_floor'])} "
+                     f"of its floor)")
+    fp8 = at[at["method"] == "grouped-fp8"]
+    if len(fp8):
+        parts.append(f"the grouped FP8 GEMMs {text.us(fp8.iloc[0]['layer_us'])}")
+    return "; ".join(parts) + "."
 
 
 def measured_findings(results: analysis.MoeResults, at) -> list[str]:
