@@ -256,7 +256,8 @@ class Preset:
 #     each tile's k split over a team of 4 warps (384 CTAs of 2048 k): in every probe of calls
 #     57-73 that measured both (results/measurements/20261203T0925Z-h200-cuda-probe, ...1410Z-...,
 #     ...1712Z-...) 6.31-6.45 us NVFP4 against 6.59-6.62 for the cluster below, 6.13-6.14 MXFP4
-#     against 6.20-6.23; measured at this one shape (call 80 puts it in the reference run);
+#     against 6.20-6.23; side by side in call 80 (results/measurements/20261204T0420Z-h200-cuda-
+#     small-team-probe) 6.36 against 6.42 and 6.13 against 6.17: a 1% win, at this one shape;
 #   - where a grid has fewer CTAs than SMs (96: 4096x6144 M <= 8 with 16 k-groups a warp; K below
 #     2048 with 8), a thread-block cluster of all the splits adds them in distributed shared memory
 #     (call 64, results/measurements/20261203T1410Z-h200-cuda-cluster-probe: 6144x2048 NVFP4 M=16
