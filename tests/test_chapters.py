@@ -74,6 +74,16 @@ def test_chapter_03_tables_each_other_model_the_run_swept_with_its_own_times(ref
     assert "GLM" not in others                       # the chapter's own model stays above
 
 
+def test_chapter_03_says_how_to_add_a_model_when_the_run_swept_one(tmp_path, reference_copy):
+    run = tmp_path / reference_copy.name
+    shutil.copytree(reference_copy, run)
+    lines = (run / "moe.jsonl").read_text().splitlines(keepends=True)
+    (run / "moe.jsonl").write_text("".join(line for line in lines if '"deepseek-v3"' not in line))
+    (run / "moe.parquet").unlink()
+    others = page_text(ch03_moe.build(str(run), "none", "full", "cpu"), "others")
+    assert "swept no model besides GLM-5" in others and f"--run-id {run.name}" in others
+
+
 def test_a_gpu_run_rendered_on_a_cpu_is_never_added_to(reference_copy):
     before = (reference_copy / "gemm.jsonl").read_text()
     CHAPTERS["01_fp4_gemm_sweep"].build(str(reference_copy), "none", "full", "cpu")

@@ -98,7 +98,11 @@ def fill(context: Context, config: MoeSweep, target: float, decode_batch: int) -
             "layer model (from one expert's dense curve) against each measured point"))
         page.html("model", html_table(analysis.model_error(compared), ERRORS))
     _utilization(page, results, config, target)
-    for key in analysis.other_presets(context.run, config.preset):
+    others = analysis.other_presets(context.run, config.preset)
+    if not others:
+        page.note("others", f"This run swept no model besides {model.name}; the command "
+                            f"fp4lab moe-sweep --preset NAME --run-id {context.run.run_id} adds one.")
+    for key in others:
         other = analysis.moe_results(context.run, key)
         other_at = decorated(other, decode_batch, config.routing)
         if len(other_at):
