@@ -110,22 +110,24 @@ def test_the_cuda_kernels_rows_name_its_load_path():
 
 
 def test_the_cuda_kernels_rows_say_how_each_adds_its_split_k():
-    """The 1155Z reference run's presets: teams cover K=2048 at every M (call 74), a thread-block
-    cluster adds the splits where the grid is under one CTA an SM (call 66), float atomics elsewhere."""
+    """The 1155Z reference run's presets: teams cover K=2048 at every M (call 74), float atomics
+    elsewhere (at 4096x6144 M=1 since call 80's team build: 384 CTAs, 3 splits); a thread-block
+    cluster adds the splits of a build that names one (the preset at 4096x6144 M=4, call 66)."""
     import os
 
     run = os.path.join(os.path.dirname(__file__), "..", "results", "reference", "20261203T1155Z-h200-full")
     wide = analysis.anatomy(analysis.gemm_results(run))
     cuda = wide[wide["backend"] == "cuda-w4a16"].set_index(["fmt", "n", "k", "m"])["reduction"]
     assert cuda[("nvfp4", 6144, 2048, 1)] == "no split-K (one CTA covers K)"
-    assert cuda[("nvfp4", 4096, 6144, 1)] == "split-K added in a 6-CTA cluster (distributed shared memory)"
+    assert cuda[("nvfp4", 4096, 6144, 1)] == "split-K added by float atomics at L2"
+    assert analysis.reduction_path("cuda g16 d4 w16 k1 b2 c6 pdl-tail", 6144) == \
+        "split-K added in a 6-CTA cluster (distributed shared memory)"
     assert cuda[("nvfp4", 6144, 2048, 16)] == "no split-K (one CTA covers K)"
     assert cuda[("nvfp4", 8192, 8192, 16)] == "split-K added by float atomics at L2"
     assert set(wide.loc[wide["backend"] == "triton-w4a16", "reduction"]) == {"—"}    # not said for Triton
     note = ch01_gemm.paths_note(wide[wide["backend"] == "cuda-w4a16"])
     assert note == ("; tiles moved by 16-byte loads to registers in every row"
                     "; no split-K (one CTA covers K) at 6144x2048 M=1 (nvfp4), 6144x2048 M=16 (nvfp4); "
-                    "split-K added in a 6-CTA cluster (distributed shared memory) at 4096x6144 M=1 (nvfp4); "
                     "split-K added by float atomics at L2 in the other rows")
     assert analysis.reduction_path("cuda g8 d4 w16 k1 b2 c4 pdl-tail", 512) == "no split-K (one CTA covers K)"
     assert analysis.reduction_path(None, 8192) == analysis.reduction_path("dot m16 tma", 8192) == "—"

@@ -188,14 +188,15 @@ def rows_note(table, column: str, lead: str, phrase) -> str:
         return ""
     if len(paths) == 1:
         return f"; {lead}{phrase(paths.index[0])} in every row"
-    named = []
+    named, rows_named = [], 0
     for path in paths.index[1:]:
         formats: dict[tuple[int, int, int], list[str]] = {}
         for r in known[known[column] == path].sort_values("fmt", ascending=False).itertuples():  # nvfp4 first
             formats.setdefault((int(r.n), int(r.k), int(r.m)), []).append(r.fmt)
         where = ", ".join(f"{n}x{k} M={m} ({', '.join(fmts)})" for (n, k, m), fmts in sorted(formats.items()))
         named.append(f"{phrase(path)} at {where}")
-    sep = "; " if len(named) > 1 else ", "       # commas already separate the rows of one path
+        rows_named += len(formats)
+    sep = "; " if rows_named > 1 else ", "       # where commas already separate rows, semicolons part paths
     return f"; {lead}{sep.join(named)}{sep}{phrase(paths.index[0])} in the other rows"
 
 
