@@ -129,5 +129,9 @@ def test_the_cuda_kernels_rows_say_how_each_adds_its_split_k():
     assert note == ("; tiles moved by 16-byte loads to registers in every row"
                     "; no split-K (one CTA covers K) at 6144x2048 M=1 (nvfp4), 6144x2048 M=16 (nvfp4); "
                     "split-K added by float atomics at L2 in the other rows")
+    lines = ch01_gemm.anatomy_findings(wide[wide["backend"] == "cuda-w4a16"].reset_index(drop=True))
+    assert lines[-1].startswith("At 4096x6144 M=1 (nvfp4), 6144x2048 M=1 (nvfp4), 6144x2048 M=16 (nvfp4) "
+                                "a variant that leaves stages out is slower than the full kernel")
+    assert ch01_gemm.unnested_points(wide[(wide["backend"] == "cuda-w4a16") & (wide["n"] == 8192)]) == []
     assert analysis.reduction_path("cuda g8 d4 w16 k1 b2 c4 pdl-tail", 512) == "no split-K (one CTA covers K)"
     assert analysis.reduction_path(None, 8192) == analysis.reduction_path("dot m16 tma", 8192) == "—"
