@@ -261,25 +261,23 @@ def anatomy_findings(table) -> list[str]:
             line += (f", the loads only {text.us(other.load)}, decode without math {text.us(other.decode)}, "
                      f"against a copy floor of {text.us(other.copy_floor_us)}.")
         lines.append(line)
-    if row["decode"] > row["full"]:
+    if pd.notna(row.get("mma")):             # the nested kernel: every point where they do not nest
+        unnested = unnested_points(table)
+        if unnested:
+            lines.append(f"At {', '.join(unnested)} a variant that leaves stages out is slower than the "
+                         "full kernel: each variant is its own build, with its own registers and warps an "
+                         "SM, so there its increments are not costs of the full kernel.")
+    elif row["decode"] > row["full"]:
         lines.append(f"Decode without math ({text.us(row['decode'])}) is slower than the full kernel: "
                      "the variants change the pipeline, so the stages are not additive; read them as "
                      "bounds, not as parts of a sum.")
-    unnested = unnested_points(table) if pd.notna(row.get("mma")) else []   # the nested kernel's
-    if unnested:
-        lines.append(f"At {', '.join(unnested)} a variant that leaves stages out is slower than the full "
-                     "kernel: each variant is its own build, with its own registers and warps an SM, so "
-                     "there its increments are not costs of the full kernel.")
     return lines
 
 
 def unnested_points(table) -> list[str]:
-    """The points ("NxK M=m (fmt)") where a stage variant of a nested kernel takes longer than its
+    """The points ("NxK M=m (fmt)") where a stage variant of the nested kernel takes longer than its
     full kernel (beyond 2%, the timer's spread)."""
-    stages = [stage for stage in analysis.NESTED_STAGES[:-1] if stage in table]
-    if not stages:
-        return []
-    slower = table[stages].max(axis=1) > 1.02 * table["full"]
+    slower = table[list(analysis.NESTED_STAGES[:-1])].max(axis=1) > 1.02 * table["full"]
     return [f"{r.n}x{r.k} M={r.m} ({r.fmt})" for r in table[slower].sort_values(["n", "k", "m"]).itertuples()]
 
 

@@ -154,14 +154,16 @@ def routing_findings(model, decode_batch: int, config: MoeSweep) -> list[str]:
             f"{text.sig(load['busiest_m'])} on average: the busiest expert sets the step time."]
 
 
+def against_floor(row) -> str:
+    """"P% of its weight-read floor (T)" for one row of `decorated`."""
+    return f"{text.pct(row['pct_of_floor'])} of its weight-read floor ({text.us(row['read_floor_us'])})"
+
+
 def other_model_finding(results: analysis.MoeResults, at) -> str:
     """One line on another model's layer at the decode batch: the fastest method, the fastest
     FP4-weight one against its floor, fp4lab's fused kernel and grouped FP8 where they ran."""
     def named(row) -> str:
         return text.md(row["method"]) + (f" ({text.md(row['fmt'])})" if row["fmt"] else "")
-
-    def against_floor(row) -> str:
-        return f"{text.pct(row['pct_of_floor'])} of its weight-read floor ({text.us(row['read_floor_us'])})"
 
     best, fp4 = at.iloc[0], at[at["weight_dtype"] == "fp4"]
     parts = [f"{text.md(results.model.name)} at B={int(best['batch'])}: the fastest method is "
@@ -197,6 +199,5 @@ def measured_findings(results: analysis.MoeResults, at) -> list[str]:
     if len(fp4):
         row = fp4.iloc[0]
         lines.append(f"The fastest FP4-weight method is {text.md(row['method'])} ({text.md(row['fmt'])}) at "
-                     f"{text.us(row['layer_us'])}: {text.pct(row['pct_of_floor'])} of its weight-read floor "
-                     f"({text.us(row['read_floor_us'])}).")
+                     f"{text.us(row['layer_us'])}: {against_floor(row)}.")
     return lines
