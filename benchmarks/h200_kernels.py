@@ -28,7 +28,7 @@ presets.json (the winners, rows that `triton_w4a16.presets_from_json` and
 paste as SHAPE_PRESETS / MOE_PRESETS), summary.txt (the table printed last). `--smoke` runs the
 same phases on tiny shapes (the CPU test, under TRITON_INTERPRET=1); `--plan decode` only M = 1
 and 4 (the gemv kernel beside the tensor-core one), the anatomy at M = 1 and DeepSeek-V3's layer;
-`--plan moe` only the fused MoE's points.
+`--plan m64` the dense grid at M = 64 on TMA loads; `--plan moe` only the fused MoE's points.
 Every grid holds both load paths, cp.async pointer loads and TMA tensor descriptors, and both
 weight layouts of the dense kernel, row by row and tile by tile, unless the plan names one
 (`Plan.loads`, `Plan.layouts`); the anatomy times the fastest config of each.
@@ -85,8 +85,14 @@ FULL = Plan(shapes=((8192, 8192), (4096, 6144), (6144, 2048)), m_values=(1, 4, 1
 # at M = 1, and the DeepSeek-V3 MoE layer (GLM-5's is in FULL)
 DECODE = Plan(shapes=FULL.shapes, m_values=(1, 4), anatomy_m=(1,),
               moe_points=(("deepseek-v3", 512),), mxfp4_configs=2)
+# M = 64, where humming is within 1% of the tensor-core kernel at 8192x8192: the grid on the
+# load path and layout that won every M = 64 point (TMA, rows: calls 31 and 35), mxfp4 over
+# nvfp4's three best, cuBLAS bf16 beside; no anatomy, no MoE
+M64 = Plan(shapes=FULL.shapes, m_values=(64,), anatomy_m=(), moe_points=(), loads=("tma",),
+          layouts=("rows",))
 # the fused MoE alone: its three points, no dense phase
 MOE = Plan(shapes=(), m_values=(), anatomy_m=(), moe_points=FULL.moe_points)
+PLANS = {"full": FULL, "decode": DECODE, "m64": M64, "moe": MOE}
 SMOKE = Plan(shapes=((48, 128),), m_values=(1, 3), anatomy_m=(1,),
              moe_points=(("glm-5", 6),), moe_scaled=True, mxfp4_configs=1, max_configs=4,
              step_limit_s=120.0)
@@ -244,7 +250,9 @@ def phase_anatomy(run: Run, cache: dict) -> None:
 
 
 def phase_read_floor(run: Run, cache: dict) -> None:
-    for n, k in run.plan.shapes:
+    """The anatomy's stream beside the best launch shape for the same bytes (none without an
+    anatomy)."""
+    for n, k in run.plan.shapes if run.plan.anatomy_m else ():
         point = tune.Point("nvfp4", n, k, 1)
         _, w = tune.operands(point, run.device, cache)
         words = stream_kernel.as_words(w.packed, w.scales)
@@ -536,17 +544,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="wall seconds for all phases (default 150)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes (the CPU test under TRITON_INTERPRET=1)")
-    parser.add_argument("--plan", choices=("full", "decode", "moe"), default="full",
+    parser.add_argument("--plan", choices=PLANS, default="full",
                         help="full: every phase at M = 1..256, GLM-5 and DeepSeek-V3; decode: "
                              "M = 1 and 4 with the gemv kernel, anatomy at M = 1, DeepSeek-V3; "
-                             "moe: the fused MoE's points only (default full)")
+                             "m64: the dense grid at M = 64 on TMA loads; moe: the fused MoE's "
+                             "points only (default full)")
     args = parser.parse_args(argv)
     device = tune.script_device("h200_kernels", args.smoke)
     if device is None:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    plan = SMOKE if args.smoke else {"full": FULL, "decode": DECODE, "moe": MOE}[args.plan]
+    plan = SMOKE if args.smoke else PLANS[args.plan]
     run = Run(out, args.budget_s, plan, device)
     if args.smoke:
         run.timer = dataclasses.replace(run.timer, repeats=2, warmup_s=0.0)

@@ -91,10 +91,19 @@ def tile_shapes(m: int) -> list[TileConfig]:
         return gemv_shapes(m) + shapes
     # above decode M the weight tile as the MMA's M side too (swap_ab): the decoded weights feed
     # the MMA from registers, where the other way round they go through shared memory first
+    # (TMA loads there: calls 31 and 35). Up to M = 64 the 4-warp m64n128k128 swap tile wins on
+    # all three shapes, where humming is within 1% at 8192x8192 and 1.4x faster at 4096x6144:
+    # beside it two warpgroups on the same tile or a 256-row one (more warps to hide the decode
+    # behind the MMAs), a 256 K step on 64 rows (half the loop's fixed work a weight), and the one
+    # unswapped tile that won a point once (4096x6144 MXFP4, call 8)
     if m <= 64:
-        return [TileConfig(block_m=64, block_n=128, block_k=128, num_stages=4),
-                TileConfig(block_m=64, block_n=64, block_k=256, num_stages=3),
-                TileConfig(block_m=64, block_n=128, block_k=128, num_stages=3, swap_ab=True)]
+        return [TileConfig(block_m=64, block_n=64, block_k=256, num_stages=3),
+                TileConfig(block_m=64, block_n=128, block_k=128, num_stages=3, swap_ab=True),
+                TileConfig(block_m=64, block_n=128, block_k=128, num_warps=8, num_stages=3,
+                           swap_ab=True),
+                TileConfig(block_m=64, block_n=256, block_k=128, num_warps=8, num_stages=3,
+                           swap_ab=True),
+                TileConfig(block_m=64, block_n=64, block_k=256, num_stages=3, swap_ab=True)]
     # prefill-sized M: each decoded weight should feed as many rows as possible (the decode is
     # redone for every row tile), so the tiles are tall
     return [TileConfig(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4),
@@ -122,13 +131,16 @@ def gemv_shapes(m: int) -> list[TileConfig]:
 
 def split_choices(config: TileConfig, point: Point, sms: int) -> list[int]:
     """Split counts that fill whole waves of 1, 2 or 4 CTAs per SM without spilling into a
-    mostly idle extra wave (so rounded down), at least 2 CTAs' worth of SMs busy; 1 when the
-    tiles alone do."""
+    mostly idle extra wave (so rounded down): the two fullest (1 or 2 a SM for 8-warp tiles); 1
+    when the tiles alone fill the GPU."""
     tiles = -(-point.m // config.block_m) * -(-point.n // config.block_n)
     k_blocks = -(-point.k // config.block_k)
     top = max(1, min(MAX_SPLIT_K, k_blocks // MIN_K_BLOCKS_PER_SPLIT))
     splits = {min(top, max(1, per_sm * sms // tiles)) for per_sm in CTAS_PER_SM_CHOICES}
-    if len(splits) > 2:       # keep the two fullest waves' worth
+    if len(splits) > 2 and config.num_warps > 4:
+        # 8-warp CTAs of ~160 registers a thread: two are resident an SM, so 4 would be 2 waves
+        splits = set(sorted(splits)[:2])
+    elif len(splits) > 2:       # keep the two fullest waves' worth
         splits = set(sorted(splits)[1:])
     return sorted(splits)
 
@@ -136,9 +148,9 @@ def split_choices(config: TileConfig, point: Point, sms: int) -> list[int]:
 def candidates(point: Point, sms: int, loads=LOADS, layouts=LAYOUTS) -> list[TileConfig]:
     """choose_config's pick first (the measured winner where SHAPE_PRESETS has the shape: the
     yardstick), then on each of `layouts` ("rows", "tiles": each tile's bytes contiguous) and
-    `loads` in turn ("pointer": cp.async, "tma": tensor descriptors): the pick, the pick one
-    pipeline stage shallower and two deeper (bytes in flight per SM), every tile shape at its
-    split choices (gemv shapes once, with pointer loads and rows: TMA and tiles are the
+    `loads` in turn ("pointer": cp.async, "tma": tensor descriptors): the pick, (M <= 64) the
+    pick one pipeline stage shallower and two deeper (bytes in flight per SM), every tile shape
+    at its split choices (gemv shapes once, with pointer loads and rows: TMA and tiles are the
     tensor-core kernel's), then (M <= 16) the pick with the plain-Triton decode: what the
     inline-PTX decode buys, measured, and a winner even if the PTX decode failed the gate on
     this GPU. No duplicates."""
@@ -158,7 +170,7 @@ def candidates(point: Point, sms: int, loads=LOADS, layouts=LAYOUTS) -> list[Til
 def tensor_core_variants(pick: TileConfig, point: Point, sms: int) -> list[TileConfig]:
     """The pick (when it is a tensor-core config), its pipeline depths, the tile shapes."""
     grid = [pick] if pick.math == "dot" else []
-    if point.m <= 16 and pick.math == "dot":
+    if point.m <= 64 and pick.math == "dot":
         grid += [dataclasses.replace(pick, num_stages=stages)
                  for stages in (pick.num_stages - 1, pick.num_stages + 2) if 2 <= stages <= 8]
     for shape in tile_shapes(point.m):

@@ -76,7 +76,7 @@ def test_the_whole_grid_compiles_few_kernels(tune):
                 for p in tune.plan(tune.parse_shapes(tune.DEFAULT_SHAPES),
                                    tune.parse_m(tune.DEFAULT_M), ["nvfp4"])
                 for c in tune.candidates(p, H200_SMS)}
-    assert len(compiled) <= 112
+    assert len(compiled) <= 128
 
 
 def test_presets_rows_load_back_as_shape_presets(tune):
