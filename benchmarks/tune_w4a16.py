@@ -253,12 +253,15 @@ def measure_cublas(point: Point, a, w, device: str, timer: bench.TimerConfig) ->
 
 
 def tune_point(point: Point, device: str, timer: bench.TimerConfig, weights_cache: dict,
-               emit, deadline: float, sms: int) -> dict | None:
-    """Every candidate of `point`, each row passed to `emit`; the fastest timed row (or None).
-    Stops at `deadline` (time.monotonic()), emitting what it skipped."""
+               emit, deadline: float, sms: int, extra: dict | None = None) -> dict | None:
+    """Every candidate of `point` (or, where `extra` maps its (N, K) to configs, the pick and
+    those), each row passed to `emit`; the fastest timed row (or None). Stops at `deadline`
+    (time.monotonic()), emitting what it skipped."""
     a, w = operands(point, device, weights_cache)
     best = None
-    grid = candidates(point, sms)
+    chosen = (extra or {}).get((point.n, point.k))
+    grid = (list(dict.fromkeys([choose_config(point.m, point.n, point.k, sms), *chosen]))
+            if chosen else candidates(point, sms))
     for index, config in enumerate(grid):
         if time.monotonic() > deadline:
             emit({"kind": "dense", "status": "skipped", **dataclasses.asdict(point),
@@ -310,6 +313,17 @@ def parse_m(text: str) -> list[int]:
     return values
 
 
+def parse_configs(path: str) -> dict[tuple[int, int], list[TileConfig]]:
+    """--configs: a JSON object {"NxK": [{TileConfig fields}, ...]}, configs to time (after the
+    pick) instead of the grid at that shape; a bad file or field is named."""
+    try:
+        entries = json.loads(Path(path).read_text())
+        return {parse_shapes(shape)[0]: [TileConfig(**fields) for fields in configs]
+                for shape, configs in entries.items()}
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        raise SystemExit(f"tune_w4a16: --configs {path}: {first_line(exc)}") from None
+
+
 def parse_formats(text: str) -> list[str]:
     fmts = [f.strip() for f in text.split(",") if f.strip()]
     bad = [f for f in fmts if f not in formats.BLOCK_SIZE]
@@ -330,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--formats", default=DEFAULT_FORMATS, help=f"({DEFAULT_FORMATS})")
     parser.add_argument("--budget-s", type=float, default=200.0, help="seconds for the run")
     parser.add_argument("--repeats", type=int, default=30, help="timer repeats (default 30)")
+    parser.add_argument("--configs", help='JSON {"NxK": [{TileConfig fields}, ...]}: time '
+                        "the pick and these at that shape instead of the grid")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                         help="cpu only under TRITON_INTERPRET=1, to check the script's logic")
     args = parser.parse_args(argv)
@@ -337,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         print("tune_w4a16: needs a CUDA GPU (torch sees none); nothing measured", file=sys.stderr)
         return 2
     points = plan(parse_shapes(args.shapes), parse_m(args.m), parse_formats(args.formats))
+    extra = parse_configs(args.configs) if args.configs else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     timer = dataclasses.replace(device_timer(), repeats=args.repeats)
@@ -353,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
         cache: dict = {}
         for point in points:
-            best = tune_point(point, args.device, timer, cache, emit, deadline, sms)
+            best = tune_point(point, args.device, timer, cache, emit, deadline, sms, extra)
             if best:
                 winners.append(best)
     rows = {fmt: presets_rows(winners, fmt) for fmt in parse_formats(args.formats)}

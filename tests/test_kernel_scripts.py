@@ -133,6 +133,32 @@ def test_bad_shapes_are_named(tune, bad):
         tune.parse_shapes(bad)
 
 
+def test_configs_file_times_the_pick_then_its_configs_at_its_shape(tune):
+    """The committed M = 64 probe file loads; `tune_point` with it runs the pick then those."""
+    probe = tune.parse_configs(os.path.join(BENCH, "configs", "m64_probe.json"))
+    assert set(probe) == {(8192, 8192), (4096, 6144), (6144, 2048)}
+    assert all(c.block_m == 64 and c.swap_ab for configs in probe.values() for c in configs)
+    timed = []
+    point = tune.Point("nvfp4", 8192, 8192, 64)
+    tune.tune_point(point, "cpu", None, {(point.fmt, point.n, point.k): None},
+                    timed.append, deadline=-1.0, sms=H200_SMS, extra=probe)
+    skipped = timed[0]["skipped"]   # the deadline has passed: every config is named, none run
+    assert skipped[0] == choose_config(64, 8192, 8192, H200_SMS).label()
+    assert skipped[1:] == [c.label() for c in probe[(8192, 8192)]]
+
+
+@pytest.mark.parametrize("text, match", [("[1, 2]", "AttributeError"),
+                                         ('{"64x64": [{"block_n": 64}]}', "block_m"),
+                                         ('{"64x64": [{"block_m": 3, "block_n": 64, '
+                                          '"block_k": 64}]}', "power of two"),
+                                         ("{not json", "JSONDecodeError")])
+def test_bad_configs_file_is_named(tune, tmp_path, text, match):
+    path = tmp_path / "configs.json"
+    path.write_text(text)
+    with pytest.raises(SystemExit, match=f"--configs {path}.*{match}"):
+        tune.parse_configs(str(path))
+
+
 def test_cuda_probe_grid_is_every_valid_build_and_without_a_gpu_it_says_so(tmp_path):
     from fp4lab.backends.cuda_w4a16 import choose_config as cuda_choose
 
