@@ -166,14 +166,17 @@ TILE_PRESETS = (
 # `presets.json` that benchmarks/h200_kernels.py writes (nvfp4, cold L2, CUDA graph, the fastest
 # gated config per measured M; `presets_from_json` loads it): the H200 tuning run of 2026-12-01
 # with both load paths (benchmarks/NOTES.md, call 31; results/measurements/20261201T2300Z-h200-
-# kernels-tma). TMA loads win from M = 64 (1.03-1.38x over cp.async) and tie at decode M.
+# kernels-tma). TMA loads win from M = 64 (1.03-1.38x over cp.async) and tie at decode M. At
+# M = 64 on the two smaller shapes two warpgroups a 128-row tile at half the split (calls 82-83,
+# results/measurements/20261204T1310Z-h200-m64-probe): 17.8 against 21.4 us at 4096x6144, 13.2
+# against 15.0 at 6144x2048; at 8192x8192 they lose (31.2 against 29.0).
 SHAPE_PRESETS: dict[tuple[int, int], tuple[tuple[int | None, TileConfig], ...]] = {
     (4096, 6144): (
         (1, TileConfig(block_m=16, block_n=64, block_k=256, split_k=4, swap_ab=True)),
         (4, TileConfig(block_m=16, block_n=64, block_k=256, split_k=4, swap_ab=True)),
         (16, TileConfig(block_m=16, block_n=64, block_k=256, split_k=4, swap_ab=True)),
-        (64, TileConfig(block_m=64, block_n=128, block_k=128, split_k=8, swap_ab=True,
-                      loads="tma")),
+        (64, TileConfig(block_m=64, block_n=128, block_k=128, split_k=4, num_warps=8,
+                      swap_ab=True, loads="tma")),
         (256, TileConfig(block_m=128, block_n=128, block_k=128, split_k=4, num_warps=8,
                       swap_ab=True, loads="tma")),
     ),
@@ -183,8 +186,8 @@ SHAPE_PRESETS: dict[tuple[int, int], tuple[tuple[int | None, TileConfig], ...]] 
         (4, TileConfig(block_m=16, block_n=64, block_k=512, split_k=2, num_stages=2,
                       swap_ab=True)),
         (16, TileConfig(block_m=16, block_n=32, block_k=256, num_warps=2, swap_ab=True)),
-        (64, TileConfig(block_m=64, block_n=128, block_k=128, split_k=5, swap_ab=True,
-                      loads="tma")),
+        (64, TileConfig(block_m=64, block_n=128, block_k=128, split_k=2, num_warps=8,
+                      swap_ab=True, loads="tma")),
         (256, TileConfig(block_m=128, block_n=128, block_k=128, split_k=2, num_warps=8,
                       swap_ab=True, loads="tma")),
     ),
