@@ -434,3 +434,32 @@ def test_kernel_on_the_gpu(fmt, m, decode, loads, layout):
         out = prepared.call()
         assert torch.isfinite(out).all()
         assert ((out.double() - ref).norm() / ref.norm()).item() < 4e-3
+
+
+def shape_preset_cases():
+    """Every tuned preset at the largest M it covers and at the least (the bound below + 1)."""
+    for (n, k), entries in triton_w4a16.SHAPE_PRESETS.items():
+        below = 0
+        for m_max, config in entries:
+            for m in sorted({below + 1, m_max}):
+                yield pytest.param(n, k, m, config, id=f"{n}x{k}-M{m}-{config.label()}")
+            below = m_max
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("n,k,m,config", list(shape_preset_cases()))
+def test_every_shape_preset_passes_the_gate_on_the_gpu(fmt, n, k, m, config):
+    """The sweep gates the presets at the M it measures; here each at both ends of its M range
+    (a partial row tile at the least), both formats, called twice (split-K counters reset)."""
+    from fp4lab import correctness
+    from fp4lab.backends import get
+
+    assert choose_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count) \
+        == config
+    a = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    w = formats.quantize(torch.randn(n, k, device="cuda") * k ** -0.5, fmt)
+    prepared = get("triton-w4a16").prepare(a, w, "cuda", config=config)
+    for _ in range(2):
+        gate = correctness.check_backend(prepared, correctness.TOLERANCE[fmt])   # poisons out
+        assert gate.ok, gate.message
