@@ -473,3 +473,27 @@ def test_a_stopped_report_records_where_it_stopped_and_says_how_to_go_on(tmp_pat
     assert [chapter["chapter"] for chapter in recorded["chapters"]] == ["00_first"]
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "continue with the same --run-id stopped" in err[0], err
+
+
+def test_a_report_whose_chapter_fails_records_failed_and_exits_non_zero(tmp_path, monkeypatch, capsys):
+    """One chapter raising: the others still run, run.json["report"]["status"] says failed (not
+    complete), the failed chapter's error is recorded and printed, and the exit status says so."""
+    from fp4lab import report
+
+    def execute_chapter(notebook, output, parameters, kernel_name):
+        if notebook.stem == "01_second":
+            return report.ChapterResult(notebook.stem, "failed", "ValueError: bad row", 0.1, str(output),
+                                        notebook.stem)
+        return report.ChapterResult(notebook.stem, "ok", None, 0.1, str(output), notebook.stem)
+
+    monkeypatch.setattr(report, "execute_chapter", execute_chapter)
+    notebooks = [tmp_path / "00_first.ipynb", tmp_path / "01_second.ipynb", tmp_path / "02_third.ipynb"]
+    result = report.run_report("smoke", "failing", tmp_path / "runs", notebooks, build=False,
+                               reference_dir="none", device="cpu", progress=False)
+    assert result.exit_code == report.EXIT_FAILED != 0
+    recorded = RunDir.open(tmp_path / "runs" / "failing").run_json()["report"]
+    assert recorded["status"] == "failed"
+    assert [(c["chapter"], c["status"]) for c in recorded["chapters"]] == [
+        ("00_first", "ok"), ("01_second", "failed"), ("02_third", "ok")]
+    out = capsys.readouterr().out
+    assert "FAILED chapter 01_second: ValueError: bad row" in out and "1 of 3 chapters failed" in out

@@ -274,8 +274,10 @@ def run_report(profile: str = "auto", run_id: str | None = None, runs_dir: str |
             print_ending(stopped)
             return stopped
         stages["total"] = round(time.perf_counter() - t0, 2)
+        failed = any(r.status != "ok" for r in results) or book_result.status == "failed"
         run.update_run_json("report", {"book": asdict(book_result), "stages": stages, "finished": utc_now(),
-                                       "regressions": regressions, "status": "complete"})
+                                       "regressions": regressions,
+                                       "status": "failed" if failed else "complete"})
     result = ReportResult(run.path, profile, results, book_result, stages, regressions)
     print_ending(result)
     return result
