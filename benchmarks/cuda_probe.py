@@ -55,17 +55,41 @@ WIDE_GRID = grid_of(WIDE_BUILDS)
 SMS = 132                                    # the H200's: where a grid is under one CTA an SM
 
 
-def builds_at(m: int, n: int, k: int, every_twin: bool = False) -> list[CudaTileConfig]:
-    """The builds timed at a point: GRID (WIDE_GRID over M = 16), and after each build whose grid
-    has fewer CTAs than SMs (`every_twin`: any grid) its twin with all of a column's splits in
-    one cluster (the `clustered` presets' rule; 2 to 16 splits)."""
+def parse_builds(text: str) -> tuple[tuple, ...]:
+    """--builds "g,d,w,kw,b;...": (k-groups a warp, depth, warps a CTA, warps a team, CTAs an SM
+    must fit or "none") per build, as DECODE_BUILDS; a bad entry is named."""
     builds = []
-    for config in (GRID if m <= 16 else WIDE_GRID):
+    for entry in (e.strip() for e in text.split(";") if e.strip()):
+        fields = [f.strip() for f in entry.split(",")]
+        try:
+            if len(fields) != 5:
+                raise ValueError(f"needs 5 fields, got {len(fields)}")
+            g, d, w, kw = (int(f) for f in fields[:4])
+            build = (g, d, w, kw, None if fields[4].lower() == "none" else int(fields[4]))
+            grid_of((build,))                          # CudaTileConfig checks every field
+        except ValueError as exc:
+            raise SystemExit(f"cuda_probe: --builds {entry!r}: {exc}") from None
+        builds.append(build)
+    if not builds:
+        raise SystemExit(f"cuda_probe: --builds takes g,d,w,kw,b;..., got {text!r}")
+    return tuple(builds)
+
+
+def builds_at(m: int, n: int, k: int, every_twin: bool = False,
+              grid: tuple[CudaTileConfig, ...] | None = None) -> list[CudaTileConfig]:
+    """The builds timed at a point: GRID (WIDE_GRID over M = 16; with `grid`, the point's preset
+    build then those), and after each build whose grid has fewer CTAs than SMs (`every_twin`:
+    any grid) its twin with all of a column's splits in one cluster (the `clustered` presets'
+    rule; 2 to 16 splits)."""
+    builds = []
+    chosen = (dict.fromkeys([choose_config(m, n, k), *grid]) if grid
+              else GRID if m <= 16 else WIDE_GRID)
+    for config in chosen:
         builds.append(config)
         clustered = Preset(m, None, config, clustered=True)
         if clustered.holds(m, n, k, 10**6 if every_twin else SMS):
             builds.append(clustered.build(n, k))
-    return builds
+    return list(dict.fromkeys(builds))
 
 PEERS = ("triton-w4a16", "torch-bf16", "humming-w4a16")
 
@@ -112,12 +136,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="N x K points, comma-separated (default: the issue's three)")
     parser.add_argument("--m", default=",".join(map(str, M_VALUES)), help="M values, comma-separated")
     parser.add_argument("--no-peers", action="store_true", help=f"leave {', '.join(PEERS)} out")
+    parser.add_argument("--builds", help='"g,d,w,kw,b;...": time the preset build and these (each '
+                        "launched both ways) instead of the grid")
     parser.add_argument("--every-twin", action="store_true",
                         help="time every build's cluster twin, not only where its grid is under "
                              "one CTA an SM (at M = 64 the split-K reduction costs 12 us of 55: call 78)")
     args = parser.parse_args(argv)
     fmts, shapes, m_values = (tune.parse_formats(args.formats), tune.parse_shapes(args.shapes),
                               tune.parse_m(args.m))
+    grid = grid_of(parse_builds(args.builds)) if args.builds else None
     device = tune.script_device("cuda_probe", smoke=False)
     if device is None:
         return 2
@@ -136,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                     a, w = tune.operands(point, device, weights)
                     pick = choose_config(m, n, k)
                     variants = [(c.label(), "cuda-w4a16", lambda c=c: cuda_row(c, point, a, w, device, timer),
-                                 c) for c in builds_at(m, n, k, args.every_twin)]
+                                 c) for c in builds_at(m, n, k, args.every_twin, grid)]
                     variants += [(name, name, lambda name=name: peer_row(name, point, a, w, device, timer),
                                   None) for name in PEERS if not args.no_peers]
                     variants += [(f"anatomy {stage}", "cuda-w4a16-anatomy",

@@ -187,6 +187,29 @@ def test_cuda_probe_grid_is_every_valid_build_and_without_a_gpu_it_says_so(tmp_p
         assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
 
 
+def test_cuda_probe_builds_option_times_the_preset_then_the_listed_builds():
+    from fp4lab.backends.cuda_w4a16 import CudaTileConfig, choose_config as cuda_choose
+
+    probe = load("cuda_probe")
+    listed = probe.parse_builds("4,4,8,8,1; 2,2,16,16,none")
+    assert listed == ((4, 4, 8, 8, 1), (2, 2, 16, 16, None))
+    builds = probe.builds_at(1, 4096, 6144, grid=probe.grid_of(listed))
+    assert builds[0] == cuda_choose(1, 4096, 6144) and len(set(builds)) == len(builds)
+    assert {(c.groups, c.warps, c.kwarps, c.min_ctas, c.overlap) for c in builds[1:]
+            if c.cluster == 1} == {(4, 8, 8, 1, "tail"), (4, 8, 8, 1, "all"),
+                                  (2, 16, 16, None, "tail"), (2, 16, 16, None, "all")}
+    assert all(isinstance(c, CudaTileConfig) for c in builds)
+
+
+@pytest.mark.parametrize("bad, match", [("4,4,8", "needs 5 fields"), ("4,4,8,3,1", "kwarps"),
+                                        ("4,8,8,8,1", "depth"), ("a,4,8,8,1", "invalid literal"),
+                                        (" ; ", "takes g,d,w,kw,b")])
+def test_cuda_probe_bad_builds_are_named(bad, match):
+    probe = load("cuda_probe")
+    with pytest.raises(SystemExit, match=match):
+        probe.parse_builds(bad)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter run (CPU-only machines)")
 def test_device_script_smoke_run_gates_every_row_and_writes_its_files(tmp_path):
     run = run_interpreted("h200_kernels", "--smoke", "--out", str(tmp_path))
