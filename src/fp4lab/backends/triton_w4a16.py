@@ -63,6 +63,9 @@ class TileConfig:
     `layout` "rows" stores the packed weights row by row ([N, Kp/2]: a tile is BN runs of BK/2
     bytes, one per row, a row apart), "tiles" each [BN, BK] tile's codes and scales contiguous
     (`tiled_layout`: a K step reads one run of BN*BK/2 bytes, as a stream does; "dot" only).
+    `warp_specialize` asks Triton to split the K loop's warps into a producer that loads tiles
+    into shared memory and consumers that decode and run the MMAs (`tl.range(warp_specialize=
+    True)`, Hopper's automatic warp specialization; "dot" only).
     """
 
     block_m: int
@@ -76,6 +79,7 @@ class TileConfig:
     decode: str = "ptx"
     loads: str = "pointer"
     layout: str = "rows"
+    warp_specialize: bool = False
 
     def __post_init__(self):
         least_m = DOT_MIN_BLOCK if self.math == "dot" else 1
@@ -113,6 +117,12 @@ class TileConfig:
                              f"memory: it needs math='dot', got math={self.math!r}")
         if self.layout not in LAYOUTS:
             raise ValueError(f"TileConfig.layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if not isinstance(self.warp_specialize, bool):
+            raise ValueError(f"TileConfig.warp_specialize must be True or False, "
+                             f"got {self.warp_specialize!r}")
+        if self.warp_specialize and self.math != "dot":
+            raise ValueError("TileConfig.warp_specialize splits the tensor-core kernel's K loop: "
+                             f"it needs math='dot', got math={self.math!r}")
         if self.layout == "tiles" and self.math != "dot":
             raise ValueError("TileConfig.layout='tiles' is the tensor-core kernel's tile order: "
                              f"it needs math='dot', got math={self.math!r}")
@@ -131,11 +141,12 @@ class TileConfig:
 
     def label(self) -> str:
         """Compact, e.g. "dot m16n128k256 s4 w4 st3 swap ptx" (" tma" when loads is, " tiles"
-        when layout is)."""
+        when layout is, " ws" when warp-specialized)."""
         return (f"{self.math} m{self.block_m}n{self.block_n}k{self.block_k} s{self.split_k} "
                 f"w{self.num_warps} st{self.num_stages}{' swap' if self.swap_ab else ''} "
                 f"{self.decode}{' tma' if self.loads == 'tma' else ''}"
-                f"{' tiles' if self.layout == 'tiles' else ''}")
+                f"{' tiles' if self.layout == 'tiles' else ''}"
+                f"{' ws' if self.warp_specialize else ''}")
 
 
 def _is_int(value) -> bool:
