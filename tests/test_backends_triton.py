@@ -81,8 +81,7 @@ def case(fmt, m, n, k, config=None, seed=0):
 # with uneven splits (one of a single K step under 3 tiles in flight), several rows, 1, 2 and 3
 # tiles in flight; TMA loads (tensor descriptors) with the same tails, both dots, split-K, the
 # scales by pointer (BK/S < 16 bytes) and by descriptor (BK 256 in nvfp4, 512 in both formats);
-# and the tiled weight layout (N padded to whole tiles) on both load paths, both dots, split-K;
-# a warp-specialized K loop (the interpreter runs it as a plain loop: the knob reaches the kernel).
+# and the tiled weight layout (N padded to whole tiles) on both load paths, both dots, split-K.
 INTERPRETER_CASES = [
     case(fmt, m, n, k, config)
     for fmt in ("nvfp4", "mxfp4")
@@ -112,8 +111,6 @@ INTERPRETER_CASES = [
                                 loads="tma", layout="tiles")),
         (1, 24, 1120, TileConfig(block_m=16, block_n=16, block_k=512, split_k=2, swap_ab=True,
                                  loads="tma", layout="tiles")),
-        (3, 40, 320, TileConfig(block_m=16, block_n=32, block_k=64, split_k=3, swap_ab=True,
-                                loads="tma", warp_specialize=True)),
     ]
 ]
 
@@ -330,15 +327,6 @@ def test_tiled_layout_needs_the_tensor_core_kernel_and_a_known_name():
         TileConfig(block_m=16, block_n=16, block_k=64, layout="columns")
     assert TileConfig(block_m=16, block_n=16, block_k=64, loads="tma",
                       layout="tiles").label().endswith(" tma tiles")
-
-
-def test_warp_specialization_needs_the_tensor_core_kernel_and_a_bool():
-    with pytest.raises(ValueError, match="warp_specialize splits the tensor-core.*math='dot'"):
-        TileConfig(block_m=1, block_n=16, block_k=64, math="gemv", warp_specialize=True)
-    with pytest.raises(ValueError, match="TileConfig.warp_specialize must be True or False"):
-        TileConfig(block_m=16, block_n=16, block_k=64, warp_specialize="yes")
-    assert TileConfig(block_m=16, block_n=16, block_k=64, loads="tma",
-                      warp_specialize=True).label().endswith(" tma ws")
 
 
 @pytest.mark.parametrize("n,tile_rows,tile_cols,cols", [(5, 2, 4, 8), (16, 16, 8, 24), (1, 4, 2, 2)])

@@ -71,12 +71,14 @@ def test_grid_starts_with_the_pick_and_fills_the_gpu(tune, n, k, m):
 
 
 def test_the_whole_grid_compiles_few_kernels(tune):
-    """M and the split count are runtime: a compile is a (tile shape, split or not) pair."""
+    """M and the split count are runtime: a compile is a (tile shape, split or not) pair. Each
+    preset adds its own variants (both load paths, both layouts): 134 with call 88's M = 256
+    presets, a few minutes of compiles on the H200."""
     compiled = {dataclasses.replace(c, split_k=min(c.split_k, 2))
                 for p in tune.plan(tune.parse_shapes(tune.DEFAULT_SHAPES),
                                    tune.parse_m(tune.DEFAULT_M), ["nvfp4"])
                 for c in tune.candidates(p, H200_SMS)}
-    assert len(compiled) <= 128
+    assert len(compiled) <= 144
 
 
 def test_presets_rows_load_back_as_shape_presets(tune):

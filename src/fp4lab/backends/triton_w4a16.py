@@ -63,9 +63,6 @@ class TileConfig:
     `layout` "rows" stores the packed weights row by row ([N, Kp/2]: a tile is BN runs of BK/2
     bytes, one per row, a row apart), "tiles" each [BN, BK] tile's codes and scales contiguous
     (`tiled_layout`: a K step reads one run of BN*BK/2 bytes, as a stream does; "dot" only).
-    `warp_specialize` asks Triton to split the K loop's warps into a producer that loads tiles
-    into shared memory and consumers that decode and run the MMAs (`tl.range(warp_specialize=
-    True)`, Hopper's automatic warp specialization; "dot" only).
     """
 
     block_m: int
@@ -79,7 +76,6 @@ class TileConfig:
     decode: str = "ptx"
     loads: str = "pointer"
     layout: str = "rows"
-    warp_specialize: bool = False
 
     def __post_init__(self):
         least_m = DOT_MIN_BLOCK if self.math == "dot" else 1
@@ -117,12 +113,6 @@ class TileConfig:
                              f"memory: it needs math='dot', got math={self.math!r}")
         if self.layout not in LAYOUTS:
             raise ValueError(f"TileConfig.layout must be one of {LAYOUTS}, got {self.layout!r}")
-        if not isinstance(self.warp_specialize, bool):
-            raise ValueError(f"TileConfig.warp_specialize must be True or False, "
-                             f"got {self.warp_specialize!r}")
-        if self.warp_specialize and self.math != "dot":
-            raise ValueError("TileConfig.warp_specialize splits the tensor-core kernel's K loop: "
-                             f"it needs math='dot', got math={self.math!r}")
         if self.layout == "tiles" and self.math != "dot":
             raise ValueError("TileConfig.layout='tiles' is the tensor-core kernel's tile order: "
                              f"it needs math='dot', got math={self.math!r}")
@@ -141,12 +131,11 @@ class TileConfig:
 
     def label(self) -> str:
         """Compact, e.g. "dot m16n128k256 s4 w4 st3 swap ptx" (" tma" when loads is, " tiles"
-        when layout is, " ws" when warp-specialized)."""
+        when layout is)."""
         return (f"{self.math} m{self.block_m}n{self.block_n}k{self.block_k} s{self.split_k} "
                 f"w{self.num_warps} st{self.num_stages}{' swap' if self.swap_ab else ''} "
                 f"{self.decode}{' tma' if self.loads == 'tma' else ''}"
-                f"{' tiles' if self.layout == 'tiles' else ''}"
-                f"{' ws' if self.warp_specialize else ''}")
+                f"{' tiles' if self.layout == 'tiles' else ''}")
 
 
 def _is_int(value) -> bool:
@@ -180,7 +169,12 @@ TILE_PRESETS = (
 # kernels-tma). TMA loads win from M = 64 (1.03-1.38x over cp.async) and tie at decode M. At
 # M = 64 on the two smaller shapes two warpgroups a 128-row tile at half the split (calls 82-83,
 # results/measurements/20261204T1310Z-h200-m64-probe): 17.8 against 21.4 us at 4096x6144, 13.2
-# against 15.0 at 6144x2048; at 8192x8192 they lose (31.2 against 29.0).
+# against 15.0 at 6144x2048; at 8192x8192 they lose (31.2 against 29.0). At M = 256, fewer
+# splits than call 31's winners (the kernel's decode has changed since; call 88, results/
+# measurements/20261204T1830Z-h200-m256-probe, the fastest for both formats): 8192x8192 one split
+# of 64-row weight tiles (72.5 / 72.2 us nvfp4 / mxfp4 against 80.0 / 75.8), 4096x6144 two splits
+# and four stages (32.8 / 32.8 against 42.3), 6144x2048 one split of 64-row tiles (21.7 / 20.2
+# against 30.2 / 29.1).
 SHAPE_PRESETS: dict[tuple[int, int], tuple[tuple[int | None, TileConfig], ...]] = {
     (4096, 6144): (
         (1, TileConfig(block_m=16, block_n=64, block_k=256, split_k=4, swap_ab=True)),
@@ -188,8 +182,8 @@ SHAPE_PRESETS: dict[tuple[int, int], tuple[tuple[int | None, TileConfig], ...]] 
         (16, TileConfig(block_m=16, block_n=64, block_k=256, split_k=4, swap_ab=True)),
         (64, TileConfig(block_m=64, block_n=128, block_k=128, split_k=4, num_warps=8,
                       swap_ab=True, loads="tma")),
-        (256, TileConfig(block_m=128, block_n=128, block_k=128, split_k=4, num_warps=8,
-                      swap_ab=True, loads="tma")),
+        (256, TileConfig(block_m=128, block_n=128, block_k=128, split_k=2, num_warps=8,
+                      num_stages=4, swap_ab=True, loads="tma")),
     ),
     (6144, 2048): (
         (1, TileConfig(block_m=16, block_n=64, block_k=512, split_k=2, num_stages=2,
@@ -199,8 +193,7 @@ SHAPE_PRESETS: dict[tuple[int, int], tuple[tuple[int | None, TileConfig], ...]] 
         (16, TileConfig(block_m=16, block_n=32, block_k=256, num_warps=2, swap_ab=True)),
         (64, TileConfig(block_m=64, block_n=128, block_k=128, split_k=2, num_warps=8,
                       swap_ab=True, loads="tma")),
-        (256, TileConfig(block_m=128, block_n=128, block_k=128, split_k=2, num_warps=8,
-                      swap_ab=True, loads="tma")),
+        (256, TileConfig(block_m=128, block_n=64, block_k=128, swap_ab=True, loads="tma")),
     ),
     (8192, 8192): (
         (1, TileConfig(block_m=16, block_n=128, block_k=256, split_k=4, swap_ab=True,
@@ -209,8 +202,7 @@ SHAPE_PRESETS: dict[tuple[int, int], tuple[tuple[int | None, TileConfig], ...]] 
         (16, TileConfig(block_m=16, block_n=64, block_k=256, split_k=2, swap_ab=True)),
         (64, TileConfig(block_m=64, block_n=128, block_k=128, split_k=4, swap_ab=True,
                       loads="tma")),
-        (256, TileConfig(block_m=128, block_n=128, block_k=128, split_k=2, num_warps=8,
-                      swap_ab=True, loads="tma")),
+        (256, TileConfig(block_m=128, block_n=64, block_k=128, swap_ab=True, loads="tma")),
     ),
 }
 

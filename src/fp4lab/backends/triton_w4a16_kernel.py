@@ -281,7 +281,7 @@ def w4a16_kernel(
     SPLIT: tl.constexpr, SWAP_AB: tl.constexpr, STAGE: tl.constexpr,
     EVEN_K: tl.constexpr, DECODE: tl.constexpr, DOT_IN_FP32: tl.constexpr,
     NUM_STAGES: tl.constexpr, TMA: tl.constexpr, SCALES_TMA: tl.constexpr,
-    TILED: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    TILED: tl.constexpr,
 ):
     """One [BM, BN] output tile over one K split (program_id(1)); see the module doc.
 
@@ -305,10 +305,6 @@ def w4a16_kernel(
     tile (n, j) at rows (n * Kp/BK + j) * BN of a matrix BK/2 (BK/S) bytes wide), so a K step
     reads one contiguous run instead of BN runs a row apart; stride_wn and stride_sn are then
     those matrices' row strides.
-
-    WARP_SPECIALIZE: the K loop runs warp-specialized (`tl.range(warp_specialize=True)`: on
-    Hopper, Triton's automatic pass gives the loads a producer warp and the decode and MMAs
-    consumer warpgroups, hand-off through shared memory).
     """
     KH: tl.constexpr = BLOCK_K // 2
     KS: tl.constexpr = BLOCK_K // SCALE_BLOCK
@@ -347,8 +343,7 @@ def w4a16_kernel(
     k_blocks = tl.cdiv(K, BLOCK_K)        # BK blocks a weight row holds (TILED's tile index)
     k_start = pid_k * blocks_per_split * BLOCK_K
     k_end = tl.minimum(k_start + blocks_per_split * BLOCK_K, K)
-    for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES,
-                       warp_specialize=WARP_SPECIALIZE):
+    for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
         # the block's two halves of K, as the halves layout pairs them      # [BM, KH] each
         if TMA:
             a_lo = a_ptr.load([pid_m * BLOCK_M, k0])
@@ -510,8 +505,7 @@ class Launch:
                                   STAGE=stage, DOT_IN_FP32=INTERPRETED,
                                   NUM_STAGES=config.num_stages, num_stages=config.num_stages,
                                   TMA=self.tma, SCALES_TMA=scales_tma,
-                                  TILED=config.layout == "tiles",
-                                  WARP_SPECIALIZE=config.warp_specialize)
+                                  TILED=config.layout == "tiles")
 
     def __call__(self, a, w, scale_bytes, global_scale, out):
         """out[M, N] = a[M, K] @ dequant(w)[N, K]^T (or the stage's result); returns out."""
