@@ -170,7 +170,7 @@ TILE_PRESETS = (
 # M = 64 on the two smaller shapes two warpgroups a 128-row tile at half the split (calls 82-83,
 # results/measurements/20261204T1310Z-h200-m64-probe): 17.8 against 21.4 us at 4096x6144, 13.2
 # against 15.0 at 6144x2048; at 8192x8192 they lose (31.2 against 29.0). At M = 256, fewer
-# splits than call 31's winners (the kernel's decode has changed since; call 88, results/
+# splits than call 31's winners (not re-tuned at M = 256 since 2026-12-01; call 88, results/
 # measurements/20261204T1830Z-h200-m256-probe, the fastest for both formats): 8192x8192 one split
 # of 64-row weight tiles (72.5 / 72.2 us nvfp4 / mxfp4 against 80.0 / 75.8), 4096x6144 two splits
 # and four stages (32.8 / 32.8 against 42.3), 6144x2048 one split of 64-row tiles (21.7 / 20.2
