@@ -63,3 +63,25 @@ def test_a_library_error_names_its_file_without_the_machine_install_paths():
     assert "/work/" not in table and "site-packages" not in table
     row_error = first_line(RuntimeError(cause.replace("/work/main/.venv/lib", "/usr/lib")))
     assert row_error == "RuntimeError: PassManager::run failed (gemlite/triton_kernels/gemm_splitK_kernels.py:537:0: error: Failures)"
+
+
+def test_the_roofs_take_no_backend_colour():
+    """The roofs were drawn in tab10's first colours, which are torch-bf16's and torch-fp8's: the
+    measured bf16 roof in fp8's orange (the newcomer's read of the reference book)."""
+    from matplotlib.colors import to_rgb
+
+    from fp4lab.plots import gemm
+
+    points = pd.DataFrame({"backend": ["torch-bf16", "torch-fp8", "triton-w4a16"],
+                           "tflops": [10.0, 20.0, 5.0], "tbps": [4.0, 4.1, 2.0]})
+    roofs = {"measured": (4.24, {"bf16": 750.0, "fp8": 1400.0}),
+             "spec": (4.8, {"bf16": 989.0, "fp8": 1979.0, "fp4": None})}
+    fig = gemm.roofline(points, roofs)
+    backend_colours = {tuple(round(c, 4) for c in to_rgb(colour))
+                       for colour in common.backend_palette(points["backend"]).values()}
+    roof_lines = [line for line in fig.axes[0].get_lines() if line.get_label().startswith("roof:")]
+    assert len(roof_lines) == 4
+    assert not {tuple(round(c, 4) for c in to_rgb(line.get_color())) for line in roof_lines} & backend_colours
+    styles = {(line.get_label().split()[1], line.get_label().split()[2]): (line.get_color(), line.get_linestyle())
+              for line in roof_lines}
+    assert len(set(styles.values())) == 4           # each roof its own look: source x dtype

@@ -85,6 +85,9 @@ def four_bit_vs_floor(points: pd.DataFrame, baseline: str = "torch-bf16"):
     return fig
 
 
+ROOF_DASHES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1)), (0, (1, 3)))
+
+
 def roofline(points: pd.DataFrame, roofs: dict[str, tuple[float, dict[str, float | None]]]):
     """Achieved TFLOP/s against arithmetic intensity (FLOP per byte moved) under the roofs.
 
@@ -100,13 +103,16 @@ def roofline(points: pd.DataFrame, roofs: dict[str, tuple[float, dict[str, float
         ax.scatter(rows["tflops"] / rows["tbps"], rows["tflops"], s=14, color=colours[backend],
                    label=backend, zorder=3)
     grid = np.logspace(np.log10(intensity.min() / 2), np.log10(intensity.max() * 2), 200)
-    roof_colours = palette([f"{source} {dtype}" for source, (_, peaks) in roofs.items() for dtype, peak in peaks.items() if peak])
+    # roofs in greys (black measured, grey spec sheet), one dash per math dtype: the colours are
+    # the backends' (a roof in torch-fp8's orange read as fp8's points)
+    dtypes = list(dict.fromkeys(dtype for _, peaks in roofs.values() for dtype, peak in peaks.items() if peak))
+    dashes = {dtype: ROOF_DASHES[i % len(ROOF_DASHES)] for i, dtype in enumerate(dtypes)}
     for source, (bandwidth, peaks) in roofs.items():
         for dtype, peak in peaks.items():
             if peak and bandwidth:
-                name = f"{source} {dtype}"
-                ax.plot(grid, np.minimum(peak, bandwidth * grid), "-" if source == "measured" else ":",
-                        color=roof_colours[name], linewidth=1.1, label=f"roof: {name} ({text.sig(peak)} TFLOP/s)")
+                ax.plot(grid, np.minimum(peak, bandwidth * grid), linestyle=dashes[dtype],
+                        color="black" if source == "measured" else "0.6", linewidth=1.1,
+                        label=f"roof: {source} {dtype} ({text.sig(peak)} TFLOP/s)")
     ax.set(xlabel="arithmetic intensity (FLOP per byte moved)", ylabel="TFLOP/s achieved")
     log_axis(ax, which="x")
     log_axis(ax)
