@@ -228,7 +228,7 @@ def instruction_bound(profiles: list[Counters], bandwidth_tbps: float | None = N
     under = [(p, r) for p, r in gemms if r.instr_per_weight < even]
     kinds = text.join(dict.fromkeys(kind_name(p) for p, _ in gemms))
     head = (f"The FP4 GEMM launches profiled ({kinds}) run {low:.1f}-{high:.1f} instructions per weight. "
-            f"At {even:.1f} instructions per weight, issuing them on every slot of the "
+            f"At {even:.2f} instructions per weight, issuing them on every slot of the "
             f"{text.md(profiles[0].device)}'s schedulers takes as long as reading NVFP4 weights at {source} "
             f"({bandwidth_tbps:.2f} TB/s)")
     if not under:
