@@ -56,6 +56,19 @@ def test_chapters_03_and_04_state_the_same_layer_times(reference_copy):
     assert "grouped-bf16" in page_text(diagnosis_page, "paths") and ratio == text.ratio(grouped)
 
 
+def test_chapter_04_says_which_points_never_reached_the_gate(reference_copy):
+    """"No point failed the correctness gate" beside chapter 01's "gemlite-w4a16 error x21" read
+    as a contradiction: the page names the points that stopped before the gate."""
+    import json
+
+    rows = [json.loads(line) for line in (reference_copy / "gemm.jsonl").read_text().splitlines()]
+    errored = sum(1 for r in rows if r["backend"] == "gemlite-w4a16" and r["status"] == "error")
+    assert errored and not any(r["status"] == "wrong_result" for r in rows)
+    said = page_text(ch04_diagnosis.build(str(reference_copy), "none", "full", "cpu"), "gate").replace("\\", "")
+    assert said.startswith("No point failed the correctness gate")
+    assert f"Stopped before reaching it: {errored} gemlite-w4a16 points with error" in said
+
+
 def test_chapter_03_tables_each_other_model_the_run_swept_with_its_own_times(reference_copy):
     from fp4lab import text
     from fp4lab.analysis import moe

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from fp4lab import text
 from fp4lab.analysis import decode
+from fp4lab.analysis import gemm as gemm_analysis
 from fp4lab.chapters.ch01_gemm import SEED, SEED_NOTE  # one seed table, in chapters 01 and 04 and the front page
 from fp4lab.chapters.context import Context, open_context, parameters_block, resolve_parameters
 from fp4lab.plots import diagnosis as figures
@@ -191,7 +192,11 @@ def fill(context: Context, d: decode.Diagnosis) -> None:
     else:
         total = d.gemm.frame["backend"].nunique() if d.gemm is not None else 0
         ran = len(d.gemm.ok["backend"].unique()) if d.gemm is not None else 0
-        page.prose("gate", f"No point failed the correctness gate ({ran} of {total} backends ran here).")
+        errors = gemm_analysis.headline(d.gemm)["failures"] if d.gemm is not None else {}
+        stopped = text.join([f"{count} {text.md(backend)} points with {text.md(status)}"
+                             for (backend, status), count in errors.items()])
+        others = f" Stopped before reaching it: {stopped} (chapter 01 says why)." if errors else ""
+        page.prose("gate", f"No point failed the correctness gate ({ran} of {total} backends ran here).{others}")
     if d.smoke:
         elsewhere(page, d)         # spec sheets and rules only: the same on any machine
         page.bullets("findings", findings(d))
