@@ -338,7 +338,7 @@ def _roofline(page, results) -> None:
         "the ceilings every chapter divides by: measured in this run, before its points, beside the spec sheet")))
     if len(results.ok):
         page.figure("roofline", figures.roofline(results.ok, roofs), results.caption(
-            "solid roofs: ceilings measured in this run; dotted: the spec sheet"))
+            "roofs in black: the ceilings measured in this run; in grey: the spec sheet's; one dash per math dtype"))
 
 
 def _seed(page, results, reference, profile: str) -> None:
@@ -349,9 +349,11 @@ def _seed(page, results, reference, profile: str) -> None:
         backend = decode.seed_backend(which, config) if which is not None else None
         if backend:
             page.html("seed", html_table(analysis.seed_table(which, backend), SEED, caption=which.caption(
-                f"{backend}, the GEMM backend whose loop of expert GEMMs runs the {config.preset} layer "
-                f"fastest at B={config.decode_batch} (chapter 04's GEMM-loop model and decode power read "
-                f"it; the fastest layer path there may be a fused MoE kernel); {SEED_NOTE}")))
+                f"{backend}: of the GEMM backends that ran every M of the sweep, the one whose loop of "
+                f"expert GEMMs runs the {config.preset} layer fastest at B={config.decode_batch} (a "
+                f"decode-only kernel, whose table would stop at its largest M, is left out; chapter 04's "
+                f"GEMM-loop model and decode power read it; the fastest layer path there may be a fused "
+                f"MoE kernel); {SEED_NOTE}")))
     page.html("seed", html_table(seed_sm120_table(), PUBLISHED, caption="Published: " + SEED_SOURCE))
 
 
