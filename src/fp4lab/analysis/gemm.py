@@ -320,6 +320,14 @@ def launch_notes(results: GemmResults) -> list[str]:
     return notes
 
 
+def failure_counts(results: GemmResults) -> dict[tuple[str, str], int]:
+    """{(backend, status): points} of the points with no time: failed the gate, errored, ran out
+    of memory or timed out."""
+    frame = results.frame
+    return frame[frame["status"].isin(["wrong_result", "error", "oom", "timeout"])] \
+        .groupby(["backend", "status"]).size().to_dict()
+
+
 def headline(results: GemmResults) -> dict[str, Any]:
     """The numbers chapter 01's findings are built from."""
     ok = results.ok
@@ -328,8 +336,7 @@ def headline(results: GemmResults) -> dict[str, Any]:
     found: dict[str, Any] = {
         "backends_ok": sorted(ok["backend"].unique()),
         "backends_unavailable": sorted(set(statuses.get("unavailable", [])) - set(ok["backend"])),
-        "failures": frame[frame["status"].isin(["wrong_result", "error", "oom", "timeout"])]
-        .groupby(["backend", "status"]).size().to_dict(),
+        "failures": failure_counts(results),
         "bandwidth_tbps": results.bandwidth_tbps, "launch_us": results.launch_us,
         "raised": results.raised, "basis": peak_basis(results),
     }

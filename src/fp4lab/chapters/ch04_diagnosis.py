@@ -192,7 +192,7 @@ def fill(context: Context, d: decode.Diagnosis) -> None:
     else:
         total = d.gemm.frame["backend"].nunique() if d.gemm is not None else 0
         ran = len(d.gemm.ok["backend"].unique()) if d.gemm is not None else 0
-        errors = gemm_analysis.headline(d.gemm)["failures"] if d.gemm is not None else {}
+        errors = gemm_analysis.failure_counts(d.gemm) if d.gemm is not None else {}
         stopped = text.join([f"{count} {text.md(backend)} points with {text.md(status)}"
                              for (backend, status), count in errors.items()])
         others = f" Stopped before reaching it: {stopped} (chapter 01 says why)." if errors else ""
