@@ -302,8 +302,7 @@ def glance_html(d: decode.Diagnosis) -> str:
     levers = levers.sort_values(["from_path", "gain"], ascending=False, kind="stable").head(GLANCE_LEVERS)
     levers = levers.assign(change=[f"{text.us(r.now_us)} → {text.us(r.with_us)} ({r.kind})"
                                    for r in levers.itertuples()])
-    header = (f"largest levers: on {d.chosen['path']}, largest first, then on other paths"
-              if d.chosen is not None else "largest levers")
+    header = f"largest levers, those on {d.chosen['path']} first" if d.chosen is not None else "largest levers"
     lever_table = html_table(levers, [Col("lever", header),
                                       Col("gain", "gain", "ratio"), Col("change", "now → with it (basis)")],
                              empty="No lever with a measured gain.")
