@@ -5,6 +5,7 @@ levers, what it cannot conclude)."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from fakes.runs import CPU, MEASURED, glm5_gemm_rows, gemm_row, make_run, moe_row
@@ -348,3 +349,47 @@ def test_the_ceilings_table_states_each_divisor_with_its_spec_and_how_it_was_mea
     assert table.loc["launch floor (us)", "measured"] == 2.0
     assert "raised from the probe's 800.0" in table.loc["bf16 peak (TFLOP/s)", "how"]
     assert table.loc["fp8 peak (TFLOP/s)", "spec"] == 1979.0 and "fp4 peak (TFLOP/s)" not in table.index
+
+
+def test_the_ep_lever_of_a_moe_sweep_path_is_its_own_busiest_rank_when_measured():
+    """Where the MoE sweep timed the diagnosed path's busiest rank at EP 8 and 8 x B tokens, the
+    expert-parallel lever reads those times (measured, on the path); without them it is the
+    GEMM-loop model of the seed backend, said so in its name."""
+    import dataclasses
+
+    from fp4lab.analysis import moe as moe_analysis
+    from fp4lab.results import REFERENCE_ROOT, latest_gpu_run
+
+    config = decode.DiagnosisConfig.from_profile("full")
+    d = decode.diagnose(latest_gpu_run(REFERENCE_ROOT), config)
+    mine = d.moe.ok[(d.moe.ok["method"] == d.chosen["path"]) & (d.moe.ok["fmt"] == d.chosen["fmt"])
+                    & (d.moe.ok["batch"] == 512) & (d.moe.ok["ep"] == 1)]
+    assert len(mine) == 1
+    rank = mine.assign(ep=8, batch=8 * 512, median_us=mine["median_us"] / 3)   # one rank, 3x faster
+    results = dataclasses.replace(d.moe, frame=pd.concat([d.moe.frame, rank], ignore_index=True))
+    ep = decode.measured_ep(results, d.chosen, config)
+    assert list(ep["ep"]) == [1, 8] and list(ep["tokens_per_step"]) == [512, 4096]
+    assert ep["layer_us"].iloc[0] == pytest.approx(d.chosen["layer_us"])
+    assert ep["us_per_token"].iloc[0] / ep["us_per_token"].iloc[1] == pytest.approx(3.0)
+    levers = decode.levers(d.paths, d.chosen, d.fp4, d.concurrency, ep, d.graphs, 512,
+                           concurrency_basis=d.concurrency_basis, ep_basis=decode.MEASURED_BATCHES,
+                           backend=d.seed_backend)
+    lever = levers[levers["lever"].str.startswith("expert parallelism")].iloc[0]
+    assert d.chosen["path"] in lever["lever"] and lever["from_path"] and lever["kind"] == "measured"
+    assert lever["gain"] == pytest.approx(3.0)
+    # a rank measured at another batch than 8 x B is not this lever's point
+    off = dataclasses.replace(d.moe, frame=pd.concat([d.moe.frame, rank.assign(batch=512)],
+                                                     ignore_index=True))
+    assert decode.measured_ep(off, d.chosen, config).empty
+    assert moe_analysis.layer_times(results, 4096, config.routing, ep=8)["method"].tolist() == [d.chosen["path"]]
+
+
+def test_the_bf16_lever_and_the_fp4_sentence_state_one_baseline():
+    """The diagnosed FP4 path's gain over bf16 is stated against the fastest bf16 path, in the
+    levers as in the FP4 sentence: one number, not 3.2x in one place and 2.1x in another."""
+    from fp4lab.results import REFERENCE_ROOT, latest_gpu_run
+
+    d = decode.diagnose(latest_gpu_run(REFERENCE_ROOT), decode.DiagnosisConfig.from_profile("full"))
+    lever = d.levers[d.levers["lever"].str.contains("instead of the fastest bf16 path")].iloc[0]
+    assert d.fp4["bf16"]["path"] in lever["lever"]
+    assert lever["gain"] == pytest.approx(d.fp4["bf16"]["layer_us"] / d.chosen["layer_us"])

@@ -322,3 +322,25 @@ def test_ncu_driver_gates_and_runs_every_launch_it_profiles(tmp_path):
     assert labels[-1].startswith("profiled: triton-w4a16-moe glm-5-scaled")
     metrics = run_interpreted("ncu_profile", "--metrics", timeout=120).stdout.strip()
     assert metrics.startswith("gpu__time_duration.sum,") and " " not in metrics
+
+
+def test_gate_map_tells_a_lost_split_from_a_wrong_tile():
+    """benchmarks/gate_map.py fits each failing tile as a*first + b*rest: a split that never
+    arrived reads (1, 0), a right tile is not listed, and a config string it cannot read is named."""
+    gate_map = load("gate_map")
+    generator = torch.Generator().manual_seed(0)
+    first, rest = torch.randn(8, 8, generator=generator), torch.randn(8, 8, generator=generator)
+    out = first + rest
+    out[:4, :4] = first[:4, :4]                                     # tile (0, 0) lost its second split
+    lines = gate_map.tile_map(out, first, rest, 4, 4, 0.02)
+    assert len(lines) == 1 and "tokens     0-3" in lines[0]
+    fit = dict(part.split("=") for part in lines[0].split("fit ")[1].split())
+    assert float(fit["a"]) == pytest.approx(1.0, abs=1e-3) and float(fit["b"]) == pytest.approx(0.0, abs=1e-3)
+    config = gate_map.parse_config("m256n128k128 s2 w8 st2 tma")
+    assert (config.block_m, config.split_k, config.num_stages, config.loads) == (256, 2, 2, "tma")
+    with pytest.raises(SystemExit, match="expected"):
+        gate_map.parse_config("m256 s2")
+    done = run_interpreted("gate_map", "--shape", "256x512", "--m", "64", "--device", "cpu",
+                           "--configs", "m64n128k128 s2 w4 st2 pointer", "--calls", "1")
+    assert done.returncode == 0, done.stderr
+    assert "0 of 2 tiles over tol" in done.stdout

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import numpy as np
 import pytest
 
 from fp4lab import schema
@@ -207,6 +208,32 @@ def test_moe_sweep_rows_rerun_and_crash_isolation(tmp_path, fake_backends_env):
     assert len(frame[frame["method"] == "dense-bf16"]) == 2 * 2
     assert moe_sweep.run_sweep(cfg, run, progress=False) == 0             # a rerun appends nothing
     assert len(run.read_table("moe")) == len(frame)
+
+
+def test_layer_methods_at_ep_time_the_busiest_ranks_own_pairs(tmp_path):
+    """A layer method at EP 2 runs the busiest rank's routed (token, expert) pairs on its E/2
+    experts: the same rank, loads and tokens as the GEMM methods' rows at that point."""
+    cfg = moe_config(["loop-bf16", "layer-loop-bf16"], ep_degrees=[1, 2], batch_sizes=[16])
+    model = cfg.model()
+    ids, rank, per_rank = moe_sweep.rank_routes(cfg, model, 16, 2)              # [R, 1]
+    loads, same_rank, step_ids = moe_sweep.step_routing(cfg, model, 16, 2)
+    assert rank == same_rank and per_rank == model.experts // 2 and ids.shape[1] == 1
+    assert ids.min() >= 0 and ids.max() < per_rank
+    assert np.array_equal(np.bincount(ids.ravel(), minlength=per_rank), loads)
+    whole, _, _ = moe_sweep.rank_routes(cfg, model, 16, 1)
+    assert np.array_equal(whole, step_ids)                                       # EP 1: the step itself
+
+    run = RunDir.create(tmp_path, run_id="moe-ep")
+    moe_sweep.run_sweep(dataclasses.replace(cfg, dense_m_values=(1,)), run, progress=False)
+    frame = run.read_table("moe")
+    layer = frame[(frame["method"] == "layer-loop-bf16") & (frame["ep"] == 2)]
+    gemm = frame[(frame["method"] == "loop-bf16") & (frame["ep"] == 2) & (frame["gemm"] == "gate_up")]
+    assert len(layer) == 1 and (layer["status"] == "ok").all()
+    assert layer["ep_rank"].iloc[0] == gemm["ep_rank"].iloc[0] == rank
+    assert layer["experts"].iloc[0] == per_rank
+    assert layer["tokens"].iloc[0] == gemm["tokens"].iloc[0] == loads.sum()
+    whole_layer = frame[(frame["method"] == "layer-loop-bf16") & (frame["ep"] == 1)]
+    assert layer["flops"].iloc[0] < whole_layer["flops"].iloc[0]               # half the pairs' work
 
 
 def test_a_second_model_swept_into_a_run_keeps_the_first_ones_record():

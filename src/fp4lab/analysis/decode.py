@@ -111,11 +111,12 @@ class Diagnosis:
     fp4: dict[str, Any] | None
     levers: pd.DataFrame
     concurrency: pd.DataFrame                    # batch, layer_us, us_per_token (see concurrency_basis)
-    ep: pd.DataFrame
+    ep: pd.DataFrame                             # ep, layer_us, us_per_token (see ep_basis)
     graphs: pd.DataFrame
     gate: pd.DataFrame
     missing: list[str] = field(default_factory=list)
     concurrency_basis: str = MODELLED
+    ep_basis: str = MODELLED
 
     @property
     def smoke(self) -> bool:
@@ -392,6 +393,32 @@ def measured_batches(moe: moe_analysis.MoeResults | None, chosen: dict | None, r
     return rows.assign(us_per_token=rows["layer_us"] / rows["batch"])
 
 
+def measured_ep(moe: moe_analysis.MoeResults | None, chosen: dict | None, config: DiagnosisConfig,
+                comm: "comm_analysis.CommTable | None" = None) -> pd.DataFrame:
+    """Expert parallelism as measured on the diagnosed path itself: at each EP degree P where the
+    MoE sweep timed that path's busiest rank at P x B tokens a step (P GPUs each bring the decode
+    batch B), its layer time and the GPU time per token; the columns of `what_if_ep`. Empty when
+    the path did not come from the MoE sweep or the sweep did not measure it at EP 1 and above."""
+    if moe is None or chosen is None or chosen.get("source") != "MoE sweep":
+        return pd.DataFrame()
+    fmt = chosen.get("fmt") if isinstance(chosen.get("fmt"), str) else ""
+    rows = []
+    for ep in sorted(moe.ok["ep"].dropna().astype(int).unique()):
+        tokens = int(ep) * config.decode_batch
+        table = moe_analysis.layer_times(moe, tokens, config.routing, ep=int(ep))
+        mine = table[(table["method"] == chosen["path"]) & table["fmt"].fillna("").eq(fmt)
+                     & (table["batch"] == tokens)]
+        if not len(mine):
+            continue
+        layer_us = float(mine["layer_us"].iloc[0])
+        comm_us = _all_to_all_us(comm, int(ep), config.decode_batch, moe.model, config.routing)
+        rows.append({"ep": int(ep), "tokens_per_step": tokens, "layer_us": layer_us,
+                     "us_per_token": layer_us / config.decode_batch, "comm_us": comm_us,
+                     "us_per_token_with_comm": (layer_us + comm_us) / config.decode_batch})
+    frame = pd.DataFrame(rows)
+    return frame if len(frame) > 1 and frame["ep"].iloc[0] == 1 else pd.DataFrame()
+
+
 def what_if_concurrency(gemm, backend: str | None, model, config: DiagnosisConfig,
                         factors=(0.25, 0.5, 1, 2, 4)) -> pd.DataFrame:
     """Layer time and time per token as the decode batch changes (GEMM times, routing model)."""
@@ -466,18 +493,20 @@ def what_if_graphs(gemm) -> pd.DataFrame:
 
 def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurrency: pd.DataFrame,
            ep: pd.DataFrame, graphs: pd.DataFrame, batch: int, *, concurrency_basis: str = MODELLED,
-           backend: str | None = None) -> pd.DataFrame:
+           ep_basis: str = MODELLED, backend: str | None = None) -> pd.DataFrame:
     """Each measured way to a faster layer, with its gain (time now / time with it), largest first;
     `from_path` says whether "now" is the diagnosed path itself (a lever on it) or another baseline
-    (a loop of bf16 GEMMs, a modelled loop); `kind` is how its numbers were got in one word
+    (the fastest bf16 path, a modelled loop); `kind` is how its numbers were got in one word
     (measured, modelled or bound; `basis` says it in full)."""
     rows = []
     if chosen is not None and len(d_paths):
-        loop = d_paths[d_paths["path"] == "loop-bf16"]
-        if len(loop) and chosen["path"] != "loop-bf16":
-            rows.append({"lever": f"{chosen['path']} instead of a loop of bf16 GEMMs",
-                         "gain": float(loop["layer_us"].iloc[0]) / chosen["layer_us"],
-                         "basis": "measured (MoE sweep)", "now_us": float(loop["layer_us"].iloc[0]),
+        # against the fastest bf16 path, the baseline fp4_lever states too: one number for
+        # "what the path gains over bf16" in every chapter
+        bf16 = fp4.get("bf16") if fp4 else None
+        if bf16 is not None and chosen["weight_dtype"] != "bf16":
+            rows.append({"lever": f"{chosen['path']} instead of the fastest bf16 path ({bf16['path']})",
+                         "gain": bf16["layer_us"] / chosen["layer_us"],
+                         "basis": f"measured ({bf16['source']})", "now_us": bf16["layer_us"],
                          "with_us": chosen["layer_us"], "from_path": False, "kind": "measured"})
         if fp4 and fp4.get("best") and fp4["best"]["path"] != chosen["path"]:
             rows.append({"lever": f"FP4 weights through {fp4['best']['path']}",
@@ -504,14 +533,18 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
         with_comm = bool(ep["comm_us"].notna().all())
         column = "us_per_token_with_comm" if with_comm else "us_per_token"
         degree = int(last["ep"])
-        rows.append({"lever": f"expert parallelism EP={degree} (per token, a {backend} GEMM loop, "
+        on_path = ep_basis == MEASURED_BATCHES and chosen is not None
+        whose = chosen["path"] if on_path else f"a {backend} GEMM loop"
+        how = ("measured (MoE sweep: the busiest rank's layer)" if on_path else MODELLED)
+        rows.append({"lever": f"expert parallelism EP={degree} (per token, {whose}, "
                               + ("all-to-all included)" if with_comm else "no communication)"),
                      "gain": first[column] / last[column],
-                     "basis": (MODELLED + (" and all-to-alls" if with_comm else "")
+                     "basis": (how + (" and all-to-alls" if with_comm else "")
                                + f": {degree} GPUs each bring B={batch} tokens, so each rank's experts see "
                                f"{degree}x the tokens; "
                                + ("measured all-to-all included" if with_comm else "communication not included")),
-                     "now_us": first[column], "with_us": last[column], "from_path": False, "kind": "modelled"})
+                     "now_us": first[column], "with_us": last[column], "from_path": on_path,
+                     "kind": "measured" if on_path else "modelled"})
     if len(graphs):
         rows.append({"lever": "CUDA-graph replay instead of eager launches",
                      "gain": float(graphs["speedup"].median()), "basis": "measured (GEMM sweep, median)",
@@ -556,7 +589,9 @@ def diagnose(run_dir: str | RunDir, config: DiagnosisConfig) -> Diagnosis:
     if len(concurrency) < 2:
         concurrency, basis = what_if_concurrency(gemm, seed_backend_name, model, config), MODELLED
     comm = comm_analysis.CommTable(run.read_table("comm")) if run.has_table("comm") else None
-    ep = what_if_ep(gemm, seed_backend_name, model, config, comm)
+    ep, ep_basis = measured_ep(moe, chosen, config, comm), MEASURED_BATCHES
+    if len(ep) < 2:
+        ep, ep_basis = what_if_ep(gemm, seed_backend_name, model, config, comm), MODELLED
     graphs = what_if_graphs(gemm)
     fp4 = fp4_lever(paths, model, load, gemm.bandwidth_tbps if gemm else None)
     return Diagnosis(
@@ -566,6 +601,6 @@ def diagnose(run_dir: str | RunDir, config: DiagnosisConfig) -> Diagnosis:
         decode_power=power_now, seed_backend=seed_backend_name,
         seed=gemm_analysis.seed_table(gemm, seed_backend_name) if seed_backend_name else pd.DataFrame(),
         fp4=fp4, levers=levers(paths, chosen, fp4, concurrency, ep, graphs, config.decode_batch,
-                               concurrency_basis=basis, backend=seed_backend_name),
+                               concurrency_basis=basis, ep_basis=ep_basis, backend=seed_backend_name),
         concurrency=concurrency, ep=ep, graphs=graphs, gate=gate_failures(gemm), missing=missing,
-        concurrency_basis=basis)
+        concurrency_basis=basis, ep_basis=ep_basis)

@@ -111,14 +111,16 @@ def nearest_batch(results: MoeResults, batch: int) -> int | None:
     return int(values[np.abs(values - batch).argmin()])
 
 
-def layer_times(results: MoeResults, batch: int, routing_spec: str | None = None) -> pd.DataFrame:
+def layer_times(results: MoeResults, batch: int, routing_spec: str | None = None,
+                ep: int = 1) -> pd.DataFrame:
     """Each method's measured layer time at the measured batch nearest `batch` on one device,
     fastest first: layer_us, the weights it read and their read floor, and `speedup_vs_loop`
-    (the loop of bf16 GEMMs' time over this method's: above 1 is faster than the loop)."""
+    (the loop of bf16 GEMMs' time over this method's: above 1 is faster than the loop). At
+    `ep` > 1 the time is the busiest EP rank's share of the layer (its own experts and pairs)."""
     columns = ["method", "kind", "fmt", "weight_dtype", "batch", "layer_us", "weight_bytes",
                "speedup_vs_loop"]
     ok = results.ok
-    ok = ok[ok["batch"].notna() & (ok["ep"].fillna(1) == 1)]
+    ok = ok[ok["batch"].notna() & (ok["ep"].fillna(1) == ep)]
     if routing_spec:
         ok = ok[ok["routing"] == routing_spec]
     at = nearest_batch(MoeResults(results.view, ok, results.model), batch) if len(ok) else None

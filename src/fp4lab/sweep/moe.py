@@ -1,7 +1,8 @@
 """The MoE sweep: every MoE method at the routed loads of each decode batch, one row per point.
 
 GEMM methods time one expert GEMM (gate_up or down) over all experts of the busiest EP rank of a
-typical routing step; layer methods time the whole routed MLP on FP4 weights at EP 1; the dense
+typical routing step; layer methods time the whole routed MLP on FP4 weights of that rank (at EP
+1 the whole layer; see `rank_routes` for EP > 1); the dense
 curve is one expert's bf16 GEMM at M = 1 .. 512 (the layer model's input). Every method runs in
 its own worker (fp4lab.sweep.runner): crash isolation, per-point timeouts and resume as in the GEMM
 sweep; a rerun of the same run id measures only the points it lacks.
@@ -45,6 +46,23 @@ def step_routing(config: MoeSweep, model, batch: int, ep: int) -> tuple[np.ndarr
     per_rank = loads[step].reshape(ep, -1)                                           # [P, E/P]
     rank = int(per_rank.sum(axis=1).argmax())
     return per_rank[rank], rank, ids[step]
+
+
+def rank_routes(config: MoeSweep, model, batch: int, ep: int) -> tuple[np.ndarray, int, int]:
+    """(expert ids [R, k'] in the busiest rank's own numbering, that rank, its experts E/P) of the
+    typical routing step at batch B, for a layer method.
+
+    At EP 1 these are the step's ids [T, k]. At EP P > 1 the rank receives, from all P ranks,
+    each (token, expert) pair routed to one of its E/P experts: as an expert-parallel dispatch
+    delivers them (one row per pair), so every pair is a row with k' = 1 and the rank's layer
+    reads each routed token once per local expert, exactly its experts' GEMM work."""
+    loads, rank, ids = step_routing(config, model, batch, ep)                         # [E/P], [T, k]
+    per_rank = model.experts // ep
+    if ep == 1:
+        return ids, rank, per_rank
+    local = ids[(ids // per_rank) == rank] - rank * per_rank                          # [R]
+    assert len(local) == loads.sum(), "the rank's pairs must be its loads"
+    return local.reshape(-1, 1), rank, per_rank
 
 
 def method_kinds() -> dict[str, tuple[str, str]]:
@@ -96,15 +114,15 @@ def build_problem(config: MoeSweep, model, point: MoePoint, cache: ProblemCache,
     from fp4lab.backends.moe import base
 
     if point.gemm == "layer":
-        _, _, ids = step_routing(config, model, point.batch, 1)
-        weights = cache.get(("layer", point.fmt), lambda: (
-            base.quantized_expert_weights(model.experts, 2 * model.moe_intermediate, model.hidden,
+        ids, rank, per_rank = rank_routes(config, model, point.batch, point.ep)         # [R, k']
+        weights = cache.get(("layer", point.fmt, per_rank), lambda: (
+            base.quantized_expert_weights(per_rank, 2 * model.moe_intermediate, model.hidden,
                                           point.fmt, device, config.seed),
-            base.quantized_expert_weights(model.experts, model.hidden, model.moe_intermediate,
+            base.quantized_expert_weights(per_rank, model.hidden, model.moe_intermediate,
                                           point.fmt, device, config.seed + 1)))
-        problem = base.make_layer_problem(ids, model.experts, model.hidden, model.moe_intermediate,
+        problem = base.make_layer_problem(ids, per_rank, model.hidden, model.moe_intermediate,
                                           point.fmt, device, config.seed, weights=weights)
-        return problem, {"ep_rank": 0, "experts": model.experts}
+        return problem, {"ep_rank": rank, "experts": per_rank}
     n, k = model.gemm_shapes()[point.gemm]
     if point.method == DENSE_METHOD:
         w = cache.get(("dense", point.gemm), lambda: base.expert_bf16_weights(1, n, k, device, config.seed))
@@ -124,9 +142,9 @@ def problem_facts(problem, call, point: MoePoint, model) -> dict[str, Any]:
     loads = np.asarray(problem.loads)
     active = loads[loads > 0]
     if point.gemm == "layer":
-        tokens = int(problem.x.shape[0])
-        per_token = 2 * model.top_k * (2 * model.moe_intermediate * model.hidden
-                                       + model.hidden * model.moe_intermediate)
+        tokens = int(problem.x.shape[0])              # at EP > 1 the rank's routed pairs (k' = 1)
+        per_token = 2 * problem.top_k * (2 * model.moe_intermediate * model.hidden
+                                         + model.hidden * model.moe_intermediate)
         flops, moved = float(tokens * per_token), call.weight_bytes + tokens * model.hidden * 2 * 2
     else:
         tokens = int(loads.sum())

@@ -112,7 +112,7 @@ def anatomy_points(config) -> list[AnatomyPoint]:
 
 def moe_points(config, method_kinds: dict[str, tuple[str, str]]) -> list[MoePoint]:
     """Per method: GEMM methods over (gemm, batch, ep), FP4 ones per format; layer methods over
-    (format, batch) at EP 1; then one expert's dense curve per gemm.
+    (format, batch, ep); then one expert's dense curve per gemm.
 
     `method_kinds` maps a method name to (kind, weight_dtype)."""
     points = []
@@ -120,8 +120,8 @@ def moe_points(config, method_kinds: dict[str, tuple[str, str]]) -> list[MoePoin
         kind, weight_dtype = method_kinds[method]
         fmts = config.fmts if weight_dtype in ("fp4", "int4") or kind == "layer" else (None,)
         if kind == "layer":
-            points += [MoePoint(method, "layer", fmt, batch, 1, None)
-                       for fmt in fmts for batch in config.batch_sizes]
+            points += [MoePoint(method, "layer", fmt, batch, ep, None)
+                       for fmt in fmts for batch in config.batch_sizes for ep in config.ep_degrees]
         else:
             points += [MoePoint(method, gemm, fmt, batch, ep, None)
                        for gemm in config.gemms for fmt in fmts
