@@ -69,6 +69,28 @@ def test_chapter_04_says_which_points_never_reached_the_gate(reference_copy):
     assert f"Stopped before reaching it: {errored} gemlite-w4a16 points with error" in said
 
 
+def test_chapter_04_states_the_seed_table_in_one_sentence_and_levers_on_one_basis(reference_copy):
+    """The seed's table was shown on the front page, in chapter 01 and again in chapter 04; 04 now
+    says what it means for the layer from the same rows. Its levers all stand on the diagnosed
+    path: EP 8 measured on its busiest rank (not a 4.0x of a slower loop), the bf16 lever
+    against the fastest bf16 path, the baseline the FP4 sentence states."""
+    from fp4lab.analysis import decode
+
+    page = ch04_diagnosis.build(str(reference_copy), "none", "full", "cpu")
+    said = page_text(page, "seed").replace("\\", "")
+    assert "<table" not in said and "front page and in chapter 01" in said
+    assert "up to M = 16 its GEMMs are bound by launches and memory, at most 13% of the measured" in said
+    assert "from M = 64 compute is a bound too, at most 57% of that peak (M = 256)" in said
+    d = decode.diagnose(reference_copy, decode.DiagnosisConfig.from_profile("full"))
+    assert d.ep_basis == decode.MEASURED_BATCHES
+    ep = d.levers[d.levers["lever"].str.startswith("expert parallelism")].iloc[0]
+    assert ep["lever"] == "expert parallelism EP=8 (per token, humming-moe-indexed, no communication)"
+    assert ep["kind"] == "measured" and 1.9 < ep["gain"] < 2.2          # call 93: 4.26 -> 2.10 us
+    levers = page_text(page, "levers").replace("\\", "")
+    assert "instead of the fastest bf16 path (padded-bf16)" in levers and "2.1x" in levers
+    assert "triton-w4a16 GEMM loop" not in levers
+
+
 def test_chapter_03_tables_each_other_model_the_run_swept_with_its_own_times(reference_copy):
     from fp4lab import text
     from fp4lab.analysis import moe

@@ -85,3 +85,24 @@ def test_the_roofs_take_no_backend_colour():
     styles = {(line.get_label().split()[1], line.get_label().split()[2]): (line.get_color(), line.get_linestyle())
               for line in roof_lines}
     assert len(set(styles.values())) == 4           # each roof its own look: source x dtype
+
+
+def test_the_four_bit_figure_plots_time_over_the_floor_so_decode_is_not_squeezed():
+    """A 60 ms point at M = 16384 made the microsecond axis span five decades, the decode Ms a few
+    us apart on its bottom tick; over the floor each curve starts near 1 and the floor is 1."""
+    from fp4lab.plots import gemm as gemm_plots
+
+    rows = []
+    for m, floor in ((1, 9.0), (16, 9.5), (16384, 130.0)):
+        rows += [{"backend": "torch-bf16", "fmt": "nvfp4", "n": 8192, "k": 8192, "m": m,
+                  "median_us": 3.6 * floor, "fp4_floor_us": floor},
+                 {"backend": "tinygemm-int4", "fmt": "nvfp4", "n": 8192, "k": 8192, "m": m,
+                  "median_us": 2.2 * floor if m < 16384 else 60000.0, "fp4_floor_us": floor}]
+    fig = gemm_plots.four_bit_vs_floor(pd.DataFrame(rows))
+    ax = fig.axes[0]
+    curves = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
+    assert curves["torch-bf16"] == pytest.approx([3.6, 3.6, 3.6])
+    assert curves["tinygemm-int4"][:2] == pytest.approx([2.2, 2.2])
+    floor = [label for label in curves if label.startswith("FP4 weight-read floor")]
+    assert len(floor) == 1 and set(curves[floor[0]]) == {1.0}
+    assert ax.get_ylabel() == "time / FP4 read floor"

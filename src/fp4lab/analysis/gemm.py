@@ -251,6 +251,26 @@ def seed_table(results: GemmResults, backend: str) -> pd.DataFrame:
                                        "% of measured peak", "regime"])
 
 
+def seed_regimes(seed: pd.DataFrame) -> dict[str, Any] | None:
+    """What a seed table says in one line: the largest M still bound by launches or memory and
+    the best share of the measured math peak up to it; the first M where compute is a bound and
+    the best share from there (with its M). None for an empty table."""
+    if not len(seed):
+        return None
+    computes = seed["regime"].fillna("").str.contains("compute")
+    before, after = seed[~computes], seed[computes]
+    summary: dict[str, Any] = {"memory_until": None, "memory_best_pct": None, "compute_from": None,
+                               "compute_best_pct": None, "compute_best_m": None}
+    if len(before):
+        summary.update(memory_until=int(before["M"].max()),
+                       memory_best_pct=float(before["% of measured peak"].max()))
+    if len(after):
+        best = after.loc[after["% of measured peak"].idxmax()]
+        summary.update(compute_from=int(after["M"].min()), compute_best_pct=float(best["% of measured peak"]),
+                       compute_best_m=int(best["M"]))
+    return summary
+
+
 def four_bit_points(results: GemmResults) -> pd.DataFrame:
     """Every correct point of a 4-bit-weight backend and of the bf16 baseline, with the FP4
     weight-read floor of its shape at the run's bandwidth (the limit line)."""

@@ -131,8 +131,8 @@ def _four_bit(page, results) -> None:
         page.prose("fourbit", "No method reading 4-bit weights ran correctly in this run.")
         return
     page.figure("fourbit", figures.four_bit_vs_floor(points), results.caption(
-        "every 4-bit-weight method and cuBLAS bf16 against the FP4 weight-read floor at the "
-        "run's measured bandwidth"))
+        "every 4-bit-weight method and cuBLAS bf16: time per call over the FP4 weight-read "
+        "floor at the run's measured bandwidth (1 = the floor; 2 = half the speed a weight read allows)"))
     page.html("fourbit", html_table(analysis.fastest_fp4_per_m(results), FASTEST,
                                     caption=results.caption("the fastest 4-bit method per M")))
     for note in analysis.launch_notes(results):

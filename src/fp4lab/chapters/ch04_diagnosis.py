@@ -9,7 +9,6 @@ from __future__ import annotations
 from fp4lab import text
 from fp4lab.analysis import decode
 from fp4lab.analysis import gemm as gemm_analysis
-from fp4lab.chapters.ch01_gemm import SEED, SEED_NOTE  # one seed table, in chapters 01 and 04 and the front page
 from fp4lab.chapters.context import Context, open_context, parameters_block, resolve_parameters
 from fp4lab.plots import diagnosis as figures
 from fp4lab.plots.tables import Col, html_table
@@ -202,9 +201,7 @@ def fill(context: Context, d: decode.Diagnosis) -> None:
         page.bullets("findings", findings(d))
         return
     if len(d.seed):
-        page.html("seed", html_table(d.seed, SEED, caption=d.gemm.caption(
-            f"{d.seed_backend}: its GEMM-sweep times model a loop of expert GEMMs fastest at decode (the MoE "
-            f"sweep's measured loops can rank otherwise); the seed's table for this GPU; {SEED_NOTE}")))
+        page.prose("seed", seed_sentence(d))
     if d.chosen is not None:
         page.figure("breakdown", figures.layer_against_floors(d.chosen, d.fp4["floor_us"] if d.fp4 else None),
                     d.view.caption(f"{d.config.preset}, B={d.config.decode_batch}; floors from the run's measured ceilings"))
@@ -229,6 +226,22 @@ def fill(context: Context, d: decode.Diagnosis) -> None:
         reference = decode.diagnose(context.reference.run, d.config)
         page.prose("reference", f"The run shown beside, {text.code(reference.view.run_id)}: " + verdict_sentence(reference))
     page.bullets("findings", findings(d))
+
+
+def seed_sentence(d: decode.Diagnosis) -> str:
+    """The seed's table in one sentence: the table itself is on the front page and in chapter 01
+    (one table, not three copies of it)."""
+    regimes = gemm_analysis.seed_regimes(d.seed)
+    parts = []
+    if regimes["memory_until"] is not None:
+        parts.append(f"up to M = {regimes['memory_until']} its GEMMs are bound by launches and memory, "
+                     f"at most {text.pct(regimes['memory_best_pct'])} of the measured math peak")
+    if regimes["compute_from"] is not None:
+        parts.append(f"from M = {regimes['compute_from']} compute is a bound too, at most "
+                     f"{text.pct(regimes['compute_best_pct'])} of that peak (M = {regimes['compute_best_m']})")
+    return (f"The seed's table for this GPU, {text.md(d.seed_backend)} (its GEMM-sweep times model a loop "
+            f"of expert GEMMs fastest at decode), is on the front page and in chapter 01: "
+            + "; ".join(parts) + ".")
 
 
 def elsewhere(page, d: decode.Diagnosis) -> None:
