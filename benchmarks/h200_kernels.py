@@ -28,7 +28,8 @@ presets.json (the winners, rows that `triton_w4a16.presets_from_json` and
 paste as SHAPE_PRESETS / MOE_PRESETS), summary.txt (the table printed last). `--smoke` runs the
 same phases on tiny shapes (the CPU test, under TRITON_INTERPRET=1); `--plan decode` only M = 1
 and 4 (the gemv kernel beside the tensor-core one), the anatomy at M = 1 and DeepSeek-V3's layer;
-`--plan m64` the dense grid at M = 64 on TMA loads; `--plan moe` only the fused MoE's points.
+`--plan m64` the dense grid at M = 64 on TMA loads; `--plan moe` only the fused MoE's points;
+`--plan moe-wide` the fused MoE at 64 and 128 pairs an expert (GLM-5 B = 2048, 4096).
 Every grid holds both load paths, cp.async pointer loads and TMA tensor descriptors, and both
 weight layouts of the dense kernel, row by row and tile by tile, unless the plan names one
 (`Plan.loads`, `Plan.layouts`); the anatomy times the fastest config of each.
@@ -92,7 +93,12 @@ M64 = Plan(shapes=FULL.shapes, m_values=(64,), anatomy_m=(), moe_points=(), load
           layouts=("rows",))
 # the fused MoE alone: its three points, no dense phase
 MOE = Plan(shapes=(), m_values=(), anatomy_m=(), moe_points=FULL.moe_points)
-PLANS = {"full": FULL, "decode": DECODE, "m64": M64, "moe": MOE}
+# the fused MoE where each expert sees 64 and 128 pairs (GLM-5 at B = 2048 and 4096 on one GPU:
+# the per-expert load of the busiest EP 8 rank at 8 x 256 and 8 x 512 tokens, where the decode
+# presets' 32-pair tiles ran 25-35% behind humming, call 93), on the presets' TMA loads
+MOE_WIDE = Plan(shapes=(), m_values=(), anatomy_m=(), moe_points=(("glm-5", 4096), ("glm-5", 2048)),
+                loads=("tma",), layouts=("rows",))
+PLANS = {"full": FULL, "decode": DECODE, "m64": M64, "moe": MOE, "moe-wide": MOE_WIDE}
 SMOKE = Plan(shapes=((48, 128),), m_values=(1, 3), anatomy_m=(1,),
              moe_points=(("glm-5", 6),), moe_scaled=True, mxfp4_configs=1, max_configs=4,
              step_limit_s=120.0)
@@ -300,7 +306,10 @@ def moe_candidates(pairs: int, experts: int, loads=LOADS, layouts=LAYOUTS,
     stage fewer, and BK 64 one stage deeper (the registers of a smaller step buy warps an SM:
     the fused MoE issues 4.5 instructions a weight with warps waiting on each other); then the
     preset in each other layout of `layouts` on each of `loads` (its N tiles narrowed where
-    they do not divide the model's I and H, `inter_hidden`: "tiles" needs it)."""
+    they do not divide the model's I and H, `inter_hidden`: "tiles" needs it). Where an expert
+    sees more pairs on average than two 32-pair tiles hold, taller pair tiles on 8 warps last
+    (64 and 128 pairs, the 64 also with twice gate_up's N tile): fewer re-reads of each weight
+    tile, one per pair tile."""
     pick = choose_moe_config(pairs, experts)
     variants = [pick, dataclasses.replace(pick, block_m=32 if pick.block_m != 32 else 16),
                 dataclasses.replace(pick, num_stages=pick.num_stages + 1),
@@ -320,6 +329,11 @@ def moe_candidates(pairs: int, experts: int, loads=LOADS, layouts=LAYOUTS,
                                  block_n_down=dividing_tile(down, hidden))
     grid += [dataclasses.replace(fitted, loads=kind, layout=layout) for layout in layouts
              if layout != pick.layout for kind in loads]
+    if pairs / experts > 2 * 32:
+        grid += [dataclasses.replace(pick, block_m=64, num_warps=8),
+                 dataclasses.replace(pick, block_m=64, num_warps=8,
+                                     block_n_gate_up=dividing_tile(2 * gate_up, inter)),
+                 dataclasses.replace(pick, block_m=128, num_warps=8)]
     return list(dict.fromkeys([pick] + grid))
 
 
@@ -548,7 +562,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="full: every phase at M = 1..256, GLM-5 and DeepSeek-V3; decode: "
                              "M = 1 and 4 with the gemv kernel, anatomy at M = 1, DeepSeek-V3; "
                              "m64: the dense grid at M = 64 on TMA loads; moe: the fused MoE's "
-                             "points only (default full)")
+                             "points only; moe-wide: the fused MoE at 64 and 128 pairs an expert "
+                             "(default full)")
     args = parser.parse_args(argv)
     device = tune.script_device("h200_kernels", args.smoke)
     if device is None:

@@ -129,6 +129,17 @@ def test_moe_candidates_start_with_the_preset_and_vary_one_thing_each(device_scr
     assert {grid[1].loads, grid[0].loads} == {"pointer", "tma"}    # the pick's twin next
 
 
+def test_moe_candidates_add_taller_pair_tiles_where_an_expert_sees_many_pairs(device_script):
+    """At 128 pairs an expert (GLM-5 at B = 4096) the decode grid ends with 64- and 128-pair
+    tiles on 8 warps; at 16 pairs (B = 512) it has none of them."""
+    pick = device_script.choose_moe_config(4096 * 8, 256)
+    tall = device_script.moe_candidates(4096 * 8, 256, ("tma",), ("rows",))[-3:]
+    assert [(c.block_m, c.num_warps) for c in tall] == [(64, 8), (64, 8), (128, 8)]
+    assert tall[1].block_n_gate_up == 2 * pick.block_n_gate_up and tall[0].loads == pick.loads
+    assert not [c for c in device_script.moe_candidates(512 * 8, 256) if c.block_m > 32]
+    assert device_script.PLANS["moe-wide"].moe_points == (("glm-5", 4096), ("glm-5", 2048))
+
+
 @pytest.mark.parametrize("bad", ["8192", "8192x16", "axb"])
 def test_bad_shapes_are_named(tune, bad):
     with pytest.raises(SystemExit, match="--shapes"):
