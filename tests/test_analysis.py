@@ -352,9 +352,9 @@ def test_the_ceilings_table_states_each_divisor_with_its_spec_and_how_it_was_mea
 
 
 def test_the_ep_lever_of_a_moe_sweep_path_is_its_own_busiest_rank_when_measured():
-    """Where the MoE sweep timed the diagnosed path's busiest rank at EP 8 and 8 x B tokens, the
-    expert-parallel lever reads those times (measured, on the path); without them it is the
-    GEMM-loop model of the seed backend, said so in its name."""
+    """The reference run timed the diagnosed path's busiest rank at EP 8 and 8 x B tokens (call
+    93): the expert-parallel lever reads those times (measured, on the path). Without them it is
+    the GEMM-loop model of the seed backend, said so in its name."""
     import dataclasses
 
     from fp4lab.analysis import moe as moe_analysis
@@ -362,26 +362,28 @@ def test_the_ep_lever_of_a_moe_sweep_path_is_its_own_busiest_rank_when_measured(
 
     config = decode.DiagnosisConfig.from_profile("full")
     d = decode.diagnose(latest_gpu_run(REFERENCE_ROOT), config)
-    mine = d.moe.ok[(d.moe.ok["method"] == d.chosen["path"]) & (d.moe.ok["fmt"] == d.chosen["fmt"])
-                    & (d.moe.ok["batch"] == 512) & (d.moe.ok["ep"] == 1)]
+    assert d.ep_basis == decode.MEASURED_BATCHES
+    ok = d.moe.ok
+    mine = ok[(ok["method"] == d.chosen["path"]) & (ok["fmt"] == d.chosen["fmt"]) & (ok["batch"] == 4096)
+              & (ok["ep"] == 8)]
     assert len(mine) == 1
-    rank = mine.assign(ep=8, batch=8 * 512, median_us=mine["median_us"] / 3)   # one rank, 3x faster
-    results = dataclasses.replace(d.moe, frame=pd.concat([d.moe.frame, rank], ignore_index=True))
-    ep = decode.measured_ep(results, d.chosen, config)
-    assert list(ep["ep"]) == [1, 8] and list(ep["tokens_per_step"]) == [512, 4096]
-    assert ep["layer_us"].iloc[0] == pytest.approx(d.chosen["layer_us"])
-    assert ep["us_per_token"].iloc[0] / ep["us_per_token"].iloc[1] == pytest.approx(3.0)
-    levers = decode.levers(d.paths, d.chosen, d.fp4, d.concurrency, ep, d.graphs, 512,
-                           concurrency_basis=d.concurrency_basis, ep_basis=decode.MEASURED_BATCHES,
-                           backend=d.seed_backend)
-    lever = levers[levers["lever"].str.startswith("expert parallelism")].iloc[0]
+    assert list(d.ep["ep"]) == [1, 8] and list(d.ep["tokens_per_step"]) == [512, 4096]
+    assert d.ep["layer_us"].iloc[0] == pytest.approx(d.chosen["layer_us"])
+    assert d.ep["layer_us"].iloc[1] == pytest.approx(float(mine["median_us"].iloc[0]))
+    spread = moe_analysis.expert_parallel_times(d.moe, 512, config.routing)
+    row = spread[(spread["method"] == d.chosen["path"]) & (spread["fmt"] == d.chosen["fmt"])].iloc[0]
+    lever = d.levers[d.levers["lever"].str.startswith("expert parallelism")].iloc[0]
     assert d.chosen["path"] in lever["lever"] and lever["from_path"] and lever["kind"] == "measured"
-    assert lever["gain"] == pytest.approx(3.0)
-    # a rank measured at another batch than 8 x B is not this lever's point
-    off = dataclasses.replace(d.moe, frame=pd.concat([d.moe.frame, rank.assign(batch=512)],
-                                                     ignore_index=True))
-    assert decode.measured_ep(off, d.chosen, config).empty
-    assert moe_analysis.layer_times(results, 4096, config.routing, ep=8)["method"].tolist() == [d.chosen["path"]]
+    assert lever["gain"] == pytest.approx(row["gain"])               # chapter 03's table, one number
+    # without the rank at 8 x B the lever falls back to the model, named as such
+    frame = d.moe.frame
+    without = dataclasses.replace(d.moe, frame=frame[~((frame["ep"] == 8) & (frame["batch"] == 4096))])
+    assert decode.measured_ep(without, d.chosen, config).empty
+    modelled = decode.levers(d.paths, d.chosen, d.fp4, d.concurrency,
+                             decode.what_if_ep(d.gemm, d.seed_backend, d.moe.model, config), d.graphs, 512,
+                             concurrency_basis=d.concurrency_basis, backend=d.seed_backend)
+    lever = modelled[modelled["lever"].str.startswith("expert parallelism")].iloc[0]
+    assert f"a {d.seed_backend} GEMM loop" in lever["lever"] and lever["kind"] == "modelled"
 
 
 def test_the_bf16_lever_and_the_fp4_sentence_state_one_baseline():

@@ -86,6 +86,9 @@ def test_chapter_04_states_the_seed_table_in_one_sentence_and_levers_on_one_basi
     ep = d.levers[d.levers["lever"].str.startswith("expert parallelism")].iloc[0]
     assert ep["lever"] == "expert parallelism EP=8 (per token, humming-moe-indexed, no communication)"
     assert ep["kind"] == "measured" and 1.9 < ep["gain"] < 2.2          # call 93: 4.26 -> 2.10 us
+    spread = page_text(ch03_moe.build(str(reference_copy), "none", "full", "cpu"), "spread").replace("\\", "")
+    assert "humming-moe-indexed" in spread and "triton-w4a16-moe" in spread and "4096" in spread
+    assert f"{ep['gain']:.1f}x" in spread
     levers = page_text(page, "levers").replace("\\", "")
     assert "instead of the fastest bf16 path (padded-bf16)" in levers and "2.1x" in levers
     assert "triton-w4a16 GEMM loop" not in levers

@@ -395,28 +395,26 @@ def measured_batches(moe: moe_analysis.MoeResults | None, chosen: dict | None, r
 
 def measured_ep(moe: moe_analysis.MoeResults | None, chosen: dict | None, config: DiagnosisConfig,
                 comm: "comm_analysis.CommTable | None" = None) -> pd.DataFrame:
-    """Expert parallelism as measured on the diagnosed path itself: at each EP degree P where the
-    MoE sweep timed that path's busiest rank at P x B tokens a step (P GPUs each bring the decode
-    batch B), its layer time and the GPU time per token; the columns of `what_if_ep`. Empty when
-    the path did not come from the MoE sweep or the sweep did not measure it at EP 1 and above."""
+    """Expert parallelism as measured on the diagnosed path itself (`moe.expert_parallel_times`:
+    its busiest rank at P x B tokens a step, P GPUs each bringing the decode batch B, against
+    itself alone at B), as `what_if_ep`'s columns from EP 1 up. Empty when the path did not come
+    from the MoE sweep or the sweep did not time it at EP 1 and above."""
     if moe is None or chosen is None or chosen.get("source") != "MoE sweep":
         return pd.DataFrame()
     fmt = chosen.get("fmt") if isinstance(chosen.get("fmt"), str) else ""
+    spread = moe_analysis.expert_parallel_times(moe, config.decode_batch, config.routing)
+    mine = spread[(spread["method"] == chosen["path"]) & spread["fmt"].fillna("").eq(fmt)
+                  & spread["alone_layer_us"].notna()]
+    if not len(mine):
+        return pd.DataFrame()
+    degrees = [(1, float(mine["alone_layer_us"].iloc[0]))] + list(zip(mine["ep"], mine["layer_us"]))
     rows = []
-    for ep in sorted(moe.ok["ep"].dropna().astype(int).unique()):
-        tokens = int(ep) * config.decode_batch
-        table = moe_analysis.layer_times(moe, tokens, config.routing, ep=int(ep))
-        mine = table[(table["method"] == chosen["path"]) & table["fmt"].fillna("").eq(fmt)
-                     & (table["batch"] == tokens)]
-        if not len(mine):
-            continue
-        layer_us = float(mine["layer_us"].iloc[0])
+    for ep, layer_us in degrees:
         comm_us = _all_to_all_us(comm, int(ep), config.decode_batch, moe.model, config.routing)
-        rows.append({"ep": int(ep), "tokens_per_step": tokens, "layer_us": layer_us,
+        rows.append({"ep": int(ep), "tokens_per_step": int(ep) * config.decode_batch, "layer_us": layer_us,
                      "us_per_token": layer_us / config.decode_batch, "comm_us": comm_us,
                      "us_per_token_with_comm": (layer_us + comm_us) / config.decode_batch})
-    frame = pd.DataFrame(rows)
-    return frame if len(frame) > 1 and frame["ep"].iloc[0] == 1 else pd.DataFrame()
+    return pd.DataFrame(rows)
 
 
 def what_if_concurrency(gemm, backend: str | None, model, config: DiagnosisConfig,

@@ -143,6 +143,28 @@ def layer_times(results: MoeResults, batch: int, routing_spec: str | None = None
     return table.sort_values("layer_us").reset_index(drop=True)
 
 
+def expert_parallel_times(results: MoeResults, batch: int, routing_spec: str | None = None) -> pd.DataFrame:
+    """Each method the MoE sweep timed on the busiest rank at an EP degree P > 1 with P x `batch`
+    tokens a step (P GPUs each bring `batch`), beside its own time alone on one GPU at `batch`:
+    the GPU time per token both ways and the gain (alone / spread; communication not included).
+    Fastest spread first within each degree; empty where no such point was measured."""
+    columns = ["method", "fmt", "weight_dtype", "ep", "tokens_per_step", "layer_us", "us_per_token",
+               "alone_layer_us", "alone_us_per_token", "gain"]
+    alone = layer_times(results, batch, routing_spec)
+    alone = alone[alone["batch"] == batch]
+    rows = []
+    for ep in sorted(int(ep) for ep in results.ok["ep"].dropna().unique() if ep > 1):
+        spread = layer_times(results, ep * batch, routing_spec, ep=ep)
+        for row in spread[spread["batch"] == ep * batch].itertuples(index=False):
+            same = alone[(alone["method"] == row.method) & alone["fmt"].fillna("").eq(row.fmt or "")]
+            alone_us = float(same["layer_us"].iloc[0]) if len(same) else np.nan
+            rows.append({"method": row.method, "fmt": row.fmt, "weight_dtype": row.weight_dtype,
+                         "ep": ep, "tokens_per_step": ep * batch, "layer_us": row.layer_us,
+                         "us_per_token": row.layer_us / batch, "alone_layer_us": alone_us,
+                         "alone_us_per_token": alone_us / batch, "gain": alone_us / row.layer_us})
+    return pd.DataFrame(rows, columns=columns)
+
+
 def layer_times_by_batch(results: MoeResults, routing_spec: str | None = None) -> pd.DataFrame:
     """`layer_times` at every measured batch."""
     batches = sorted(results.ok["batch"].dropna().unique().astype(int))

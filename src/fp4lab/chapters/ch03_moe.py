@@ -30,6 +30,10 @@ STATS = [Col("batch", "B (tokens per step)", "int"), Col("ep", "EP degree", "int
 LAYERS = [Col("method", "method"), Col("fmt", "weights format"), Col("weight_dtype", "weights read as"),
           Col("layer_us", "layer time", "us"), Col("speedup_vs_loop", "speed-up vs loop of bf16 GEMMs", "ratio"),
           Col("read_floor_us", "its weight-read floor", "us"), Col("pct_of_floor", "% of that floor reached", "pct")]
+SPREAD = [Col("method", "method"), Col("fmt", "weights format"), Col("ep", "EP degree", "int"),
+          Col("tokens_per_step", "tokens a step (all GPUs)", "int"),
+          Col("layer_us", "busiest rank's layer time", "us"), Col("us_per_token", "GPU time per token", "us"),
+          Col("alone_us_per_token", "alone on one GPU, per token", "us"), Col("gain", "gain", "ratio")]
 UNAVAILABLE = [Col("method", "method"), Col("status", "status"), Col("error", "why")]
 ERRORS = [Col("method", "method"), Col("mean_abs_error_pct", "mean |error| (%)", "sig2"), Col("points", "points", "int")]
 NEEDED = [Col("ep", "EP degree", "int"), Col("batch_needed", "smallest B reaching the target", "int"),
@@ -92,6 +96,7 @@ def fill(context: Context, config: MoeSweep, target: float, decode_batch: int) -
     failed = results.frame[results.frame["status"] != "ok"].drop_duplicates("method")
     if len(failed):
         page.html("measured", html_table(failed, UNAVAILABLE, caption="methods that did not run here"))
+    _spread(page, results, config, decode_batch)
     compared = analysis.model_vs_measured(results)
     if len(compared):
         page.figure("model", figures.model_vs_measured(compared), results.caption(
@@ -129,6 +134,23 @@ def decorated(results: analysis.MoeResults, batch: int, routing: str):
     at["read_floor_us"] = [analysis.read_floor_us(b, bandwidth) for b in at["weight_bytes"]]
     at["pct_of_floor"] = 100 * at["read_floor_us"] / at["layer_us"]
     return at
+
+
+def _spread(page, results: analysis.MoeResults, config: MoeSweep, decode_batch: int) -> None:
+    """Each method timed on the busiest EP rank at P x the decode batch against itself alone."""
+    spread = analysis.expert_parallel_times(results, decode_batch, config.routing)
+    if not len(spread):
+        page.prose("spread", f"No method was timed on an expert-parallel rank at P x {decode_batch} tokens "
+                             f"(fp4lab moe-sweep --ep P --batch N, N = P x {decode_batch}, adds it).")
+        return
+    page.html("spread", html_table(spread, SPREAD, caption=results.caption(
+        f"P GPUs each bring B={decode_batch} tokens: the busiest rank's measured share of the layer "
+        "(its experts, the pairs routed to them); all-to-all not included")))
+    best = spread.sort_values("us_per_token").iloc[0]
+    page.prose("spread", f"Fastest spread: {text.md(best['method'])} ({text.md(best['fmt'] or '')}) at EP "
+                         f"{int(best['ep'])}, {text.us(best['us_per_token'])} of GPU time per token against "
+                         f"{text.us(best['alone_us_per_token'])} alone, {text.ratio(best['gain'])}: each rank "
+                         f"reads 1/{int(best['ep'])} of the weights for the same pairs.")
 
 
 def _utilization(page, results: analysis.MoeResults, config: MoeSweep, target: float) -> None:
