@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -163,6 +165,22 @@ def expert_parallel_times(results: MoeResults, batch: int, routing_spec: str | N
                          "us_per_token": row.layer_us / batch, "alone_layer_us": alone_us,
                          "alone_us_per_token": alone_us / batch, "gain": alone_us / row.layer_us})
     return pd.DataFrame(rows, columns=columns)
+
+
+def fastest_spread(results: MoeResults, batch: int, routing_spec: str | None = None) -> dict[str, Any] | None:
+    """The fastest method on a busiest EP rank at P x `batch` tokens against the fastest method
+    alone on one GPU at `batch` (each the best of its own setting: at 8x the tokens an expert a
+    different kernel can win): their GPU times per token and the gain. None without both."""
+    spread = expert_parallel_times(results, batch, routing_spec)
+    alone = layer_times(results, batch, routing_spec)
+    alone = alone[alone["batch"] == batch]
+    if not len(spread) or not len(alone):
+        return None
+    best = spread.sort_values("us_per_token").iloc[0].to_dict()
+    first = alone.iloc[0].to_dict()
+    alone_us = float(first["layer_us"]) / batch
+    return {"spread": best, "alone": {**first, "us_per_token": alone_us},
+            "gain": alone_us / float(best["us_per_token"])}
 
 
 def layer_times_by_batch(results: MoeResults, routing_spec: str | None = None) -> pd.DataFrame:

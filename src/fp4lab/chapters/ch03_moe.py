@@ -146,11 +146,20 @@ def _spread(page, results: analysis.MoeResults, config: MoeSweep, decode_batch: 
     page.html("spread", html_table(spread, SPREAD, caption=results.caption(
         f"P GPUs each bring B={decode_batch} tokens: the busiest rank's measured share of the layer "
         "(its experts, the pairs routed to them); all-to-all not included")))
-    best = spread.sort_values("us_per_token").iloc[0]
-    page.prose("spread", f"Fastest spread: {text.md(best['method'])} ({text.md(best['fmt'] or '')}) at EP "
-                         f"{int(best['ep'])}, {text.us(best['us_per_token'])} of GPU time per token against "
-                         f"{text.us(best['alone_us_per_token'])} alone, {text.ratio(best['gain'])}: each rank "
-                         f"reads 1/{int(best['ep'])} of the weights for the same pairs.")
+    fastest = analysis.fastest_spread(results, decode_batch, config.routing)
+    if fastest is None:
+        return
+    best, alone = fastest["spread"], fastest["alone"]
+
+    def named(row) -> str:
+        return text.md(row["method"]) + (f" ({text.md(row['fmt'])})" if isinstance(row.get("fmt"), str) else "")
+
+    page.prose("spread", f"The fastest spread, {named(best)} at EP {int(best['ep'])}, takes "
+                         f"{text.us(best['us_per_token'])} of GPU time per token; the fastest method alone "
+                         f"on one GPU, {named(alone)}, {text.us(alone['us_per_token'])}: "
+                         f"{text.ratio(fastest['gain'])}. Each rank reads 1/{int(best['ep'])} of the "
+                         "weights for as many pairs as one GPU alone, so its experts' GEMMs are "
+                         f"{int(best['ep'])}x taller and a different kernel can win.")
 
 
 def _utilization(page, results: analysis.MoeResults, config: MoeSweep, target: float) -> None:
