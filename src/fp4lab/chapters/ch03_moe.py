@@ -140,8 +140,9 @@ def _spread(page, results: analysis.MoeResults, config: MoeSweep, decode_batch: 
     """Each method timed on the busiest EP rank at P x the decode batch against itself alone."""
     spread = analysis.expert_parallel_times(results, decode_batch, config.routing)
     if not len(spread):
-        page.prose("spread", f"No method was timed on an expert-parallel rank at P x {decode_batch} tokens "
-                             f"(fp4lab moe-sweep --ep P --batch N, N = P x {decode_batch}, adds it).")
+        command = text.code(f"fp4lab moe-sweep --ep P --batch N --run-id {results.view.run_id}")
+        page.prose("spread", f"No method was timed on an expert-parallel rank at P x {decode_batch} tokens: "
+                             f"{command} with N = P x {decode_batch} adds it.")
         return
     page.html("spread", html_table(spread, SPREAD, caption=results.caption(
         f"P GPUs each bring B={decode_batch} tokens: the busiest rank's measured share of the layer "
