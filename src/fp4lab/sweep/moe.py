@@ -97,7 +97,8 @@ def _dtypes(method, point: MoePoint) -> dict[str, str]:
 
 class ProblemCache:
     """The weights a worker reuses across its points: bf16 [E, N, K] per GEMM, FP4 (w13, w2) per
-    format; one entry at a time, so a GLM-5 layer's weights are held once."""
+    format and expert count (E at EP 1, E/P on a rank); one entry at a time, so a GLM-5 layer's
+    weights are held once."""
 
     def __init__(self, config: MoeSweep, device: str):
         self.config, self.device, self.key, self.value = config, device, None, None
