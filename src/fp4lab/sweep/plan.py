@@ -120,8 +120,9 @@ def moe_points(config, method_kinds: dict[str, tuple[str, str]]) -> list[MoePoin
         kind, weight_dtype = method_kinds[method]
         fmts = config.fmts if weight_dtype in ("fp4", "int4") or kind == "layer" else (None,)
         if kind == "layer":
+            # EP outside the batch: one set of weights (E or E/P experts) serves a run of points
             points += [MoePoint(method, "layer", fmt, batch, ep, None)
-                       for fmt in fmts for batch in config.batch_sizes for ep in config.ep_degrees]
+                       for fmt in fmts for ep in config.ep_degrees for batch in config.batch_sizes]
         else:
             points += [MoePoint(method, gemm, fmt, batch, ep, None)
                        for gemm in config.gemms for fmt in fmts
