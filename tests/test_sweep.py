@@ -236,6 +236,17 @@ def test_layer_methods_at_ep_time_the_busiest_ranks_own_pairs(tmp_path):
     assert layer["flops"].iloc[0] < whole_layer["flops"].iloc[0]               # half the pairs' work
 
 
+def test_layer_points_keep_one_weight_set_per_run_of_points():
+    """A worker holds one set of layer weights (E experts at EP 1, E/P on a rank): the plan orders
+    a layer method's points so each (format, EP) set is built once, not once per batch."""
+    from fp4lab.sweep.plan import moe_points
+
+    cfg = moe_config(["layer-loop-bf16"], ep_degrees=[1, 2], batch_sizes=[8, 16, 32])
+    sets = [(p.fmt, p.ep) for p in moe_points(cfg, moe_sweep.method_kinds()) if p.gemm == "layer"]
+    changes = sum(1 for a, b in zip(sets, sets[1:]) if a != b)
+    assert len(sets) == len(cfg.fmts) * 2 * 3 and changes == len(set(sets)) - 1
+
+
 def test_a_second_model_swept_into_a_run_keeps_the_first_ones_record():
     first = moe_config(["loop-bf16"], preset="glm-5")
     second = moe_config(["loop-bf16"], preset="deepseek-v3")
