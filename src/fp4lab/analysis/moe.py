@@ -9,7 +9,6 @@ A method's *layer time* at batch B is the time of one MoE layer's routed experts
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 from typing import Any
 
 import numpy as np
@@ -152,12 +151,10 @@ def expert_parallel_times(results: MoeResults, batch: int, routing_spec: str | N
     Fastest spread first within each degree; empty where no such point was measured."""
     columns = ["method", "fmt", "weight_dtype", "ep", "tokens_per_step", "layer_us", "us_per_token",
                "alone_layer_us", "alone_us_per_token", "gain"]
-    alone = layer_times(results, batch, routing_spec)
-    alone = alone[alone["batch"] == batch]
+    alone = layer_times_at(results, batch, routing_spec)
     rows = []
     for ep in sorted(int(ep) for ep in results.ok["ep"].dropna().unique() if ep > 1):
-        spread = layer_times(results, ep * batch, routing_spec, ep=ep)
-        for row in spread[spread["batch"] == ep * batch].itertuples(index=False):
+        for row in layer_times_at(results, ep * batch, routing_spec, ep).itertuples(index=False):
             same = alone[(alone["method"] == row.method) & alone["fmt"].fillna("").eq(row.fmt or "")]
             alone_us = float(same["layer_us"].iloc[0]) if len(same) else np.nan
             rows.append({"method": row.method, "fmt": row.fmt, "weight_dtype": row.weight_dtype,
@@ -167,13 +164,23 @@ def expert_parallel_times(results: MoeResults, batch: int, routing_spec: str | N
     return pd.DataFrame(rows, columns=columns)
 
 
-def fastest_spread(results: MoeResults, batch: int, routing_spec: str | None = None) -> dict[str, Any] | None:
+def layer_times_at(results: MoeResults, batch: int, routing_spec: str | None = None,
+                   ep: int = 1) -> pd.DataFrame:
+    """`layer_times` where the sweep measured exactly `batch` at `ep`; empty where it did not
+    (no nearest batch standing in for it)."""
+    table = layer_times(results, batch, routing_spec, ep)
+    return table[table["batch"] == batch]
+
+
+def fastest_spread(results: MoeResults, batch: int, routing_spec: str | None = None,
+                   spread: pd.DataFrame | None = None) -> dict[str, Any] | None:
     """The fastest method on a busiest EP rank at P x `batch` tokens against the fastest method
     alone on one GPU at `batch` (each the best of its own setting: at 8x the tokens an expert a
-    different kernel can win): their GPU times per token and the gain. None without both."""
-    spread = expert_parallel_times(results, batch, routing_spec)
-    alone = layer_times(results, batch, routing_spec)
-    alone = alone[alone["batch"] == batch]
+    different kernel can win): their GPU times per token and the gain. None without both.
+    `spread`: `expert_parallel_times` at the same batch, when the caller already has it."""
+    if spread is None:
+        spread = expert_parallel_times(results, batch, routing_spec)
+    alone = layer_times_at(results, batch, routing_spec)
     if not len(spread) or not len(alone):
         return None
     best = spread.sort_values("us_per_token").iloc[0].to_dict()

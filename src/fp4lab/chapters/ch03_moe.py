@@ -147,7 +147,7 @@ def _spread(page, results: analysis.MoeResults, config: MoeSweep, decode_batch: 
     page.html("spread", html_table(spread, SPREAD, caption=results.caption(
         f"P GPUs each bring B={decode_batch} tokens: the busiest rank's measured share of the layer "
         "(its experts, the pairs routed to them); all-to-all not included")))
-    fastest = analysis.fastest_spread(results, decode_batch, config.routing)
+    fastest = analysis.fastest_spread(results, decode_batch, config.routing, spread)
     if fastest is None:
         return
     best, alone = fastest["spread"], fastest["alone"]
