@@ -424,4 +424,9 @@ def test_rows_a_resumed_run_adds_at_another_commit_are_recorded_and_captioned(tm
         run.append_rows("gemm", [gemm_row("cuda-w4a16", m, 64, 64, 3.0)])
         run.note_later_commit(("gemm",), before)
     assert view(run).caption("x").endswith("fp4lab abc123 (rows added later at def456, 0aa111)")
+    monkeypatch.setenv("FP4LAB_GIT_SHA", "0bb222")                 # a third: counted, the last named
+    before = run.row_count(("gemm",))
+    run.append_rows("gemm", [gemm_row("cuda-w4a16", 32, 64, 64, 3.0)])
+    run.note_later_commit(("gemm",), before)
+    assert view(run).caption("x").endswith("fp4lab abc123 (rows added later at 3 commits, the last 0bb222)")
     assert RunDir.open(run.path).run_json()["provenance"]["later_commits"][0]["at"]   # run.json still valid

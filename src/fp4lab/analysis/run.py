@@ -64,10 +64,19 @@ class RunView:
         if versions.get("torch"):
             parts.append(f"torch {versions['torch']}")
         if prov.get("fp4lab_git_sha"):
-            later = [sha[:12] for sha in later_commits(self.info)]
-            parts.append(f"fp4lab {str(prov['fp4lab_git_sha'])[:12]}"
-                         + (f" (rows added later at {', '.join(later)})" if later else ""))
+            parts.append(f"fp4lab {str(prov['fp4lab_git_sha'])[:12]}" + later_words(later_commits(self.info)))
         return "; ".join(parts)
+
+
+def later_words(later: list[str]) -> str:
+    """The commits that added rows after the run's own, short enough for every caption: two are
+    named, more are counted with the last named (run.json and chapter 06 list them all)."""
+    shas = [sha[:12] for sha in later]
+    if not shas:
+        return ""
+    if len(shas) <= 2:
+        return f" (rows added later at {', '.join(shas)})"
+    return f" (rows added later at {len(shas)} commits, the last {shas[-1]})"
 
 
 def view(run_dir: str | os.PathLike | RunDir) -> RunView:
