@@ -210,10 +210,13 @@ def test_sweep_records_a_shape_a_backend_does_not_take_as_unavailable(monkeypatc
 def test_the_kernel_source_declares_what_the_layout_writes():
     source = cuda.KERNEL_SOURCE.read_text()
     assert f"fp4_decode_gemm(" in source and cuda.KERNEL_NAME == "fp4_decode_gemm"
-    # the decode the model applies (fragment_bits) is the kernel's
+    assert "decode_scaled(x, scales[j], q, a0, a1, a2, a3);" in source
+    # the decode the model applies (fragment_bits) is the kernel's, in the code the kernels share
+    common = cuda.COMMON_SOURCE.read_text()
+    assert cuda.kernel_source(cuda.KERNEL_SOURCE).startswith(common)
     for decode in ("a0 = ((x & 0x40074007u) * 0x42u) & 0x81C081C0u", "a1 = (x << 3) & 0x81C081C0u",
                    "a2 = x & 0x81C081C0u", "a3 = (((x >> 3) & 0x05C005C0u) * 0x21u) & 0x81C081C0u"):
-        assert decode in source
+        assert decode in common
 
 
 def test_the_kernel_reads_only_weights_before_it_waits_for_the_previous_kernel():
@@ -237,8 +240,9 @@ def test_the_kernel_source_ships_with_the_package():
 
     pyproject = Path(fp4lab.__file__).parents[2] / "pyproject.toml"
     patterns = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["package-data"]["fp4lab"]
-    source = cuda.KERNEL_SOURCE.relative_to(Path(fp4lab.__file__).parent).as_posix()
-    assert any(fnmatch.fnmatch(source, pattern) for pattern in patterns), (source, patterns)
+    for path in (cuda.KERNEL_SOURCE, cuda.COMMON_SOURCE):
+        source = path.relative_to(Path(fp4lab.__file__).parent).as_posix()
+        assert any(fnmatch.fnmatch(source, pattern) for pattern in patterns), (source, patterns)
 
 
 # --- on a GPU: the kernel itself, gated ----------------------------------------------------------

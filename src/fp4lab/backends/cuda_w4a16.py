@@ -56,6 +56,7 @@ SHARED_LIMIT = 227 * 1024    # what sm_90 lets one CTA opt in to (228 KB an SM, 
 SCALE_BYTES = {"nvfp4": 8, "mxfp4": 4}     # per (rows g, g+8) per k-group
 WEIGHT_BIAS = 2.0 ** (126 - SCALE_EXP)     # decoded weights are e2m1 * scale * 2^-26
 KERNEL_SOURCE = Path(__file__).with_name("cuda_w4a16_kernel.cu")
+COMMON_SOURCE = Path(__file__).with_name("cuda_fp4_common.cu")   # what the CUDA kernels share
 KERNEL_NAME = "fp4_decode_gemm"
 MIN_CAPABILITY = (9, 0)      # mul.rn.bf16x2 (the scale multiply) is sm_90's
 
@@ -408,6 +409,11 @@ def emulate(weights: torch.Tensor, scales: torch.Tensor, fmt: str) -> torch.Tens
 
 # --- the backend ---------------------------------------------------------------------------------
 
+def kernel_source(path: Path) -> str:
+    """A kernel file's text after the shared device code (NVRTC has no include path)."""
+    return COMMON_SOURCE.read_text() + "\n" + path.read_text()
+
+
 @functools.lru_cache(maxsize=None)
 def compiled(config: CudaTileConfig, fmt: str, tiles: int, capability: tuple[int, int],
              stage: str = "full"):
@@ -418,7 +424,7 @@ def compiled(config: CudaTileConfig, fmt: str, tiles: int, capability: tuple[int
                f"-DMIN_CTAS={config.min_ctas or 0}", f"-DCLUSTER={config.cluster}",
                f"-DSTAGE={list(ANATOMY_STAGES).index(stage)}",
                "-std=c++17"]
-    return torch.cuda._compile_kernel(KERNEL_SOURCE.read_text(), KERNEL_NAME,
+    return torch.cuda._compile_kernel(kernel_source(KERNEL_SOURCE), KERNEL_NAME,
                                       compute_capability=f"{capability[0]}{capability[1]}",
                                       nvcc_options=options)
 

@@ -1,6 +1,7 @@
 // fp4lab's CUDA decode GEMM for FP4 weights at decode-sized M (<= 64): out[M, N] = a[M, K] . W^T.
 //
-// Compiled at prepare with NVRTC (no headers: plain integer types and inline PTX), one build per
+// Compiled at prepare with NVRTC after cuda_fp4_common.cu (the loads, decode and MMA it shares with
+// the fused MoE; no headers: plain integer types and inline PTX), one build per
 // (GROUPS, DEPTH, WARPS, KWARPS, NTILES, NVFP4, OVERLAP_ALL, MIN_CTAS, CLUSTER), given as -D defines
 // (MIN_CTAS: CTAs an SM must fit, which caps the registers a thread; 0 leaves them to ptxas;
 // NTILES: n8 tiles of activation rows, 1, 2, 4 or 8).
@@ -66,7 +67,6 @@
 #define CHAINS (NTILES <= 2 ? 2 : 1)
 #define ROW_WORDS (KWARPS * KS / 2 + 4)  // bf16x2 words a staged row (the CTA's k), +4 (16 B):
                                      // conflict-free ldmatrix
-#define SCALE_BYTES (NVFP4 ? 8 : 4)  // scale bytes per (row pair g, g+8) per k-group
 #ifndef CLUSTER
 #define CLUSTER 1
 #endif
@@ -83,90 +83,6 @@
 #ifndef STAGE
 #define STAGE STAGE_FULL
 #endif
-
-typedef unsigned int u32;
-struct __align__(16) u32x4 { u32 x, y, z, w; };   // NVRTC has no headers: our own vector type
-
-__device__ __forceinline__ u32x4 load_stream(const u32x4* p) {
-    u32x4 v;
-    asm volatile("ld.global.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-
-// a row pair's block scales for one k-group: 8 bytes (nvfp4, one 8-byte load) or 4 (mxfp4)
-struct Scales { u32 word[SCALE_BYTES / 4]; };
-
-__device__ __forceinline__ Scales load_scales(const Scales* p) {
-    Scales v;
-#if NVFP4
-    asm volatile("ld.global.v2.u32 {%0, %1}, [%2];" : "=r"(v.word[0]), "=r"(v.word[1]) : "l"(p));
-#else
-    asm volatile("ld.global.u32 %0, [%1];" : "=r"(v.word[0]) : "l"(p));
-#endif
-    return v;
-}
-
-// bytes `pair` (0: bytes 0,1; 1: bytes 2,3) of `word`, the block scales of rows g and g+8 ->
-// bf16x2 (scale_g, scale_g8) * 2^100, exact (e5m3 for nvfp4: bits = byte*16 + 217<<7; e8m0 for
-// mxfp4: bits = byte*128 + 100<<7)
-__device__ __forceinline__ u32 scale_pair(u32 word, int pair) {
-    u32 spread;
-    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(spread) : "r"(word), "r"(pair ? 0x4342 : 0x4140));
-#if NVFP4
-    return spread * 16u + 0x6C806C80u;
-#else
-    return spread * 128u + 0x32003200u;
-#endif
-}
-
-// a (bf16x2) times the low bf16 of s (rows g) or its high one (rows g+8), broadcast
-__device__ __forceinline__ u32 scaled_lo(u32 a, u32 s) {
-    u32 d;
-    asm("{\n\t.reg .b16 l, h;\n\t.reg .b32 b;\n\tmov.b32 {l, h}, %2;\n\t"
-        "mov.b32 b, {l, l};\n\tmul.rn.bf16x2 %0, %1, b;\n\t}" : "=r"(d) : "r"(a), "r"(s));
-    return d;
-}
-
-__device__ __forceinline__ u32 scaled_hi(u32 a, u32 s) {
-    u32 d;
-    asm("{\n\t.reg .b16 l, h;\n\t.reg .b32 b;\n\tmov.b32 {l, h}, %2;\n\t"
-        "mov.b32 b, {h, h};\n\tmul.rn.bf16x2 %0, %1, b;\n\t}" : "=r"(d) : "r"(a), "r"(s));
-    return d;
-}
-
-// 16 bytes global -> shared, asynchronously (no register holds them on the way); the wait makes
-// every copy of this thread visible to it. Both clobber memory: no shared access moves across.
-__device__ __forceinline__ void copy_async(u32 shared, const void* global) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(shared), "l"(global) : "memory");
-}
-
-__device__ __forceinline__ void wait_copies() {
-    asm volatile("cp.async.wait_all;" ::: "memory");
-}
-
-// the 32-bit shared-memory address cp.async and ldmatrix take
-__device__ __forceinline__ u32 shared_address(const void* p) {
-    u32 address;
-    asm("{\n\t.reg .u64 a;\n\tcvta.to.shared.u64 a, %1;\n\tcvt.u32.u64 %0, a;\n\t}"
-        : "=r"(address) : "l"(p));
-    return address;
-}
-
-// four 8x8 bf16 matrices; lane l gave the address of row l % 8 of matrix l / 8, and receives in
-// register i (row l / 4, columns 2 (l % 4), +1) of matrix i: an mma B fragment's half. Volatile
-// with a memory clobber: it reads what the barrier published and must not move above it.
-__device__ __forceinline__ void ldmatrix4(u32 address, u32* r) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-        : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address) : "memory");
-}
-
-__device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // the CTA's arrival at its column's counter: a release of every add the CTA made before the
 // barrier in front of it, and an acquire of the other CTAs' (the last one reads their sums)
@@ -198,22 +114,6 @@ __device__ __forceinline__ float load_cluster(u32 address, unsigned rank) {
     asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(address), "r"(rank));
     asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
     return v;
-}
-
-// PDL's two halves (sm_90): wait for the previous kernel's completion and writes; let the next
-// kernel launch once every CTA of this one has said so (or exited)
-__device__ __forceinline__ void wait_for_previous_kernel() {
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-}
-
-__device__ __forceinline__ void let_next_kernel_launch() {
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-
-__device__ __forceinline__ unsigned short to_bf16(float v) {
-    unsigned short r;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
-    return r;
 }
 
 __device__ __forceinline__ float load_l2(const float* p) {
@@ -331,22 +231,8 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
             sink += x;
             continue;
 #endif
-            // A fragment: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..),
-            // each bf16 half's code bits placed by the layout where these ops take them from
-            // (mma_layout's MAGNITUDE_AT, SIGN_AT): 10 integer instructions for the 8 codes
-            u32 a0 = ((x & 0x40074007u) * 0x42u) & 0x81C081C0u;   // sign << 1, magnitude << 6
-            u32 a1 = (x << 3) & 0x81C081C0u;
-            u32 a2 = x & 0x81C081C0u;
-            u32 a3 = (((x >> 3) & 0x05C005C0u) * 0x21u) & 0x81C081C0u;  // sign << 5, magnitude
-#if NVFP4                                                // a 16-k block per MMA
-            const u32 sc = scale_pair(scales[j].word[q >> 1], q & 1);
-#else                                                    // a 32-k block per two MMAs
-            const u32 sc = scale_pair(scales[j].word[0], q >> 1);
-#endif
-            a0 = scaled_lo(a0, sc);
-            a2 = scaled_lo(a2, sc);
-            a1 = scaled_hi(a1, sc);
-            a3 = scaled_hi(a3, sc);
+            u32 a0, a1, a2, a3;                          // the A fragment (decode_scaled)
+            decode_scaled(x, scales[j], q, a0, a1, a2, a3);
 #if STAGE == STAGE_DECODE
             sink += a0 + a1 + a2 + a3;
 #elif NTILES == 1
