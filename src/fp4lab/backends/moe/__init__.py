@@ -9,6 +9,7 @@ from __future__ import annotations
 from fp4lab.backends.moe.base import (
     ExpertProblem, LayerProblem, MethodUnavailable, MoeCall, MoeMethod, check_call,
 )
+from fp4lab.backends.moe.cuda_fused import CudaW4A16Moe
 from fp4lab.backends.moe.blackwell import FlashInferCutlassMoe, FlashInferTrtllmMoe, SglFp4GroupMm
 from fp4lab.backends.moe.humming import HummingMoeGrouped, HummingMoeIndexed, HummingW4A4Moe
 from fp4lab.backends.moe.torch_methods import (
@@ -29,6 +30,7 @@ REGISTRY: dict[str, MoeMethod] = {
         LoopTritonW4A16(),
         LayerLoopBf16(),
         TritonW4A16Moe(),
+        CudaW4A16Moe(),
         HummingMoeGrouped(), HummingMoeIndexed(), HummingW4A4Moe(),
         SglFp4GroupMm(),
         FlashInferCutlassMoe(),

@@ -164,19 +164,11 @@ class TritonW4A16Moe(MoeMethod):
         from fp4lab.backends.triton_w4a16 import kernel_operands
         from fp4lab.backends.triton_w4a16_kernel import INTERPRETED
 
-        if problem.fmt not in self.formats:
-            raise ValueError(f"{self.name} takes formats {list(self.formats)}, not {problem.fmt!r}")
-        if fmt is not None and not isinstance(fmt, str):   # prepare(problem, config) by mistake
-            raise TypeError(f"{self.name}.prepare: fmt must be a format name or None, got "
-                            f"{type(fmt).__name__}; pass a tile config as config=")
-        if until not in CALL_PARTS:
-            raise ValueError(f"until must be one of {CALL_PARTS}, got {until!r}")
-        last = CALL_PARTS.index(until)
+        check_layer_request(self, problem, fmt, until)
         device = problem.x.device
         tokens, top_k = problem.topk_ids.shape
         experts, hidden, inter = problem.experts, problem.hidden, problem.intermediate
-        pairs = tokens * top_k
-        config = config or choose_moe_config(pairs, experts)
+        config = config or choose_moe_config(tokens * top_k, experts)
         w13 = kernel_operands(problem.w13, str(device), config.block_k)     # [E, 2I, Hp/2] ...
         w2 = kernel_operands(problem.w2, str(device), config.block_k)       # [E, H, Ip/2] ...
         if config.layout == "tiles":
@@ -187,42 +179,79 @@ class TritonW4A16Moe(MoeMethod):
                                    hidden, "H (down)")
         if problem.w13.global_scale is None:   # mxfp4: one (never read) scale per expert
             w13.global_scale = w2.global_scale = torch.ones(experts, device=device)
-        tables = RouteTables.empty(pairs, experts, config.block_m, device)
-        act = torch.empty(pairs, inter, dtype=torch.bfloat16, device=device)    # [P, I]
-        y = torch.empty(pairs, hidden, dtype=torch.bfloat16, device=device)     # [P, H]
         common = dict(top_k=top_k, fmt=problem.fmt, config=config, interpreted=INTERPRETED)
 
-        def build(args, out):
-            x, topk_ids, topk_weights, w13_ops, w2_ops = args
+        def gate_up(x, ops, act, tables, route_w):
+            kernel.launch(x, ops.packed, ops.scale_bytes, ops.global_scale, act,
+                          tables.sorted_pairs, route_w, route_work(tables), n=inter, k=hidden,
+                          gate_up=True, **common)
 
-            def call():
-                kernel.launch_route(topk_ids, experts, config.block_m, tables)
-                if last == 0:
-                    return out
-                work = (tables.work_expert, tables.work_start, tables.work_rows)
-                route_w = topk_weights.reshape(-1)                                  # [P]
-                kernel.launch(x, w13_ops.packed, w13_ops.scale_bytes, w13_ops.global_scale,
-                              act, tables.sorted_pairs, route_w, work, n=inter, k=hidden,
-                              gate_up=True, **common)
-                if last == 1:
-                    return out
-                kernel.launch(act, w2_ops.packed, w2_ops.scale_bytes, w2_ops.global_scale, y,
-                              tables.sorted_pairs, route_w, work, n=hidden, k=inter,
-                              gate_up=False, **common)
-                if last == 2:
-                    return out
-                return torch.sum(y.view(tokens, top_k, hidden), dim=1, dtype=torch.float32,
-                                 out=out)
-            return call
+        def down(act, ops, y, tables, route_w):
+            kernel.launch(act, ops.packed, ops.scale_bytes, ops.global_scale, y,
+                          tables.sorted_pairs, route_w, route_work(tables), n=hidden, k=inter,
+                          gate_up=False, **common)
 
-        out = torch.empty(tokens, hidden, dtype=torch.float32, device=device)      # [T, H]
-        args = (problem.x.contiguous(), problem.topk_ids.contiguous(),
-                problem.topk_weights.float().contiguous(), w13, w2)
-        active = int((problem.loads > 0).sum())
-        return bound_call(build, args, out, tolerance_key=problem.fmt,
-                          weight_bytes=layer_weight_bytes(problem),
-                          note=f"{active} experts, 2 Triton launches ({config.label()}); "
-                               f"{self.note}")
+        return routed_layer_call(self, problem, until, config.block_m, w13, w2, gate_up, down,
+                                 f"2 Triton launches ({config.label()})")
+
+
+def check_layer_request(method: MoeMethod, problem: LayerProblem, fmt, until: str) -> None:
+    """A fused method's prepare arguments, checked before any work: the problem's format is one
+    the method takes, `fmt` (positional by mistake) a name or None, `until` one of CALL_PARTS."""
+    if problem.fmt not in method.formats:
+        raise ValueError(f"{method.name} takes formats {list(method.formats)}, not {problem.fmt!r}")
+    if fmt is not None and not isinstance(fmt, str):   # prepare(problem, config) by mistake
+        raise TypeError(f"{method.name}.prepare: fmt must be a format name or None, got "
+                        f"{type(fmt).__name__}; pass a tile config as config=")
+    if until not in CALL_PARTS:
+        raise ValueError(f"until must be one of {CALL_PARTS}, got {until!r}")
+
+
+def route_work(tables: "RouteTables") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return tables.work_expert, tables.work_start, tables.work_rows
+
+
+def routed_layer_call(method: MoeMethod, problem: LayerProblem, until: str, block_m: int, w13, w2,
+                      gate_up, down, launches: str) -> MoeCall:
+    """A fused method's call: the route kernel (work items of up to `block_m` pairs of one
+    expert), `gate_up(x, w13, act, tables, route_w)` writing act [P, I] by sorted position,
+    `down(act, w2, y, tables, route_w)` writing y [P, H] by pair id (times its routing weight),
+    then torch's sum of each token's k rows; stopped after launch `until` (CALL_PARTS). The
+    weights `w13`, `w2` are in the call's args, so the timer's copies rebind them."""
+    from fp4lab.backends.moe.triton_fused_kernel import launch_route
+
+    last = CALL_PARTS.index(until)
+    device = problem.x.device
+    tokens, top_k = problem.topk_ids.shape
+    pairs, experts, hidden = tokens * top_k, problem.experts, problem.hidden
+    tables = RouteTables.empty(pairs, experts, block_m, device)
+    act = torch.empty(pairs, problem.intermediate, dtype=torch.bfloat16, device=device)  # [P, I]
+    y = torch.empty(pairs, hidden, dtype=torch.bfloat16, device=device)                 # [P, H]
+
+    def build(args, out):
+        x, topk_ids, topk_weights, w13_ops, w2_ops = args
+
+        def call():
+            launch_route(topk_ids, experts, block_m, tables)
+            if last == 0:
+                return out
+            route_w = topk_weights.reshape(-1)                                  # [P]
+            gate_up(x, w13_ops, act, tables, route_w)
+            if last == 1:
+                return out
+            down(act, w2_ops, y, tables, route_w)
+            if last == 2:
+                return out
+            return torch.sum(y.view(tokens, top_k, hidden), dim=1, dtype=torch.float32, out=out)
+        return call
+
+    out = torch.empty(tokens, hidden, dtype=torch.float32, device=device)      # [T, H]
+    args = (problem.x.contiguous(), problem.topk_ids.contiguous(),
+            problem.topk_weights.float().contiguous(), w13, w2)
+    active = int((problem.loads > 0).sum())
+    return bound_call(build, args, out, tolerance_key=problem.fmt,
+                      weight_bytes=layer_weight_bytes(problem),
+                      note=f"{active} experts, {launches}; {method.note}")
 
 
 def tiled_moe_weights(ops, block_n: int, block_k: int, scale_block: int, n: int, what: str):

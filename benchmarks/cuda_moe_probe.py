@@ -1,0 +1,135 @@
+"""`cuda-w4a16-moe`, fp4lab's CUDA fused MoE, against its peers at issue 13's MoE points: every
+build of `GRID` gated, then timed with the package's timer (cold L2, CUDA graph), beside
+humming-moe-indexed (when its wheel is installed) and triton-w4a16-moe's preset at the same
+points; the first point's three fastest builds (and the preset) are the only ones timed at the
+others; the fastest build's call then stopped after each launch (routing, gate_up, down), so the
+summary gives each launch's time.
+
+    PYTHONPATH=src python3 benchmarks/cuda_moe_probe.py --out $OUT/moe [--budget-s 380]
+
+Writes measurements.jsonl (one row per method, build and point, as it happens; the ceilings first)
+and prints one fixed-width line per row. `--smoke` runs the same steps on the scaled CPU stand-in
+of GLM-5 (every step an "unavailable" row there: the kernel needs a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import h200_kernels as kernels  # noqa: E402  (Run, the ceilings, the models' weights)
+
+from fp4lab import bench  # noqa: E402
+from fp4lab.backends.moe import base as moe_base, get as get_moe  # noqa: E402
+from fp4lab.backends.moe.cuda_fused import CudaMoeConfig, choose_moe_config  # noqa: E402
+from fp4lab.backends.moe.triton_fused import CALL_PARTS  # noqa: E402
+from fp4lab.moe import routing  # noqa: E402
+
+POINTS = (("glm-5", 512), ("deepseek-v3", 512), ("glm-5", 64))
+PEERS = ("humming-moe-indexed", "triton-w4a16-moe")
+# (warps a CTA, pair tiles of 8, k-groups a staged chunk, k-groups in flight, CTAs an SM, launch):
+# the preset (16-warp CTAs two an SM, the dense kernel's M <= 16 shape), its launch without PDL
+# and with the tail overlap; twice the loads in flight on one 16-warp or two 8-warp CTAs (116
+# registers); four 8-warp CTAs an SM on half the chunk; chunks of 16 and 4 k-groups; 64-pair and
+# 16-pair work items (an expert's weights read once more per item)
+GRID = tuple(CudaMoeConfig(warps=w, ntiles=n, chunk=c, depth=d, min_ctas=b, overlap=o)
+             for w, n, c, d, b, o in ((16, 4, 8, 4, 2, "all"), (16, 4, 8, 4, 2, "off"),
+                                      (16, 4, 8, 4, 2, "tail"), (16, 4, 8, 8, 1, "all"),
+                                      (8, 4, 8, 8, 2, "all"), (8, 4, 4, 4, 4, "all"),
+                                      (16, 4, 16, 4, 1, "all"), (16, 8, 8, 4, 1, "all"),
+                                      (16, 2, 8, 4, 2, "all"), (16, 4, 4, 4, 2, "all")))
+SMOKE_POINTS = (("glm-5", 16),)
+
+
+def layer_row(run: kernels.Run, problem, method: str, config=None, until: str = "sum") -> dict:
+    """One method's call gated (the whole call) and timed; a prefix (`until`) only timed."""
+    call = get_moe(method).prepare(problem, config=config, until=until) if config is not None \
+        else get_moe(method).prepare(problem)
+    row = {"method": method, "config": dataclasses.asdict(config) if config else None,
+           "weight_bytes": call.weight_bytes, "note": call.note,
+           "loads_max": int(problem.loads.max())}
+    if until == "sum":
+        gate = moe_base.check_call(call, problem)
+        row.update(status=gate.status, rel_err=gate.rel_err, message=gate.message)
+        if not gate.ok:
+            return row
+    else:
+        row.update(status="ok", message=f"the call up to {until}, not gated")
+    timing = bench.time_call(call.make_call, call.args, call.out, run.timer, run.device)
+    return {**row, **kernels.tune.timing_fields(timing)}
+
+
+def line(row: dict) -> str:
+    what = f"{row.get('model', '')} B={row.get('batch', '')} {row.get('fmt', '')}"
+    label = row.get("label", "")
+    if "median_us" in row:
+        floor = row.get("floor_us")
+        pct = f"{100 * floor / row['median_us']:5.1f}% of floor" if floor else ""
+        return f"{what:24s} {label:42s} {row['median_us']:9.1f} us  {pct}"
+    return f"{what:24s} {label:42s} {row['status']}: {row.get('message', '')[:80]}"
+
+
+def probe_point(run: kernels.Run, model, batch: int, fmt: str, weights, configs) -> list[dict]:
+    what = {"model": model.key, "batch": batch, "fmt": fmt}
+    ids = routing.sample_expert_ids("uniform", model.experts, model.top_k, batch, 1)[0]
+    problem = moe_base.make_layer_problem(ids, model.experts, model.hidden, model.moe_intermediate,
+                                          fmt, run.device, weights=weights)
+    timed = []
+    for method in PEERS:
+        row = run.step("moe", {**what, "label": method}, lambda m=method: layer_row(run, problem, m))
+        print(line(row), flush=True)
+    for config in configs:
+        row = run.step("moe", {**what, "label": config.label()},
+                       lambda c=config: layer_row(run, problem, "cuda-w4a16-moe", c))
+        print(line(row), flush=True)
+        if "median_us" in row:
+            timed.append((row["median_us"], config))
+    if timed:
+        best = min(timed, key=lambda pair: pair[0])[1]
+        for until in CALL_PARTS[:-1]:
+            row = run.step("moe_part", {**what, "label": f"{best.label()} until {until}"},
+                           lambda u=until: layer_row(run, problem, "cuda-w4a16-moe", best, u))
+            print(line(row), flush=True)
+    return [config for _, config in sorted(timed, key=lambda pair: pair[0])]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--budget-s", type=float, default=380.0)
+    parser.add_argument("--formats", default="nvfp4,mxfp4")
+    parser.add_argument("--smoke", action="store_true", help="the scaled CPU stand-in")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    device = "cpu" if args.smoke else "cuda"
+    plan = dataclasses.replace(kernels.MOE, moe_scaled=args.smoke, step_limit_s=90.0)
+    run = kernels.Run(args.out, args.budget_s, plan, device)
+    kernels.phase_ceilings(run)
+    points = SMOKE_POINTS if args.smoke else POINTS
+    for fmt in args.formats.split(","):
+        ranked: list[CudaMoeConfig] = []
+        weights_for: dict = {}
+        for index, (name, batch) in enumerate(points):
+            model = kernels.moe_model(name, args.smoke)
+            if model.key not in weights_for:
+                weights_for.clear()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                run.step("moe_weights", {"model": model.key, "fmt": fmt},
+                         lambda m=model: kernels.build_weights(run, m, fmt, weights_for))
+            if model.key not in weights_for:
+                continue
+            preset = choose_moe_config(batch * model.top_k, model.experts)
+            configs = GRID if index == 0 else [preset] + [c for c in ranked[:3] if c != preset]
+            found = probe_point(run, model, batch, fmt, weights_for[model.key], configs)
+            ranked = ranked or found
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

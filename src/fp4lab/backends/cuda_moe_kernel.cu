@@ -1,0 +1,201 @@
+// fp4lab's fused FP4 MoE in CUDA: one expert GEMM (gate_up or down) over every routed expert in
+// one launch, the dense decode GEMM's warp (cuda_w4a16_kernel.cu) walking one expert's weights.
+//
+// Compiled at prepare with NVRTC after cuda_fp4_common.cu, one build per (GATE_UP, WARPS, NTILES,
+// CHUNK, DEPTH, NVFP4, MIN_CTAS, OVERLAP_ALL), given as -D defines.
+// Shape legend: E experts, P = T*k (token, slot) pairs, N an expert's weight rows (2I gate_up, H
+// down), K the reduction (H gate_up, I down); a "row tile" is 16 weight rows, a "k-group" 64 k;
+// g = lane / 4, t = lane % 4 as in the PTX fragment tables; a work item (the route kernel's, see
+// moe/triton_fused_kernel.py) is up to ROWS pairs of one expert, busiest expert first.
+//
+// A CTA is (WARPS row tiles of one expert, one work item): grid (N / (16 WARPS), work items). Each
+// warp reads its row tile's codes over all of K, 16 bytes a lane a k-group straight into registers,
+// DEPTH k-groups ahead of its math (a ring of DEPTH registers sets), decodes them as the dense kernel
+// does and multiplies them with the item's activation rows by mma.sync (the weights the A side, as
+// the MMA's 16 rows, the pairs its n8 tiles; pair tiles past the item's rows are skipped). No
+// split-K: an expert's many row tiles fill the GPU, so no reduction and no workspace.
+// The activation rows (gathered by token for gate_up, the item's own rows of the intermediate for
+// down) are staged in shared memory by cp.async, CHUNK k-groups at a time, double-buffered: the
+// next chunk is copied while the warps multiply this one, and every warp of the CTA reads them
+// (ldmatrix), so each weight row tile costs 1/WARPS of a staging.
+//   - gate_up: prepare interleaves each expert's rows so that row tile r holds gate rows 8r..8r+7
+//     (the MMA's rows g) over up rows 8r..8r+7 (rows g+8): a lane's c0/c1 and c2/c3 are gate and
+//     up of one intermediate column, so the SiLU-and-multiply is done in registers and act [P, I]
+//     (by sorted position) is written in bf16;
+//   - down: y[p] = route_w[p] * (act[s] . down_e), bf16 at the pair's own row of y [P, H]; the
+//     top-k sum is the caller's.
+// Weights and block scales are never written by a kernel, so with programmatic dependent launch
+// (OVERLAP_ALL or not, as in the dense kernel) down issues its first DEPTH weight loads before
+// `griddepcontrol.wait`; gate_up waits first (its work list is the route kernel's output), then
+// lets down launch at once (OVERLAP_ALL) or after its math.
+
+#define ROWS (8 * NTILES)            // pairs a work item at most (NTILES 2, 4 or 8)
+#define PAIRS (NTILES / 2)           // ldmatrix.x4 reads a k16 step, 16 pairs each
+#define CHAINS (NTILES <= 2 ? 2 : 1) // accumulator chains, as in the dense kernel
+#define CHUNK_K (64 * CHUNK)         // k a staged chunk
+#define ROW_BYTES (2 * CHUNK_K + 16) // a staged row, +16 B: conflict-free ldmatrix
+#define BUFFER_BYTES (ROWS * ROW_BYTES)
+
+#if MIN_CTAS > 0
+#define BOUNDS __launch_bounds__(WARPS * 32, MIN_CTAS)
+#else
+#define BOUNDS __launch_bounds__(WARPS * 32)
+#endif
+extern "C" __global__ void BOUNDS
+fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lanes, 16 B]
+             const Scales* __restrict__ s,             // [E, N/16, K/64, 8 g, SCALE_BYTES]
+             const unsigned short* __restrict__ a,     // gate_up: x [T, K]; down: act [P, K] bf16
+             const float* __restrict__ factors,        // [E] 2^26 / the expert's nvfp4 scale
+             const int* __restrict__ sorted_pairs,     // [P] pair ids grouped by expert
+             const float* __restrict__ route_w,        // [P] routing weight of pair p
+             const int* __restrict__ work_expert,      // [W] -1: no work
+             const int* __restrict__ work_start,       // [W] first sorted position
+             const int* __restrict__ work_rows,        // [W] pairs (<= ROWS)
+             unsigned short* __restrict__ out,         // gate_up: act [P, N/2]; down: y [P, N]
+             int N, int K, int top_k) {
+    extern __shared__ __align__(16) unsigned char staged[];   // [2][ROWS][ROW_BYTES]
+    __shared__ int source_row[ROWS];                          // the rows of `a` the item reads
+    const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned g = lane >> 2, t = lane & 3;
+    const int item = blockIdx.y;
+#if GATE_UP
+    wait_for_previous_kernel();
+#if OVERLAP_ALL
+    let_next_kernel_launch();
+#endif
+#endif
+    const int e = work_expert[item];
+    if (e < 0) return;
+    const int start = work_start[item], rows = work_rows[item];
+    const int groups = K / 64;
+    const unsigned tile = blockIdx.x * WARPS + warp;          // the warp's row tile in the expert
+    const long group0 = ((long)e * (N / 16) + tile) * groups;
+    const u32x4* wp = w + group0 * 32 + lane;
+    const Scales* sp = s + group0 * 8 + g;
+
+    u32x4 codes[DEPTH];                                       // a ring: group j in slot j % DEPTH
+    Scales scales[DEPTH];
+#pragma unroll
+    for (int j = 0; j < DEPTH; ++j) {
+        codes[j] = load_stream(wp + j * 32);
+        scales[j] = load_scales(sp + j * 8);
+    }
+#if !GATE_UP
+    wait_for_previous_kernel();                               // act is gate_up's output
+#if OVERLAP_ALL
+    let_next_kernel_launch();
+#endif
+#endif
+
+    for (int i = threadIdx.x; i < ROWS; i += WARPS * 32) {
+        const int r = i < rows ? i : rows - 1;                // rows past the item repeat its last
+#if GATE_UP
+        source_row[i] = sorted_pairs[start + r] / top_k;      // the pair's token
+#else
+        source_row[i] = start + r;                            // the pair's sorted position
+#endif
+    }
+    __syncthreads();
+
+    const u32 stage_base = shared_address(staged);
+    const unsigned vectors = CHUNK_K / 8;                     // 16-byte copies a row of a chunk
+    // chunk c of the item's rows into buffer c % 2, one cp.async group
+    auto stage = [&](int c) {
+        const u32 buffer = stage_base + (c & 1) * BUFFER_BYTES;
+        for (unsigned i = threadIdx.x; i < (unsigned)rows * vectors; i += WARPS * 32) {
+            const unsigned row = i / vectors, v = i % vectors;
+            copy_async(buffer + row * ROW_BYTES + v * 16,
+                       a + (long)source_row[row] * K + c * CHUNK_K + v * 8);
+        }
+        commit_copies();
+    };
+
+    // this lane's ldmatrix rows (as the dense kernel's NTILES >= 2): for pair tile p, k 0-7 and
+    // 8-15 of its rows 16p..16p+7 and 16p+8..16p+15; rows past the item read row `rows - 1`
+    const unsigned b_row = 8 * (lane / 16) + lane % 8, b_k = 8 * ((lane / 8) % 2);
+    u32 b_base[PAIRS];
+#pragma unroll
+    for (int p = 0; p < PAIRS; ++p) {
+        const unsigned row = 16 * p + b_row;
+        b_base[p] = stage_base + (row < (unsigned)rows ? row : rows - 1) * ROW_BYTES + b_k * 2;
+    }
+    const int active_pairs = (rows + 15) / 16;                // pair tiles with real rows
+
+    float acc[CHAINS][NTILES][4];
+#pragma unroll
+    for (int c = 0; c < CHAINS; ++c)
+#pragma unroll
+        for (int nt = 0; nt < NTILES; ++nt)
+            acc[c][nt][0] = acc[c][nt][1] = acc[c][nt][2] = acc[c][nt][3] = 0.f;
+
+    const int chunks = groups / CHUNK;
+    stage(0);
+    for (int c = 0; c < chunks; ++c) {
+        if (c + 1 < chunks) {
+            stage(c + 1);                                     // its buffer was released below
+            wait_copy_groups<1>();                            // chunk c's copies landed
+        } else {
+            wait_copy_groups<0>();
+        }
+        __syncthreads();                                      // every thread's copies visible
+        const u32 buffer = (c & 1) * BUFFER_BYTES;
+#pragma unroll
+        for (int jj = 0; jj < CHUNK; ++jj) {
+            const int slot = jj % DEPTH;                      // CHUNK % DEPTH == 0: a constant
+            const u32 words[4] = {codes[slot].x, codes[slot].y, codes[slot].z, codes[slot].w};
+            const Scales group_scales = scales[slot];
+            const int next = c * CHUNK + jj + DEPTH;          // keeps DEPTH groups in flight
+            if (next < groups) {
+                codes[slot] = load_stream(wp + next * 32);
+                scales[slot] = load_scales(sp + next * 8);
+            }
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {                     // one k16 MMA step
+                const int chain = CHAINS == 2 ? (q & 1) : 0;
+                const u32 k_bytes = buffer + (jj * 64 + q * 16) * 2;
+                u32 a0, a1, a2, a3;
+                decode_scaled(words[q], group_scales, q, a0, a1, a2, a3);
+#pragma unroll
+                for (int p = 0; p < PAIRS; ++p) {
+                    if (p < active_pairs) {
+                        u32 b[4];
+                        ldmatrix4(b_base[p] + k_bytes, b);
+                        mma(acc[chain][2 * p], a0, a1, a2, a3, b[0], b[1]);
+                        mma(acc[chain][2 * p + 1], a0, a1, a2, a3, b[2], b[3]);
+                    }
+                }
+            }
+        }
+        __syncthreads();                                      // buffer c % 2 free for chunk c + 2
+    }
+#if !OVERLAP_ALL && GATE_UP
+    let_next_kernel_launch();
+#endif
+
+#pragma unroll
+    for (int c = 1; c < CHAINS; ++c)
+#pragma unroll
+        for (int nt = 0; nt < NTILES; ++nt)
+#pragma unroll
+            for (int x = 0; x < 4; ++x) acc[0][nt][x] += acc[c][nt][x];
+
+    // c0, c1: (weight row g, pair rows 2t, 2t+1 of the n8 tile); c2, c3: weight row g+8
+    const float factor = factors[e];
+#pragma unroll
+    for (int nt = 0; nt < NTILES; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = nt * 8 + 2 * t + h;                 // the pair row in the item
+            if (r >= rows) continue;
+#if GATE_UP
+            const float gate = acc[0][nt][h] * factor, up = acc[0][nt][2 + h] * factor;
+            out[(long)(start + r) * (N / 2) + tile * 8 + g] = to_bf16(gate / (1.f + __expf(-gate)) * up);
+#else
+            const int pair = sorted_pairs[start + r];
+            const float weight = route_w[pair] * factor;
+            unsigned short* y = out + (long)pair * N + tile * 16 + g;
+            y[0] = to_bf16(acc[0][nt][h] * weight);
+            y[8] = to_bf16(acc[0][nt][2 + h] * weight);
+#endif
+        }
+}

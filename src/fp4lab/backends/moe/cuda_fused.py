@@ -1,0 +1,272 @@
+"""`cuda-w4a16-moe`: the routed MLP of a decode step in two CUDA FP4 weight-only launches.
+
+The Triton fused MoE (`triton-w4a16-moe`) issues ~4.5 instructions per weight (Nsight Compute,
+benchmarks/NOTES.md call 37) and streams its weights at the M = 16 rate of the dense Triton kernel
+(call 79); fp4lab's CUDA decode GEMM (`cuda-w4a16`) decodes in ~2.5. This method runs that
+kernel's warp over every routed expert: `cuda_moe_kernel.cu` (the file's header says how), built
+by NVRTC, codes in mma.sync's register order (`cuda_w4a16.mma_layout`, one expert at a time),
+gate_up's rows interleaved so that the SiLU-and-multiply is done in registers, the routing
+weights applied in down's epilogue. Routing tables and the top-k sum are those of the Triton
+method (`triton_fused.routed_layer_call`): four launches, graph-capturable.
+
+Shape legend: see `fp4lab.backends.moe.base` (`P` = T*k pairs, `W` work items); `T_n` = N/16
+row tiles of an expert, `G` = K/64 k-groups, lanes as in `cuda_w4a16`.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fp4lab.backends.base import Requirements
+from fp4lab.backends.cuda_w4a16 import (
+    K_GROUP, LANES, MAX_THREADS_PER_SM, OVERLAP_CHOICES, REGISTERS_PER_SM, MAX_REGISTERS,
+    ROW_TILE, SHARED_LIMIT, WEIGHT_BIAS, kernel_source, mma_layout,
+)
+from fp4lab.backends.moe.base import LayerProblem, MethodUnavailable, MoeMethod
+from fp4lab.backends.moe.triton_fused import check_layer_request, routed_layer_call
+
+KERNEL_SOURCE = Path(__file__).parents[1] / "cuda_moe_kernel.cu"
+KERNEL_NAME = "fp4_moe_gemm"
+WARP_CHOICES = (2, 4, 8, 16)         # at least 2: a CTA's first ROWS threads list the item's rows
+N_TILE_CHOICES = (2, 4, 8)           # n8 tiles of pairs a work item: 16, 32 or 64 pairs
+CHUNK_CHOICES = (1, 2, 4, 8, 16)     # k-groups of activations staged at a time
+DEPTH_CHOICES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class CudaMoeConfig:
+    """One build of both launches: `warps` row tiles (16 weight rows each) a CTA, `ntiles` n8
+    tiles of pairs a work item (8 * ntiles pairs: an expert with more is several items, its
+    weights read once per item), `chunk` k-groups of the item's activations staged in shared
+    memory at a time (double-buffered), `depth` k-groups of weights in flight a warp, `min_ctas`
+    the CTAs an SM must fit (the register cap, as `cuda_w4a16.CudaTileConfig.min_ctas`), `overlap`
+    how down (and gate_up, after routing) overlap the launch before them
+    (`cuda_w4a16.OVERLAP_CHOICES`)."""
+
+    warps: int = 16
+    ntiles: int = 4
+    chunk: int = 8
+    depth: int = 4
+    min_ctas: int | None = 2
+    overlap: str = "all"
+
+    def __post_init__(self):
+        for name, choices in (("warps", WARP_CHOICES), ("ntiles", N_TILE_CHOICES),
+                              ("chunk", CHUNK_CHOICES), ("depth", DEPTH_CHOICES)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or value not in choices:
+                raise ValueError(f"CudaMoeConfig.{name} must be one of {choices}, got {value!r}")
+        if self.chunk % self.depth:
+            raise ValueError(f"CudaMoeConfig.depth ({self.depth}) must divide chunk "
+                             f"({self.chunk}): the ring of loads restarts with every chunk")
+        most = MAX_THREADS_PER_SM // (LANES * self.warps)
+        if self.min_ctas is not None and (isinstance(self.min_ctas, bool)
+                                          or not 1 <= self.min_ctas <= most):
+            raise ValueError(f"CudaMoeConfig.min_ctas must be None or 1 to {most} for "
+                             f"{self.warps}-warp CTAs, got {self.min_ctas!r}")
+        if self.overlap not in OVERLAP_CHOICES:
+            raise ValueError(f"CudaMoeConfig.overlap must be one of {OVERLAP_CHOICES}, "
+                             f"got {self.overlap!r}")
+
+    @property
+    def rows(self) -> int:
+        """Pairs a work item holds at most (the route kernel's block_m)."""
+        return 8 * self.ntiles
+
+    @property
+    def threads(self) -> int:
+        return LANES * self.warps
+
+    @property
+    def shared_bytes(self) -> int:
+        """Dynamic shared memory: two buffers of `rows` staged rows of `chunk` k-groups in bf16,
+        each row padded by 16 bytes (the kernel's ROW_BYTES)."""
+        return 2 * self.rows * (2 * K_GROUP * self.chunk + 16)
+
+    @property
+    def register_cap(self) -> int | None:
+        if self.min_ctas is None:
+            return None
+        return min(MAX_REGISTERS, REGISTERS_PER_SM // (self.min_ctas * self.threads) // 8 * 8)
+
+    def label(self) -> str:
+        label = f"cuda w{self.warps} m{self.rows} c{self.chunk} d{self.depth}"
+        if self.min_ctas is not None:
+            label += f" b{self.min_ctas}"
+        return label if self.overlap == "off" else f"{label} pdl-{self.overlap}"
+
+    def reason(self, n: int, k: int, what: str) -> str | None:
+        """Why one launch (`what`: "gate_up" or "down") of an expert's [n, k] weights cannot run
+        in this build; None when it can."""
+        if n % (ROW_TILE * self.warps):
+            return (f"{what}: an expert's {n} weight rows are not whole CTAs of {self.warps} row "
+                    f"tiles ({ROW_TILE * self.warps} rows)")
+        if k % (K_GROUP * self.chunk):
+            return f"{what}: K={k} is not whole chunks of {K_GROUP * self.chunk} k"
+        if self.shared_bytes > SHARED_LIMIT:
+            return (f"{self.rows} staged rows of {K_GROUP * self.chunk} k need {self.shared_bytes} "
+                    f"bytes of shared memory, over the {SHARED_LIMIT} a CTA may have")
+        return None
+
+
+# By the mean pairs per expert (T*k/E) each covers (None = any more): a work item holds about the
+# busiest expert's load, so each weight is read once. Not yet measured on a GPU: the tiles follow
+# the dense kernel's M <= 16 builds (16-warp CTAs, two an SM, 4 k-groups in flight a warp).
+MOE_PRESETS: tuple[tuple[float | None, CudaMoeConfig], ...] = (
+    (2.0, CudaMoeConfig(ntiles=2)),
+    (None, CudaMoeConfig(ntiles=4)),
+)
+
+
+def choose_moe_config(pairs: int, experts: int) -> CudaMoeConfig:
+    mean = pairs / experts
+    return next(config for bound, config in MOE_PRESETS if bound is None or mean <= bound)
+
+
+# --- the weights ---------------------------------------------------------------------------------
+
+@dataclass
+class ExpertOperands:
+    """One expert GEMM's weights as the kernel reads them (every expert's, back to back)."""
+
+    codes: torch.Tensor          # [E, T_n, G, 32, 16] uint8 (mma_layout per expert)
+    scales: torch.Tensor         # [E, T_n, G, 8, SCALE_BYTES] uint8
+    factors: torch.Tensor        # [E] float32: 2^26 / the expert's nvfp4 global scale
+
+
+def interleave_gate_up(rows: torch.Tensor) -> torch.Tensor:
+    """An expert's [2I, C] rows (gate over up) -> row tile r = gate rows 8r..8r+7 over up rows
+    8r..8r+7: what the kernel's gate_up epilogue pairs in one lane (rows g and g+8)."""
+    two_i, cols = rows.shape
+    return rows.reshape(2, two_i // 16, 8, cols).transpose(0, 1).reshape(two_i, cols)
+
+
+# the last LAID_OUT_KEPT layouts made, with the weights they came from (kept alive, so that an
+# identity check cannot meet a new tensor at a freed one's address): a sweep prepares one layer's
+# weights at every batch and config, and GLM-5's two layouts take ~5 s to make on the H200
+LAID_OUT_KEPT = 2
+_laid_out: list[tuple[tuple, ExpertOperands]] = []
+
+
+def expert_operands(q, device, interleave: bool) -> ExpertOperands:
+    """A stacked [E, N, K] QuantizedTensor in the kernel's layout (the last LAID_OUT_KEPT made
+    are reused while their weights are the very same tensors)."""
+    key = (q.packed, q.scales, q.global_scale, str(device), interleave)
+    for kept, ops in _laid_out:
+        if all(a is b if isinstance(a, torch.Tensor) else a == b for a, b in zip(kept, key)):
+            return ops
+    ops = lay_out_experts(q, device, interleave)
+    _laid_out.insert(0, (key, ops))
+    del _laid_out[LAID_OUT_KEPT:]
+    return ops
+
+
+def lay_out_experts(q, device, interleave: bool) -> ExpertOperands:
+    """A stacked [E, N, K] QuantizedTensor in the kernel's layout, one expert at a time (the
+    layout's int64 temporaries of all of GLM-5's gate_up at once would be ~50 GB)."""
+    from fp4lab.backends.moe.base import _expert
+    from fp4lab.backends.triton_w4a16 import check_scale_range, kernel_scale_bytes
+    from fp4lab.formats import unpack_nibbles
+
+    check_scale_range(q)
+    experts, n, k = q.shape
+    codes = scales = None
+    for e in range(experts):
+        expert = _expert(q, e).to(device)
+        nibbles, scale_bytes = unpack_nibbles(expert.packed), kernel_scale_bytes(expert)
+        if interleave:
+            nibbles, scale_bytes = interleave_gate_up(nibbles), interleave_gate_up(scale_bytes)
+        expert_codes, expert_scales = mma_layout(nibbles, scale_bytes, q.fmt)
+        if codes is None:
+            codes = torch.empty((experts, *expert_codes.shape), dtype=torch.uint8, device=device)
+            scales = torch.empty((experts, *expert_scales.shape), dtype=torch.uint8, device=device)
+        codes[e], scales[e] = expert_codes, expert_scales
+    factors = torch.full((experts,), WEIGHT_BIAS, dtype=torch.float32, device=device)
+    if q.global_scale is not None:
+        factors /= q.global_scale.float().reshape(-1).to(device).expand(experts)
+    return ExpertOperands(codes, scales, factors)
+
+
+# --- the kernel ----------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def compiled(config: CudaMoeConfig, fmt: str, gate_up: bool, capability: tuple[int, int]):
+    """One launch's build (NVRTC, once per process)."""
+    options = [f"-DGATE_UP={int(gate_up)}", f"-DWARPS={config.warps}",
+               f"-DNTILES={config.ntiles}", f"-DCHUNK={config.chunk}", f"-DDEPTH={config.depth}",
+               f"-DNVFP4={int(fmt == 'nvfp4')}", f"-DMIN_CTAS={config.min_ctas or 0}",
+               f"-DOVERLAP_ALL={int(config.overlap == 'all')}", "-std=c++17"]
+    return torch.cuda._compile_kernel(kernel_source(KERNEL_SOURCE), KERNEL_NAME,
+                                      compute_capability=f"{capability[0]}{capability[1]}",
+                                      nvcc_options=options)
+
+
+def expert_launch(config: CudaMoeConfig, fmt: str, gate_up: bool, n: int, k: int, top_k: int,
+                  device):
+    """(launch(a, ops, out, tables, route_w), what the build is) for one expert GEMM over every
+    work item: grid (n / (16 warps), W), the kernel's shared memory opted in, launched dependently
+    unless `config.overlap` is "off"."""
+    from fp4lab.backends.cuda_launch import (allow_shared, function_attributes, launch_ex,
+                                             resident_ctas)
+
+    kernel = compiled(config, fmt, gate_up, torch.cuda.get_device_capability(device))
+    allow_shared(kernel, config.shared_bytes)
+    block = (config.threads, 1, 1)
+    built = function_attributes(kernel)
+    what = (f"{built['registers']} registers, {built['local_bytes']} B local, "
+            f"{resident_ctas(kernel, config.threads, config.shared_bytes)} CTAs an SM")
+
+    def launch(a, ops: ExpertOperands, out, tables, route_w):
+        grid = (n // (ROW_TILE * config.warps), tables.work_expert.shape[0], 1)
+        launch_ex(kernel, grid=grid, block=block, shared_mem=config.shared_bytes,
+                  dependent=config.overlap != "off", cluster=(1, 1, 1),
+                  args=[ops.codes, ops.scales, a, ops.factors, tables.sorted_pairs, route_w,
+                        tables.work_expert, tables.work_start, tables.work_rows, out, n, k,
+                        top_k])
+    return launch, what
+
+
+class CudaW4A16Moe(MoeMethod):
+    name, library, kind = "cuda-w4a16-moe", "cuda", "layer"
+    formats = ("nvfp4", "mxfp4")
+    weight_dtype, act_dtype = "fp4", "bf16"
+    requires = Requirements(min_capability=(9, 0), unit="bf16x2 multiply (sm_90)",
+                            module="triton")
+    what = ("fp4lab's CUDA fused FP4 weight-only MoE: gate_up (+SiLU*up) and down (+routing "
+            "weights) in one NVRTC-built launch each over all experts, codes in mma.sync's "
+            "register order, busiest expert first")
+    note = ("routing (group pairs by expert, work list: the Triton method's launch) is inside the "
+            "timed call; top-k sum by torch.sum")
+
+    def runtime_reason(self) -> str | None:
+        from fp4lab.backends.cuda_w4a16 import CudaW4A16
+
+        return CudaW4A16().runtime_reason()
+
+    def prepare(self, problem: LayerProblem, fmt: str | None = None,
+                config: CudaMoeConfig | None = None, until: str = "sum"):
+        """`until` (one of CALL_PARTS) ends the call after that launch, as the Triton method's."""
+        check_layer_request(self, problem, fmt, until)
+        if problem.device == "cpu":
+            raise MethodUnavailable(f"{self.name}: runs only on a CUDA GPU; the CPU was asked for")
+        tokens, top_k = problem.topk_ids.shape
+        config = config or choose_moe_config(tokens * top_k, problem.experts)
+        hidden, inter = problem.hidden, problem.intermediate
+        for n, k, what in ((2 * inter, hidden, "gate_up"), (hidden, inter, "down")):
+            reason = config.reason(n, k, what)
+            if reason:
+                raise ValueError(f"{self.name} {config.label()}: {reason}")
+        device = problem.x.device
+        w13 = expert_operands(problem.w13, device, interleave=True)
+        w2 = expert_operands(problem.w2, device, interleave=False)
+        gate_up, gate_up_built = expert_launch(config, problem.fmt, True, 2 * inter, hidden, top_k,
+                                               device)
+        down, down_built = expert_launch(config, problem.fmt, False, hidden, inter, top_k, device)
+        return routed_layer_call(self, problem, until, config.rows, w13, w2, gate_up, down,
+                                 f"2 CUDA launches ({config.label()}; gate_up {gate_up_built}, "
+                                 f"down {down_built})")
+

@@ -1,0 +1,175 @@
+"""cuda-w4a16-moe: the config, the presets against the models' shapes, and the weights' layout on
+the CPU (decoded back with `cuda_w4a16.emulate`, the bit-exact model of the kernel's arithmetic);
+on a GPU the kernel itself, gated against the float64 layer over every build knob, in a CUDA graph
+and with dependent launches."""
+
+import pytest
+import torch
+
+from fp4lab.backends import moe
+from fp4lab.backends.cuda_w4a16 import WEIGHT_BIAS, emulate
+from fp4lab.backends.moe import base
+from fp4lab.backends.moe.cuda_fused import (
+    KERNEL_SOURCE, MOE_PRESETS, CudaMoeConfig, CudaW4A16Moe, choose_moe_config, expert_operands,
+    interleave_gate_up,
+)
+from fp4lab.formats import dequantize
+from fp4lab.moe import presets as model_presets
+from test_triton_moe import skewed_ids
+
+
+def test_registered_as_a_layer_method_that_needs_a_gpu():
+    method = moe.get("cuda-w4a16-moe")
+    assert isinstance(method, CudaW4A16Moe) and "cuda-w4a16-moe" in moe.names("layer")
+    assert method.formats == ("nvfp4", "mxfp4") and method.weight_dtype == "fp4"
+    available, reason = method.availability("cpu")
+    assert not available and "GPU" in reason
+
+
+def test_prepare_on_the_cpu_says_why_before_any_work():
+    problem = base.make_layer_problem(skewed_ids(8, 8, 2, busy=1), 8, 512, 256, "nvfp4", "cpu")
+    with pytest.raises(moe.MethodUnavailable, match="only on a CUDA GPU"):
+        moe.get("cuda-w4a16-moe").prepare(problem)
+    with pytest.raises(ValueError, match="until must be one of"):
+        moe.get("cuda-w4a16-moe").prepare(problem, until="everything")
+
+
+@pytest.mark.parametrize("field,value", [("warps", 1), ("warps", 32), ("ntiles", 1),
+                                         ("chunk", 3), ("depth", 16), ("min_ctas", 0),
+                                         ("overlap", "both"), ("ntiles", True)])
+def test_bad_config_names_the_field(field, value):
+    with pytest.raises(ValueError, match=f"CudaMoeConfig.{field}"):
+        CudaMoeConfig(**{field: value})
+
+
+def test_depth_must_divide_the_chunk():
+    with pytest.raises(ValueError, match="must divide chunk"):
+        CudaMoeConfig(chunk=2, depth=4)
+
+
+def test_config_sizes_and_reasons():
+    config = CudaMoeConfig(warps=16, ntiles=4, chunk=8, depth=4, min_ctas=2, overlap="all")
+    assert config.rows == 32 and config.threads == 512 and config.register_cap == 64
+    assert config.shared_bytes == 2 * 32 * (2 * 512 + 16)
+    assert config.label() == "cuda w16 m32 c8 d4 b2 pdl-all"
+    assert config.reason(4096, 6144, "gate_up") is None
+    assert "not whole CTAs of 16 row tiles (256 rows)" in config.reason(4096 + 16, 6144, "gate_up")
+    assert "K=2080 is not whole chunks of 512 k" in config.reason(6144, 2080, "down")
+    assert "shared memory" in CudaMoeConfig(ntiles=8, chunk=16, depth=4).reason(4096, 8192, "x")
+
+
+@pytest.mark.parametrize("model", ["glm-5", "deepseek-v3"])
+def test_every_preset_runs_both_launches_of_the_models(model):
+    preset = model_presets.get(model)
+    for _, config in MOE_PRESETS:
+        assert config.reason(2 * preset.moe_intermediate, preset.hidden, "gate_up") is None
+        assert config.reason(preset.hidden, preset.moe_intermediate, "down") is None
+
+
+@pytest.mark.parametrize("batch,rows", [(64, 16), (512, 32), (2048, 32)])
+def test_presets_by_mean_pairs_per_expert(batch, rows):
+    assert choose_moe_config(batch * 8, 256).rows == rows
+
+
+def test_interleave_puts_gate_rows_over_up_rows_in_each_row_tile():
+    inter = 32
+    rows = torch.arange(2 * inter)[:, None]                          # [2I, 1]: each row its index
+    tiled = interleave_gate_up(rows).reshape(-1, 16)                  # [2I/16 tiles, 16]
+    for r, tile in enumerate(tiled.tolist()):
+        assert tile == [*range(8 * r, 8 * r + 8), *range(inter + 8 * r, inter + 8 * r + 8)]
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_laid_out_experts_decode_to_their_weights(fmt):
+    """Each expert's laid-out codes and scales, decoded with the kernel's integer operations and
+    times its factor, are its dequantized weights (gate_up's rows interleaved)."""
+    w13 = base.quantized_expert_weights(3, 2 * 64, 128, fmt, "cpu", seed=3)
+    w2 = base.quantized_expert_weights(3, 128, 64, fmt, "cpu", seed=4)
+    for q, interleave in ((w13, True), (w2, False)):
+        ops = expert_operands(q, "cpu", interleave)
+        assert ops.codes.shape[:3] == (3, q.shape[1] // 16, q.shape[2] // 64)
+        for e in range(3):
+            expected = dequantize(base._expert(q, e)).float()
+            if interleave:
+                expected = interleave_gate_up(expected)
+            decoded = emulate(ops.codes[e], ops.scales[e], fmt) * (ops.factors[e] / WEIGHT_BIAS)
+            torch.testing.assert_close(decoded, expected, rtol=2 ** -20, atol=0)
+
+
+def test_a_layout_is_reused_only_for_the_very_same_weights():
+    w = base.quantized_expert_weights(2, 32, 64, "nvfp4", "cpu")
+    first = expert_operands(w, "cpu", interleave=False)
+    assert expert_operands(w, "cpu", interleave=False) is first
+    assert expert_operands(w, "cpu", interleave=True) is not first
+    copy = base.QuantizedTensor(packed=w.packed.clone(), scales=w.scales, fmt=w.fmt, shape=w.shape,
+                                global_scale=w.global_scale)
+    assert expert_operands(copy, "cpu", interleave=False) is not first
+
+
+def test_the_kernel_decodes_with_the_shared_code_and_waits_before_reading_routes():
+    source = KERNEL_SOURCE.read_text()
+    assert "decode_scaled(words[q], group_scales, q, a0, a1, a2, a3);" in source
+    gate_up_head = source[source.index("#if GATE_UP\n    wait_for_previous_kernel();"):]
+    assert gate_up_head.index("wait_for_previous_kernel();") < gate_up_head.index("work_expert[")
+    body = source[source.index("fp4_moe_gemm("):]
+    down_wait = body.index("    wait_for_previous_kernel();                               // act")
+    assert "copy_async(" not in body[:down_wait] and "stage(0)" not in body[:down_wait]
+
+
+# --- on a GPU: the kernel itself, gated ----------------------------------------------------------
+
+SMALL_BUILDS = [CudaMoeConfig(warps=4, ntiles=2, chunk=4, depth=2, min_ctas=None, overlap="off"),
+                CudaMoeConfig(warps=4, ntiles=4, chunk=4, depth=4, min_ctas=2, overlap="tail"),
+                CudaMoeConfig(warps=2, ntiles=8, chunk=2, depth=1, min_ctas=None, overlap="all"),
+                CudaMoeConfig(warps=8, ntiles=4, chunk=4, depth=4, min_ctas=2, overlap="all")]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("config", SMALL_BUILDS, ids=lambda c: c.label())
+def test_fused_moe_passes_the_gate(fmt, config):
+    """A busy expert over several work items (40 pairs against items of 16-64), idle experts,
+    experts of one pair; the gate twice on the same call (the tables are rebuilt each call)."""
+    ids = skewed_ids(40, 8, 3, busy=3, seed=4)
+    problem = base.make_layer_problem(ids, 8, 512, 256, fmt, "cuda", seed=4)
+    call = moe.get("cuda-w4a16-moe").prepare(problem, config=config)
+    for _ in range(2):
+        gate = base.check_call(call, problem)
+        assert gate.ok, gate.message
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("model", ["glm-5", "deepseek-v3"])
+def test_the_presets_pass_the_gate_at_the_models_shapes(fmt, model):
+    """The models' hidden and intermediate sizes with 16 experts (their weights' bytes are the
+    presets' question, not the kernel's), a uniform batch of 64 tokens."""
+    from fp4lab.moe import routing
+
+    preset = model_presets.get(model)
+    ids = routing.sample_expert_ids("uniform", 16, preset.top_k, 64, 1)[0]
+    problem = base.make_layer_problem(ids, 16, preset.hidden, preset.moe_intermediate, fmt, "cuda")
+    call = moe.get("cuda-w4a16-moe").prepare(problem)
+    gate = base.check_call(call, problem)
+    assert gate.ok, gate.message
+
+
+@pytest.mark.cuda
+def test_the_call_replays_in_a_cuda_graph():
+    problem = base.make_layer_problem(skewed_ids(24, 8, 2, busy=0), 8, 512, 256, "nvfp4", "cuda")
+    call = moe.get("cuda-w4a16-moe").prepare(problem, config=SMALL_BUILDS[1])
+    eager = call.call().clone()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call.call()
+        with torch.cuda.graph(graph, stream=stream):
+            call.call()
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(3):
+        call.out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(call.out, eager)
+
