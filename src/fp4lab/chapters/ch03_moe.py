@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from fp4lab import params, profiles, text
 from fp4lab.analysis import moe as analysis
+from fp4lab.backends.moe import OWN_LAYER_METHODS
 from fp4lab.chapters.context import Context, open_context, parameters_block, resolve_parameters
 from fp4lab.moe import layer_model, presets
 from fp4lab.plots import moe as figures
@@ -193,7 +194,8 @@ def against_floor(row) -> str:
 
 def other_model_finding(results: analysis.MoeResults, at) -> str:
     """One line on another model's layer at the decode batch: the fastest method, the fastest
-    FP4-weight one against its floor, fp4lab's fused kernel and grouped FP8 where they ran."""
+    FP4-weight one against its floor, fp4lab's fastest fused kernel and grouped FP8 where they
+    ran."""
     def named(row) -> str:
         return text.md(row["method"]) + (f" ({text.md(row['fmt'])})" if row["fmt"] else "")
 
@@ -204,9 +206,9 @@ def other_model_finding(results: analysis.MoeResults, at) -> str:
     if len(fp4) and fp4.index[0] != at.index[0]:
         parts.append(f"the fastest FP4-weight one is {named(fp4.iloc[0])} at "
                      f"{text.us(fp4.iloc[0]['layer_us'])}, {against_floor(fp4.iloc[0])}")
-    fused = at[at["method"] == "triton-w4a16-moe"]
+    fused = at[at["method"].isin(OWN_LAYER_METHODS)]
     if len(fused) and fused.index[0] != at.index[0]:
-        parts.append(f"fp4lab's fused kernel takes {text.us(fused.iloc[0]['layer_us'])} "
+        parts.append(f"fp4lab's fastest fused kernel ({text.md(fused.iloc[0]['method'])}) takes {text.us(fused.iloc[0]['layer_us'])} "
                      f"({text.md(fused.iloc[0]['fmt'])}, {text.pct(fused.iloc[0]['pct_of_floor'])} "
                      f"of its floor)")
     fp8 = at[at["method"] == "grouped-fp8"]

@@ -17,8 +17,11 @@ from fp4lab.backends.moe.torch_methods import (
 )
 from fp4lab.backends.moe.triton_fused import TritonW4A16Moe
 
+# fp4lab's own fused FP4 MoE kernels (the others are the libraries' and torch's)
+OWN_LAYER_METHODS = ("cuda-w4a16-moe", "triton-w4a16-moe")
+
 __all__ = ["ExpertProblem", "LayerProblem", "MethodUnavailable", "MoeCall", "MoeMethod",
-           "check_call", "REGISTRY", "get", "names"]
+           "check_call", "OWN_LAYER_METHODS", "REGISTRY", "get", "names"]
 
 REGISTRY: dict[str, MoeMethod] = {
     method.name: method
