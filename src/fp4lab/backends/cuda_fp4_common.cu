@@ -118,6 +118,30 @@ __device__ __forceinline__ void decode_scaled(u32 x, const Scales& s, int q,
     a3 = scaled_hi(a3, sc);
 }
 
+// The accumulators of a warp's tiles, acc[chain][n8 tile][fragment] (NTILES, a -D define of both
+// kernels, n8 tiles of activation rows): two independent chains that alternate k16 steps where a
+// warp has one or two MMAs a step (a chain's MMAs wait on each other), else one (its n8 tiles' MMAs
+// are independent); chain 0 holds the sum after `add_chains`.
+#define CHAINS (NTILES <= 2 ? 2 : 1)
+typedef float Accumulators[CHAINS][NTILES][4];
+
+__device__ __forceinline__ void zero_accumulators(Accumulators& acc) {
+#pragma unroll
+    for (int c = 0; c < CHAINS; ++c)
+#pragma unroll
+        for (int nt = 0; nt < NTILES; ++nt)
+            acc[c][nt][0] = acc[c][nt][1] = acc[c][nt][2] = acc[c][nt][3] = 0.f;
+}
+
+__device__ __forceinline__ void add_chains(Accumulators& acc) {
+#pragma unroll
+    for (int c = 1; c < CHAINS; ++c)
+#pragma unroll
+        for (int nt = 0; nt < NTILES; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[0][nt][e] += acc[c][nt][e];
+}
+
 // cp.async in groups: close the group of copies issued so far; wait until at most `n` groups of
 // this thread are in flight (then its earlier copies are visible to it)
 __device__ __forceinline__ void commit_copies() {

@@ -31,7 +31,6 @@
 
 #define ROWS (8 * NTILES)            // pairs a work item at most (NTILES 2, 4 or 8)
 #define PAIRS (NTILES / 2)           // ldmatrix.x4 reads a k16 step, 16 pairs each
-#define CHAINS (NTILES <= 2 ? 2 : 1) // accumulator chains, as in the dense kernel
 #define CHUNK_K (64 * CHUNK)         // k a staged chunk
 #define ROW_BYTES (2 * CHUNK_K + 16) // a staged row, +16 B: conflict-free ldmatrix
 #define BUFFER_BYTES (ROWS * ROW_BYTES)
@@ -121,12 +120,8 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
     }
     const int active_pairs = (rows + 15) / 16;                // pair tiles with real rows
 
-    float acc[CHAINS][NTILES][4];
-#pragma unroll
-    for (int c = 0; c < CHAINS; ++c)
-#pragma unroll
-        for (int nt = 0; nt < NTILES; ++nt)
-            acc[c][nt][0] = acc[c][nt][1] = acc[c][nt][2] = acc[c][nt][3] = 0.f;
+    Accumulators acc;
+    zero_accumulators(acc);
 
     const int chunks = groups / CHUNK;
     stage(0);
@@ -172,12 +167,7 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
     let_next_kernel_launch();
 #endif
 
-#pragma unroll
-    for (int c = 1; c < CHAINS; ++c)
-#pragma unroll
-        for (int nt = 0; nt < NTILES; ++nt)
-#pragma unroll
-            for (int x = 0; x < 4; ++x) acc[0][nt][x] += acc[c][nt][x];
+    add_chains(acc);
 
     // c0, c1: (weight row g, pair rows 2t, 2t+1 of the n8 tile); c2, c3: weight row g+8
     const float factor = factors[e];

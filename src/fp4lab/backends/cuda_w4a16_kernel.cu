@@ -62,9 +62,6 @@
 #define KS (64 * GROUPS)             // k a warp covers
 #define TILES (WARPS / KWARPS)       // row tiles (teams) a CTA
 #define PAIRS (NTILES / 2)           // ldmatrix.x4 reads a k16 step (NTILES >= 2)
-// independent accumulator chains: two alternating ones where a warp has one or two MMAs a k16
-// step (a chain's MMAs wait on each other), else one (its n8 tiles' MMAs are independent)
-#define CHAINS (NTILES <= 2 ? 2 : 1)
 #define ROW_WORDS (KWARPS * KS / 2 + 4)  // bf16x2 words a staged row (the CTA's k), +4 (16 B):
                                      // conflict-free ldmatrix
 #ifndef CLUSTER
@@ -198,13 +195,8 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     }
 #endif
 
-    // acc[chain][n8 tile][fragment]
-    float acc[CHAINS][NTILES][4];
-#pragma unroll
-    for (int c = 0; c < CHAINS; ++c)
-#pragma unroll
-        for (int nt = 0; nt < NTILES; ++nt)
-            acc[c][nt][0] = acc[c][nt][1] = acc[c][nt][2] = acc[c][nt][3] = 0.f;
+    Accumulators acc;                                   // [chain][n8 tile][fragment]
+    zero_accumulators(acc);
 
     u32 sink = 0;                                        // STAGE_LOAD, STAGE_DECODE: the sum
 #pragma unroll
@@ -258,12 +250,7 @@ fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes
     return;
 #endif
 
-#pragma unroll
-    for (int c = 1; c < CHAINS; ++c)
-#pragma unroll
-        for (int nt = 0; nt < NTILES; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[0][nt][e] += acc[c][nt][e];
+    add_chains(acc);
 
     // the k slices of a team add up in shared memory; slice 0 holds the team's tile after it
     if (KWARPS > 1) {
