@@ -142,6 +142,16 @@ __device__ __forceinline__ void add_chains(Accumulators& acc) {
             for (int e = 0; e < 4; ++e) acc[0][nt][e] += acc[c][nt][e];
 }
 
+// a kernel's bounds: WARPS warps a CTA (a -D define of both kernels); MIN_CTAS 0: the one-argument
+// form, ptxas' own register choice; an explicit minimum, even 1, lets it use up to
+// 64 K / (MIN_CTAS x threads), more than it takes by itself (77 against 52 for the dense g16 d4
+// w16 NVFP4 at MIN_CTAS 1: one 16-warp CTA an SM instead of two; the H200 probe, call 56)
+#if MIN_CTAS > 0
+#define BOUNDS __launch_bounds__(WARPS * 32, MIN_CTAS)
+#else
+#define BOUNDS __launch_bounds__(WARPS * 32)
+#endif
+
 // cp.async in groups: close the group of copies issued so far; wait until at most `n` groups of
 // this thread are in flight (then its earlier copies are visible to it)
 __device__ __forceinline__ void commit_copies() {

@@ -35,11 +35,6 @@
 #define ROW_BYTES (2 * CHUNK_K + 16) // a staged row, +16 B: conflict-free ldmatrix
 #define BUFFER_BYTES (ROWS * ROW_BYTES)
 
-#if MIN_CTAS > 0
-#define BOUNDS __launch_bounds__(WARPS * 32, MIN_CTAS)
-#else
-#define BOUNDS __launch_bounds__(WARPS * 32)
-#endif
 extern "C" __global__ void BOUNDS
 fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lanes, 16 B]
              const Scales* __restrict__ s,             // [E, N/16, K/64, 8 g, SCALE_BYTES]

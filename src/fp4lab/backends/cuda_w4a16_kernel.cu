@@ -123,14 +123,6 @@ __device__ __forceinline__ void store_l2(float* p, float v) {
     asm volatile("st.global.cg.f32 [%0], %1;" :: "l"(p), "f"(v));
 }
 
-// MIN_CTAS 0: the one-argument form, ptxas' own register choice; an explicit minimum, even 1,
-// lets it use up to 64 K / (MIN_CTAS x threads), more than it takes by itself (77 against 52 for
-// g16 d4 w16 NVFP4 at MIN_CTAS 1: one 16-warp CTA an SM instead of two; the H200 probe, call 56)
-#if MIN_CTAS > 0
-#define BOUNDS __launch_bounds__(WARPS * 32, MIN_CTAS)
-#else
-#define BOUNDS __launch_bounds__(WARPS * 32)
-#endif
 extern "C" __global__ void BOUNDS
 fp4_decode_gemm(const u32x4* __restrict__ w,            // [N/16, K/64, 32 lanes, 16 B]
                 const Scales* __restrict__ s,           // [N/16, K/64, 8 g, SCALE_BYTES]
