@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One device call (H200) for fp4lab's CUDA fused MoE (`cuda-w4a16-moe`, issue 13): its GPU tests,
+# then its builds against humming-moe-indexed and triton-w4a16-moe (benchmarks/cuda_moe_probe.py),
+# then, only if the tests passed, its rows added to a copy of the reference run (`fp4lab moe-sweep`
+# resumed: GLM-5 at B = 64-4096 on one GPU and the busiest EP 8 rank, DeepSeek-V3 at B = 64 and
+# 512, both formats), the run's moe table, run.json and the logs brought back under $OUT.
+#   carry: .whl/fp4libs       run: bash benchmarks/h200_cuda_moe.sh <commit>
+set -u
+export PYTHONUNBUFFERED=1 FP4LAB_GIT_SHA=$1 HUMMING_CACHE_DIR=/tmp/humming-cache
+REFERENCE=results/reference/20261203T1155Z-h200-full
+nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/fp4libs/*.whl
+s=$(date +%s)
+PYTHONPATH=src timeout -k 5 150 python3 -m pytest -q -m cuda -p no:cacheprovider -p no:benchmark \
+    tests/test_cuda_moe.py > $OUT/tests.log 2>&1
+tests=$?; tail -15 $OUT/tests.log; echo "tests: exit $tests after $(( $(date +%s) - s )) s"
+mkdir -p $OUT/probe
+PYTHONPATH=src:/tmp/site timeout -k 5 200 python3 benchmarks/cuda_moe_probe.py --out $OUT/probe \
+    --budget-s 185 > $OUT/probe/probe.log 2>&1
+echo "probe: exit $? after $(( $(date +%s) - s )) s"; grep -v Warning $OUT/probe/probe.log | tail -60
+[ $tests -eq 0 ] || exit 1
+mkdir -p /tmp/runs && cp -r $REFERENCE /tmp/runs/
+for args in "glm-5 --batch 64 512 2048 4096 --ep 1 8" "deepseek-v3 --batch 64 512 --ep 1"; do
+    PYTHONPATH=src:/tmp/site timeout -k 5 200 python3 -m fp4lab moe-sweep --preset $args \
+        --methods cuda-w4a16-moe --runs-dir /tmp/runs --run-id $(basename $REFERENCE) --quiet \
+        >> $OUT/sweep.log 2>&1
+    echo "moe-sweep $args: exit $? after $(( $(date +%s) - s )) s"
+done
+tail -30 $OUT/sweep.log
+cp /tmp/runs/$(basename $REFERENCE)/{moe.parquet,moe.jsonl,run.json} $OUT/
