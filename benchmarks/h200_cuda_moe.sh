@@ -3,7 +3,7 @@
 # then its builds against humming-moe-indexed and triton-w4a16-moe (benchmarks/cuda_moe_probe.py),
 # then, only if the tests passed, its rows added to a copy of the reference run (`fp4lab moe-sweep`
 # resumed: GLM-5 at B = 64-4096 on one GPU and the busiest EP 8 rank, DeepSeek-V3 at B = 64 and
-# 512, both formats), the run's moe table, run.json and the logs brought back under $OUT.
+# 512, both formats; on an H200 only), the run's moe table, run.json and the logs brought back under $OUT.
 #   carry: .whl/fp4libs       run: bash benchmarks/h200_cuda_moe.sh <commit>
 set -u
 export PYTHONUNBUFFERED=1 FP4LAB_GIT_SHA=$1 HUMMING_CACHE_DIR=/tmp/humming-cache
@@ -19,6 +19,8 @@ PYTHONPATH=src:/tmp/site timeout -k 5 200 python3 benchmarks/cuda_moe_probe.py -
     --budget-s 185 > $OUT/probe/probe.log 2>&1
 echo "probe: exit $? after $(( $(date +%s) - s )) s"; grep -v Warning $OUT/probe/probe.log | tail -60
 [ $tests -eq 0 ] || exit 1
+# the reference run is the H200's: on another GPU the probe stands alone
+nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "not an H200: no reference rows"; exit 0; }
 mkdir -p /tmp/runs && cp -r $REFERENCE /tmp/runs/
 for args in "glm-5 --batch 64 512 2048 4096 --ep 1 8" "deepseek-v3 --batch 64 512 --ep 1"; do
     PYTHONPATH=src:/tmp/site timeout -k 5 200 python3 -m fp4lab moe-sweep --preset $args \
