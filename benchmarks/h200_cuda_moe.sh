@@ -15,15 +15,15 @@ PYTHONPATH=src timeout -k 5 150 python3 -m pytest -q -m cuda -p no:cacheprovider
     tests/test_cuda_moe.py > $OUT/tests.log 2>&1
 tests=$?; tail -15 $OUT/tests.log; echo "tests: exit $tests after $(( $(date +%s) - s )) s"
 mkdir -p $OUT/probe
-PYTHONPATH=src:/tmp/site timeout -k 5 200 python3 benchmarks/cuda_moe_probe.py --out $OUT/probe \
-    --budget-s 185 > $OUT/probe/probe.log 2>&1
+PYTHONPATH=src:/tmp/site timeout -k 5 165 python3 benchmarks/cuda_moe_probe.py --out $OUT/probe \
+    --budget-s 150 > $OUT/probe/probe.log 2>&1
 echo "probe: exit $? after $(( $(date +%s) - s )) s"; grep -v Warning $OUT/probe/probe.log | tail -60
 [ $tests -eq 0 ] || exit 1
 # the reference run is the H200's: on another GPU the probe stands alone
 nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "not an H200: no reference rows"; exit 0; }
 mkdir -p /tmp/runs && cp -r $REFERENCE /tmp/runs/
 for args in "glm-5 --batch 64 512 2048 4096 --ep 1 8" "deepseek-v3 --batch 64 512 --ep 1"; do
-    PYTHONPATH=src:/tmp/site timeout -k 5 200 python3 -m fp4lab moe-sweep --preset $args \
+    PYTHONPATH=src:/tmp/site timeout -k 5 170 python3 -m fp4lab moe-sweep --preset $args \
         --methods cuda-w4a16-moe --runs-dir /tmp/runs --run-id $(basename $REFERENCE) --quiet \
         >> $OUT/sweep.log 2>&1
     echo "moe-sweep $args: exit $? after $(( $(date +%s) - s )) s"
