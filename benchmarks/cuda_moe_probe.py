@@ -64,7 +64,9 @@ def layer_row(run: kernels.Run, problem, method: str, config=None, until: str = 
     return {**row, **kernels.tune.timing_fields(timing)}
 
 
-def line(row: dict) -> str:
+def line(row: dict | None) -> str:
+    if row is None:                                     # a step the deadline left out
+        return "(skipped: the budget is spent)"
     what = f"{row.get('model', '')} B={row.get('batch', '')} {row.get('fmt', '')}"
     label = row.get("label", "")
     if "median_us" in row:

@@ -262,6 +262,16 @@ def test_a_second_model_swept_into_a_run_keeps_the_first_ones_record():
     assert again["earlier"][0] == done and "earlier" not in again["earlier"][1]
 
 
+def test_another_sweep_of_the_same_model_keeps_the_first_ones_record():
+    first = moe_config(["loop-bf16"], preset="glm-5")
+    other = moe_config(["layer-loop-bf16"], preset="glm-5")        # other methods, same model
+    done = {**moe_sweep.sweep_record({}, first, first.model()), "status": "complete"}
+    resumed = moe_sweep.sweep_record(done, first, first.model())
+    assert "earlier" not in resumed and resumed["started"] == done["started"]
+    second = moe_sweep.sweep_record(done, other, other.model())
+    assert second["earlier"] == [done] and second["config"] == other.as_dict()
+
+
 def test_moe_config_checks():
     with pytest.raises(ParameterError, match="ep_degrees"):
         moe_config(["loop-bf16"], ep_degrees=[3], preset="glm-5")

@@ -248,12 +248,13 @@ def _static_reason(point: MoePoint, device: str) -> str | None:
 
 
 def sweep_record(stored: dict[str, Any], config: MoeSweep, model) -> dict[str, Any]:
-    """run.json's "moe" section as this sweep starts: a resume of the same model keeps its start;
-    another model swept into the same run (DeepSeek-V3 beside GLM-5, say) keeps each earlier
-    model's record, in the order they ran, under "earlier", so no sweep's conditions are lost."""
+    """run.json's "moe" section as this sweep starts: a resume (the same model and config) keeps
+    its start; another sweep into the same run (DeepSeek-V3 beside GLM-5, or other batches or
+    methods of the same model) keeps each earlier sweep's record, in the order they ran, under
+    "earlier", so no sweep's conditions are lost."""
     record = {"config": config.as_dict(), "model": dataclasses.asdict(model), "status": "running"}
     previous = (stored.get("model") or {}).get("key")
-    if previous in (None, model.key):
+    if previous is None or (previous == model.key and stored.get("config") == record["config"]):
         return {**record, "started": stored.get("started") or utc_now()}
     earlier = stored.get("earlier", []) + [{key: value for key, value in stored.items()
                                             if key != "earlier"}]
