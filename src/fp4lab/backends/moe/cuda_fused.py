@@ -114,8 +114,13 @@ class CudaMoeConfig:
 
 
 # By the mean pairs per expert (T*k/E) each covers (None = any more): a work item holds about the
-# busiest expert's load, so each weight is read once. Not yet measured on a GPU: the tiles follow
-# the dense kernel's M <= 16 builds (16-warp CTAs, two an SM, 4 k-groups in flight a warp).
+# busiest expert's load, so each weight is read once. The dense kernel's M <= 16 shape (16-warp
+# CTAs, two an SM, 4 k-groups in flight a warp), measured against 9 other builds on the H100 and the
+# H200 (benchmarks/NOTES.md calls 94-95, results/measurements/20261205T1220Z-h200-cuda-moe-probe):
+# m16 fastest at B = 64 (GLM-5 1.42 ms NVFP4 on the H200), m32 within 2-5% of the fastest build at
+# every B = 512 point, whose order changed with format and model (PDL off / tail / all within
+# +-5%); 64-pair items (113 registers, one CTA an SM) 1.5x slower there. Over 32 pairs an expert
+# (B >= 2048 on GLM-5) each expert's weights are read once per 32-pair item: humming is faster.
 MOE_PRESETS: tuple[tuple[float | None, CudaMoeConfig], ...] = (
     (2.0, CudaMoeConfig(ntiles=2)),
     (None, CudaMoeConfig(ntiles=4)),
