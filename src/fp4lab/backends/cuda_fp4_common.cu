@@ -91,7 +91,6 @@ __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u3
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-
 // the step-q scales of a k-group's row pair: nvfp4 a 16-k block per MMA, mxfp4 a 32-k block per two
 __device__ __forceinline__ u32 step_scales(const Scales& s, int q) {
 #if NVFP4

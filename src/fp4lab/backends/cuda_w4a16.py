@@ -61,6 +61,23 @@ KERNEL_NAME = "fp4_decode_gemm"
 MIN_CAPABILITY = (9, 0)      # mul.rn.bf16x2 (the scale multiply) is sm_90's
 
 
+def check_min_ctas(owner: str, min_ctas: int | None, warps: int) -> None:
+    """Raise a ValueError naming `owner`'s field unless `min_ctas` is None or a CTA count of
+    `warps`-warp CTAs an SM can hold."""
+    most_ctas = MAX_THREADS_PER_SM // (LANES * warps)
+    if min_ctas is not None and not 1 <= min_ctas <= most_ctas:
+        raise ValueError(f"{owner}.min_ctas must be None or 1 to {most_ctas} for {warps}-warp CTAs "
+                         f"({MAX_THREADS_PER_SM} threads an SM), got {min_ctas!r}")
+
+
+def register_cap(min_ctas: int | None, threads: int) -> int | None:
+    """The registers a thread ptxas may use when an SM must fit `min_ctas` CTAs of `threads`
+    (`__launch_bounds__`' second argument; None: ptxas' own choice)."""
+    if min_ctas is None:
+        return None
+    return min(MAX_REGISTERS, REGISTERS_PER_SM // (min_ctas * threads) // 8 * 8)
+
+
 @dataclass(frozen=True)
 class CudaTileConfig:
     """One build of the kernel: `groups` k-groups (64 k each) a warp reads, `depth` of them in
@@ -98,11 +115,7 @@ class CudaTileConfig:
         if self.depth > self.groups:
             raise ValueError(f"CudaTileConfig.depth ({self.depth}) cannot exceed groups "
                              f"({self.groups}): a warp has only {self.groups} k-groups to load")
-        most_ctas = MAX_THREADS_PER_SM // self.threads
-        if self.min_ctas is not None and not 1 <= self.min_ctas <= most_ctas:
-            raise ValueError(f"CudaTileConfig.min_ctas must be None or 1 to {most_ctas} for "
-                             f"{self.warps}-warp CTAs "
-                             f"({MAX_THREADS_PER_SM} threads an SM), got {self.min_ctas!r}")
+        check_min_ctas("CudaTileConfig", self.min_ctas, self.warps)
         if isinstance(self.cluster, bool) or not isinstance(self.cluster, int) \
                 or not 1 <= self.cluster <= MAX_CLUSTER:
             raise ValueError(f"CudaTileConfig.cluster must be an int from 1 to {MAX_CLUSTER} (CTAs "
@@ -150,9 +163,7 @@ class CudaTileConfig:
     @property
     def register_cap(self) -> int | None:
         """The registers a thread ptxas may use under `min_ctas` (None: ptxas' own choice)."""
-        if self.min_ctas is None:
-            return None
-        return min(MAX_REGISTERS, REGISTERS_PER_SM // (self.min_ctas * self.threads) // 8 * 8)
+        return register_cap(self.min_ctas, self.threads)
 
     @property
     def launch(self) -> str:

@@ -208,9 +208,10 @@ def other_model_finding(results: analysis.MoeResults, at) -> str:
                      f"{text.us(fp4.iloc[0]['layer_us'])}, {against_floor(fp4.iloc[0])}")
     fused = at[at["method"].isin(OWN_LAYER_METHODS)]
     if len(fused) and fused.index[0] != at.index[0]:
-        parts.append(f"fp4lab's fastest fused kernel ({text.md(fused.iloc[0]['method'])}) takes {text.us(fused.iloc[0]['layer_us'])} "
-                     f"({text.md(fused.iloc[0]['fmt'])}, {text.pct(fused.iloc[0]['pct_of_floor'])} "
-                     f"of its floor)")
+        own = fused.iloc[0]
+        parts.append(f"fp4lab's fastest fused kernel ({text.md(own['method'])}) takes "
+                     f"{text.us(own['layer_us'])} ({text.md(own['fmt'])}, "
+                     f"{text.pct(own['pct_of_floor'])} of its floor)")
     fp8 = at[at["method"] == "grouped-fp8"]
     if len(fp8):
         parts.append(f"the grouped FP8 GEMMs {text.us(fp8.iloc[0]['layer_us'])}")

@@ -23,8 +23,8 @@ import torch
 
 from fp4lab.backends.base import Requirements
 from fp4lab.backends.cuda_w4a16 import (
-    K_GROUP, LANES, MAX_THREADS_PER_SM, OVERLAP_CHOICES, REGISTERS_PER_SM, MAX_REGISTERS,
-    ROW_TILE, SHARED_LIMIT, WEIGHT_BIAS, kernel_source, mma_layout,
+    K_GROUP, LANES, OVERLAP_CHOICES, ROW_TILE, SHARED_LIMIT, WEIGHT_BIAS,
+    check_min_ctas, kernel_source, mma_layout, register_cap,
 )
 from fp4lab.backends.moe.base import LayerProblem, MethodUnavailable, MoeMethod
 from fp4lab.backends.moe.triton_fused import check_layer_request, routed_layer_call
@@ -63,11 +63,10 @@ class CudaMoeConfig:
         if self.chunk % self.depth:
             raise ValueError(f"CudaMoeConfig.depth ({self.depth}) must divide chunk "
                              f"({self.chunk}): the ring of loads restarts with every chunk")
-        most = MAX_THREADS_PER_SM // (LANES * self.warps)
-        if self.min_ctas is not None and (isinstance(self.min_ctas, bool)
-                                          or not 1 <= self.min_ctas <= most):
-            raise ValueError(f"CudaMoeConfig.min_ctas must be None or 1 to {most} for "
-                             f"{self.warps}-warp CTAs, got {self.min_ctas!r}")
+        if isinstance(self.min_ctas, bool):
+            raise ValueError(f"CudaMoeConfig.min_ctas must be None or a CTA count, "
+                             f"got {self.min_ctas!r}")
+        check_min_ctas("CudaMoeConfig", self.min_ctas, self.warps)
         if self.overlap not in OVERLAP_CHOICES:
             raise ValueError(f"CudaMoeConfig.overlap must be one of {OVERLAP_CHOICES}, "
                              f"got {self.overlap!r}")
@@ -89,9 +88,7 @@ class CudaMoeConfig:
 
     @property
     def register_cap(self) -> int | None:
-        if self.min_ctas is None:
-            return None
-        return min(MAX_REGISTERS, REGISTERS_PER_SM // (self.min_ctas * self.threads) // 8 * 8)
+        return register_cap(self.min_ctas, self.threads)
 
     def label(self) -> str:
         label = f"cuda w{self.warps} m{self.rows} c{self.chunk} d{self.depth}"
