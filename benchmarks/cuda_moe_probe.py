@@ -2,8 +2,9 @@
 build of `GRID` gated, then timed with the package's timer (cold L2, CUDA graph), beside
 humming-moe-indexed (when its wheel is installed) and triton-w4a16-moe's preset at the same
 points; the first point's three fastest builds (and the preset) are the only ones timed at the
-others; the fastest build's call then stopped after each launch (routing, gate_up, down), so the
-summary gives each launch's time.
+others; at the first point the fastest build's anatomy stages (loads only, loads and decode: both
+launches without their MMAs, timed, not gated); at every point the fastest build's call stopped
+after each launch (routing, gate_up, down), so the summary gives each launch's time.
 
     PYTHONPATH=src python3 benchmarks/cuda_moe_probe.py --out $OUT/moe [--budget-s 380]
 
@@ -32,28 +33,31 @@ from fp4lab.moe import routing  # noqa: E402
 
 POINTS = (("glm-5", 512), ("deepseek-v3", 512), ("glm-5", 64))
 PEERS = ("humming-moe-indexed", "triton-w4a16-moe")
-# (warps a CTA, pair tiles of 8, k-groups a staged chunk, k-groups in flight, CTAs an SM, launch):
-# the preset (16-warp CTAs two an SM, the dense kernel's M <= 16 shape), its launch without PDL
-# and with the tail overlap; twice the loads in flight on one 16-warp or two 8-warp CTAs (116
-# registers); four 8-warp CTAs an SM on half the chunk; chunks of 16 and 4 k-groups; 64-pair and
-# 16-pair work items (an expert's weights read once more per item)
-GRID = tuple(CudaMoeConfig(warps=w, ntiles=n, chunk=c, depth=d, min_ctas=b, overlap=o)
-             for w, n, c, d, b, o in ((16, 4, 8, 4, 2, "all"), (16, 4, 8, 4, 2, "off"),
-                                      (16, 4, 8, 4, 2, "tail"), (16, 4, 8, 8, 1, "all"),
-                                      (8, 4, 8, 8, 2, "all"), (8, 4, 4, 4, 4, "all"),
-                                      (16, 4, 16, 4, 1, "all"), (16, 8, 8, 4, 1, "all"),
-                                      (16, 2, 8, 4, 2, "all"), (16, 4, 4, 4, 2, "all")))
+# (warps a CTA, row tiles a warp, k-groups in flight, CTAs an SM, launch; every build 32-pair items
+# staged 8 k-groups at a time): the preset (16-warp CTAs two an SM, the dense kernel's M <= 16
+# shape) and its launch without PDL (call 95's fastest at GLM-5 NVFP4); three 8-warp CTAs an SM
+# (80 registers, no spill in NVFP4); two row tiles a warp (each B fragment read for 32 weight rows:
+# half the ldmatrix reads a weight) at 4 and 2 k-groups in flight (128 and ~120 registers)
+GRID = tuple(CudaMoeConfig(warps=w, row_tiles=r, depth=d, min_ctas=b, overlap=o)
+             for w, r, d, b, o in ((16, 1, 4, 2, "all"), (16, 1, 4, 2, "off"), (8, 1, 4, 3, "all"),
+                                   (8, 2, 4, 2, "all"), (8, 2, 2, 2, "all")))
+ANATOMY = ("load", "decode")          # MOE_STAGES timed beside the first point's fastest build
 SMOKE_POINTS = (("glm-5", 16),)
 
 
-def layer_row(run: kernels.Run, problem, method: str, config=None, until: str = "sum") -> dict:
-    """One method's call gated (the whole call) and timed; a prefix (`until`) only timed."""
-    call = get_moe(method).prepare(problem, config=config, until=until) if config is not None \
+def layer_row(run: kernels.Run, problem, method: str, config=None, until: str = "sum",
+              stage: str = "full") -> dict:
+    """One method's call gated (the whole call) and timed; a prefix (`until`) or an anatomy
+    stage of cuda-w4a16-moe (`stage`, writing no output) only timed."""
+    options = {"until": until} if stage == "full" else {"until": until, "stage": stage}
+    call = get_moe(method).prepare(problem, config=config, **options) if config is not None \
         else get_moe(method).prepare(problem)
     row = {"method": method, "config": dataclasses.asdict(config) if config else None,
            "weight_bytes": call.weight_bytes, "note": call.note,
-           "loads_max": int(problem.loads.max())}
-    if until == "sum":
+           "loads_max": int(problem.loads.max()), "stage": stage}
+    if stage != "full":
+        row.update(status="ok", message=f"anatomy stage {stage}: no output, not gated")
+    elif until == "sum":
         gate = moe_base.check_call(call, problem)
         row.update(status=gate.status, rel_err=gate.rel_err, message=gate.message)
         if not gate.ok:
@@ -76,7 +80,8 @@ def line(row: dict | None) -> str:
     return f"{what:24s} {label:42s} {row['status']}: {row.get('message', '')[:80]}"
 
 
-def probe_point(run: kernels.Run, model, batch: int, fmt: str, weights, configs) -> list[dict]:
+def probe_point(run: kernels.Run, model, batch: int, fmt: str, weights, configs,
+                anatomy: bool) -> list[dict]:
     what = {"model": model.key, "batch": batch, "fmt": fmt}
     ids = routing.sample_expert_ids("uniform", model.experts, model.top_k, batch, 1)[0]
     problem = moe_base.make_layer_problem(ids, model.experts, model.hidden, model.moe_intermediate,
@@ -93,6 +98,11 @@ def probe_point(run: kernels.Run, model, batch: int, fmt: str, weights, configs)
             timed.append((row["median_us"], config))
     if timed:
         best = min(timed, key=lambda pair: pair[0])[1]
+        for stage in ANATOMY if anatomy else ():
+            row = run.step("moe_part", {**what, "label": f"{best.label()} stage {stage}"},
+                           lambda s=stage: layer_row(run, problem, "cuda-w4a16-moe", best,
+                                                     stage=s))
+            print(line(row), flush=True)
         for until in CALL_PARTS[:-1]:
             row = run.step("moe_part", {**what, "label": f"{best.label()} until {until}"},
                            lambda u=until: layer_row(run, problem, "cuda-w4a16-moe", best, u))
@@ -128,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             preset = choose_moe_config(batch * model.top_k, model.experts)
             configs = GRID if index == 0 else [preset] + [c for c in ranked[:3] if c != preset]
-            found = probe_point(run, model, batch, fmt, weights_for[model.key], configs)
+            found = probe_point(run, model, batch, fmt, weights_for[model.key], configs,
+                                anatomy=index == 0)
             ranked = ranked or found
     return 0
 

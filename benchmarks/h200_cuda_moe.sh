@@ -1,27 +1,42 @@
 #!/usr/bin/env bash
 # One device call (H200) for fp4lab's CUDA fused MoE (`cuda-w4a16-moe`, issue 13): its GPU tests,
-# then its builds against humming-moe-indexed and triton-w4a16-moe (benchmarks/cuda_moe_probe.py),
-# then, only if the tests passed, its rows added to a copy of the reference run (`fp4lab moe-sweep`
-# resumed: GLM-5 at B = 64-4096 on one GPU and the busiest EP 8 rank, DeepSeek-V3 at B = 64 and
-# 512, both formats; on an H200 only), the run's moe table, run.json and the logs brought back under $OUT.
-#   carry: .whl/fp4libs       run: bash benchmarks/h200_cuda_moe.sh <commit>
+# then (part "probe") its builds and anatomy against humming-moe-indexed and triton-w4a16-moe
+# (benchmarks/cuda_moe_probe.py), and/or (part "sweep", only if the tests passed) its rows in a copy
+# of the reference run re-measured with the preset (its earlier cuda-w4a16-moe rows dropped, then
+# `fp4lab moe-sweep` resumed: GLM-5 at B = 64-4096 on one GPU and the busiest EP 8 rank,
+# DeepSeek-V3 at B = 64 and 512, both formats; on an H200 only), the run's moe table, run.json and
+# the logs brought back under $OUT.
+#   carry: .whl/fp4libs       run: bash benchmarks/h200_cuda_moe.sh <commit> [probe|sweep|all]
 set -u
 export PYTHONUNBUFFERED=1 FP4LAB_GIT_SHA=$1 HUMMING_CACHE_DIR=/tmp/humming-cache
+PART=${2:-all}
 REFERENCE=results/reference/20261203T1155Z-h200-full
+case $PART in probe|sweep|all) ;; *) echo "part must be probe, sweep or all, got $PART"; exit 2;; esac
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/fp4libs/*.whl
 s=$(date +%s)
 PYTHONPATH=src timeout -k 5 150 python3 -m pytest -q -m cuda -p no:cacheprovider -p no:benchmark \
     tests/test_cuda_moe.py > $OUT/tests.log 2>&1
 tests=$?; tail -15 $OUT/tests.log; echo "tests: exit $tests after $(( $(date +%s) - s )) s"
-mkdir -p $OUT/probe
-PYTHONPATH=src:/tmp/site timeout -k 5 165 python3 benchmarks/cuda_moe_probe.py --out $OUT/probe \
-    --budget-s 150 > $OUT/probe/probe.log 2>&1
-echo "probe: exit $? after $(( $(date +%s) - s )) s"; grep -v Warning $OUT/probe/probe.log | tail -60
+if [ $PART != sweep ]; then
+    mkdir -p $OUT/probe
+    PYTHONPATH=src:/tmp/site timeout -k 5 260 python3 benchmarks/cuda_moe_probe.py --out $OUT/probe \
+        --budget-s 240 > $OUT/probe/probe.log 2>&1
+    echo "probe: exit $? after $(( $(date +%s) - s )) s"; grep -v Warning $OUT/probe/probe.log | tail -70
+fi
+[ $PART != probe ] || exit 0
 [ $tests -eq 0 ] || exit 1
 # the reference run is the H200's: on another GPU the probe stands alone
 nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "not an H200: no reference rows"; exit 0; }
 mkdir -p /tmp/runs && cp -r $REFERENCE /tmp/runs/
+RUN=/tmp/runs/$(basename $REFERENCE)
+PYTHONPATH=src python3 -c "
+import sys
+from fp4lab import schema
+from fp4lab.results import RunDir
+run = RunDir.open(sys.argv[1])
+keys = {schema.TABLES['moe'].row_key(r) for r in run.read_rows('moe') if r['method'] == 'cuda-w4a16-moe'}
+print('dropped', run.drop_rows('moe', keys), 'cuda-w4a16-moe rows to re-measure')" $RUN
 for args in "glm-5 --batch 64 512 2048 4096 --ep 1 8" "deepseek-v3 --batch 64 512 --ep 1"; do
     PYTHONPATH=src:/tmp/site timeout -k 5 170 python3 -m fp4lab moe-sweep --preset $args \
         --methods cuda-w4a16-moe --runs-dir /tmp/runs --run-id $(basename $REFERENCE) --quiet \
@@ -29,4 +44,4 @@ for args in "glm-5 --batch 64 512 2048 4096 --ep 1 8" "deepseek-v3 --batch 64 51
     echo "moe-sweep $args: exit $? after $(( $(date +%s) - s )) s"
 done
 tail -30 $OUT/sweep.log
-cp /tmp/runs/$(basename $REFERENCE)/{moe.parquet,moe.jsonl,run.json} $OUT/
+cp $RUN/{moe.parquet,moe.jsonl,run.json} $OUT/

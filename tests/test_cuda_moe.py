@@ -32,10 +32,13 @@ def test_prepare_on_the_cpu_says_why_before_any_work():
         moe.get("cuda-w4a16-moe").prepare(problem)
     with pytest.raises(ValueError, match="until must be one of"):
         moe.get("cuda-w4a16-moe").prepare(problem, until="everything")
+    with pytest.raises(ValueError, match="stage must be one of"):
+        moe.get("cuda-w4a16-moe").prepare(problem, stage="mma")
 
 
 @pytest.mark.parametrize("field,value", [("warps", 1), ("warps", 32), ("ntiles", 1),
                                          ("chunk", 3), ("depth", 16), ("min_ctas", 0),
+                                         ("row_tiles", 4), ("row_tiles", True),
                                          ("overlap", "both"), ("ntiles", True)])
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"CudaMoeConfig.{field}"):
@@ -56,6 +59,9 @@ def test_config_sizes_and_reasons():
     assert "not whole CTAs of 16 row tiles (256 rows)" in config.reason(4096 + 16, 6144, "gate_up")
     assert "K=2080 is not whole chunks of 512 k" in config.reason(6144, 2080, "down")
     assert "shared memory" in CudaMoeConfig(ntiles=8, chunk=16, depth=4).reason(4096, 8192, "x")
+    paired = CudaMoeConfig(warps=8, row_tiles=2, depth=2)
+    assert paired.label() == "cuda w8 r2 m32 c8 d2 b2 pdl-all" and paired.cta_rows == 256
+    assert "not whole CTAs of 16 row tiles (256 rows)" in paired.reason(4096 + 128, 6144, "gate_up")
 
 
 @pytest.mark.parametrize("model", ["glm-5", "deepseek-v3"])
@@ -108,7 +114,7 @@ def test_a_layout_is_reused_only_for_the_very_same_weights():
 
 def test_the_kernel_decodes_with_the_shared_code_and_waits_before_reading_routes():
     source = KERNEL_SOURCE.read_text()
-    assert "decode_scaled(words[q], group_scales, q, a0, a1, a2, a3);" in source
+    assert "decode_scaled(words[r][q], group_scales[r], q," in source
     gate_up_head = source[source.index("#if GATE_UP\n    wait_for_previous_kernel();"):]
     assert gate_up_head.index("wait_for_previous_kernel();") < gate_up_head.index("work_expert[")
     body = source[source.index("fp4_moe_gemm("):]
@@ -121,7 +127,9 @@ def test_the_kernel_decodes_with_the_shared_code_and_waits_before_reading_routes
 SMALL_BUILDS = [CudaMoeConfig(warps=4, ntiles=2, chunk=4, depth=2, min_ctas=None, overlap="off"),
                 CudaMoeConfig(warps=4, ntiles=4, chunk=4, depth=4, min_ctas=2, overlap="tail"),
                 CudaMoeConfig(warps=2, ntiles=8, chunk=2, depth=1, min_ctas=None, overlap="all"),
-                CudaMoeConfig(warps=8, ntiles=4, chunk=4, depth=4, min_ctas=2, overlap="all")]
+                CudaMoeConfig(warps=8, ntiles=4, chunk=4, depth=4, min_ctas=2, overlap="all"),
+                CudaMoeConfig(warps=4, row_tiles=2, ntiles=4, chunk=4, depth=2, min_ctas=2,
+                              overlap="all")]
 
 
 @pytest.mark.cuda
@@ -173,3 +181,18 @@ def test_the_call_replays_in_a_cuda_graph():
         torch.cuda.synchronize()
         assert torch.equal(call.out, eager)
 
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("stage", ["load", "decode"])
+def test_the_anatomy_stages_run_beside_a_gated_build(stage):
+    """A stage build runs both launches over every work item (no fault, no hang) and shares the
+    laid-out weights with the full build, whose gate still passes after it."""
+    problem = base.make_layer_problem(skewed_ids(24, 8, 2, busy=0), 8, 512, 256, "mxfp4", "cuda")
+    method = moe.get("cuda-w4a16-moe")
+    staged = method.prepare(problem, config=SMALL_BUILDS[1], stage=stage)
+    assert f"anatomy stage {stage}" in staged.note
+    staged.call()
+    torch.cuda.synchronize()
+    gate = base.check_call(method.prepare(problem, config=SMALL_BUILDS[1]), problem)
+    assert gate.ok, gate.message

@@ -7,6 +7,16 @@
 
 #define SCALE_BYTES (NVFP4 ? 8 : 4)  // scale bytes per (row pair g, g+8) per k-group
 
+// STAGE, a -D define of both kernels (0 when not given): the whole kernel or one of its anatomy's
+// variants, each of which leaves later stages out (each kernel's header says what it keeps)
+#define STAGE_FULL 0
+#define STAGE_LOAD 1
+#define STAGE_DECODE 2
+#define STAGE_MMA 3
+#ifndef STAGE
+#define STAGE STAGE_FULL
+#endif
+
 typedef unsigned int u32;
 struct __align__(16) u32x4 { u32 x, y, z, w; };   // NVRTC has no headers: our own vector type
 
@@ -82,6 +92,12 @@ __device__ __forceinline__ u32 shared_address(const void* p) {
 __device__ __forceinline__ void ldmatrix4(u32 address, u32* r) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
         : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address) : "memory");
+}
+
+// the first two of them (lanes 0-15's addresses): rows l % 8, k 8 (l / 8)..: the n8 tile's B fragment
+__device__ __forceinline__ void ldmatrix2(u32 address, u32* r) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+        : "=r"(r[0]), "=r"(r[1]) : "r"(address) : "memory");
 }
 
 __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {

@@ -1,19 +1,20 @@
 // fp4lab's fused FP4 MoE in CUDA: one expert GEMM (gate_up or down) over every routed expert in
 // one launch, the dense decode GEMM's warp (cuda_w4a16_kernel.cu) walking one expert's weights.
 //
-// Compiled at prepare with NVRTC after cuda_fp4_common.cu, one build per (GATE_UP, WARPS, NTILES,
-// CHUNK, DEPTH, NVFP4, MIN_CTAS, OVERLAP_ALL), given as -D defines.
+// Compiled at prepare with NVRTC after cuda_fp4_common.cu, one build per (GATE_UP, WARPS,
+// ROW_TILES, NTILES, CHUNK, DEPTH, NVFP4, MIN_CTAS, OVERLAP_ALL, STAGE), given as -D defines.
 // Shape legend: E experts, P = T*k (token, slot) pairs, N an expert's weight rows (2I gate_up, H
 // down), K the reduction (H gate_up, I down); a "row tile" is 16 weight rows, a "k-group" 64 k;
 // g = lane / 4, t = lane % 4 as in the PTX fragment tables; a work item (the route kernel's, see
 // moe/triton_fused_kernel.py) is up to ROWS pairs of one expert, busiest expert first.
 //
-// A CTA is (WARPS row tiles of one expert, one work item): grid (N / (16 WARPS), work items). Each
-// warp reads its row tile's codes over all of K, 16 bytes a lane a k-group straight into registers,
-// DEPTH k-groups ahead of its math (a ring of DEPTH registers sets), decodes them as the dense kernel
-// does and multiplies them with the item's activation rows by mma.sync (the weights the A side, as
-// the MMA's 16 rows, the pairs its n8 tiles; pair tiles past the item's rows are skipped). No
-// split-K: an expert's many row tiles fill the GPU, so no reduction and no workspace.
+// A CTA is (WARPS * ROW_TILES row tiles of one expert, one work item): grid (N / (16 WARPS
+// ROW_TILES), work items). Each warp reads its ROW_TILES row tiles' codes over all of K, 16 bytes a
+// lane a tile a k-group straight into registers, DEPTH k-groups ahead of its math (a ring of DEPTH
+// register sets), decodes them as the dense kernel does and multiplies them with the item's
+// activation rows by mma.sync (the weights the A side, as the MMA's 16 rows, the pairs its n8
+// tiles; n8 tiles past the item's rows are skipped; each B fragment read serves ROW_TILES tiles).
+// No split-K: an expert's many row tiles fill the GPU, so no reduction and no workspace.
 // The activation rows (gathered by token for gate_up, the item's own rows of the intermediate for
 // down) are staged in shared memory by cp.async, CHUNK k-groups at a time, double-buffered: the
 // next chunk is copied while the warps multiply this one, and every warp of the CTA reads them
@@ -28,7 +29,14 @@
 // (OVERLAP_ALL or not, as in the dense kernel) down issues its first DEPTH weight loads before
 // `griddepcontrol.wait`; gate_up waits first (its work list is the route kernel's output), then
 // lets down launch at once (OVERLAP_ALL) or after its math.
+// STAGE (the anatomy, cuda_fused.MOE_STAGES): the launch; STAGE_LOAD: codes, scales and staged
+// activations loaded and read by ldmatrix, no decode or MMA; STAGE_DECODE: and decoded, no MMA.
+// The stages write nothing (their sum only keeps the compiler from dropping the work): timed, not
+// checked, as parts of a launch whose whole is gated.
 
+#ifndef ROW_TILES
+#define ROW_TILES 1                  // row tiles (16 weight rows) a warp
+#endif
 #define ROWS (8 * NTILES)            // pairs a work item at most (NTILES 2, 4 or 8)
 #define PAIRS (NTILES / 2)           // ldmatrix.x4 reads a k16 step, 16 pairs each
 #define CHUNK_K (64 * CHUNK)         // k a staged chunk
@@ -62,18 +70,20 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
     if (e < 0) return;
     const int start = work_start[item], rows = work_rows[item];
     const int groups = K / 64;
-    const unsigned tile = blockIdx.x * WARPS + warp;          // the warp's row tile in the expert
-    const long group0 = ((long)e * (N / 16) + tile) * groups;
-    const u32x4* wp = w + group0 * 32 + lane;
-    const Scales* sp = s + group0 * 8 + g;
+    const unsigned tile0 = (blockIdx.x * WARPS + warp) * ROW_TILES;   // the warp's first row tile
+    const long group0 = ((long)e * (N / 16) + tile0) * groups;
+    const u32x4* wp = w + group0 * 32 + lane;                 // row tile r: + r * groups * 32
+    const Scales* sp = s + group0 * 8 + g;                    // row tile r: + r * groups * 8
 
-    u32x4 codes[DEPTH];                                       // a ring: group j in slot j % DEPTH
-    Scales scales[DEPTH];
+    u32x4 codes[DEPTH][ROW_TILES];                            // a ring: group j in slot j % DEPTH
+    Scales scales[DEPTH][ROW_TILES];
 #pragma unroll
-    for (int j = 0; j < DEPTH; ++j) {
-        codes[j] = load_stream(wp + j * 32);
-        scales[j] = load_scales(sp + j * 8);
-    }
+    for (int j = 0; j < DEPTH; ++j)
+#pragma unroll
+        for (int r = 0; r < ROW_TILES; ++r) {
+            codes[j][r] = load_stream(wp + (r * groups + j) * 32);
+            scales[j][r] = load_scales(sp + (r * groups + j) * 8);
+        }
 #if !GATE_UP
     wait_for_previous_kernel();                               // act is gate_up's output
 #if OVERLAP_ALL
@@ -113,10 +123,12 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
         const unsigned row = 16 * p + b_row;
         b_base[p] = stage_base + (row < (unsigned)rows ? row : rows - 1) * ROW_BYTES + b_k * 2;
     }
-    const int active_pairs = (rows + 15) / 16;                // pair tiles with real rows
+    const int active_n8 = (rows + 7) / 8;                     // n8 tiles with real rows
 
-    Accumulators acc;
-    zero_accumulators(acc);
+    Accumulators acc[ROW_TILES];
+#pragma unroll
+    for (int r = 0; r < ROW_TILES; ++r) zero_accumulators(acc[r]);
+    [[maybe_unused]] u32 sink = 0;                            // the anatomy stages' sum
 
     const int chunks = groups / CHUNK;
     stage(0);
@@ -132,26 +144,61 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
 #pragma unroll
         for (int jj = 0; jj < CHUNK; ++jj) {
             const int slot = jj % DEPTH;                      // CHUNK % DEPTH == 0: a constant
-            const u32 words[4] = {codes[slot].x, codes[slot].y, codes[slot].z, codes[slot].w};
-            const Scales group_scales = scales[slot];
+            u32 words[ROW_TILES][4];
+            Scales group_scales[ROW_TILES];
+#pragma unroll
+            for (int r = 0; r < ROW_TILES; ++r) {
+                words[r][0] = codes[slot][r].x; words[r][1] = codes[slot][r].y;
+                words[r][2] = codes[slot][r].z; words[r][3] = codes[slot][r].w;
+                group_scales[r] = scales[slot][r];
+            }
             const int next = c * CHUNK + jj + DEPTH;          // keeps DEPTH groups in flight
             if (next < groups) {
-                codes[slot] = load_stream(wp + next * 32);
-                scales[slot] = load_scales(sp + next * 8);
+#pragma unroll
+                for (int r = 0; r < ROW_TILES; ++r) {
+                    codes[slot][r] = load_stream(wp + (r * groups + next) * 32);
+                    scales[slot][r] = load_scales(sp + (r * groups + next) * 8);
+                }
             }
+#if STAGE == STAGE_LOAD
+#pragma unroll
+            for (int r = 0; r < ROW_TILES; ++r)
+#pragma unroll
+                for (int i = 0; i < SCALE_BYTES / 4; ++i) sink += group_scales[r].word[i];
+#endif
 #pragma unroll
             for (int q = 0; q < 4; ++q) {                     // one k16 MMA step
-                const int chain = CHAINS == 2 ? (q & 1) : 0;
+                [[maybe_unused]] const int chain = CHAINS == 2 ? (q & 1) : 0;
                 const u32 k_bytes = buffer + (jj * 64 + q * 16) * 2;
-                u32 a0, a1, a2, a3;
-                decode_scaled(words[q], group_scales, q, a0, a1, a2, a3);
+                u32 fragment[ROW_TILES][4];                   // the A fragments (decode_scaled)
+#pragma unroll
+                for (int r = 0; r < ROW_TILES; ++r) {
+#if STAGE == STAGE_LOAD
+                    sink += words[r][q];
+#else
+                    decode_scaled(words[r][q], group_scales[r], q, fragment[r][0], fragment[r][1],
+                                  fragment[r][2], fragment[r][3]);
+#endif
+#if STAGE == STAGE_DECODE
+                    sink += fragment[r][0] + fragment[r][1] + fragment[r][2] + fragment[r][3];
+#endif
+                }
 #pragma unroll
                 for (int p = 0; p < PAIRS; ++p) {
-                    if (p < active_pairs) {
+                    if (2 * p < active_n8) {
                         u32 b[4];
                         ldmatrix4(b_base[p] + k_bytes, b);
-                        mma(acc[chain][2 * p], a0, a1, a2, a3, b[0], b[1]);
-                        mma(acc[chain][2 * p + 1], a0, a1, a2, a3, b[2], b[3]);
+#if STAGE == STAGE_FULL
+#pragma unroll
+                        for (int r = 0; r < ROW_TILES; ++r) {
+                            const u32* f = fragment[r];
+                            mma(acc[r][chain][2 * p], f[0], f[1], f[2], f[3], b[0], b[1]);
+                            if (2 * p + 1 < active_n8)        // its second n8 tile holds pairs
+                                mma(acc[r][chain][2 * p + 1], f[0], f[1], f[2], f[3], b[2], b[3]);
+                        }
+#else
+                        sink += b[0] ^ b[1] ^ b[2] ^ b[3];
+#endif
                     }
                 }
             }
@@ -162,25 +209,35 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
     let_next_kernel_launch();
 #endif
 
-    add_chains(acc);
+#if STAGE != STAGE_FULL
+    if (sink == 0x9E3779B9u) out[0] = 1;                      // keeps the stage's work (no output)
+    return;
+#endif
+#pragma unroll
+    for (int r = 0; r < ROW_TILES; ++r) add_chains(acc[r]);
 
     // c0, c1: (weight row g, pair rows 2t, 2t+1 of the n8 tile); c2, c3: weight row g+8
     const float factor = factors[e];
 #pragma unroll
-    for (int nt = 0; nt < NTILES; ++nt)
+    for (int rt = 0; rt < ROW_TILES; ++rt) {
+        const unsigned tile = tile0 + rt;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = nt * 8 + 2 * t + h;                 // the pair row in the item
-            if (r >= rows) continue;
+        for (int nt = 0; nt < NTILES; ++nt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = nt * 8 + 2 * t + h;             // the pair row in the item
+                if (r >= rows) continue;
 #if GATE_UP
-            const float gate = acc[0][nt][h] * factor, up = acc[0][nt][2 + h] * factor;
-            out[(long)(start + r) * (N / 2) + tile * 8 + g] = to_bf16(gate / (1.f + __expf(-gate)) * up);
+                const float gate = acc[rt][0][nt][h] * factor, up = acc[rt][0][nt][2 + h] * factor;
+                out[(long)(start + r) * (N / 2) + tile * 8 + g] =
+                    to_bf16(gate / (1.f + __expf(-gate)) * up);
 #else
-            const int pair = sorted_pairs[start + r];
-            const float weight = route_w[pair] * factor;
-            unsigned short* y = out + (long)pair * N + tile * 16 + g;
-            y[0] = to_bf16(acc[0][nt][h] * weight);
-            y[8] = to_bf16(acc[0][nt][2 + h] * weight);
+                const int pair = sorted_pairs[start + r];
+                const float weight = route_w[pair] * factor;
+                unsigned short* y = out + (long)pair * N + tile * 16 + g;
+                y[0] = to_bf16(acc[rt][0][nt][h] * weight);
+                y[8] = to_bf16(acc[rt][0][nt][2 + h] * weight);
 #endif
-        }
+            }
+    }
 }

@@ -68,18 +68,11 @@
 #define CLUSTER 1
 #endif
 
-// STAGE (the anatomy's variants, numbered in the order of cuda_w4a16.ANATOMY_STAGES): the GEMM; loads
-// only (codes, scales, activations staged and read by ldmatrix; the codes and scales summed); loads
-// and decode without MMA (the decoded, scaled A fragments summed); the GEMM without the split-K
-// reduction (each split's partial tile stored to its own slice of the workspace). The sums are
-// wrapping 32-bit, one per warp, stored to the workspace: the host checks them exactly.
-#define STAGE_FULL 0
-#define STAGE_LOAD 1
-#define STAGE_DECODE 2
-#define STAGE_MMA 3
-#ifndef STAGE
-#define STAGE STAGE_FULL
-#endif
+// STAGE (cuda_fp4_common.cu; the anatomy's variants in the order of cuda_w4a16.ANATOMY_STAGES): the
+// GEMM; loads only (codes, scales, activations staged and read by ldmatrix; the codes and scales
+// summed); loads and decode without MMA (the decoded, scaled A fragments summed); the GEMM without
+// the split-K reduction (each split's partial tile stored to its own slice of the workspace). The
+// sums are wrapping 32-bit, one per warp, stored to the workspace: the host checks them exactly.
 
 // the CTA's arrival at its column's counter: a release of every add the CTA made before the
 // barrier in front of it, and an acquire of the other CTAs' (the last one reads their sums)

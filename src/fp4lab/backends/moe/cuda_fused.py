@@ -32,14 +32,18 @@ from fp4lab.backends.moe.triton_fused import check_layer_request, routed_layer_c
 KERNEL_SOURCE = Path(__file__).parents[1] / "cuda_moe_kernel.cu"
 KERNEL_NAME = "fp4_moe_gemm"
 WARP_CHOICES = (2, 4, 8, 16)         # at least 2: a CTA's first ROWS threads list the item's rows
+ROW_TILE_CHOICES = (1, 2)            # row tiles a warp: 2 read each B fragment once for both
 N_TILE_CHOICES = (2, 4, 8)           # n8 tiles of pairs a work item: 16, 32 or 64 pairs
 CHUNK_CHOICES = (1, 2, 4, 8, 16)     # k-groups of activations staged at a time
 DEPTH_CHOICES = (1, 2, 4, 8)
+# the kernel's anatomy (its STAGE define): the launch, or what it does before the decode or MMA
+MOE_STAGES = {"full": 0, "load": 1, "decode": 2}
 
 
 @dataclass(frozen=True)
 class CudaMoeConfig:
-    """One build of both launches: `warps` row tiles (16 weight rows each) a CTA, `ntiles` n8
+    """One build of both launches: `warps` warps a CTA of `row_tiles` row tiles (16 weight rows)
+    each, `ntiles` n8
     tiles of pairs a work item (8 * ntiles pairs: an expert with more is several items, its
     weights read once per item), `chunk` k-groups of the item's activations staged in shared
     memory at a time (double-buffered), `depth` k-groups of weights in flight a warp, `min_ctas`
@@ -48,6 +52,7 @@ class CudaMoeConfig:
     (`cuda_w4a16.OVERLAP_CHOICES`)."""
 
     warps: int = 16
+    row_tiles: int = 1
     ntiles: int = 4
     chunk: int = 8
     depth: int = 4
@@ -55,7 +60,8 @@ class CudaMoeConfig:
     overlap: str = "all"
 
     def __post_init__(self):
-        for name, choices in (("warps", WARP_CHOICES), ("ntiles", N_TILE_CHOICES),
+        for name, choices in (("warps", WARP_CHOICES), ("row_tiles", ROW_TILE_CHOICES),
+                              ("ntiles", N_TILE_CHOICES),
                               ("chunk", CHUNK_CHOICES), ("depth", DEPTH_CHOICES)):
             value = getattr(self, name)
             if isinstance(value, bool) or value not in choices:
@@ -77,6 +83,11 @@ class CudaMoeConfig:
         return 8 * self.ntiles
 
     @property
+    def cta_rows(self) -> int:
+        """Weight rows a CTA covers."""
+        return ROW_TILE * self.warps * self.row_tiles
+
+    @property
     def threads(self) -> int:
         return LANES * self.warps
 
@@ -91,7 +102,8 @@ class CudaMoeConfig:
         return register_cap(self.min_ctas, self.threads)
 
     def label(self) -> str:
-        label = f"cuda w{self.warps} m{self.rows} c{self.chunk} d{self.depth}"
+        tiles = f" r{self.row_tiles}" if self.row_tiles > 1 else ""
+        label = f"cuda w{self.warps}{tiles} m{self.rows} c{self.chunk} d{self.depth}"
         if self.min_ctas is not None:
             label += f" b{self.min_ctas}"
         return label if self.overlap == "off" else f"{label} pdl-{self.overlap}"
@@ -99,9 +111,9 @@ class CudaMoeConfig:
     def reason(self, n: int, k: int, what: str) -> str | None:
         """Why one launch (`what`: "gate_up" or "down") of an expert's [n, k] weights cannot run
         in this build; None when it can."""
-        if n % (ROW_TILE * self.warps):
-            return (f"{what}: an expert's {n} weight rows are not whole CTAs of {self.warps} row "
-                    f"tiles ({ROW_TILE * self.warps} rows)")
+        if n % self.cta_rows:
+            return (f"{what}: an expert's {n} weight rows are not whole CTAs of "
+                    f"{self.warps * self.row_tiles} row tiles ({self.cta_rows} rows)")
         if k % (K_GROUP * self.chunk):
             return f"{what}: K={k} is not whole chunks of {K_GROUP * self.chunk} k"
         if self.shared_bytes > SHARED_LIMIT:
@@ -196,9 +208,11 @@ def lay_out_experts(q, device, interleave: bool) -> ExpertOperands:
 # --- the kernel ----------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
-def compiled(config: CudaMoeConfig, fmt: str, gate_up: bool, capability: tuple[int, int]):
+def compiled(config: CudaMoeConfig, fmt: str, gate_up: bool, capability: tuple[int, int],
+             stage: str = "full"):
     """One launch's build (NVRTC, once per process)."""
     options = [f"-DGATE_UP={int(gate_up)}", f"-DWARPS={config.warps}",
+               f"-DROW_TILES={config.row_tiles}", f"-DSTAGE={MOE_STAGES[stage]}",
                f"-DNTILES={config.ntiles}", f"-DCHUNK={config.chunk}", f"-DDEPTH={config.depth}",
                f"-DNVFP4={int(fmt == 'nvfp4')}", f"-DMIN_CTAS={config.min_ctas or 0}",
                f"-DOVERLAP_ALL={int(config.overlap == 'all')}", "-std=c++17"]
@@ -208,14 +222,14 @@ def compiled(config: CudaMoeConfig, fmt: str, gate_up: bool, capability: tuple[i
 
 
 def expert_launch(config: CudaMoeConfig, fmt: str, gate_up: bool, n: int, k: int, top_k: int,
-                  device):
+                  device, stage: str = "full"):
     """(launch(a, ops, out, tables, route_w), what the build is) for one expert GEMM over every
-    work item: grid (n / (16 warps), W), the kernel's shared memory opted in, launched dependently
-    unless `config.overlap` is "off"."""
+    work item: grid (n / the CTA's rows, W), the kernel's shared memory opted in, launched
+    dependently unless `config.overlap` is "off"; `stage` one of MOE_STAGES."""
     from fp4lab.backends.cuda_launch import (allow_shared, function_attributes, launch_ex,
                                              resident_ctas)
 
-    kernel = compiled(config, fmt, gate_up, torch.cuda.get_device_capability(device))
+    kernel = compiled(config, fmt, gate_up, torch.cuda.get_device_capability(device), stage)
     allow_shared(kernel, config.shared_bytes)
     block = (config.threads, 1, 1)
     built = function_attributes(kernel)
@@ -223,7 +237,7 @@ def expert_launch(config: CudaMoeConfig, fmt: str, gate_up: bool, n: int, k: int
             f"{resident_ctas(kernel, config.threads, config.shared_bytes)} CTAs an SM")
 
     def launch(a, ops: ExpertOperands, out, tables, route_w):
-        grid = (n // (ROW_TILE * config.warps), tables.work_expert.shape[0], 1)
+        grid = (n // config.cta_rows, tables.work_expert.shape[0], 1)
         launch_ex(kernel, grid=grid, block=block, shared_mem=config.shared_bytes,
                   dependent=config.overlap != "off", cluster=(1, 1, 1),
                   args=[ops.codes, ops.scales, a, ops.factors, tables.sorted_pairs, route_w,
@@ -250,9 +264,13 @@ class CudaW4A16Moe(MoeMethod):
         return CudaW4A16().runtime_reason()
 
     def prepare(self, problem: LayerProblem, fmt: str | None = None,
-                config: CudaMoeConfig | None = None, until: str = "sum"):
-        """`until` (one of CALL_PARTS) ends the call after that launch, as the Triton method's."""
+                config: CudaMoeConfig | None = None, until: str = "sum", stage: str = "full"):
+        """`until` (one of CALL_PARTS) ends the call after that launch, as the Triton method's;
+        `stage` (one of MOE_STAGES) other than "full" builds both launches as that anatomy
+        stage: a call to time, whose output is not the layer's."""
         check_layer_request(self, problem, fmt, until)
+        if stage not in MOE_STAGES:
+            raise ValueError(f"stage must be one of {list(MOE_STAGES)}, got {stage!r}")
         if problem.device == "cpu":
             raise MethodUnavailable(f"{self.name}: runs only on a CUDA GPU; the CPU was asked for")
         tokens, top_k = problem.topk_ids.shape
@@ -266,9 +284,10 @@ class CudaW4A16Moe(MoeMethod):
         w13 = expert_operands(problem.w13, device, interleave=True)
         w2 = expert_operands(problem.w2, device, interleave=False)
         gate_up, gate_up_built = expert_launch(config, problem.fmt, True, 2 * inter, hidden, top_k,
-                                               device)
-        down, down_built = expert_launch(config, problem.fmt, False, hidden, inter, top_k, device)
+                                               device, stage)
+        down, down_built = expert_launch(config, problem.fmt, False, hidden, inter, top_k, device,
+                                         stage)
+        what = config.label() if stage == "full" else f"{config.label()}, anatomy stage {stage}"
         return routed_layer_call(self, problem, until, config.rows, w13, w2, gate_up, down,
-                                 f"2 CUDA launches ({config.label()}; gate_up {gate_up_built}, "
+                                 f"2 CUDA launches ({what}; gate_up {gate_up_built}, "
                                  f"down {down_built})")
-
