@@ -72,9 +72,11 @@ def test_every_preset_runs_both_launches_of_the_models(model):
         assert config.reason(preset.hidden, preset.moe_intermediate, "down") is None
 
 
-@pytest.mark.parametrize("batch,rows", [(64, 16), (512, 32), (2048, 32)])
-def test_presets_by_mean_pairs_per_expert(batch, rows):
-    assert choose_moe_config(batch * 8, 256).rows == rows
+@pytest.mark.parametrize("batch,rows,overlap", [(64, 16, "all"), (512, 32, "off"),
+                                                (2048, 32, "off")])
+def test_presets_by_mean_pairs_per_expert(batch, rows, overlap):
+    config = choose_moe_config(batch * 8, 256)
+    assert (config.rows, config.overlap) == (rows, overlap)
 
 
 def test_interleave_puts_gate_rows_over_up_rows_in_each_row_tile():
