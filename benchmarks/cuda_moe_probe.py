@@ -110,11 +110,26 @@ def probe_point(run: kernels.Run, model, batch: int, fmt: str, weights, configs,
     return [config for _, config in sorted(timed, key=lambda pair: pair[0])]
 
 
+def parse_points(text: str) -> tuple[tuple[str, int], ...]:
+    """'glm-5:512,deepseek-v3:512' -> (("glm-5", 512), ("deepseek-v3", 512))."""
+    points = []
+    for item in filter(None, text.split(",")):
+        name, _, batch = item.strip().partition(":")
+        if not batch.isdigit() or int(batch) < 1:
+            raise SystemExit(f"--points: {item!r} is not model:batch, e.g. glm-5:512")
+        points.append((name, int(batch)))
+    if not points:
+        raise SystemExit("--points: name at least one model:batch")
+    return tuple(points)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--budget-s", type=float, default=380.0)
     parser.add_argument("--formats", default="nvfp4,mxfp4")
+    parser.add_argument("--points", default=",".join(f"{m}:{b}" for m, b in POINTS),
+                        help="model:batch,... (the first is where every build and the anatomy run)")
     parser.add_argument("--smoke", action="store_true", help="the scaled CPU stand-in")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -122,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = dataclasses.replace(kernels.MOE, moe_scaled=args.smoke, step_limit_s=90.0)
     run = kernels.Run(args.out, args.budget_s, plan, device)
     kernels.phase_ceilings(run)
-    points = SMOKE_POINTS if args.smoke else POINTS
+    points = SMOKE_POINTS if args.smoke else parse_points(args.points)
     for fmt in args.formats.split(","):
         ranked: list[CudaMoeConfig] = []
         weights_for: dict = {}

@@ -7,6 +7,7 @@
 # DeepSeek-V3 at B = 64 and 512, both formats; on an H200 only), the run's moe table, run.json and
 # the logs brought back under $OUT.
 #   carry: .whl/fp4libs       run: bash benchmarks/h200_cuda_moe.sh <commit> [probe|sweep|all]
+#   PROBE_POINTS=glm-5:512 (the probe's --points) narrows the probe to those points
 set -u
 export PYTHONUNBUFFERED=1 FP4LAB_GIT_SHA=$1 HUMMING_CACHE_DIR=/tmp/humming-cache
 PART=${2:-all}
@@ -21,7 +22,7 @@ tests=$?; tail -15 $OUT/tests.log; echo "tests: exit $tests after $(( $(date +%s
 if [ $PART != sweep ]; then
     mkdir -p $OUT/probe
     PYTHONPATH=src:/tmp/site timeout -k 5 260 python3 benchmarks/cuda_moe_probe.py --out $OUT/probe \
-        --budget-s 240 > $OUT/probe/probe.log 2>&1
+        --budget-s 240 ${PROBE_POINTS:+--points $PROBE_POINTS} > $OUT/probe/probe.log 2>&1
     echo "probe: exit $? after $(( $(date +%s) - s )) s"; grep -v Warning $OUT/probe/probe.log | tail -70
 fi
 [ $PART != probe ] || exit 0
