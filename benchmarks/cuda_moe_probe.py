@@ -132,12 +132,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="model:batch,... (the first is where every build and the anatomy run)")
     parser.add_argument("--smoke", action="store_true", help="the scaled CPU stand-in")
     args = parser.parse_args(argv)
+    points = SMOKE_POINTS if args.smoke else parse_points(args.points)     # before any GPU work
     args.out.mkdir(parents=True, exist_ok=True)
     device = "cpu" if args.smoke else "cuda"
     plan = dataclasses.replace(kernels.MOE, moe_scaled=args.smoke, step_limit_s=90.0)
     run = kernels.Run(args.out, args.budget_s, plan, device)
     kernels.phase_ceilings(run)
-    points = SMOKE_POINTS if args.smoke else parse_points(args.points)
     for fmt in args.formats.split(","):
         ranked: list[CudaMoeConfig] = []
         weights_for: dict = {}
