@@ -43,8 +43,8 @@ MOE_STAGES = {"full": 0, "load": 1, "decode": 2}
 @dataclass(frozen=True)
 class CudaMoeConfig:
     """One build of both launches: `warps` warps a CTA of `row_tiles` row tiles (16 weight rows)
-    each, `ntiles` n8
-    tiles of pairs a work item (8 * ntiles pairs: an expert with more is several items, its
+    each, `ntiles` n8 tiles of pairs a work item (8 * ntiles pairs: an expert with more is several
+    items, its
     weights read once per item), `chunk` k-groups of the item's activations staged in shared
     memory at a time (double-buffered), `depth` k-groups of weights in flight a warp, `min_ctas`
     the CTAs an SM must fit (the register cap, as `cuda_w4a16.CudaTileConfig.min_ctas`), `overlap`
@@ -125,13 +125,14 @@ class CudaMoeConfig:
 # By the mean pairs per expert (T*k/E) each covers (None = any more): a work item holds about the
 # busiest expert's load, so each weight is read once. The dense kernel's M <= 16 shape (16-warp
 # CTAs, two an SM, 4 k-groups in flight a warp), measured against 9 other builds on the H100 and the
-# H200 (benchmarks/NOTES.md calls 94-96, results/measurements/20261205T1220Z-h200-cuda-moe-probe,
-# 20261205T1440Z-h100-cuda-moe-anatomy): m16 with down launched early (PDL) fastest at B = 64
-# (GLM-5 1.42 ms NVFP4 on the H200); at B = 512 m32 without PDL fastest or within 1% at 5 of the 6
-# points of calls 95-96 (with PDL down's early CTAs take SM slots from gate_up: up to 4% slower).
-# 64-pair items (113 registers, one CTA an SM) 1.5x slower there; two row tiles a warp (half the
-# ldmatrix reads) no faster. Over 32 pairs an expert (B >= 2048 on GLM-5) each expert's weights
-# are read once per 32-pair item: humming is faster.
+# H200 (benchmarks/NOTES.md calls 94-97, results/measurements/20261205T1220Z-h200-cuda-moe-probe,
+# 20261205T1440Z-h100-cuda-moe-anatomy, 20261205T1512Z-h100-cuda-moe-repeat): m16 with down
+# launched early (PDL) fastest at B = 64 (GLM-5 1.42 ms NVFP4 on the H200); at B = 512 m32 within
+# 3% of the fastest build everywhere, and without PDL never more than 2% behind and up to 4% ahead
+# in NVFP4 (down's early CTAs wait on gate_up holding SM slots). 64-pair items (113 registers, one
+# CTA an SM) 1.5x slower there; two row tiles a warp (half the ldmatrix reads) faster only at
+# DeepSeek-V3 NVFP4 (3%). Over 32 pairs an expert (B >= 2048 on GLM-5) each expert's weights are
+# read once per 32-pair item: humming is faster.
 MOE_PRESETS: tuple[tuple[float | None, CudaMoeConfig], ...] = (
     (2.0, CudaMoeConfig(ntiles=2)),
     (None, CudaMoeConfig(ntiles=4, overlap="off")),
