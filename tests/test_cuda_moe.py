@@ -72,8 +72,8 @@ def test_every_preset_runs_both_launches_of_the_models(model):
         assert config.reason(preset.hidden, preset.moe_intermediate, "down") is None
 
 
-@pytest.mark.parametrize("batch,rows,overlap", [(64, 16, "all"), (512, 32, "off"),
-                                                (2048, 32, "off")])
+@pytest.mark.parametrize("batch,rows,overlap", [(64, 16, "all"), (512, 32, "all"),
+                                                (2048, 32, "all")])
 def test_presets_by_mean_pairs_per_expert(batch, rows, overlap):
     config = choose_moe_config(batch * 8, 256)
     assert (config.rows, config.overlap) == (rows, overlap)

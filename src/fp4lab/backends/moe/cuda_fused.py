@@ -124,18 +124,20 @@ class CudaMoeConfig:
 
 # By the mean pairs per expert (T*k/E) each covers (None = any more): a work item holds about the
 # busiest expert's load, so each weight is read once. The dense kernel's M <= 16 shape (16-warp
-# CTAs, two an SM, 4 k-groups in flight a warp), measured against 9 other builds on the H100 and the
-# H200 (benchmarks/NOTES.md calls 94-97, results/measurements/20261205T1220Z-h200-cuda-moe-probe,
-# 20261205T1440Z-h100-cuda-moe-anatomy, 20261205T1512Z-h100-cuda-moe-repeat): m16 with down
-# launched early (PDL) fastest at B = 64 (GLM-5 1.42 ms NVFP4 on the H200); at B = 512 m32 within
-# 3% of the fastest build everywhere, and without PDL never more than 2% behind and up to 4% ahead
-# in NVFP4 (down's early CTAs wait on gate_up holding SM slots). 64-pair items (113 registers, one
-# CTA an SM) 1.5x slower there; two row tiles a warp (half the ldmatrix reads) faster only at
-# DeepSeek-V3 NVFP4 (3%). Over 32 pairs an expert (B >= 2048 on GLM-5) each expert's weights are
-# read once per 32-pair item: humming is faster.
+# CTAs, two an SM, 4 k-groups in flight a warp, down launched early by PDL), measured against 9
+# other builds on the H100 and the H200 (benchmarks/NOTES.md calls 94-98,
+# results/measurements/20261205T1220Z-h200-cuda-moe-probe, 20261205T1440Z-h100-cuda-moe-anatomy,
+# 20261205T1512Z-h100-cuda-moe-repeat, 20261205T1545Z-h200-cuda-moe-anatomy): m16 fastest at
+# B = 64 (GLM-5 1.42 ms NVFP4 on the H200); at B = 512 m32 within 3% of the fastest build
+# everywhere. Without PDL the probes ranked it 2-4% either way, and the reference points re-measured
+# without it (call 98) were 2-9% slower than with it (call 95), at B = 2048-4096 too: PDL stays.
+# 64-pair items (113 registers, one CTA an SM) 1.5x slower there; two row tiles a warp (half the
+# ldmatrix reads) 1-3% faster at some NVFP4 points and 4-7% slower in MXFP4. Over 32 pairs an
+# expert (B >= 2048 on GLM-5) each expert's weights are read once per 32-pair item: humming is
+# faster.
 MOE_PRESETS: tuple[tuple[float | None, CudaMoeConfig], ...] = (
     (2.0, CudaMoeConfig(ntiles=2)),
-    (None, CudaMoeConfig(ntiles=4, overlap="off")),
+    (None, CudaMoeConfig(ntiles=4)),
 )
 
 
