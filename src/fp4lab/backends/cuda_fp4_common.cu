@@ -94,12 +94,6 @@ __device__ __forceinline__ void ldmatrix4(u32 address, u32* r) {
         : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address) : "memory");
 }
 
-// the first two of them (lanes 0-15's addresses): rows l % 8, k 8 (l / 8)..: the n8 tile's B fragment
-__device__ __forceinline__ void ldmatrix2(u32 address, u32* r) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
-        : "=r"(r[0]), "=r"(r[1]) : "r"(address) : "memory");
-}
-
 __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
         "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"

@@ -44,11 +44,10 @@ MOE_STAGES = {"full": 0, "load": 1, "decode": 2}
 class CudaMoeConfig:
     """One build of both launches: `warps` warps a CTA of `row_tiles` row tiles (16 weight rows)
     each, `ntiles` n8 tiles of pairs a work item (8 * ntiles pairs: an expert with more is several
-    items, its
-    weights read once per item), `chunk` k-groups of the item's activations staged in shared
-    memory at a time (double-buffered), `depth` k-groups of weights in flight a warp, `min_ctas`
-    the CTAs an SM must fit (the register cap, as `cuda_w4a16.CudaTileConfig.min_ctas`), `overlap`
-    how down (and gate_up, after routing) overlap the launch before them
+    items, its weights read once per item), `chunk` k-groups of the item's activations staged in
+    shared memory at a time (double-buffered), `depth` k-groups of weights in flight a warp,
+    `min_ctas` the CTAs an SM must fit (the register cap, as `cuda_w4a16.CudaTileConfig.min_ctas`),
+    `overlap` how down (and gate_up, after routing) overlap the launch before them
     (`cuda_w4a16.OVERLAP_CHOICES`)."""
 
     warps: int = 16
