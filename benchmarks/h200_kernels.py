@@ -73,8 +73,9 @@ class Plan:
     moe_points: tuple[tuple[str, int], ...]     # (model preset, batch), most wanted first
     moe_scaled: bool = False                    # tiny stand-ins of the models (CPU)
     mxfp4_configs: int = 3                      # nvfp4's best configs re-timed in mxfp4
-    max_configs: int | None = None              # cap on the nvfp4 grid per point (smoke)
+    max_configs: int | None = None              # cap on each grid per point (smoke)
     step_limit_s: float = 60.0                  # one step (compile + gate + time) at most
+    budget_s: float = 150.0                     # all phases, unless --budget-s says otherwise
     loads: tuple[str, ...] = LOADS              # the kernels' load paths in the grids
     layouts: tuple[str, ...] = LAYOUTS          # the dense kernel's weight layouts in the grids
 
@@ -101,7 +102,7 @@ MOE_WIDE = Plan(shapes=(), m_values=(), anatomy_m=(), moe_points=(("glm-5", 4096
 PLANS = {"full": FULL, "decode": DECODE, "m64": M64, "moe": MOE, "moe-wide": MOE_WIDE}
 SMOKE = Plan(shapes=((48, 128),), m_values=(1, 3), anatomy_m=(1,),
              moe_points=(("glm-5", 6),), moe_scaled=True, mxfp4_configs=1, max_configs=4,
-             step_limit_s=120.0)
+             step_limit_s=120.0, budget_s=900.0)   # the interpreter runs at the CPU's pace
 FORMATS = ("nvfp4", "mxfp4")
 LAUNCH_PREDICTION_NOTE = "predicted = FP4 bytes / measured copy bandwidth + measured launch floor"
 
@@ -371,8 +372,8 @@ def phase_moe(run: Run) -> list[dict]:
             timed = []
             pairs = batch * model.top_k
             for config in moe_candidates(pairs, model.experts, run.plan.loads,
-                                         run.plan.layouts,
-                                         (model.moe_intermediate, model.hidden)):
+                                         run.plan.layouts, (model.moe_intermediate, model.hidden)
+                                         )[:run.plan.max_configs]:
                 row = run.step("moe", {**what, "label": config.label()},
                                lambda c=config: moe_row(run, problem, c))
                 if row and "median_us" in row:
@@ -554,8 +555,8 @@ def moe_parts_lines(rows: list[dict]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for the results (e.g. $OUT)")
-    parser.add_argument("--budget-s", type=float, default=150.0,
-                        help="wall seconds for all phases (default 150)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="wall seconds for all phases (default 150; 900 with --smoke)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes (the CPU test under TRITON_INTERPRET=1)")
     parser.add_argument("--plan", choices=PLANS, default="full",
@@ -571,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     plan = SMOKE if args.smoke else PLANS[args.plan]
-    run = Run(out, args.budget_s, plan, device)
+    run = Run(out, plan.budget_s if args.budget_s is None else args.budget_s, plan, device)
     if args.smoke:
         run.timer = dataclasses.replace(run.timer, repeats=2, warmup_s=0.0)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
