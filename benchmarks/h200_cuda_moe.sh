@@ -4,8 +4,9 @@
 # (benchmarks/cuda_moe_probe.py), and/or (part "sweep", only if the tests passed) its rows in a copy
 # of the reference run re-measured with the preset (its earlier cuda-w4a16-moe rows dropped, then
 # `fp4lab moe-sweep` resumed: GLM-5 at B = 64-4096 on one GPU and the busiest EP 8 rank,
-# DeepSeek-V3 at B = 64 and 512, both formats; on an H200 only), the run's moe table, run.json and
-# the logs brought back under $OUT.
+# DeepSeek-V3 at B = 64 and 512, both formats; on an H200 only; the full profile also dissects the
+# kernel at B = 512, its loads-only / decode / whole builds into the moe_anatomy table), the run's
+# moe and moe_anatomy tables, run.json and the logs brought back under $OUT.
 #   carry: .whl/fp4libs       run: bash benchmarks/h200_cuda_moe.sh <commit> [probe|sweep|all]
 #   PROBE_POINTS=glm-5:512 (the probe's --points) narrows the probe to those points
 set -u
@@ -39,10 +40,10 @@ run = RunDir.open(sys.argv[1])
 keys = {schema.TABLES['moe'].row_key(r) for r in run.read_rows('moe') if r['method'] == 'cuda-w4a16-moe'}
 print('dropped', run.drop_rows('moe', keys), 'cuda-w4a16-moe rows to re-measure')" $RUN
 for args in "glm-5 --batch 64 512 2048 4096 --ep 1 8" "deepseek-v3 --batch 64 512 --ep 1"; do
-    PYTHONPATH=src:/tmp/site timeout -k 5 170 python3 -m fp4lab moe-sweep --preset $args \
+    PYTHONPATH=src:/tmp/site timeout -k 5 200 python3 -m fp4lab moe-sweep --preset $args \
         --methods cuda-w4a16-moe --runs-dir /tmp/runs --run-id $(basename $REFERENCE) --quiet \
         >> $OUT/sweep.log 2>&1
     echo "moe-sweep $args: exit $? after $(( $(date +%s) - s )) s"
 done
 tail -30 $OUT/sweep.log
-cp $RUN/{moe.parquet,moe.jsonl,run.json} $OUT/
+cp $RUN/{moe.parquet,moe.jsonl,moe_anatomy.parquet,moe_anatomy.jsonl,run.json} $OUT/

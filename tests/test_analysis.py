@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fakes.runs import CPU, MEASURED, glm5_gemm_rows, gemm_row, make_run, moe_row
+from fakes.runs import (CPU, MEASURED, fused_anatomy_run, glm5_gemm_rows, gemm_row, make_run, moe_anatomy_row,
+                        moe_row)
 
 from fp4lab import roofline
 from fp4lab.analysis import decode, gemm, moe
@@ -395,3 +396,25 @@ def test_the_bf16_lever_and_the_fp4_sentence_state_one_baseline():
     lever = d.levers[d.levers["lever"].str.contains("instead of the fastest bf16 path")].iloc[0]
     assert d.fp4["bf16"]["path"] in lever["lever"]
     assert lever["gain"] == pytest.approx(d.fp4["bf16"]["layer_us"] / d.chosen["layer_us"])
+
+
+# -- the fused MoE's anatomy --------------------------------------------------------------------------
+
+def test_the_fused_anatomy_reads_each_build_against_the_floor_and_the_build_before(tmp_path):
+    run = fused_anatomy_run(tmp_path, {"full": 1800.0, "load": 1250.0, "decode": 1400.0})
+    run.append_rows("moe_anatomy", [moe_anatomy_row("load", None, preset="deepseek-v3", status="error",
+                                                    error="not this preset's")])
+    row = moe.fused_anatomy(moe.moe_results(run, "glm-5")).iloc[0]
+    assert (row["method"], row["fmt"], row["batch"]) == ("cuda-w4a16-moe", "nvfp4", 512)
+    assert row["read_floor_us"] == pytest.approx(1000.0) and row["load_rate_pct"] == pytest.approx(80.0)
+    assert row["decode_added_us"] == pytest.approx(150.0) and row["mma_added_us"] == pytest.approx(400.0)
+    assert row["load_share"] == pytest.approx(100 * 1250 / 1800)
+
+
+def test_an_undissected_run_says_why_from_its_rows(tmp_path):
+    run = fused_anatomy_run(tmp_path, {"full": None, "load": None}, status="unavailable", error="no CUDA GPU")
+    results = moe.moe_results(run, "glm-5")
+    assert moe.fused_anatomy(results).empty and moe.fused_anatomy_reason(results) == "no CUDA GPU"
+    bare = moe.moe_results(run_with(tmp_path / "bare", glm5_gemm_rows("torch-bf16", DECODE_MS)), "glm-5")
+    assert moe.fused_anatomy(bare).empty and moe.fused_anatomy_reason(bare) == "not measured"
+

@@ -240,3 +240,25 @@ def test_a_page_lists_the_values_its_profile_gave_the_knobs_left_unset(reference
     shown = page_text(page, "parameters")
     assert "(profile default)" not in shown
     assert "8192x8192, 4096x6144, 6144x2048 (the full profile" in shown and "glm-5 (the full profile" in shown
+
+
+def test_chapter_03_dissects_the_fused_kernel_from_its_builds(tmp_path):
+    from fakes.runs import fused_anatomy_run, moe_anatomy_row
+
+    run = fused_anatomy_run(tmp_path, {"full": 1800.0, "load": 1250.0, "decode": 1400.0})
+    run.append_rows("moe_anatomy", [moe_anatomy_row(stage, us, fmt="mxfp4") for stage, us in
+                                    (("full", 1700.0), ("load", 1300.0), ("decode", 1350.0))])
+    page = ch03_moe.build(str(run.path), "none", "full", "cpu")
+    assert [block.kind for block in page.sections["anatomy"]] == ["figure", "markdown"]
+    said = page_text(page, "anatomy")
+    assert ("take 1.25 ms (69% of that), reading the weights at 80% of the copy bandwidth (their read "
+            "floor is 1.00 ms); decoding them brings it to 1.40 ms (+150 us), the MMAs with the "
+            "epilogue to 1.80 ms (+400 us)") in said
+    assert "add 550 us after the loads" in said and "1.4x less" in said
+    assert "mxfp4 at B=512: the whole call 1.70 ms, its loads 1.30 ms (76%)" in said
+
+
+def test_chapter_03_says_how_to_dissect_the_fused_kernel_where_a_run_did_not(reference_copy):
+    said = page_text(ch03_moe.build(str(reference_copy), "none", "full", "cpu"), "anatomy")
+    assert "was not dissected in this run (not measured)" in said
+    assert f"--anatomy-batch 512 --run-id {reference_copy.name}" in said

@@ -346,3 +346,94 @@ def test_the_cli_counts_the_anatomy_rows_beside_the_gemm_rows(tmp_path, capsys):
                      "--out", str(tmp_path), "--run-id", "count", "--quiet"]) == 0
     assert ("the run holds 1 gemm rows (1 unavailable) and 8 anatomy rows (8 unavailable)"
             in capsys.readouterr().err)            # 4 stages at the smoke profile's M = 1 and 16
+
+
+# -- the fused MoE's anatomy --------------------------------------------------------------------------
+
+def test_the_moe_anatomy_dissects_the_fused_kernel_at_its_batches_whole_build_first():
+    from fp4lab.sweep.plan import moe_anatomy_points
+
+    cfg = moe_config(["loop-bf16", "cuda-w4a16-moe"], fmts=["nvfp4", "mxfp4"], anatomy_batches=[64, 512])
+    points = moe_anatomy_points(cfg)
+    stages = schema.MOE_ANATOMY_METHODS["cuda-w4a16-moe"]
+    assert len(points) == 2 * 2 * len(stages) == len({p.key(0, "glm-5", "uniform") for p in points})
+    assert {p.group for p in points} == {"cuda-w4a16-moe-anatomy"}          # one worker
+    for at in range(0, len(points), len(stages)):                            # per (fmt, batch):
+        point = points[at:at + len(stages)]
+        assert [p.stage for p in point][0] == "full" and {p.stage for p in point} == set(stages)
+        assert len({(p.fmt, p.batch, p.ep) for p in point}) == 1 and point[0].ep == 1
+    assert moe_anatomy_points(moe_config(["loop-bf16"], anatomy_batches=[512])) == []
+    assert moe_anatomy_points(moe_config(["cuda-w4a16-moe"], anatomy_batches=[])) == []
+    with pytest.raises(ParameterError, match=re.escape("anatomy_batches[0]")):
+        moe_config(["cuda-w4a16-moe"], anatomy_batches=[0])
+
+
+class DissectedLayer:
+    """A fused method's anatomy on the CPU: every build is the torch layer loop, the whole one
+    gated (or made wrong: its reference doubled), each build named in its note."""
+
+    def __init__(self, wrong: bool = False):
+        from fp4lab.backends.moe.torch_methods import LayerLoopBf16
+
+        self.layer, self.wrong, self.prepared = LayerLoopBf16(), wrong, []
+
+    def availability(self, device, import_check=True):
+        return True, ""
+
+    def prepare(self, problem, fmt=None, stage="full"):
+        self.prepared.append(stage)
+        call = self.layer.prepare(problem, fmt)
+        wrong = (lambda part, tensor: 2 * tensor) if self.wrong else None
+        return dataclasses.replace(call, note=f"fake build {stage}", reference_transform=wrong)
+
+
+def anatomy_job(method, monkeypatch, batches=(8,)):
+    from fp4lab.sweep import moe_anatomy, registry
+    from fp4lab.sweep.plan import moe_anatomy_points
+
+    monkeypatch.setattr(registry, "moe_method", lambda name: method)
+    cfg = moe_config(["cuda-w4a16-moe"], anatomy_batches=list(batches))
+    points = [p.identity() for p in moe_anatomy_points(cfg)]
+    sent = []
+    moe_anatomy.measure_job({"group": "cuda-w4a16-moe-anatomy", "points": points, "device": "cpu",
+                             "run_id": "r", "config": cfg.as_dict()},
+                            lambda kind, **values: sent.append((kind, values)))
+    assert [kind for kind, _ in sent][0] == "ready"
+    return [values["row"] for kind, values in sent if kind == "row"]
+
+
+def test_the_moe_anatomy_worker_gates_the_whole_build_once_then_times_every_build(monkeypatch):
+    method = DissectedLayer()
+    rows = anatomy_job(method, monkeypatch, batches=(8, 32))
+    assert [(r["batch"], r["stage"]) for r in rows] == [(b, s) for b in (8, 32) for s in ("full", "load", "decode")]
+    assert method.prepared == ["full", "load", "decode"] * 2               # the whole build gated once
+    for row in rows:
+        assert row["status"] == "ok" and row["median_us"] > 0 and row["rel_err"] < 1e-2
+        assert row["what"] == f"fake build {row['stage']}" and row["weight_bytes"] > 0
+        assert row["preset"] == "glm-5-scaled" and row["scaled"] and row["experts"] > 0
+        assert set(row) == set(schema.MOE_ANATOMY.names)
+
+
+def test_a_whole_build_that_fails_the_gate_leaves_its_point_untimed(monkeypatch):
+    method = DissectedLayer(wrong=True)
+    rows = anatomy_job(method, monkeypatch)
+    assert [r["status"] for r in rows] == ["wrong_result"] * 3 and method.prepared == ["full"]
+    assert all(r["median_us"] is None and r["rel_err"] > 0.1 for r in rows)
+    assert not rows[0]["error"].startswith("the full build")
+    assert all(r["error"].startswith("the full build at this point failed the gate: ") for r in rows[1:])
+
+
+def test_a_cpu_moe_sweep_stores_the_anatomy_unavailable_and_the_cli_counts_it(tmp_path, capsys):
+    from fp4lab import cli
+
+    assert cli.main(["moe-sweep", "--profile", "smoke", "--device", "cpu", "--methods", "cuda-w4a16-moe",
+                     "--batch", "8", "--ep", "1", "--anatomy-batch", "8", "16", "--runs-dir", str(tmp_path),
+                     "--run-id", "anat", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "6 moe_anatomy rows (6 unavailable)" in err
+    rows = RunDir(tmp_path / "anat").read_table("moe_anatomy")
+    assert set(rows["stage"]) == {"full", "load", "decode"} and set(rows["batch"]) == {8, 16}
+    assert cli.main(["moe-sweep", "--profile", "smoke", "--device", "cpu", "--methods", "cuda-w4a16-moe",
+                     "--batch", "8", "--ep", "1", "--anatomy-batch", "--runs-dir", str(tmp_path),
+                     "--run-id", "none", "--quiet"]) == 0
+    assert not RunDir(tmp_path / "none").has_table("moe_anatomy")          # none asked for: none

@@ -161,8 +161,9 @@ def _measure(work, run, table: str) -> int:
         return 1
     rows = run.read_table(table)
     held = [_held(rows, table)]
-    if table == "gemm" and run.has_table("anatomy"):      # the GEMM sweep also times the kernels' stages
-        held.append(_held(run.read_table("anatomy"), "anatomy"))
+    stages = {"gemm": "anatomy", "moe": "moe_anatomy"}.get(table)   # the sweeps also time kernels' stages
+    if stages and run.has_table(stages):
+        held.append(_held(run.read_table(stages), stages))
     print(f"{measured} points measured in {time.monotonic() - started:.1f} s; the run holds "
           + " and ".join(held), file=sys.stderr)
     if table == "gemm" and len(rows):
@@ -212,6 +213,9 @@ def _moe(sub) -> None:
     sweep.add_argument("--fmts", nargs="+", help="FP4 formats of the FP4 methods")
     sweep.add_argument("--methods", nargs="+", help="MoE methods (default: every registered one)")
     sweep.add_argument("--steps", type=int, help="routing steps drawn to pick a typical one")
+    sweep.add_argument("--anatomy-batch", type=int, nargs="*",
+                       help="batches at which fp4lab's fused MoE is dissected by build (default: the "
+                            "profile's; none given: not dissected)")
     sweep.add_argument("--repeats", type=int, help="timed samples per point")
     sweep.add_argument("--point-timeout", type=float, help="seconds before a point becomes a timeout row")
     sweep.add_argument("--scaled", action="store_true", default=None, help="tiny stand-in preset (CPU smoke)")
@@ -251,7 +255,8 @@ def run_moe_sweep(args) -> int:
     _check_run_id(args.run_id)
     config = MoeSweep.from_profile(args.profile, args.device, preset=args.preset, batch_sizes=args.batch,
                                    routing=args.routing, ep_degrees=args.ep, fmts=args.fmts, methods=args.methods,
-                                   steps=args.steps, point_timeout_s=args.point_timeout, scaled=args.scaled,
+                                   steps=args.steps, anatomy_batches=args.anatomy_batch,
+                                   point_timeout_s=args.point_timeout, scaled=args.scaled,
                                    timer={"repeats": args.repeats} if args.repeats is not None else None)
     run = RunDir.create(args.runs_dir or RUNS_ROOT, run_id=args.run_id, label=f"moe-{config.preset}")
     return _measure(lambda: sweep(config, run, retry_failed=args.retry_failed, progress=not args.quiet,

@@ -204,6 +204,33 @@ MOE = Table("moe", key=("preset", "method", "gemm", "fmt", "batch", "routing", "
                 *OUTCOME, *TIMING, *GPU,
             ))
 
+# the anatomy builds of fp4lab's fused MoE kernels, in the order each adds work to the one before
+# (the method's MOE_STAGES): loads only, also decoded, the whole launch
+MOE_ANATOMY_METHODS = {"cuda-w4a16-moe": ("load", "decode", "full")}
+
+MOE_ANATOMY = Table("moe_anatomy", key=("preset", "method", "stage", "fmt", "batch", "routing", "ep",
+                                        "gpu_index"), doc=(
+    "One row per anatomy build of one of fp4lab's fused MoE kernels at one routed layer (EP 1): both "
+    "launches with the weights, block scales and staged activations loaded only (load), also decoded "
+    "(decode), or whole (full, the call the moe table times); timed in one worker after the full "
+    "build passed the gate at the point (the other builds write no output)."),
+    columns=_columns(
+        ("run_id", "str", "the run folder's id"),
+        ("preset", "str", "model preset key (a '-scaled' suffix for CPU stand-ins)"),
+        ("scaled", "bool", "a tiny CPU stand-in preset: its times say nothing of the model"),
+        ("method", "str", "the fused MoE dissected (" + " | ".join(MOE_ANATOMY_METHODS) + ")"),
+        ("stage", "str", "load | decode | full"),
+        ("what", "str", "what the call ran: its launches, tile config and stage"),
+        ("fmt", "str", "FP4 format of the weights"),
+        ("batch", "int", "decode batch B (tokens per step)"),
+        ("routing", "str", "routing model: uniform, zipf:S or trace:PATH"),
+        ("ep", "int", "expert-parallel degree (1: the whole layer)"),
+        ("top_k", "int", "experts per token"),
+        ("experts", "int", "experts in the problem"),
+        ("weight_bytes", "float", "bytes of FP4 weights and scales one call reads"),
+        *OUTCOME, *TIMING, *GPU,
+    ))
+
 TELEMETRY = Table("telemetry", key=(), doc="NVML samples of every GPU, taken while the sweep ran.",
                   columns=_columns(
                       ("t", "float", "epoch seconds"),
@@ -257,7 +284,8 @@ COMM_KEY = ("op", "world_size", "tokens", "dtype", "routing", "hidden", "top_k",
 
 COMM = Table("comm", key=COMM_KEY, columns=_columns(*COMM_COLUMN_SPECS),
              doc="One row per collective x group size x size: torch.distributed under torchrun.")
-TABLES: dict[str, Table] = {table.name: table for table in (GEMM, ANATOMY, MOE, TELEMETRY, COMM)}
+TABLES: dict[str, Table] = {table.name: table for table in (GEMM, ANATOMY, MOE, MOE_ANATOMY, TELEMETRY,
+                                                             COMM)}
 
 
 def table(name: str) -> Table | None:

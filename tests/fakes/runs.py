@@ -53,3 +53,22 @@ def glm5_gemm_rows(backend: str, us_by_m: dict[int, float], **extra) -> list[dic
     """Rows of `backend` at both GLM-5 expert shapes, the same time at each M."""
     return [gemm_row(backend, m, n, k, us, **extra) for (n, k) in ((4096, 6144), (6144, 2048))
             for m, us in us_by_m.items()]
+
+
+def moe_anatomy_row(stage: str, median_us: float | None, batch: int = 512, fmt: str = "nvfp4",
+                    method: str = "cuda-w4a16-moe", preset: str = "glm-5", weight_bytes: float = 4e9,
+                    status: str = "ok", **extra) -> dict:
+    return schema.blank_row("moe_anatomy", run_id="fake", preset=preset, method=method, stage=stage,
+                            fmt=fmt, batch=batch, routing="uniform", ep=1, status=status,
+                            median_us=median_us, weight_bytes=weight_bytes, gpu_index=0, **extra)
+
+
+def fused_anatomy_run(root: Path, builds: dict[str, float | None], **extra) -> RunDir:
+    """A GLM-5 layer of cuda-w4a16-moe at B=512 and its anatomy builds (`builds`: stage -> us; 4
+    GB of weights, a 1 ms floor at the fake run's 4 TB/s)."""
+    run = make_run(root)
+    run.append_rows("moe", [moe_row("cuda-w4a16-moe", "layer", 512, 1850.0, weight_dtype="fp4",
+                                    kind="layer", fmt="nvfp4", weight_bytes=4e9)])
+    run.append_rows("moe_anatomy", [moe_anatomy_row(stage, us, **extra) for stage, us in builds.items()])
+    return run
+

@@ -202,6 +202,57 @@ def read_floor_us(weight_bytes: float, bandwidth_tbps: float | None) -> float:
     return weight_bytes / (bandwidth_tbps * 1e6) if bandwidth_tbps else np.nan
 
 
+def copy_bandwidth_tbps(results: MoeResults) -> float | None:
+    """The rate the weight-read floors use: the run's measured copy bandwidth, else the spec's."""
+    measured, spec = stored_ceilings(results.view.info)
+    return (measured or spec).bandwidth_tbps if (measured or spec) else None
+
+
+# -- where fp4lab's fused kernel's time goes --------------------------------------------------------
+
+FUSED_STAGES = ("load", "decode", "full")      # each anatomy build adds work to the one before
+FUSED_ANATOMY_COLUMNS = ["method", "fmt", "batch", *FUSED_STAGES, "read_floor_us", "load_rate_pct",
+                         "decode_added_us", "mma_added_us", "load_share"]
+
+
+def fused_anatomy(results: MoeResults) -> pd.DataFrame:
+    """Per dissected fused method, format and batch (the moe_anatomy table's ok rows of this
+    preset): each build's time (loads only, also decoded, whole), the weights' read floor at the
+    copy bandwidth, the rate the loads-only build reads them at (% of the copy bandwidth), what the
+    decode and the MMAs (with the epilogue) add to the build before them, and the share of the
+    whole call the loads alone take."""
+    run = results.view.run
+    frame = run.read_table("moe_anatomy") if run.has_table("moe_anatomy") else None
+    if frame is None or not len(frame):
+        return pd.DataFrame(columns=FUSED_ANATOMY_COLUMNS)
+    ok = frame[(frame["preset"] == results.model.key) & (frame["status"] == "ok")]
+    if not len(ok):
+        return pd.DataFrame(columns=FUSED_ANATOMY_COLUMNS)
+    point = ["method", "fmt", "batch"]
+    wide = ok.pivot_table(index=point, columns="stage", values="median_us", aggfunc="median")
+    wide = wide.reindex(columns=list(FUSED_STAGES)).reset_index()
+    weights = ok.groupby(point)["weight_bytes"].max()
+    bandwidth = copy_bandwidth_tbps(results)
+    wide["read_floor_us"] = [read_floor_us(weights.get(tuple(key), np.nan), bandwidth)
+                             for key in wide[point].itertuples(index=False)]
+    wide["load_rate_pct"] = 100 * wide["read_floor_us"] / wide["load"]
+    wide["decode_added_us"] = wide["decode"] - wide["load"]
+    wide["mma_added_us"] = wide["full"] - wide["decode"]
+    wide["load_share"] = 100 * wide["load"] / wide["full"]
+    return wide[FUSED_ANATOMY_COLUMNS].sort_values(point).reset_index(drop=True)
+
+
+def fused_anatomy_reason(results: MoeResults) -> str:
+    """Why `fused_anatomy` is empty: the first failed build's reason, else "not measured"."""
+    run = results.view.run
+    frame = run.read_table("moe_anatomy") if run.has_table("moe_anatomy") else None
+    if frame is not None and len(frame):
+        failed = frame[(frame["preset"] == results.model.key) & frame["error"].notna()]
+        if len(failed):
+            return str(failed["error"].iloc[0])
+    return "not measured"
+
+
 # -- the layer model --------------------------------------------------------------------------------
 
 def model_curves(results: MoeResults) -> dict[str, layer_model.DenseCurve] | None:

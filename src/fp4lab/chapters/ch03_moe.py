@@ -97,6 +97,7 @@ def fill(context: Context, config: MoeSweep, target: float, decode_batch: int) -
     failed = results.frame[results.frame["status"] != "ok"].drop_duplicates("method")
     if len(failed):
         page.html("measured", html_table(failed, UNAVAILABLE, caption="methods that did not run here"))
+    _fused_anatomy(page, results, decode_batch)
     _spread(page, results, config, decode_batch)
     compared = analysis.model_vs_measured(results)
     if len(compared):
@@ -127,14 +128,69 @@ def fill(context: Context, config: MoeSweep, target: float, decode_batch: int) -
 
 def decorated(results: analysis.MoeResults, batch: int, routing: str):
     """layer_times at `batch` with each method's weight-read floor at the run's bandwidth."""
-    from fp4lab.analysis.gemm import stored_ceilings
-
     at = analysis.layer_times(results, batch, routing)
-    measured, spec = stored_ceilings(results.view.info)
-    bandwidth = (measured or spec).bandwidth_tbps if (measured or spec) else None
+    bandwidth = analysis.copy_bandwidth_tbps(results)
     at["read_floor_us"] = [analysis.read_floor_us(b, bandwidth) for b in at["weight_bytes"]]
     at["pct_of_floor"] = 100 * at["read_floor_us"] / at["layer_us"]
     return at
+
+
+def _fused_anatomy(page, results: analysis.MoeResults, decode_batch: int) -> None:
+    """fp4lab's fused kernel dissected: its loads-only, decode and whole builds at one layer."""
+    table = analysis.fused_anatomy(results)
+    if not len(table):
+        reason = text.package_relative(analysis.fused_anatomy_reason(results))
+        command = text.code(f"fp4lab moe-sweep --methods cuda-w4a16-moe --anatomy-batch {decode_batch} "
+                            f"--run-id {results.view.run_id}")
+        page.prose("anatomy", f"fp4lab's fused kernel was not dissected in this run ({text.md(reason)}); "
+                              f"on a GPU, {command} adds it.")
+        return
+    page.figure("anatomy", figures.fused_anatomy(table), results.caption(
+        "one layer (EP 1); the builds timed one after another in one worker, after the whole call "
+        "passed the gate (the loads-only and decode builds write no output)"))
+    page.bullets("anatomy", fused_anatomy_findings(table, decode_batch))
+
+
+def fused_anatomy_findings(table, decode_batch: int) -> list[str]:
+    """Where the fused kernel's time goes at the dissected batch nearest the decode batch (NVFP4
+    first), then one line for each other dissected point."""
+    nearest = table.assign(gap=(table["batch"] - decode_batch).abs(), mx=table["fmt"] != "nvfp4")
+    row = nearest.sort_values(["gap", "mx"]).iloc[0]
+    head = (f"At B={int(row['batch'])} ({text.md(row['fmt'])}) {text.code(row['method'])} takes "
+            f"{text.us(row['full'])} a layer in this worker. Its loads alone (the FP4 weights, their "
+            f"block scales and the staged activations, nothing decoded or multiplied) take "
+            f"{text.us(row['load'])} ({text.pct(row['load_share'])} of that), reading the weights at "
+            f"{text.pct(row['load_rate_pct'])} of the copy bandwidth (their read floor is "
+            f"{text.us(row['read_floor_us'])}); decoding them brings it to {text.us(row['decode'])} "
+            f"({signed_us(row['decode_added_us'])}), the MMAs with the epilogue to {text.us(row['full'])} "
+            f"({signed_us(row['mma_added_us'])}).")
+    lines = [head]
+    added = row["full"] - row["load"]
+    if row["load_share"] >= 90:
+        lines.append("The call is its loads: decode and MMAs hide under them, so what is left is reading "
+                     "the weights faster.")
+    else:
+        lines.append(f"Decode and MMAs add {text.us(added)} after the loads rather than under them. Were "
+                     f"they hidden under the loads (a main loop in which one warp streams the weights into "
+                     f"shared memory while the others decode and multiply), the layer would take about "
+                     f"its loads-only time, {text.ratio(row['full'] / row['load'])} less.")
+    if row["load_rate_pct"] < 80:
+        lines.append(f"Even alone the loads reach {text.pct(row['load_rate_pct'])} of the copy bandwidth: "
+                     f"to reach the floor the kernel must also keep more weight bytes in flight.")
+    if (table[["decode_added_us", "mma_added_us"]] < 0).any().any():
+        lines.append("Somewhere a build that leaves work out is slower than the one that does it: each "
+                     "build is its own compilation (registers, warps an SM), so its increments are not "
+                     "strict costs.")
+    for other in table.drop(index=row.name).itertuples(index=False):
+        lines.append(f"{text.md(other.fmt)} at B={int(other.batch)}: the whole call {text.us(other.full)}, "
+                     f"its loads {text.us(other.load)} ({text.pct(other.load_share)}), decode "
+                     f"{signed_us(other.decode_added_us)}, MMAs {signed_us(other.mma_added_us)}.")
+    return lines
+
+
+def signed_us(value) -> str:
+    """"+0.15 ms" or "-12 us": what a build adds to the one before it."""
+    return ("+" if value >= 0 else "-") + text.us(abs(value))
 
 
 def _spread(page, results: analysis.MoeResults, config: MoeSweep, decode_batch: int) -> None:

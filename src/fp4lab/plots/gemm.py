@@ -125,11 +125,15 @@ STAGE_LABELS = {"stream": "bytes as a stream", "load": "loads only", "decode": "
                 "mma": "MMAs, no split-K reduction", "full": "full kernel", "decode_x2": "decode done twice"}
 
 
-def anatomy(table: pd.DataFrame):
-    """Each stage variant's time per (shape, M), with the copy floor (black) and the launch floor
-    (grey) as ticks: where an FP4 weight-only GEMM's time goes."""
-    rows = table.sort_values(["n", "k", "m"]).reset_index(drop=True)
-    labels = [f"{int(r.n)}x{int(r.k)}, M={int(r.m)} ({r.fmt})" for r in rows.itertuples(index=False)]
+def anatomy(table: pd.DataFrame, labels: list[str] | None = None,
+            floor_label: str = "copy floor (FP4 bytes at the measured bandwidth)"):
+    """Each stage variant's time per point (a dense GEMM's (shape, M), or `labels` in the table's
+    order), with the copy floor (black) and, where the table has one, the launch floor (grey) as
+    ticks: where an FP4 weight-only kernel's time goes."""
+    rows = table if labels is not None else table.sort_values(["n", "k", "m"])
+    rows = rows.reset_index(drop=True)
+    if labels is None:
+        labels = [f"{int(r.n)}x{int(r.k)}, M={int(r.m)} ({r.fmt})" for r in rows.itertuples(index=False)]
     stages = [s for s in STAGE_LABELS if s in rows and rows[s].notna().any()]
     colours = palette([STAGE_LABELS[s] for s in stages])
     fig, axes = new_figure(height_in=0.5 * len(rows) * max(1, len(stages)) / 2.5 + 1.6)
@@ -139,9 +143,9 @@ def anatomy(table: pd.DataFrame):
         positions = np.arange(len(rows)) + (offset - (len(stages) - 1) / 2) * height
         ax.barh(positions, rows[stage], height, color=colours[STAGE_LABELS[stage]], label=STAGE_LABELS[stage])
     y = np.arange(len(rows))
-    ax.scatter(rows["copy_floor_us"], y, marker="|", s=260, color="black", zorder=3,
-               label="copy floor (FP4 bytes at the measured bandwidth)")
-    ax.scatter(rows["launch_floor_us"], y, marker="|", s=260, color="0.55", zorder=3, label="launch floor")
+    ax.scatter(rows["copy_floor_us"], y, marker="|", s=260, color="black", zorder=3, label=floor_label)
+    if "launch_floor_us" in rows and rows["launch_floor_us"].notna().any():
+        ax.scatter(rows["launch_floor_us"], y, marker="|", s=260, color="0.55", zorder=3, label="launch floor")
     ax.set_yticks(y, labels)
     ax.invert_yaxis()
     ax.set(xlabel="time per call (us)")

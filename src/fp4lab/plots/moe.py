@@ -8,6 +8,7 @@ import pandas as pd
 
 from fp4lab.plots.common import (colour_handles, figure_legend, log_axis, new_figure, palette, style_handles,
                                  tokens_axis)
+from fp4lab.plots.gemm import anatomy
 
 
 def loads(loads_by_batch: dict[int, np.ndarray], table: pd.DataFrame):
@@ -86,4 +87,15 @@ def utilization(table: pd.DataFrame, target: float):
     ax.set(xlabel="decode batch B", ylabel="predicted utilization (% of bf16 peak)")
     log_axis(ax, which="x")
     figure_legend(fig, axes, columns=5)
+    return fig
+
+
+def fused_anatomy(table: pd.DataFrame):
+    """Each anatomy build of fp4lab's fused MoE per (format, batch), in ms, with the weights' read
+    floor as a tick: chapter 01's anatomy figure for a whole layer (frame: analysis.fused_anatomy)."""
+    labels = [f"{r.fmt.upper()}, B={int(r.batch)}" for r in table.itertuples(index=False)]
+    in_ms = table.assign(**{column: table[column] / 1000 for column in ("load", "decode", "full")},
+                         copy_floor_us=table["read_floor_us"] / 1000)
+    fig = anatomy(in_ms, labels, floor_label="weight-read floor (FP4 weights at the measured bandwidth)")
+    fig.axes[0].set(xlabel="time per layer (ms)")
     return fig

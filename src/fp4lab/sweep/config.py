@@ -187,6 +187,7 @@ class MoeSweep:
     scaled: bool = False               # a tiny stand-in preset (the CPU smoke run): rows say so
     gemms: tuple[str, ...] = GEMMS
     dense_m_values: tuple[int, ...] = DENSE_M_VALUES
+    anatomy_batches: tuple[int, ...] = ()   # batches at which fp4lab's fused MoE is dissected
     device: str = "auto"
     profile: str = "smoke"
     seed: int = 0
@@ -249,6 +250,8 @@ class MoeSweep:
             methods=params.check_text_list("methods", self.methods, moe_method_names()),
             gemms=params.check_text_list("gemms", self.gemms, GEMMS, allow_empty=False),
             dense_m_values=params.check_int_list("dense_m_values", self.dense_m_values),
+            anatomy_batches=params.check_int_list("anatomy_batches", self.anatomy_batches,
+                                                  allow_empty=True),
             steps=steps,
             scaled=scaled,
             **_checked_common(self))

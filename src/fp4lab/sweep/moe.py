@@ -24,13 +24,14 @@ import numpy as np
 
 from fp4lab import schema
 from fp4lab.results import RunDir, provenance, utc_now
-from fp4lab.sweep import runner
+from fp4lab.sweep import moe_anatomy, runner
 from fp4lab.sweep.config import MoeSweep
 from fp4lab.sweep.gemm import device_facts, start_worker, timing_columns
-from fp4lab.sweep.plan import DENSE_METHOD, MoePoint, moe_points
+from fp4lab.sweep.plan import DENSE_METHOD, MoeAnatomyPoint, MoePoint, moe_anatomy_points, moe_points
 from fp4lab.sweep.registry import moe_method, moe_method_names
 
 FAILED = ("error", "oom", "timeout")
+TABLES = ("moe", "moe_anatomy")     # the tables the MoE sweep writes
 NATURALLY_COLD_L2_MULTIPLE = 4      # weights this many L2s large are cold without copies
 
 
@@ -224,18 +225,20 @@ def measure_job(job: dict[str, Any], send) -> None:
 # -- parent side ----------------------------------------------------------------------------------
 
 def format_point_line(row: dict[str, Any]) -> str:
-    """One fixed-width line per measured point (an error's control characters shown, not sent)."""
+    """One fixed-width line per measured point (an error's control characters shown, not sent);
+    an anatomy build's stage stands where a moe row's gemm does."""
     from fp4lab.text import printable, sig
 
     where = f"B={row['batch']}" if row.get("batch") is not None else f"m={row.get('m')}"
-    head = (f"{row['preset']:<14.14} {row['method']:<20.20} {row['gemm']:<7} {str(row.get('fmt') or ''):<5} "
+    part = row["gemm"] if "gemm" in row else row["stage"]
+    head = (f"{row['preset']:<14.14} {row['method']:<20.20} {part:<7} {str(row.get('fmt') or ''):<5} "
             f"{where:<7} ep={row['ep']:<2} {row['status']:<12}")
     if row["status"] != "ok":
         return printable(head + " " + " ".join(str(row.get("error") or "").split())[:90])
     return printable(head + f" {sig(row['median_us'], 4):>9} us  rel_err {sig(row.get('rel_err'), 2)}")
 
 
-def _static_reason(point: MoePoint, device: str) -> str | None:
+def _static_reason(point: MoePoint | MoeAnatomyPoint, device: str) -> str | None:
     if point.method == DENSE_METHOD:
         return None
     method = moe_method(point.method)
@@ -272,44 +275,50 @@ def run_sweep(config: MoeSweep, run: RunDir, *, retry_failed: bool = False, prog
     facts = device_facts(device)
     model = config.model()
     with run.lock(command), runner.signals_as_interrupt():
-        run.refresh_export("moe")
-        if retry_failed:
-            run.drop_rows("moe", run.row_keys("moe", FAILED))
-        done = run.row_keys("moe")
-        todo = [p for p in moe_points(config, method_kinds())
-                if p.key(facts["gpu_index"], model.key, config.routing) not in done]
+        todo = []
+        for table, points in (("moe", moe_points(config, method_kinds())),
+                              ("moe_anatomy", moe_anatomy_points(config))):
+            run.refresh_export(table)
+            if retry_failed:
+                run.drop_rows(table, run.row_keys(table, FAILED))
+            done = run.row_keys(table)
+            todo += [p for p in points if p.key(facts["gpu_index"], model.key, config.routing) not in done]
         if "provenance" not in run.run_json():
             run.update_run_json(None, {"provenance": provenance(command, device)})
         run.update_run_json("moe", sweep_record(run.run_json().get("moe") or {}, config, model))
         bar = Progress(len(todo), f"moe {model.key}") if progress else None
 
         def record(row: dict[str, Any]) -> None:
-            run.append_rows("moe", [row])
+            run.append_rows("moe_anatomy" if "stage" in row else "moe", [row])
             if bar:
                 bar.update(format_point_line(row))
 
-        groups: dict[str, list[MoePoint]] = collections.defaultdict(list)
+        def blank(point, status: str, error: str | None) -> dict[str, Any]:
+            rows = moe_anatomy.point_row if isinstance(point, MoeAnatomyPoint) else point_row
+            return rows(run.run_id, config, point, status, error, facts)
+
+        groups: dict[str, list] = collections.defaultdict(list)
         for point in todo:
             reason = _static_reason(point, device)
             if reason:
-                record(point_row(run.run_id, config, point, "unavailable", reason, facts))
+                record(blank(point, "unavailable", reason))
             else:
-                groups[point.method].append(point)
+                groups[point.group].append(point)
         status = "interrupted"
-        rows_before = run.row_count(("moe",))
+        rows_before = run.row_count(TABLES)
         try:
             if groups:
                 runner.ensure_ceilings(run, device)
-            job = {"kind": "moe", "run_id": run.run_id, "device": device, "config": config.as_dict()}
+            job = {"run_id": run.run_id, "device": device, "config": config.as_dict()}
             for name, points in groups.items():
-                runner.measure_group(
-                    name, points, job, runner.log_path(run, f"moe-{name}"), record,
-                    lambda point, status, error: point_row(run.run_id, config, point, status, error, facts),
-                    config.point_timeout_s)
+                kind = "moe_anatomy" if isinstance(points[0], MoeAnatomyPoint) else "moe"
+                runner.measure_group(name, points, {**job, "kind": kind},
+                                     runner.log_path(run, f"moe-{name}"), record, blank,
+                                     config.point_timeout_s)
             status = "complete"
         finally:
             if bar:
                 bar.close()
             run.update_run_json("moe", {"ended": utc_now(), "status": status})
-            run.note_later_commit(("moe",), rows_before)
+            run.note_later_commit(TABLES, rows_before)
     return len(todo)

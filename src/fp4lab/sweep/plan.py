@@ -94,6 +94,33 @@ class MoePoint:
         return f"{self.method} {self.gemm} {self.fmt or ''} {where} ep={self.ep}".replace("  ", " ")
 
 
+@dataclass(frozen=True)
+class MoeAnatomyPoint:
+    """One anatomy build of one of fp4lab's fused MoE kernels at one routed layer (EP 1)."""
+
+    method: str
+    stage: str
+    fmt: str
+    batch: int
+    ep: int = 1
+
+    table = "moe_anatomy"
+
+    @property
+    def group(self) -> str:
+        return f"{self.method}-anatomy"
+
+    def key(self, gpu_index: int | None, preset: str, routing: str) -> tuple:
+        return schema.MOE_ANATOMY.row_key({**dataclasses.asdict(self), "gpu_index": gpu_index,
+                                           "preset": preset, "routing": routing})
+
+    def identity(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def label(self) -> str:
+        return f"anatomy {self.method} {self.stage} {self.fmt} B={self.batch}"
+
+
 def gemm_points(config) -> list[GemmPoint]:
     """Per backend, per format, per shape, M ascending (weights quantized once per shape)."""
     return [GemmPoint(backend, fmt, n, k, m)
@@ -130,3 +157,12 @@ def moe_points(config, method_kinds: dict[str, tuple[str, str]]) -> list[MoePoin
     points += [MoePoint(DENSE_METHOD, gemm, None, None, 1, m)
                for gemm in config.gemms for m in config.dense_m_values]
     return points
+
+
+def moe_anatomy_points(config) -> list[MoeAnatomyPoint]:
+    """Per fused MoE the sweep runs that has anatomy builds (schema.MOE_ANATOMY_METHODS), each
+    format at each anatomy batch, the full build first (the gate the other builds rely on)."""
+    return [MoeAnatomyPoint(method, stage, fmt, batch)
+            for method, stages in schema.MOE_ANATOMY_METHODS.items() if method in config.method_names
+            for fmt in config.fmts for batch in config.anatomy_batches
+            for stage in ("full", *(s for s in stages if s != "full"))]

@@ -1,9 +1,9 @@
 """The sweep's worker process: `python -m fp4lab.sweep.worker` reads one JSON job on stdin.
 
 Jobs: {"kind": "ceilings", "device"} measures the roofline ceilings; {"kind": "gemm" | "moe" |
-"anatomy", "group", "points", ...} measures each point of one group (fp4lab.sweep.gemm, .moe,
-.anatomy). Answers are
-JSON lines on the worker's original stdout (see fp4lab.sweep.runner); anything a library prints
+"anatomy" | "moe_anatomy", "group", "points", ...} measures each point of one group
+(fp4lab.sweep.gemm, .moe, .anatomy, .moe_anatomy). Answers are JSON lines on the worker's original
+stdout (see fp4lab.sweep.runner); anything a library prints
 goes to stderr, which the parent keeps in the run folder's logs, so a crash's last words reach the
 `error` row. Isolation is the point: a backend that segfaults, hangs or poisons the CUDA context
 takes only this process down. The worker dies with its parent (PR_SET_PDEATHSIG on Linux).
@@ -78,12 +78,12 @@ def main() -> int:
     send = sender(protocol_channel())
     job = json.loads(sys.stdin.read())
     try:
-        from fp4lab.sweep import anatomy, gemm, moe
+        from fp4lab.sweep import anatomy, gemm, moe, moe_anatomy
         from fp4lab.sweep.registry import load_extra_backends
 
         load_extra_backends()
         jobs = {"ceilings": run_ceilings, "gemm": gemm.measure_job, "moe": moe.measure_job,
-                "anatomy": anatomy.measure_job}
+                "anatomy": anatomy.measure_job, "moe_anatomy": moe_anatomy.measure_job}
         jobs[job["kind"]](job, send)
     except KeyboardInterrupt:
         send("interrupted")
