@@ -37,10 +37,14 @@ PEERS = ("humming-moe-indexed", "triton-w4a16-moe")
 # staged 8 k-groups at a time): the preset (16-warp CTAs two an SM, the dense kernel's M <= 16
 # shape, down launched early by PDL) and its launch without PDL; three 8-warp CTAs an SM (80
 # registers, no spill in NVFP4); two row tiles a warp at 2 k-groups in flight (each B fragment
-# read for 32 weight rows; ~120 registers; at 4 in flight it spills and was 13% slower, call 96)
-GRID = tuple(CudaMoeConfig(warps=w, row_tiles=r, depth=d, min_ctas=b, overlap=o)
-             for w, r, d, b, o in ((16, 1, 4, 2, "all"), (16, 1, 4, 2, "off"), (8, 1, 4, 3, "off"),
-                                   (8, 2, 2, 2, "off")))
+# read for 32 weight rows; ~120 registers; at 4 in flight it spills and was 13% slower, call 96);
+# the async builds (wgmma by warpgroups, the MMAs under the next step's decode): 16-warp CTAs two
+# an SM at 2 k-groups in flight (64 registers; at 4 they spill, nvcc -Xptxas -v) and 8-warp CTAs
+# two an SM at 4 (82-90 registers)
+GRID = tuple(CudaMoeConfig(warps=w, row_tiles=r, depth=d, min_ctas=b, overlap=o, mma=m)
+             for w, r, d, b, o, m in ((16, 1, 4, 2, "all", "sync"), (16, 1, 4, 2, "off", "sync"),
+                                      (8, 1, 4, 3, "off", "sync"), (8, 2, 2, 2, "off", "sync"),
+                                      (16, 1, 2, 2, "all", "async"), (8, 1, 4, 2, "all", "async")))
 ANATOMY = ("load", "decode")          # MOE_STAGES timed beside the first point's fastest build
 SMOKE_POINTS = (("glm-5", 16),)
 

@@ -11,7 +11,7 @@ from fp4lab.backends.cuda_w4a16 import WEIGHT_BIAS, emulate
 from fp4lab.backends.moe import base
 from fp4lab.backends.moe.cuda_fused import (
     KERNEL_SOURCE, MOE_PRESETS, CudaMoeConfig, CudaW4A16Moe, choose_moe_config, expert_operands,
-    interleave_gate_up,
+    interleave_gate_up, wgmma_source,
 )
 from fp4lab.formats import dequantize
 from fp4lab.moe import presets as model_presets
@@ -39,7 +39,7 @@ def test_prepare_on_the_cpu_says_why_before_any_work():
 @pytest.mark.parametrize("field,value", [("warps", 1), ("warps", 32), ("ntiles", 1),
                                          ("chunk", 3), ("depth", 16), ("min_ctas", 0),
                                          ("row_tiles", 4), ("row_tiles", True),
-                                         ("overlap", "both"), ("ntiles", True)])
+                                         ("overlap", "both"), ("ntiles", True), ("mma", "wgmma")])
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"CudaMoeConfig.{field}"):
         CudaMoeConfig(**{field: value})
@@ -62,6 +62,40 @@ def test_config_sizes_and_reasons():
     paired = CudaMoeConfig(warps=8, row_tiles=2, depth=2)
     assert paired.label() == "cuda w8 r2 m32 c8 d2 b2 pdl-all" and paired.cta_rows == 256
     assert "not whole CTAs of 16 row tiles (256 rows)" in paired.reason(4096 + 128, 6144, "gate_up")
+
+
+def test_the_async_build_multiplies_by_whole_warpgroups():
+    config = CudaMoeConfig(warps=8, mma="async")
+    assert config.label() == "cuda w8 wg m32 c8 d4 b2 pdl-all"
+    assert config.shared_bytes == CudaMoeConfig(warps=8).shared_bytes    # its core matrices fit
+    with pytest.raises(ValueError, match="warps=2 is not whole warpgroups"):
+        CudaMoeConfig(warps=2, mma="async")
+
+
+@pytest.mark.parametrize("ntiles", [2, 4, 8])
+def test_the_generated_wgmma_step_names_each_width_with_its_accumulators(ntiles):
+    """One case per n8 count: m64nNk16 with N/2 accumulators, the four A registers after them,
+    then the descriptor and the scale-d predicate; nothing past the build's n8 tiles."""
+    source = wgmma_source(ntiles)
+    assert source.count("case ") == ntiles and f"case {ntiles + 1}:" not in source
+    for n8 in range(1, ntiles + 1):
+        regs = 4 * n8
+        case = source[source.index(f"case {n8}:"):source.index("break;", source.index(f"case {n8}:"))]
+        assert f"m64n{8 * n8}k16.f32.bf16.bf16 {{%0, " in case and f"%{regs - 1}}}, " in case
+        assert f"{{%{regs}, %{regs + 1}, %{regs + 2}, %{regs + 3}}}, %{regs + 4}, p, 1, 1, 0;" in case
+        assert f"setp.ne.b32 p, %{regs + 5}, 0;" in case and case.count('"+f"') == regs
+        assert f'"+f"(d[{n8 - 1}][3])' in case
+
+
+def test_only_the_async_build_carries_the_wgmma_code():
+    from fp4lab.backends.cuda_w4a16 import COMMON_SOURCE, kernel_source
+
+    plain = kernel_source(KERNEL_SOURCE)
+    assert plain == COMMON_SOURCE.read_text() + "\n" + KERNEL_SOURCE.read_text()
+    prelude = wgmma_source(4)
+    with_steps = kernel_source(KERNEL_SOURCE, prelude)
+    assert with_steps.index(prelude) > with_steps.index("to_bf16")           # after the shared code
+    assert with_steps.index(prelude) < with_steps.index("multiply_async(")   # before its caller
 
 
 @pytest.mark.parametrize("model", ["glm-5", "deepseek-v3"])
@@ -126,6 +160,16 @@ def test_the_kernel_decodes_with_the_shared_code_and_waits_before_reading_routes
 
 # --- on a GPU: the kernel itself, gated ----------------------------------------------------------
 
+# the async builds (wgmma): one warpgroup of 16-pair items; two warpgroups of 32-pair items, one
+# and two row tiles a warp; 64-pair items (n8 counts 1 to 8 over the skewed loads)
+ASYNC_BUILDS = [CudaMoeConfig(warps=4, ntiles=2, chunk=4, depth=2, min_ctas=None, overlap="off",
+                              mma="async"),
+                CudaMoeConfig(warps=8, ntiles=4, chunk=4, depth=4, min_ctas=2, overlap="all",
+                              mma="async"),
+                CudaMoeConfig(warps=8, row_tiles=2, ntiles=4, chunk=4, depth=2, min_ctas=2,
+                              overlap="all", mma="async"),
+                CudaMoeConfig(warps=4, ntiles=8, chunk=2, depth=1, min_ctas=None, overlap="tail",
+                              mma="async")]
 SMALL_BUILDS = [CudaMoeConfig(warps=4, ntiles=2, chunk=4, depth=2, min_ctas=None, overlap="off"),
                 CudaMoeConfig(warps=4, ntiles=4, chunk=4, depth=4, min_ctas=2, overlap="tail"),
                 CudaMoeConfig(warps=2, ntiles=8, chunk=2, depth=1, min_ctas=None, overlap="all"),
@@ -136,7 +180,7 @@ SMALL_BUILDS = [CudaMoeConfig(warps=4, ntiles=2, chunk=4, depth=2, min_ctas=None
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-@pytest.mark.parametrize("config", SMALL_BUILDS, ids=lambda c: c.label())
+@pytest.mark.parametrize("config", SMALL_BUILDS + ASYNC_BUILDS, ids=lambda c: c.label())
 def test_fused_moe_passes_the_gate(fmt, config):
     """A busy expert over several work items (40 pairs against items of 16-64), idle experts,
     experts of one pair; the gate twice on the same call (the tables are rebuilt each call)."""
@@ -165,9 +209,10 @@ def test_the_presets_pass_the_gate_at_the_models_shapes(fmt, model):
 
 
 @pytest.mark.cuda
-def test_the_call_replays_in_a_cuda_graph():
+@pytest.mark.parametrize("config", [SMALL_BUILDS[1], ASYNC_BUILDS[1]], ids=lambda c: c.label())
+def test_the_call_replays_in_a_cuda_graph(config):
     problem = base.make_layer_problem(skewed_ids(24, 8, 2, busy=0), 8, 512, 256, "nvfp4", "cuda")
-    call = moe.get("cuda-w4a16-moe").prepare(problem, config=SMALL_BUILDS[1])
+    call = moe.get("cuda-w4a16-moe").prepare(problem, config=config)
     eager = call.call().clone()
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
@@ -184,17 +229,17 @@ def test_the_call_replays_in_a_cuda_graph():
         assert torch.equal(call.out, eager)
 
 
-
 @pytest.mark.cuda
+@pytest.mark.parametrize("config", [SMALL_BUILDS[1], ASYNC_BUILDS[1]], ids=lambda c: c.label())
 @pytest.mark.parametrize("stage", ["load", "decode"])
-def test_the_anatomy_stages_run_beside_a_gated_build(stage):
+def test_the_anatomy_stages_run_beside_a_gated_build(stage, config):
     """A stage build runs both launches over every work item (no fault, no hang) and shares the
     laid-out weights with the full build, whose gate still passes after it."""
     problem = base.make_layer_problem(skewed_ids(24, 8, 2, busy=0), 8, 512, 256, "mxfp4", "cuda")
     method = moe.get("cuda-w4a16-moe")
-    staged = method.prepare(problem, config=SMALL_BUILDS[1], stage=stage)
+    staged = method.prepare(problem, config=config, stage=stage)
     assert f"anatomy stage {stage}" in staged.note
     staged.call()
     torch.cuda.synchronize()
-    gate = base.check_call(method.prepare(problem, config=SMALL_BUILDS[1]), problem)
+    gate = base.check_call(method.prepare(problem, config=config), problem)
     assert gate.ok, gate.message

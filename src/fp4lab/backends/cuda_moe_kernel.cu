@@ -33,6 +33,15 @@
 // activations loaded and read by ldmatrix, no decode or MMA; STAGE_DECODE: and decoded, no MMA.
 // The stages write nothing (their sum only keeps the compiler from dropping the work): timed, not
 // checked, as parts of a launch whose whole is gated.
+// MMA_ASYNC (sm_90a; CudaMoeConfig.mma "async"): each warpgroup's four warps multiply their four
+// row tiles as one 64-row A by wgmma (A the decoded fragments in registers, the same layout as
+// mma.sync's; B the item's staged rows read from shared memory by the tensor cores, N its
+// 8 * active_n8 pairs: one instruction a k16 step instead of an ldmatrix and an MMA per n8 tile),
+// issued asynchronously: the warp decodes the next step while the tensor cores multiply this one
+// (two fragment sets, wgmma.wait_group 1). The activations are staged in wgmma's K-major core
+// matrices (8 rows x 16 bytes; a k-slice of 8 k every ROWS x 16 bytes) and the copies published
+// to the async proxy before the barrier; every wgmma of a buffer is waited for before the barrier
+// that frees it. `wgmma_step` (the N dispatch) is generated: cuda_fused.wgmma_source.
 
 #ifndef ROW_TILES
 #define ROW_TILES 1                  // row tiles (16 weight rows) a warp
@@ -42,6 +51,74 @@
 #define CHUNK_K (64 * CHUNK)         // k a staged chunk
 #define ROW_BYTES (2 * CHUNK_K + 16) // a staged row, +16 B: conflict-free ldmatrix
 #define BUFFER_BYTES (ROWS * ROW_BYTES)
+#ifndef MMA_ASYNC
+#define MMA_ASYNC 0
+#endif
+
+#if MMA_ASYNC
+#define SLICE_BYTES (ROWS * 16)      // 8 k of every staged row: one k-slice of core matrices
+
+// B's shared-memory descriptor (no swizzle, K-major) for the 16 k from byte `address` of a buffer:
+// core matrices 8 pairs x 16 bytes; the next 8 k one slice on (LBO), the next 8 pairs 128 B (SBO)
+__device__ __forceinline__ unsigned long long staged_descriptor(u32 address) {
+    return (unsigned long long)((address & 0x3FFFF) >> 4)
+         | ((unsigned long long)(SLICE_BYTES >> 4) << 16)
+         | ((unsigned long long)(128 >> 4) << 32);
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+template <int n>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(n) : "memory");
+}
+
+// keeps a register's value where it is across this point: no read of an accumulator moves above
+// the wait that lands it, no fragment register is reused before the wait that frees it
+__device__ __forceinline__ void hold(float& r) { asm volatile("" : "+f"(r) :: "memory"); }
+__device__ __forceinline__ void hold(u32& r) { asm volatile("" : "+r"(r) :: "memory"); }
+
+__device__ __forceinline__ void hold_fragments(u32 (&f)[ROW_TILES][4]) {
+#pragma unroll
+    for (int r = 0; r < ROW_TILES; ++r)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) hold(f[r][e]);
+}
+
+__device__ __forceinline__ void hold_accumulators(Accumulators (&acc)[ROW_TILES]) {
+#pragma unroll
+    for (int r = 0; r < ROW_TILES; ++r)
+#pragma unroll
+        for (int nt = 0; nt < NTILES; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) hold(acc[r][0][nt][e]);
+}
+
+// the cp.async copies (generic proxy) made visible to wgmma's reads (async proxy)
+__device__ __forceinline__ void publish_to_async_proxy() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// one k16 step: each row tile's fragments, as the warpgroup's 64-row A, times the item's `n8` n8
+// tiles of staged pairs at descriptor `b`, into chain 0; one commit group
+__device__ __forceinline__ void multiply_async(Accumulators (&acc)[ROW_TILES],
+                                               u32 (&f)[ROW_TILES][4], int n8,
+                                               unsigned long long b) {
+    hold_accumulators(acc);
+    wgmma_fence();                                            // the fragments were just written
+#pragma unroll
+    for (int r = 0; r < ROW_TILES; ++r)
+        wgmma_step(n8, acc[r][0], f[r][0], f[r][1], f[r][2], f[r][3], b);
+    wgmma_commit();
+    hold_accumulators(acc);
+}
+#endif
 
 extern "C" __global__ void BOUNDS
 fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lanes, 16 B]
@@ -103,14 +180,26 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
 
     const u32 stage_base = shared_address(staged);
     const unsigned vectors = CHUNK_K / 8;                     // 16-byte copies a row of a chunk
+    const int active_n8 = (rows + 7) / 8;                     // n8 tiles with real rows
     // chunk c of the item's rows into buffer c % 2, one cp.async group
     auto stage = [&](int c) {
         const u32 buffer = stage_base + (c & 1) * BUFFER_BYTES;
+#if MMA_ASYNC
+        // every row of the active n8 tiles (those past the item repeat its last: finite values in
+        // output columns the epilogue drops), k-slice by k-slice, consecutive threads a row apart
+        const unsigned padded = 8 * active_n8;
+        for (unsigned i = threadIdx.x; i < padded * vectors; i += WARPS * 32) {
+            const unsigned row = i % padded, v = i / padded;
+            copy_async(buffer + v * SLICE_BYTES + row * 16,
+                       a + (long)source_row[row] * K + c * CHUNK_K + v * 8);
+        }
+#else
         for (unsigned i = threadIdx.x; i < (unsigned)rows * vectors; i += WARPS * 32) {
             const unsigned row = i / vectors, v = i % vectors;
             copy_async(buffer + row * ROW_BYTES + v * 16,
                        a + (long)source_row[row] * K + c * CHUNK_K + v * 8);
         }
+#endif
         commit_copies();
     };
 
@@ -123,12 +212,14 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
         const unsigned row = 16 * p + b_row;
         b_base[p] = stage_base + (row < (unsigned)rows ? row : rows - 1) * ROW_BYTES + b_k * 2;
     }
-    const int active_n8 = (rows + 7) / 8;                     // n8 tiles with real rows
 
     Accumulators acc[ROW_TILES];
 #pragma unroll
     for (int r = 0; r < ROW_TILES; ++r) zero_accumulators(acc[r]);
     [[maybe_unused]] u32 sink = 0;                            // the anatomy stages' sum
+#if MMA_ASYNC
+    u32 fragments[2][ROW_TILES][4] = {};                      // step q decodes into set q % 2
+#endif
 
     const int chunks = groups / CHUNK;
     stage(0);
@@ -139,6 +230,9 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
         } else {
             wait_copy_groups<0>();
         }
+#if MMA_ASYNC
+        publish_to_async_proxy();
+#endif
         __syncthreads();                                      // every thread's copies visible
         const u32 buffer = (c & 1) * BUFFER_BYTES;
 #pragma unroll
@@ -169,8 +263,16 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
 #pragma unroll
             for (int q = 0; q < 4; ++q) {                     // one k16 MMA step
                 [[maybe_unused]] const int chain = CHAINS == 2 ? (q & 1) : 0;
-                const u32 k_bytes = buffer + (jj * 64 + q * 16) * 2;
+                [[maybe_unused]] const u32 k_bytes = buffer + (jj * 64 + q * 16) * 2;
+#if MMA_ASYNC
+                u32 (&fragment)[ROW_TILES][4] = fragments[q & 1];
+#if STAGE == STAGE_FULL
+                wgmma_wait<1>();                              // the step two back read this set
+                hold_fragments(fragment);
+#endif
+#else
                 u32 fragment[ROW_TILES][4];                   // the A fragments (decode_scaled)
+#endif
 #pragma unroll
                 for (int r = 0; r < ROW_TILES; ++r) {
 #if STAGE == STAGE_LOAD
@@ -183,6 +285,12 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
                     sink += fragment[r][0] + fragment[r][1] + fragment[r][2] + fragment[r][3];
 #endif
                 }
+#if MMA_ASYNC
+#if STAGE == STAGE_FULL
+                multiply_async(acc, fragment, active_n8, staged_descriptor(
+                    stage_base + buffer + (jj * 8 + q * 2) * SLICE_BYTES));
+#endif
+#else
 #pragma unroll
                 for (int p = 0; p < PAIRS; ++p) {
                     if (2 * p < active_n8) {
@@ -201,10 +309,17 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
 #endif
                     }
                 }
+#endif
             }
         }
+#if MMA_ASYNC && STAGE == STAGE_FULL
+        wgmma_wait<0>();                                      // no wgmma reads the buffer any more
+#endif
         __syncthreads();                                      // buffer c % 2 free for chunk c + 2
     }
+#if MMA_ASYNC && STAGE == STAGE_FULL
+    hold_accumulators(acc);
+#endif
 #if !OVERLAP_ALL && GATE_UP
     let_next_kernel_launch();
 #endif

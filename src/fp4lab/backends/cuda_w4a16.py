@@ -420,9 +420,10 @@ def emulate(weights: torch.Tensor, scales: torch.Tensor, fmt: str) -> torch.Tens
 
 # --- the backend ---------------------------------------------------------------------------------
 
-def kernel_source(path: Path) -> str:
-    """A kernel file's text after the shared device code (NVRTC has no include path)."""
-    return COMMON_SOURCE.read_text() + "\n" + path.read_text()
+def kernel_source(path: Path, prelude: str = "") -> str:
+    """A kernel file's text after the shared device code (NVRTC has no include path) and
+    `prelude` (device code a build generates)."""
+    return COMMON_SOURCE.read_text() + "\n" + (prelude + "\n" if prelude else "") + path.read_text()
 
 
 @functools.lru_cache(maxsize=None)

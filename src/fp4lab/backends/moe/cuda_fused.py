@@ -38,6 +38,10 @@ CHUNK_CHOICES = (1, 2, 4, 8, 16)     # k-groups of activations staged at a time
 DEPTH_CHOICES = (1, 2, 4, 8)
 # the kernel's anatomy (its STAGE define): the launch, or what it does before the decode or MMA
 MOE_STAGES = {"full": 0, "load": 1, "decode": 2}
+# how a warp multiplies: mma.sync per n8 tile (B by ldmatrix), or a warpgroup's wgmma a k16 step
+# (B read from shared memory by the tensor cores, asynchronously; sm_90a only)
+MMA_CHOICES = ("sync", "async")
+ASYNC_CAPABILITY = (9, 0)
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,8 @@ class CudaMoeConfig:
     shared memory at a time (double-buffered), `depth` k-groups of weights in flight a warp,
     `min_ctas` the CTAs an SM must fit (the register cap, as `cuda_w4a16.CudaTileConfig.min_ctas`),
     `overlap` how down (and gate_up, after routing) overlap the launch before them
-    (`cuda_w4a16.OVERLAP_CHOICES`)."""
+    (`cuda_w4a16.OVERLAP_CHOICES`), `mma` how the warps multiply (MMA_CHOICES; "async" needs
+    whole warpgroups: warps a multiple of 4)."""
 
     warps: int = 16
     row_tiles: int = 1
@@ -57,6 +62,7 @@ class CudaMoeConfig:
     depth: int = 4
     min_ctas: int | None = 2
     overlap: str = "all"
+    mma: str = "sync"
 
     def __post_init__(self):
         for name, choices in (("warps", WARP_CHOICES), ("row_tiles", ROW_TILE_CHOICES),
@@ -75,6 +81,11 @@ class CudaMoeConfig:
         if self.overlap not in OVERLAP_CHOICES:
             raise ValueError(f"CudaMoeConfig.overlap must be one of {OVERLAP_CHOICES}, "
                              f"got {self.overlap!r}")
+        if self.mma not in MMA_CHOICES:
+            raise ValueError(f"CudaMoeConfig.mma must be one of {MMA_CHOICES}, got {self.mma!r}")
+        if self.mma == "async" and self.warps % 4:
+            raise ValueError(f"CudaMoeConfig.mma 'async' multiplies by warpgroups of 4 warps; "
+                             f"warps={self.warps} is not whole warpgroups")
 
     @property
     def rows(self) -> int:
@@ -102,7 +113,8 @@ class CudaMoeConfig:
 
     def label(self) -> str:
         tiles = f" r{self.row_tiles}" if self.row_tiles > 1 else ""
-        label = f"cuda w{self.warps}{tiles} m{self.rows} c{self.chunk} d{self.depth}"
+        wgmma = " wg" if self.mma == "async" else ""
+        label = f"cuda w{self.warps}{tiles}{wgmma} m{self.rows} c{self.chunk} d{self.depth}"
         if self.min_ctas is not None:
             label += f" b{self.min_ctas}"
         return label if self.overlap == "off" else f"{label} pdl-{self.overlap}"
@@ -211,17 +223,45 @@ def lay_out_experts(q, device, interleave: bool) -> ExpertOperands:
 
 # --- the kernel ----------------------------------------------------------------------------------
 
+def wgmma_source(ntiles: int) -> str:
+    """The async build's `wgmma_step(n8, d, a0..a3, b)`: one wgmma m64nNk16 (bf16 in, f32
+    accumulate, A from registers, B by descriptor) with N = 8 * n8 for n8 = 1..`ntiles`, chosen at
+    run time (an item's active n8 tiles; the instruction names N)."""
+    steps = []
+    for n8 in range(1, ntiles + 1):
+        regs = 4 * n8
+        d = ", ".join(f"%{i}" for i in range(regs))
+        a = ", ".join(f"%{regs + i}" for i in range(4))
+        outputs = ", ".join(f'"+f"(d[{i // 4}][{i % 4}])' for i in range(regs))
+        steps.append(
+            f"    case {n8}:\n"
+            f'        asm volatile("{{\\n\\t.reg .pred p;\\n\\tsetp.ne.b32 p, %{regs + 5}, 0;\\n\\t"\n'
+            f'            "wgmma.mma_async.sync.aligned.m64n{8 * n8}k16.f32.bf16.bf16 {{{d}}}, "\n'
+            f'            "{{{a}}}, %{regs + 4}, p, 1, 1, 0;\\n\\t}}"\n'
+            f"            : {outputs}\n"
+            f'            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));\n'
+            f"        break;\n")
+    return ("__device__ __forceinline__ void wgmma_step(int n8, float (&d)[NTILES][4], u32 a0, "
+            "u32 a1, u32 a2, u32 a3,\n                                           "
+            "unsigned long long b) {\n    switch (n8) {\n" + "".join(steps) + "    }\n}\n")
+
+
 @functools.lru_cache(maxsize=None)
 def compiled(config: CudaMoeConfig, fmt: str, gate_up: bool, capability: tuple[int, int],
              stage: str = "full"):
-    """One launch's build (NVRTC, once per process)."""
+    """One launch's build (NVRTC, once per process); the async build for sm_90a."""
+    asynchronous = config.mma == "async"
     options = [f"-DGATE_UP={int(gate_up)}", f"-DWARPS={config.warps}",
                f"-DROW_TILES={config.row_tiles}", f"-DSTAGE={MOE_STAGES[stage]}",
                f"-DNTILES={config.ntiles}", f"-DCHUNK={config.chunk}", f"-DDEPTH={config.depth}",
                f"-DNVFP4={int(fmt == 'nvfp4')}", f"-DMIN_CTAS={config.min_ctas or 0}",
                f"-DOVERLAP_ALL={int(config.overlap == 'all')}", "-std=c++17"]
-    return torch.cuda._compile_kernel(kernel_source(KERNEL_SOURCE), KERNEL_NAME,
-                                      compute_capability=f"{capability[0]}{capability[1]}",
+    if asynchronous:
+        options.append("-DMMA_ASYNC=1")
+    source = kernel_source(KERNEL_SOURCE, wgmma_source(config.ntiles) if asynchronous else "")
+    return torch.cuda._compile_kernel(source, KERNEL_NAME,
+                                      compute_capability=f"{capability[0]}{capability[1]}"
+                                      + ("a" if asynchronous else ""),
                                       nvcc_options=options)
 
 
@@ -233,7 +273,11 @@ def expert_launch(config: CudaMoeConfig, fmt: str, gate_up: bool, n: int, k: int
     from fp4lab.backends.cuda_launch import (allow_shared, function_attributes, launch_ex,
                                              resident_ctas)
 
-    kernel = compiled(config, fmt, gate_up, torch.cuda.get_device_capability(device), stage)
+    capability = torch.cuda.get_device_capability(device)
+    if config.mma == "async" and capability != ASYNC_CAPABILITY:
+        raise ValueError(f"{config.label()}: wgmma runs on sm_90 only, this GPU is "
+                         f"sm_{capability[0]}{capability[1]}")
+    kernel = compiled(config, fmt, gate_up, capability, stage)
     allow_shared(kernel, config.shared_bytes)
     block = (config.threads, 1, 1)
     built = function_attributes(kernel)
