@@ -193,13 +193,31 @@ def measure_point(point: MoePoint, config: MoeSweep, cache: ProblemCache, timer,
     return row
 
 
-def measure_job(job: dict[str, Any], send) -> None:
-    """Worker: measure one MoE method's points (see fp4lab.sweep.runner for the protocol)."""
+def measure_each(job: dict[str, Any], send, point_type, measure, failed_row) -> None:
+    """A worker's points in turn: `measure(point)` is its row; a failure of one point is its row
+    too (`failed_row(point, status, error)`: unavailable, oom or error), and the next goes on."""
     import torch
 
     from fp4lab.backends.moe import MethodUnavailable
     from fp4lab.sweep.worker import first_line
 
+    for identity in job["points"]:
+        point = point_type(**identity)
+        send("start", point=identity)
+        try:
+            row = measure(point)
+        except MethodUnavailable as exc:
+            row = failed_row(point, "unavailable", str(exc))
+        except torch.cuda.OutOfMemoryError as exc:
+            torch.cuda.empty_cache()
+            row = failed_row(point, "oom", first_line(exc))
+        except Exception as exc:  # noqa: BLE001 - any failure of one point becomes its row
+            row = failed_row(point, "error", first_line(exc))
+        send("row", point=identity, row=row)
+
+
+def measure_job(job: dict[str, Any], send) -> None:
+    """Worker: measure one MoE method's points (see fp4lab.sweep.runner for the protocol)."""
     config = MoeSweep.from_dict(job["config"])
     method = moe_method("loop-bf16" if job["group"] == DENSE_METHOD else job["group"])
     started = start_worker(method, job["device"], job["config"]["timer"], send)
@@ -207,19 +225,8 @@ def measure_job(job: dict[str, Any], send) -> None:
         return
     timer, facts = started
     cache = ProblemCache(config, job["device"])
-    for identity in job["points"]:
-        point = MoePoint(**identity)
-        send("start", point=identity)
-        try:
-            row = measure_point(point, config, cache, timer, facts, job)
-        except MethodUnavailable as exc:
-            row = point_row(job["run_id"], config, point, "unavailable", str(exc), facts)
-        except torch.cuda.OutOfMemoryError as exc:
-            torch.cuda.empty_cache()
-            row = point_row(job["run_id"], config, point, "oom", first_line(exc), facts)
-        except Exception as exc:  # noqa: BLE001 - any failure of one point becomes its row
-            row = point_row(job["run_id"], config, point, "error", first_line(exc), facts)
-        send("row", point=identity, row=row)
+    measure_each(job, send, MoePoint, lambda point: measure_point(point, config, cache, timer, facts, job),
+                 lambda point, status, error: point_row(job["run_id"], config, point, status, error, facts))
 
 
 # -- parent side ----------------------------------------------------------------------------------

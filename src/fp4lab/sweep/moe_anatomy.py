@@ -66,13 +66,9 @@ def measure_point(point: MoeAnatomyPoint, config: MoeSweep, method, cache, gates
 
 def measure_job(job: dict[str, Any], send) -> None:
     """Worker: one fused method's anatomy points (see fp4lab.sweep.runner for the protocol)."""
-    import torch
-
-    from fp4lab.backends.moe import MethodUnavailable
     from fp4lab.sweep.gemm import start_worker
-    from fp4lab.sweep.moe import ProblemCache
+    from fp4lab.sweep.moe import ProblemCache, measure_each
     from fp4lab.sweep.registry import moe_method
-    from fp4lab.sweep.worker import first_line
 
     config = MoeSweep.from_dict(job["config"])
     method = moe_method(job["group"].removesuffix("-anatomy"))
@@ -81,16 +77,6 @@ def measure_job(job: dict[str, Any], send) -> None:
         return
     timer, facts = started
     cache, gates = ProblemCache(config, job["device"]), {}
-    for identity in job["points"]:
-        point = MoeAnatomyPoint(**identity)
-        send("start", point=identity)
-        try:
-            row = measure_point(point, config, method, cache, gates, timer, facts, job)
-        except MethodUnavailable as exc:
-            row = point_row(job["run_id"], config, point, "unavailable", str(exc), facts)
-        except torch.cuda.OutOfMemoryError as exc:
-            torch.cuda.empty_cache()
-            row = point_row(job["run_id"], config, point, "oom", first_line(exc), facts)
-        except Exception as exc:  # noqa: BLE001 - any failure of one point becomes its row
-            row = point_row(job["run_id"], config, point, "error", first_line(exc), facts)
-        send("row", point=identity, row=row)
+    measure_each(job, send, MoeAnatomyPoint,
+                 lambda point: measure_point(point, config, method, cache, gates, timer, facts, job),
+                 lambda point, status, error: point_row(job["run_id"], config, point, status, error, facts))
