@@ -418,3 +418,17 @@ def test_an_undissected_run_says_why_from_its_rows(tmp_path):
     bare = moe.moe_results(run_with(tmp_path / "bare", glm5_gemm_rows("torch-bf16", DECODE_MS)), "glm-5")
     assert moe.fused_anatomy(bare).empty and moe.fused_anatomy_reason(bare) == "not measured"
 
+
+
+def test_the_kernel_time_sentence_points_to_the_diagnosed_kernels_own_anatomy(tmp_path):
+    from fp4lab.chapters import ch04_diagnosis as words
+
+    run = fused_anatomy_run(tmp_path, {"full": 1800.0, "load": 1250.0, "decode": 1400.0})
+    run.append_rows("gemm", glm5_gemm_rows("torch-bf16", DECODE_MS))
+    d = decode.diagnose(run, decode.DiagnosisConfig(steps=8))
+    assert d.chosen["path"] == "cuda-w4a16-moe" and d.verdict["kernel_limited"]
+    assert "chapter 03, this kernel's loads-only, decode and whole builds" in words.kernel_time_sentence(d)
+    bare = fused_anatomy_run(tmp_path / "bare", {})
+    bare.append_rows("gemm", glm5_gemm_rows("torch-bf16", DECODE_MS))
+    sentence = words.kernel_time_sentence(decode.diagnose(bare, decode.DiagnosisConfig(steps=8)))
+    assert "chapter 01, the anatomy of fp4lab's own kernels" in sentence
