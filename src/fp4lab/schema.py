@@ -165,14 +165,19 @@ ANATOMY = Table("anatomy", key=("backend", "stage", "fmt", "n", "k", "m", "gpu_i
         *OUTCOME, *TIMING, *GPU,
     ))
 
+# the columns every MoE row starts with: which run, which model preset, whether a CPU stand-in
+MOE_RUN = (
+    ("run_id", "str", "the run folder's id"),
+    ("preset", "str", "model preset key (a '-scaled' suffix for CPU stand-ins)"),
+    ("scaled", "bool", "a tiny CPU stand-in preset: its times say nothing of the model"),
+)
+
 MOE = Table("moe", key=("preset", "method", "gemm", "fmt", "batch", "routing", "ep", "m", "gpu_index"),
             doc=("One row per MoE method x problem: an expert GEMM (gate_up, down) over every expert "
                  "at routed loads, a whole routed layer (gemm 'layer'), or one point of one expert's "
                  "dense curve (method dense-bf16, batch None, m set)."),
             columns=_columns(
-                ("run_id", "str", "the run folder's id"),
-                ("preset", "str", "model preset key (a '-scaled' suffix for CPU stand-ins)"),
-                ("scaled", "bool", "a tiny CPU stand-in preset: its times say nothing of the model"),
+                *MOE_RUN,
                 ("method", "str", "MoE method name"),
                 ("kind", "str", "gemm (one expert GEMM over all experts), layer, or dense"),
                 ("library", "str", "the library behind it"),
@@ -215,9 +220,7 @@ MOE_ANATOMY = Table("moe_anatomy", key=("preset", "method", "stage", "fmt", "bat
     "(decode), or whole (full, the call the moe table times); timed in one worker after the full "
     "build passed the gate at the point (the other builds write no output)."),
     columns=_columns(
-        ("run_id", "str", "the run folder's id"),
-        ("preset", "str", "model preset key (a '-scaled' suffix for CPU stand-ins)"),
-        ("scaled", "bool", "a tiny CPU stand-in preset: its times say nothing of the model"),
+        *MOE_RUN,
         ("method", "str", "the fused MoE dissected (" + " | ".join(MOE_ANATOMY_METHODS) + ")"),
         ("stage", "str", "load | decode | full"),
         ("what", "str", "what the call ran: its launches, tile config and stage"),
