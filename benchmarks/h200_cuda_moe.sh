@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call (H200) for fp4lab's CUDA fused MoE (`cuda-w4a16-moe`, issue 13): its GPU tests,
+# One device call (H200) for fp4lab's CUDA fused MoE (`cuda-w4a16-moe`, issue 13): the async build's
+# operand layouts on one warpgroup (benchmarks/wgmma_probe.py, seconds), its GPU tests,
 # then (part "probe") its builds and anatomy against humming-moe-indexed and triton-w4a16-moe
 # (benchmarks/cuda_moe_probe.py), and/or (part "sweep", only if the tests passed) its rows in a copy
 # of the reference run re-measured with the preset (its earlier cuda-w4a16-moe rows dropped, then
@@ -17,6 +18,8 @@ case $PART in probe|sweep|all) ;; *) echo "part must be probe, sweep or all, got
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/fp4libs/*.whl
 s=$(date +%s)
+PYTHONPATH=src timeout -k 5 60 python3 benchmarks/wgmma_probe.py > $OUT/wgmma_probe.log 2>&1
+echo "wgmma probe: exit $?"; tail -12 $OUT/wgmma_probe.log
 PYTHONPATH=src timeout -k 5 150 python3 -m pytest -q -m cuda -p no:cacheprovider -p no:benchmark \
     tests/test_cuda_moe.py > $OUT/tests.log 2>&1
 tests=$?; tail -15 $OUT/tests.log; echo "tests: exit $tests after $(( $(date +%s) - s )) s"

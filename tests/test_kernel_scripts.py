@@ -365,3 +365,20 @@ def test_the_moe_probe_times_the_preset_first_then_sync_and_async_builds():
     assert len(set(probe.GRID)) == len(probe.GRID)
     assert {c.mma for c in probe.GRID} == {"sync", "async"}
     assert all(c.warps % 4 == 0 for c in probe.GRID if c.mma == "async")
+
+
+def test_the_wgmma_probe_runs_the_async_builds_own_code_and_needs_a_gpu():
+    """Its device code is the async build's (the generated wgmma_step, the kernel's descriptor)
+    followed by the probe kernel; without a GPU it says so and exits 2."""
+    from fp4lab.backends.moe.cuda_fused import KERNEL_SOURCE, wgmma_source
+
+    probe = load("wgmma_probe")
+    source = probe.probe_source()
+    assert wgmma_source(probe.NTILES) in source and KERNEL_SOURCE.read_text() in source
+    assert source.index("staged_descriptor(u32 address)") < source.index("wgmma_probe(")
+    assert "-DMMA_ASYNC=1" in probe.DEFINES and probe.ROWS == 8 * probe.NTILES
+    if not torch.cuda.is_available():
+        run = subprocess.run([sys.executable, os.path.join(BENCH, "wgmma_probe.py")], capture_output=True,
+                             text=True, timeout=120,
+                             env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "src")})
+        assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr

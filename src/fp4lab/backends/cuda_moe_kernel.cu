@@ -203,6 +203,7 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
         commit_copies();
     };
 
+#if !MMA_ASYNC
     // this lane's ldmatrix rows (as the dense kernel's NTILES >= 2): for pair tile p, k 0-7 and
     // 8-15 of its rows 16p..16p+7 and 16p+8..16p+15; rows past the item read row `rows - 1`
     const unsigned b_row = 8 * (lane / 16) + lane % 8, b_k = 8 * ((lane / 8) % 2);
@@ -212,6 +213,7 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
         const unsigned row = 16 * p + b_row;
         b_base[p] = stage_base + (row < (unsigned)rows ? row : rows - 1) * ROW_BYTES + b_k * 2;
     }
+#endif
 
     Accumulators acc[ROW_TILES];
 #pragma unroll
