@@ -93,6 +93,7 @@ def utilization(table: pd.DataFrame, target: float):
 def fused_anatomy(table: pd.DataFrame):
     """Each anatomy build of fp4lab's fused MoE per (format, batch), in ms, with the weights' read
     floor as a tick: chapter 01's anatomy figure for a whole layer (frame: analysis.fused_anatomy)."""
+    table = table.assign(mx=table["fmt"] != "nvfp4").sort_values(["batch", "mx"])   # NVFP4 on top
     labels = [f"{r.fmt.upper()}, B={int(r.batch)}" for r in table.itertuples(index=False)]
     in_ms = table.assign(**{column: table[column] / 1000 for column in ("load", "decode", "full")},
                          copy_floor_us=table["read_floor_us"] / 1000)
