@@ -59,11 +59,8 @@ wgmma_probe(const unsigned short* __restrict__ a,    // [64, 16] bf16, row-major
     f[0][1] = a32[(r1 * 16 + 2 * t) / 2];
     f[0][2] = a32[(r0 * 16 + 2 * t + 8) / 2];
     f[0][3] = a32[(r1 * 16 + 2 * t + 8) / 2];
-    unsigned long long desc = staged_descriptor(base);
-    if (swapped)
-        desc = (unsigned long long)((base & 0x3FFFF) >> 4)
-             | ((unsigned long long)(128 >> 4) << 16)
-             | ((unsigned long long)(SLICE_BYTES >> 4) << 32);
+    const unsigned long long desc = swapped ? shared_descriptor(base, 128, SLICE_BYTES)
+                                            : staged_descriptor(base);
     Accumulators acc[ROW_TILES];
     zero_accumulators(acc[0]);
     multiply_async(acc, f, n8, desc);

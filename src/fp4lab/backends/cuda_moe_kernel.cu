@@ -58,12 +58,18 @@
 #if MMA_ASYNC
 #define SLICE_BYTES (ROWS * 16)      // 8 k of every staged row: one k-slice of core matrices
 
-// B's shared-memory descriptor (no swizzle, K-major) for the 16 k from byte `address` of a buffer:
-// core matrices 8 pairs x 16 bytes; the next 8 k one slice on (LBO), the next 8 pairs 128 B (SBO)
-__device__ __forceinline__ unsigned long long staged_descriptor(u32 address) {
+// a wgmma shared-memory descriptor without swizzle: start `address`, `lbo` bytes between core
+// matrices along K, `sbo` along N (each field in 16-byte units)
+__device__ __forceinline__ unsigned long long shared_descriptor(u32 address, u32 lbo, u32 sbo) {
     return (unsigned long long)((address & 0x3FFFF) >> 4)
-         | ((unsigned long long)(SLICE_BYTES >> 4) << 16)
-         | ((unsigned long long)(128 >> 4) << 32);
+         | ((unsigned long long)(lbo >> 4) << 16)
+         | ((unsigned long long)(sbo >> 4) << 32);
+}
+
+// B's descriptor (K-major) for the 16 k from byte `address` of a buffer: core matrices 8 pairs x
+// 16 bytes; the next 8 k one slice on (LBO), the next 8 pairs 128 B on (SBO)
+__device__ __forceinline__ unsigned long long staged_descriptor(u32 address) {
+    return shared_descriptor(address, SLICE_BYTES, 128);
 }
 
 __device__ __forceinline__ void wgmma_fence() {
