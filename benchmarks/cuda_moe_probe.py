@@ -2,9 +2,10 @@
 build of `GRID` gated, then timed with the package's timer (cold L2, CUDA graph), beside
 humming-moe-indexed (when its wheel is installed) and triton-w4a16-moe's preset at the same
 points; the first point's three fastest builds (and the preset) are the only ones timed at the
-others; at the first point the fastest build's anatomy stages (loads only, loads and decode: both
-launches without their MMAs, timed, not gated); at every point the fastest build's call stopped
-after each launch (routing, gate_up, down), so the summary gives each launch's time.
+others; at the first point the anatomy stages (loads only, loads and decode: both launches
+without their MMAs, timed, not gated) of the fastest sync and the fastest async build; at every
+point the fastest build's call stopped after each launch (routing, gate_up, down), so the summary
+gives each launch's time.
 
     PYTHONPATH=src python3 benchmarks/cuda_moe_probe.py --out $OUT/moe [--budget-s 380]
 
@@ -34,17 +35,16 @@ from fp4lab.moe import routing  # noqa: E402
 POINTS = (("glm-5", 512), ("deepseek-v3", 512), ("glm-5", 64))
 PEERS = ("humming-moe-indexed", "triton-w4a16-moe")
 # (warps a CTA, row tiles a warp, k-groups in flight, CTAs an SM, launch; every build 32-pair items
-# staged 8 k-groups at a time): the preset (16-warp CTAs two an SM, the dense kernel's M <= 16
-# shape, down launched early by PDL) and its launch without PDL; three 8-warp CTAs an SM (80
-# registers, no spill in NVFP4); two row tiles a warp at 2 k-groups in flight (each B fragment
-# read for 32 weight rows; ~120 registers; at 4 in flight it spills and was 13% slower, call 96);
-# the async builds (wgmma by warpgroups, the MMAs under the next step's decode): 16-warp CTAs two
-# an SM at 2 k-groups in flight (64 registers; at 4 they spill, nvcc -Xptxas -v) and 8-warp CTAs
-# two an SM at 4 (82-90 registers)
-GRID = tuple(CudaMoeConfig(warps=w, row_tiles=r, depth=d, min_ctas=b, overlap=o, mma=m)
-             for w, r, d, b, o, m in ((16, 1, 4, 2, "all", "sync"), (16, 1, 4, 2, "off", "sync"),
-                                      (8, 1, 4, 3, "off", "sync"), (8, 2, 2, 2, "off", "sync"),
-                                      (16, 1, 2, 2, "all", "async"), (8, 1, 4, 2, "all", "async")))
+# staged 8 k-groups at a time, down launched early by PDL): the preset (16-warp CTAs two an SM, the
+# dense kernel's M <= 16 shape) and the same at 2 k-groups in flight (the bytes in flight of the
+# first async build: which of its difference is the wgmma); the async builds (wgmma by warpgroups,
+# the MMAs under the next step's decode; nvcc -Xptxas -v, no spill): 16-warp CTAs two an SM at 2
+# in flight (64 registers; at 4 they spill), 8-warp CTAs two an SM at 4 (90-95) and one 16-warp CTA
+# an SM at 4 (90-95). Call 99 (H100): the async builds gated right and ran 10% and 48% slower than
+# the preset, staging the activations a sector a thread (since then whole sectors, see the kernel).
+GRID = tuple(CudaMoeConfig(warps=w, row_tiles=1, depth=d, min_ctas=b, overlap="all", mma=m)
+             for w, d, b, m in ((16, 4, 2, "sync"), (16, 2, 2, "sync"), (16, 2, 2, "async"),
+                                (8, 4, 2, "async"), (16, 4, 1, "async")))
 ANATOMY = ("load", "decode")          # MOE_STAGES timed beside the first point's fastest build
 SMOKE_POINTS = (("glm-5", 16),)
 
@@ -84,6 +84,15 @@ def line(row: dict | None) -> str:
     return f"{what:24s} {label:42s} {row['status']}: {row.get('message', '')[:80]}"
 
 
+def fastest_by_mma(timed: list[tuple[float, CudaMoeConfig]]) -> list[CudaMoeConfig]:
+    """The fastest timed build of each way to multiply (sync, async), fastest first: the anatomy
+    of each says what its MMAs add to its own loads."""
+    fastest: dict[str, CudaMoeConfig] = {}
+    for _, config in sorted(timed, key=lambda pair: pair[0]):
+        fastest.setdefault(config.mma, config)
+    return list(fastest.values())
+
+
 def probe_point(run: kernels.Run, model, batch: int, fmt: str, weights, configs,
                 anatomy: bool) -> list[dict]:
     what = {"model": model.key, "batch": batch, "fmt": fmt}
@@ -102,11 +111,12 @@ def probe_point(run: kernels.Run, model, batch: int, fmt: str, weights, configs,
             timed.append((row["median_us"], config))
     if timed:
         best = min(timed, key=lambda pair: pair[0])[1]
-        for stage in ANATOMY if anatomy else ():
-            row = run.step("moe_part", {**what, "label": f"{best.label()} stage {stage}"},
-                           lambda s=stage: layer_row(run, problem, "cuda-w4a16-moe", best,
-                                                     stage=s))
-            print(line(row), flush=True)
+        for build in fastest_by_mma(timed) if anatomy else ():
+            for stage in ANATOMY:
+                row = run.step("moe_part", {**what, "label": f"{build.label()} stage {stage}"},
+                               lambda s=stage, b=build: layer_row(run, problem, "cuda-w4a16-moe",
+                                                                  b, stage=s))
+                print(line(row), flush=True)
         for until in CALL_PARTS[:-1]:
             row = run.step("moe_part", {**what, "label": f"{best.label()} until {until}"},
                            lambda u=until: layer_row(run, problem, "cuda-w4a16-moe", best, u))

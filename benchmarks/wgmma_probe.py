@@ -5,11 +5,14 @@ ROWS x 16 bytes), the descriptor the kernel builds (`staged_descriptor`), the ge
 `wgmma_step`, D read back in the layout the epilogue reads. Each check against A @ B^T in float64:
 
   kernel      the package's descriptor (what the async build runs)
-  swapped     its two strides exchanged (LBO = 128 B, SBO = a k-slice)
+  swapped     its two strides exchanged (LBO = 128 B, SBO = a k-slice): run only where "kernel"
+              failed, as the diagnosis (wrong strides read past the staged rows, and at N >= 24
+              past the shared memory: an illegal address, which ends the probe)
 
 for N = 8, 16, 24, 32 (an item's active n8 tiles). If "kernel" fails and "swapped" passes, the
 descriptor's strides are the wrong way round; if both fail, the fragment layouts are (the error
 map says which rows or columns). Runs in seconds; prints one line per case, exits 1 on a failure.
+On the H100 (2026-12-05, call 99) "kernel" passed at every N (rel_err ~2e-8).
 
     PYTHONPATH=src python3 benchmarks/wgmma_probe.py
 Needs an sm_90 GPU (wgmma is sm_90a only).
@@ -42,7 +45,7 @@ wgmma_probe(const unsigned short* __restrict__ a,    // [64, 16] bf16, row-major
     const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned g = lane >> 2, t = lane & 3;
     const u32 base = shared_address(staged);
-    for (unsigned i = threadIdx.x; i < 2u * ROWS; i += 128) {     // as the kernel's stage()
+    for (unsigned i = threadIdx.x; i < 2u * ROWS; i += 128) {     // the kernel's stage layout
         const unsigned row = i % ROWS, v = i / ROWS;
         copy_async(base + v * SLICE_BYTES + row * 16, b + row * 16 + v * 8);
     }
@@ -112,6 +115,8 @@ def main(argv=None) -> int:
     ref = a.double() @ b.double().T                                                  # [64, ROWS]
     failed = 0
     for name, flag in DESCRIPTORS.items():
+        if name != "kernel" and not failed:
+            break                                   # the diagnosis is only for a failed kernel
         for n8 in range(1, NTILES + 1):
             out = torch.full((64, ROWS), float("nan"), device="cuda")
             kernel(grid=(1, 1, 1), block=(128, 1, 1),

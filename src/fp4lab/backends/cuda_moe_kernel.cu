@@ -191,13 +191,19 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
     auto stage = [&](int c) {
         const u32 buffer = stage_base + (c & 1) * BUFFER_BYTES;
 #if MMA_ASYNC
-        // every row of the active n8 tiles (those past the item repeat its last: finite values in
-        // output columns the epilogue drops), k-slice by k-slice, consecutive threads a row apart
-        const unsigned padded = 8 * active_n8;
-        for (unsigned i = threadIdx.x; i < padded * vectors; i += WARPS * 32) {
-            const unsigned row = i % padded, v = i / padded;
-            copy_async(buffer + v * SLICE_BYTES + row * 16,
-                       a + (long)source_row[row] * K + c * CHUNK_K + v * 8);
+        // the item's rows, k-slice by k-slice; a warp's copy is 8 rows x 4 consecutive vectors:
+        // whole 32-byte sectors of each row read (a sector a thread, as a row apart, read twice
+        // as many), each quarter-warp's 8 rows one slice's 128 contiguous bytes (no bank
+        // conflict). Rows of the last n8 tile past the item are not copied: what they hold
+        // reaches only the output columns of pairs the epilogue drops.
+        const unsigned quads = vectors / 4;
+        for (unsigned i = threadIdx.x; i < 32 * active_n8 * quads; i += WARPS * 32) {
+            const unsigned block = i / 32;                    // (n8 tile, 4 vectors) of the chunk
+            const unsigned row = 8 * (block % active_n8) + (i & 7);
+            const unsigned v = 4 * (block / active_n8) + ((i >> 3) & 3);
+            if (row < (unsigned)rows)
+                copy_async(buffer + v * SLICE_BYTES + row * 16,
+                           a + (long)source_row[row] * K + c * CHUNK_K + v * 8);
         }
 #else
         for (unsigned i = threadIdx.x; i < (unsigned)rows * vectors; i += WARPS * 32) {
