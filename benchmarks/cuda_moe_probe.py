@@ -38,10 +38,11 @@ PEERS = ("humming-moe-indexed", "triton-w4a16-moe")
 # staged 8 k-groups at a time, down launched early by PDL): the preset (16-warp CTAs two an SM, the
 # dense kernel's M <= 16 shape) and the same at 2 k-groups in flight (the bytes in flight of the
 # first async build: which of its difference is the wgmma); the async builds (wgmma by warpgroups,
-# the MMAs under the next step's decode; nvcc -Xptxas -v, no spill): 16-warp CTAs two an SM at 2
-# in flight (64 registers; at 4 they spill), 8-warp CTAs two an SM at 4 (90-95) and one 16-warp CTA
-# an SM at 4 (90-95). Call 99 (H100): the async builds gated right and ran 10% and 48% slower than
-# the preset, staging the activations a sector a thread (since then whole sectors, see the kernel).
+# the MMAs under the next step's decode; nvcc -Xptxas -v): 16-warp CTAs two an SM at 2
+# in flight (64 registers, 16-byte spill; at 4 more), 8-warp CTAs two an SM at 4 (90-95) and one 16-warp CTA
+# an SM at 4 (92-93). Calls 99-100 (H100): the async builds gated right and ran 10-48% slower than
+# the preset, their MMAs serialized (a width chosen inside the k loop closed a wait group at each
+# step; since then the loop is compiled once a width).
 GRID = tuple(CudaMoeConfig(warps=w, row_tiles=1, depth=d, min_ctas=b, overlap="all", mma=m)
              for w, d, b, m in ((16, 4, 2, "sync"), (16, 2, 2, "sync"), (16, 2, 2, "async"),
                                 (8, 4, 2, "async"), (16, 4, 1, "async")))

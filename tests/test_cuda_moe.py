@@ -73,18 +73,25 @@ def test_the_async_build_multiplies_by_whole_warpgroups():
 
 
 @pytest.mark.parametrize("ntiles", [2, 4, 8])
-def test_the_generated_wgmma_step_names_each_width_with_its_accumulators(ntiles):
-    """One case per n8 count: m64nNk16 with N/2 accumulators, the four A registers after them,
-    then the descriptor and the scale-d predicate; nothing past the build's n8 tiles."""
+def test_the_generated_wgmma_code_has_one_step_a_width_and_dispatches_once(ntiles):
+    """One wgmma_step overload a width: m64nNk16 with N/2 accumulators, the four A registers
+    after them, then the descriptor and the scale-d predicate; nothing past the build's n8 tiles;
+    `with_width` calls the k loop once with each width as a type (a width chosen inside the loop
+    closed a wait group at every step and serialized the MMAs, call 100)."""
     source = wgmma_source(ntiles)
-    assert source.count("case ") == ntiles and f"case {ntiles + 1}:" not in source
+    assert source.count("void wgmma_step(Width<") == ntiles
+    assert f"Width<{ntiles + 1}>" not in source and "int n8, float" not in source
     for n8 in range(1, ntiles + 1):
         regs = 4 * n8
-        case = source[source.index(f"case {n8}:"):source.index("break;", source.index(f"case {n8}:"))]
-        assert f"m64n{8 * n8}k16.f32.bf16.bf16 {{%0, " in case and f"%{regs - 1}}}, " in case
-        assert f"{{%{regs}, %{regs + 1}, %{regs + 2}, %{regs + 3}}}, %{regs + 4}, p, 1, 1, 0;" in case
-        assert f"setp.ne.b32 p, %{regs + 5}, 0;" in case and case.count('"+f"') == regs
-        assert f'"+f"(d[{n8 - 1}][3])' in case
+        start = source.index(f"void wgmma_step(Width<{n8}>")
+        step = source[start:source.index("\n}\n", start)]
+        assert f"m64n{8 * n8}k16.f32.bf16.bf16 {{%0, " in step and f"%{regs - 1}}}, " in step
+        assert f"{{%{regs}, %{regs + 1}, %{regs + 2}, %{regs + 3}}}, %{regs + 4}, p, 1, 1, 0;" in step
+        assert f"setp.ne.b32 p, %{regs + 5}, 0;" in step and step.count('"+f"') == regs
+        assert f'"+f"(d[{n8 - 1}][3])' in step
+        assert f"case {n8}: f(Width<{n8}>{{}}); break;" in source
+    dispatch = source[source.index("void with_width("):]
+    assert dispatch.count("case ") == ntiles and "wgmma" not in dispatch
 
 
 def test_only_the_async_build_carries_the_wgmma_code():
@@ -96,6 +103,7 @@ def test_only_the_async_build_carries_the_wgmma_code():
     with_steps = kernel_source(KERNEL_SOURCE, prelude)
     assert with_steps.index(prelude) > with_steps.index("to_bf16")           # after the shared code
     assert with_steps.index(prelude) < with_steps.index("multiply_async(")   # before its caller
+    assert with_steps.index(prelude) < with_steps.index("with_width(active_n8, k_loop)")
 
 
 @pytest.mark.parametrize("model", ["glm-5", "deepseek-v3"])

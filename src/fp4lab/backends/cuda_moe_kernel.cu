@@ -41,7 +41,8 @@
 // (two fragment sets, wgmma.wait_group 1). The activations are staged in wgmma's K-major core
 // matrices (8 rows x 16 bytes; a k-slice of 8 k every ROWS x 16 bytes) and the copies published
 // to the async proxy before the barrier; every wgmma of a buffer is waited for before the barrier
-// that frees it. `wgmma_step` (the N dispatch) is generated: cuda_fused.wgmma_source.
+// that frees it. `wgmma_step` (one overload a width, N = 8 x its n8 tiles) and `with_width` (the
+// k loop compiled once a width, chosen once a CTA) are generated: cuda_fused.wgmma_source.
 
 #ifndef ROW_TILES
 #define ROW_TILES 1                  // row tiles (16 weight rows) a warp
@@ -111,16 +112,17 @@ __device__ __forceinline__ void publish_to_async_proxy() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
-// one k16 step: each row tile's fragments, as the warpgroup's 64-row A, times the item's `n8` n8
-// tiles of staged pairs at descriptor `b`, into chain 0; one commit group
+// one k16 step: each row tile's fragments, as the warpgroup's 64-row A, times the item's
+// `width` (Width<n8>) n8 tiles of staged pairs at descriptor `b`, into chain 0; one commit group
+template <typename W>
 __device__ __forceinline__ void multiply_async(Accumulators (&acc)[ROW_TILES],
-                                               u32 (&f)[ROW_TILES][4], int n8,
+                                               u32 (&f)[ROW_TILES][4], W width,
                                                unsigned long long b) {
     hold_accumulators(acc);
     wgmma_fence();                                            // the fragments were just written
 #pragma unroll
     for (int r = 0; r < ROW_TILES; ++r)
-        wgmma_step(n8, acc[r][0], f[r][0], f[r][1], f[r][2], f[r][3], b);
+        wgmma_step(width, acc[r][0], f[r][0], f[r][1], f[r][2], f[r][3], b);
     wgmma_commit();
     hold_accumulators(acc);
 }
@@ -237,100 +239,110 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
 
     const int chunks = groups / CHUNK;
     stage(0);
-    for (int c = 0; c < chunks; ++c) {
-        if (c + 1 < chunks) {
-            stage(c + 1);                                     // its buffer was released below
-            wait_copy_groups<1>();                            // chunk c's copies landed
-        } else {
-            wait_copy_groups<0>();
-        }
-#if MMA_ASYNC
-        publish_to_async_proxy();
-#endif
-        __syncthreads();                                      // every thread's copies visible
-        const u32 buffer = (c & 1) * BUFFER_BYTES;
-#pragma unroll
-        for (int jj = 0; jj < CHUNK; ++jj) {
-            const int slot = jj % DEPTH;                      // CHUNK % DEPTH == 0: a constant
-            u32 words[ROW_TILES][4];
-            Scales group_scales[ROW_TILES];
-#pragma unroll
-            for (int r = 0; r < ROW_TILES; ++r) {
-                words[r][0] = codes[slot][r].x; words[r][1] = codes[slot][r].y;
-                words[r][2] = codes[slot][r].z; words[r][3] = codes[slot][r].w;
-                group_scales[r] = scales[slot][r];
+    // the k loop; the async build compiles one copy a width of the item (n8 tiles of pairs), its
+    // wgmma's N a constant there: chosen inside the loop, each step's wgmma closed its own wait
+    // group in every branch, so the wait for the step before waited for this one (call 100)
+    auto k_loop = [&]([[maybe_unused]] auto width) {
+        for (int c = 0; c < chunks; ++c) {
+            if (c + 1 < chunks) {
+                stage(c + 1);                                     // its buffer was released below
+                wait_copy_groups<1>();                            // chunk c's copies landed
+            } else {
+                wait_copy_groups<0>();
             }
-            const int next = c * CHUNK + jj + DEPTH;          // keeps DEPTH groups in flight
-            if (next < groups) {
-#pragma unroll
+    #if MMA_ASYNC
+            publish_to_async_proxy();
+    #endif
+            __syncthreads();                                      // every thread's copies visible
+            const u32 buffer = (c & 1) * BUFFER_BYTES;
+    #pragma unroll
+            for (int jj = 0; jj < CHUNK; ++jj) {
+                const int slot = jj % DEPTH;                      // CHUNK % DEPTH == 0: a constant
+                u32 words[ROW_TILES][4];
+                Scales group_scales[ROW_TILES];
+    #pragma unroll
                 for (int r = 0; r < ROW_TILES; ++r) {
-                    codes[slot][r] = load_stream(wp + (r * groups + next) * 32);
-                    scales[slot][r] = load_scales(sp + (r * groups + next) * 8);
+                    words[r][0] = codes[slot][r].x; words[r][1] = codes[slot][r].y;
+                    words[r][2] = codes[slot][r].z; words[r][3] = codes[slot][r].w;
+                    group_scales[r] = scales[slot][r];
                 }
-            }
-#if STAGE == STAGE_LOAD
-#pragma unroll
-            for (int r = 0; r < ROW_TILES; ++r)
-#pragma unroll
-                for (int i = 0; i < SCALE_BYTES / 4; ++i) sink += group_scales[r].word[i];
-#endif
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {                     // one k16 MMA step
-                [[maybe_unused]] const int chain = CHAINS == 2 ? (q & 1) : 0;
-                [[maybe_unused]] const u32 k_bytes = buffer + (jj * 64 + q * 16) * 2;
-#if MMA_ASYNC
-                u32 (&fragment)[ROW_TILES][4] = fragments[q & 1];
-#if STAGE == STAGE_FULL
-                wgmma_wait<1>();                              // the step two back read this set
-                hold_fragments(fragment);
-#endif
-#else
-                u32 fragment[ROW_TILES][4];                   // the A fragments (decode_scaled)
-#endif
-#pragma unroll
-                for (int r = 0; r < ROW_TILES; ++r) {
-#if STAGE == STAGE_LOAD
-                    sink += words[r][q];
-#else
-                    decode_scaled(words[r][q], group_scales[r], q, fragment[r][0], fragment[r][1],
-                                  fragment[r][2], fragment[r][3]);
-#endif
-#if STAGE == STAGE_DECODE
-                    sink += fragment[r][0] + fragment[r][1] + fragment[r][2] + fragment[r][3];
-#endif
-                }
-#if MMA_ASYNC
-#if STAGE == STAGE_FULL
-                multiply_async(acc, fragment, active_n8, staged_descriptor(
-                    stage_base + buffer + (jj * 8 + q * 2) * SLICE_BYTES));
-#endif
-#else
-#pragma unroll
-                for (int p = 0; p < PAIRS; ++p) {
-                    if (2 * p < active_n8) {
-                        u32 b[4];
-                        ldmatrix4(b_base[p] + k_bytes, b);
-#if STAGE == STAGE_FULL
-#pragma unroll
-                        for (int r = 0; r < ROW_TILES; ++r) {
-                            const u32* f = fragment[r];
-                            mma(acc[r][chain][2 * p], f[0], f[1], f[2], f[3], b[0], b[1]);
-                            if (2 * p + 1 < active_n8)        // its second n8 tile holds pairs
-                                mma(acc[r][chain][2 * p + 1], f[0], f[1], f[2], f[3], b[2], b[3]);
-                        }
-#else
-                        sink += b[0] ^ b[1] ^ b[2] ^ b[3];
-#endif
+                const int next = c * CHUNK + jj + DEPTH;          // keeps DEPTH groups in flight
+                if (next < groups) {
+    #pragma unroll
+                    for (int r = 0; r < ROW_TILES; ++r) {
+                        codes[slot][r] = load_stream(wp + (r * groups + next) * 32);
+                        scales[slot][r] = load_scales(sp + (r * groups + next) * 8);
                     }
                 }
-#endif
+    #if STAGE == STAGE_LOAD
+    #pragma unroll
+                for (int r = 0; r < ROW_TILES; ++r)
+    #pragma unroll
+                    for (int i = 0; i < SCALE_BYTES / 4; ++i) sink += group_scales[r].word[i];
+    #endif
+    #pragma unroll
+                for (int q = 0; q < 4; ++q) {                     // one k16 MMA step
+                    [[maybe_unused]] const int chain = CHAINS == 2 ? (q & 1) : 0;
+                    [[maybe_unused]] const u32 k_bytes = buffer + (jj * 64 + q * 16) * 2;
+    #if MMA_ASYNC
+                    u32 (&fragment)[ROW_TILES][4] = fragments[q & 1];
+    #if STAGE == STAGE_FULL
+                    wgmma_wait<1>();                              // the step two back read this set
+                    hold_fragments(fragment);
+    #endif
+    #else
+                    u32 fragment[ROW_TILES][4];                   // the A fragments (decode_scaled)
+    #endif
+    #pragma unroll
+                    for (int r = 0; r < ROW_TILES; ++r) {
+    #if STAGE == STAGE_LOAD
+                        sink += words[r][q];
+    #else
+                        decode_scaled(words[r][q], group_scales[r], q, fragment[r][0], fragment[r][1],
+                                      fragment[r][2], fragment[r][3]);
+    #endif
+    #if STAGE == STAGE_DECODE
+                        sink += fragment[r][0] + fragment[r][1] + fragment[r][2] + fragment[r][3];
+    #endif
+                    }
+    #if MMA_ASYNC
+    #if STAGE == STAGE_FULL
+                    multiply_async(acc, fragment, width, staged_descriptor(
+                        stage_base + buffer + (jj * 8 + q * 2) * SLICE_BYTES));
+    #endif
+    #else
+    #pragma unroll
+                    for (int p = 0; p < PAIRS; ++p) {
+                        if (2 * p < active_n8) {
+                            u32 b[4];
+                            ldmatrix4(b_base[p] + k_bytes, b);
+    #if STAGE == STAGE_FULL
+    #pragma unroll
+                            for (int r = 0; r < ROW_TILES; ++r) {
+                                const u32* f = fragment[r];
+                                mma(acc[r][chain][2 * p], f[0], f[1], f[2], f[3], b[0], b[1]);
+                                if (2 * p + 1 < active_n8)        // its second n8 tile holds pairs
+                                    mma(acc[r][chain][2 * p + 1], f[0], f[1], f[2], f[3], b[2], b[3]);
+                            }
+    #else
+                            sink += b[0] ^ b[1] ^ b[2] ^ b[3];
+    #endif
+                        }
+                    }
+    #endif
+                }
             }
+    #if MMA_ASYNC && STAGE == STAGE_FULL
+            wgmma_wait<0>();                                      // no wgmma reads the buffer any more
+    #endif
+            __syncthreads();                                      // buffer c % 2 free for chunk c + 2
         }
-#if MMA_ASYNC && STAGE == STAGE_FULL
-        wgmma_wait<0>();                                      // no wgmma reads the buffer any more
+    };
+#if MMA_ASYNC
+    with_width(active_n8, k_loop);
+#else
+    k_loop(0);
 #endif
-        __syncthreads();                                      // buffer c % 2 free for chunk c + 2
-    }
 #if MMA_ASYNC && STAGE == STAGE_FULL
     hold_accumulators(acc);
 #endif

@@ -224,26 +224,32 @@ def lay_out_experts(q, device, interleave: bool) -> ExpertOperands:
 # --- the kernel ----------------------------------------------------------------------------------
 
 def wgmma_source(ntiles: int) -> str:
-    """The async build's `wgmma_step(n8, d, a0..a3, b)`: one wgmma m64nNk16 (bf16 in, f32
-    accumulate, A from registers, B by descriptor) with N = 8 * n8 for n8 = 1..`ntiles`, chosen at
-    run time (an item's active n8 tiles; the instruction names N)."""
-    steps = []
+    """The async build's width-specific code: `Width<n8>`, one `wgmma_step(Width<n8>, d, a0..a3,
+    b)` overload a width n8 = 1..`ntiles` (one wgmma m64nNk16, N = 8 * n8: bf16 in, f32
+    accumulate, A from registers, B by descriptor; the instruction names N) and `with_width(n8,
+    f)`, which calls f(Width<n8>{}) for an item's active n8 tiles, so that the k loop is compiled
+    once a width and each step's wgmma is straight-line code that the wait for it can trail."""
+    steps, cases = [], []
     for n8 in range(1, ntiles + 1):
         regs = 4 * n8
         d = ", ".join(f"%{i}" for i in range(regs))
         a = ", ".join(f"%{regs + i}" for i in range(4))
         outputs = ", ".join(f'"+f"(d[{i // 4}][{i % 4}])' for i in range(regs))
         steps.append(
-            f"    case {n8}:\n"
-            f'        asm volatile("{{\\n\\t.reg .pred p;\\n\\tsetp.ne.b32 p, %{regs + 5}, 0;\\n\\t"\n'
-            f'            "wgmma.mma_async.sync.aligned.m64n{8 * n8}k16.f32.bf16.bf16 {{{d}}}, "\n'
-            f'            "{{{a}}}, %{regs + 4}, p, 1, 1, 0;\\n\\t}}"\n'
-            f"            : {outputs}\n"
-            f'            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));\n'
-            f"        break;\n")
-    return ("__device__ __forceinline__ void wgmma_step(int n8, float (&d)[NTILES][4], u32 a0, "
-            "u32 a1, u32 a2, u32 a3,\n                                           "
-            "unsigned long long b) {\n    switch (n8) {\n" + "".join(steps) + "    }\n}\n")
+            f"__device__ __forceinline__ void wgmma_step(Width<{n8}>, float (&d)[NTILES][4], "
+            f"u32 a0, u32 a1, u32 a2,\n"
+            f"                                           u32 a3, unsigned long long b) {{\n"
+            f'    asm volatile("{{\\n\\t.reg .pred p;\\n\\tsetp.ne.b32 p, %{regs + 5}, 0;\\n\\t"\n'
+            f'        "wgmma.mma_async.sync.aligned.m64n{8 * n8}k16.f32.bf16.bf16 {{{d}}}, "\n'
+            f'        "{{{a}}}, %{regs + 4}, p, 1, 1, 0;\\n\\t}}"\n'
+            f"        : {outputs}\n"
+            f'        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));\n'
+            f"}}\n")
+        cases.append(f"    case {n8}: f(Width<{n8}>{{}}); break;\n")
+    return ("template <int n8> struct Width { static constexpr int value = n8; };\n\n"
+            + "\n".join(steps)
+            + "\ntemplate <typename F>\n__device__ __forceinline__ void with_width(int n8, F&& f) {\n"
+            "    switch (n8) {\n" + "".join(cases) + "    }\n}\n")
 
 
 @functools.lru_cache(maxsize=None)
