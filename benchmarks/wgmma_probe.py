@@ -79,7 +79,7 @@ wgmma_probe(const unsigned short* __restrict__ a,    // [64, 16] bf16, row-major
 """
 DEFINES = [f"-DNTILES={NTILES}", "-DMMA_ASYNC=1", "-DGATE_UP=1", "-DWARPS=4", "-DROW_TILES=1",
            "-DCHUNK=1", "-DDEPTH=1", "-DNVFP4=1", "-DMIN_CTAS=0", "-DOVERLAP_ALL=0", "-DSTAGE=0",
-           "-std=c++17"]
+           "-std=c++17", "-default-device"]
 
 
 def probe_source() -> str:

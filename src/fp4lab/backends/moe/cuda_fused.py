@@ -252,22 +252,28 @@ def wgmma_source(ntiles: int) -> str:
             "    switch (n8) {\n" + "".join(cases) + "    }\n}\n")
 
 
-@functools.lru_cache(maxsize=None)
-def compiled(config: CudaMoeConfig, fmt: str, gate_up: bool, capability: tuple[int, int],
-             stage: str = "full"):
-    """One launch's build (NVRTC, once per process); the async build for sm_90a."""
+def build(config: CudaMoeConfig, fmt: str, gate_up: bool, stage: str = "full"):
+    """(source, NVRTC options) of one launch's build. `-default-device`: NVRTC 13.0 takes the k
+    loop's generic lambda for a host function without it (call 101); 13.5 does not."""
     asynchronous = config.mma == "async"
     options = [f"-DGATE_UP={int(gate_up)}", f"-DWARPS={config.warps}",
                f"-DROW_TILES={config.row_tiles}", f"-DSTAGE={MOE_STAGES[stage]}",
                f"-DNTILES={config.ntiles}", f"-DCHUNK={config.chunk}", f"-DDEPTH={config.depth}",
                f"-DNVFP4={int(fmt == 'nvfp4')}", f"-DMIN_CTAS={config.min_ctas or 0}",
-               f"-DOVERLAP_ALL={int(config.overlap == 'all')}", "-std=c++17"]
+               f"-DOVERLAP_ALL={int(config.overlap == 'all')}", "-std=c++17", "-default-device"]
     if asynchronous:
         options.append("-DMMA_ASYNC=1")
-    source = kernel_source(KERNEL_SOURCE, wgmma_source(config.ntiles) if asynchronous else "")
+    return kernel_source(KERNEL_SOURCE, wgmma_source(config.ntiles) if asynchronous else ""), options
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(config: CudaMoeConfig, fmt: str, gate_up: bool, capability: tuple[int, int],
+             stage: str = "full"):
+    """One launch's build (NVRTC, once per process); the async build for sm_90a."""
+    source, options = build(config, fmt, gate_up, stage)
     return torch.cuda._compile_kernel(source, KERNEL_NAME,
                                       compute_capability=f"{capability[0]}{capability[1]}"
-                                      + ("a" if asynchronous else ""),
+                                      + ("a" if config.mma == "async" else ""),
                                       nvcc_options=options)
 
 
