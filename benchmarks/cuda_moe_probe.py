@@ -34,18 +34,21 @@ from fp4lab.moe import routing  # noqa: E402
 
 POINTS = (("glm-5", 512), ("deepseek-v3", 512), ("glm-5", 64))
 PEERS = ("humming-moe-indexed", "triton-w4a16-moe")
-# (warps a CTA, row tiles a warp, k-groups in flight, CTAs an SM, launch; every build 32-pair items
-# staged 8 k-groups at a time, down launched early by PDL): the preset (16-warp CTAs two an SM, the
-# dense kernel's M <= 16 shape) and the same at 2 k-groups in flight (the bytes in flight of the
-# first async build: which of its difference is the wgmma); the async builds (wgmma by warpgroups,
-# the MMAs under the next step's decode; nvcc -Xptxas -v): 16-warp CTAs two an SM at 2
-# in flight (64 registers, 16-byte spill; at 4 more), 8-warp CTAs two an SM at 4 (90-95) and one 16-warp CTA
-# an SM at 4 (92-93). Calls 99-100 (H100): the async builds gated right and ran 10-48% slower than
-# the preset, their MMAs serialized (a width chosen inside the k loop closed a wait group at each
-# step; since then the loop is compiled once a width).
-GRID = tuple(CudaMoeConfig(warps=w, row_tiles=1, depth=d, min_ctas=b, overlap="all", mma=m)
-             for w, d, b, m in ((16, 4, 2, "sync"), (16, 2, 2, "sync"), (16, 2, 2, "async"),
-                                (8, 4, 2, "async"), (16, 4, 1, "async")))
+# (warps a CTA, k-groups in flight, CTAs an SM, how it multiplies, wgmma steps in flight; every
+# build 32-pair items staged 8 k-groups at a time, down launched early by PDL): the preset (16-warp
+# CTAs two an SM, the dense kernel's M <= 16 shape) and the same at 2 k-groups in flight (the bytes
+# in flight of the first async build); the async builds (wgmma by warpgroups, the MMAs under the
+# next steps' decode; nvcc -Xptxas -v): 16-warp CTAs two an SM at 2 in flight with one and two
+# wgmma steps in flight (64 registers, a 16-24 B spill), 8-warp CTAs two an SM and one 16-warp CTA
+# an SM at 4 with two (96-97 registers), 8-warp CTAs with three (100-102). Calls 99-100 (H100): the
+# async builds gated right and ran 10-48% slower than the preset, their MMAs serialized (a width
+# chosen inside the k loop closed a wait group at each step); call 102, the loop compiled once a
+# width: 3% slower at 32 warps an SM, 20% at 16 (one wgmma step in flight).
+GRID = tuple(CudaMoeConfig(warps=w, depth=d, min_ctas=b, overlap="all", mma=m, mma_depth=q)
+             for w, d, b, m, q in ((16, 4, 2, "sync", 1), (16, 2, 2, "sync", 1),
+                                   (16, 2, 2, "async", 1), (16, 2, 2, "async", 2),
+                                   (8, 4, 2, "async", 2), (16, 4, 1, "async", 2),
+                                   (8, 4, 2, "async", 3)))
 ANATOMY = ("load", "decode")          # MOE_STAGES timed beside the first point's fastest build
 SMOKE_POINTS = (("glm-5", 16),)
 

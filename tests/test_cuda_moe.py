@@ -70,6 +70,11 @@ def test_the_async_build_multiplies_by_whole_warpgroups():
     assert config.shared_bytes == CudaMoeConfig(warps=8).shared_bytes    # its core matrices fit
     with pytest.raises(ValueError, match="warps=2 is not whole warpgroups"):
         CudaMoeConfig(warps=2, mma="async")
+    assert CudaMoeConfig(warps=8, mma="async", mma_depth=2).label() == "cuda w8 wg2 m32 c8 d4 b2 pdl-all"
+    with pytest.raises(ValueError, match="only the async build keeps MMAs in flight"):
+        CudaMoeConfig(mma_depth=2)
+    with pytest.raises(ValueError, match=r"mma_depth must be one of \(1, 2, 3\), got 4"):
+        CudaMoeConfig(mma="async", mma_depth=4)
 
 
 @pytest.mark.parametrize("ntiles", [2, 4, 8])
@@ -169,15 +174,16 @@ def test_the_kernel_decodes_with_the_shared_code_and_waits_before_reading_routes
 # --- on a GPU: the kernel itself, gated ----------------------------------------------------------
 
 # the async builds (wgmma): one warpgroup of 16-pair items; two warpgroups of 32-pair items, one
-# and two row tiles a warp; 64-pair items (n8 counts 1 to 8 over the skewed loads)
+# and two row tiles a warp; 64-pair items (n8 counts 1 to 8 over the skewed loads); one, two and
+# three wgmma steps in flight
 ASYNC_BUILDS = [CudaMoeConfig(warps=4, ntiles=2, chunk=4, depth=2, min_ctas=None, overlap="off",
                               mma="async"),
                 CudaMoeConfig(warps=8, ntiles=4, chunk=4, depth=4, min_ctas=2, overlap="all",
-                              mma="async"),
+                              mma="async", mma_depth=2),
                 CudaMoeConfig(warps=8, row_tiles=2, ntiles=4, chunk=4, depth=2, min_ctas=2,
                               overlap="all", mma="async"),
                 CudaMoeConfig(warps=4, ntiles=8, chunk=2, depth=1, min_ctas=None, overlap="tail",
-                              mma="async")]
+                              mma="async", mma_depth=3)]
 SMALL_BUILDS = [CudaMoeConfig(warps=4, ntiles=2, chunk=4, depth=2, min_ctas=None, overlap="off"),
                 CudaMoeConfig(warps=4, ntiles=4, chunk=4, depth=4, min_ctas=2, overlap="tail"),
                 CudaMoeConfig(warps=2, ntiles=8, chunk=2, depth=1, min_ctas=None, overlap="all"),

@@ -38,10 +38,10 @@
 // mma.sync's; B the item's staged rows read from shared memory by the tensor cores, N its
 // 8 * active_n8 pairs: one instruction a k16 step instead of an ldmatrix and an MMA per n8 tile),
 // issued asynchronously: the warp decodes the next step while the tensor cores multiply this one
-// (two fragment sets, wgmma.wait_group 1). The activations are staged in wgmma's K-major core
-// matrices (8 rows x 16 bytes; a k-slice of 8 k every ROWS x 16 bytes) and the copies published
-// to the async proxy before the barrier; every wgmma of a buffer is waited for before the barrier
-// that frees it. `wgmma_step` (one overload a width, N = 8 x its n8 tiles) and `with_width` (the
+// (MMA_DEPTH steps' wgmma in flight: MMA_DEPTH + 1 fragment sets, wgmma.wait_group MMA_DEPTH).
+// The activations are staged in wgmma's K-major core matrices (8 rows x 16 bytes; a k-slice of
+// 8 k every ROWS x 16 bytes) and the copies published to the async proxy before the barrier;
+// every wgmma of a buffer is waited for before the barrier that frees it. `wgmma_step` (one overload a width, N = 8 x its n8 tiles) and `with_width` (the
 // k loop compiled once a width, chosen once a CTA) are generated: cuda_fused.wgmma_source.
 
 #ifndef ROW_TILES
@@ -57,6 +57,9 @@
 #endif
 
 #if MMA_ASYNC
+#ifndef MMA_DEPTH
+#define MMA_DEPTH 1                  // k16 steps whose wgmma may run while the next is decoded
+#endif
 #define SLICE_BYTES (ROWS * 16)      // 8 k of every staged row: one k-slice of core matrices
 
 // a wgmma shared-memory descriptor without swizzle: start `address`, `lbo` bytes between core
@@ -234,7 +237,7 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
     for (int r = 0; r < ROW_TILES; ++r) zero_accumulators(acc[r]);
     [[maybe_unused]] u32 sink = 0;                            // the anatomy stages' sum
 #if MMA_ASYNC
-    u32 fragments[2][ROW_TILES][4] = {};                      // step q decodes into set q % 2
+    u32 fragments[MMA_DEPTH + 1][ROW_TILES][4] = {};          // step i of a chunk: set i % (D + 1)
 #endif
 
     const int chunks = groups / CHUNK;
@@ -285,9 +288,9 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
                     [[maybe_unused]] const int chain = CHAINS == 2 ? (q & 1) : 0;
                     [[maybe_unused]] const u32 k_bytes = buffer + (jj * 64 + q * 16) * 2;
     #if MMA_ASYNC
-                    u32 (&fragment)[ROW_TILES][4] = fragments[q & 1];
+                    u32 (&fragment)[ROW_TILES][4] = fragments[(4 * jj + q) % (MMA_DEPTH + 1)];
     #if STAGE == STAGE_FULL
-                    wgmma_wait<1>();                              // the step two back read this set
+                    wgmma_wait<MMA_DEPTH>();                      // the step that read this set is done
                     hold_fragments(fragment);
     #endif
     #else

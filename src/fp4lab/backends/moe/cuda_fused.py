@@ -41,6 +41,9 @@ MOE_STAGES = {"full": 0, "load": 1, "decode": 2}
 # how a warp multiplies: mma.sync per n8 tile (B by ldmatrix), or a warpgroup's wgmma a k16 step
 # (B read from shared memory by the tensor cores, asynchronously; sm_90a only)
 MMA_CHOICES = ("sync", "async")
+# the async build's k16 steps whose wgmma may still run while the warp decodes the next (each one
+# more set of four A registers)
+MMA_DEPTH_CHOICES = (1, 2, 3)
 ASYNC_CAPABILITY = (9, 0)
 
 
@@ -63,6 +66,7 @@ class CudaMoeConfig:
     min_ctas: int | None = 2
     overlap: str = "all"
     mma: str = "sync"
+    mma_depth: int = 1
 
     def __post_init__(self):
         for name, choices in (("warps", WARP_CHOICES), ("row_tiles", ROW_TILE_CHOICES),
@@ -86,6 +90,12 @@ class CudaMoeConfig:
         if self.mma == "async" and self.warps % 4:
             raise ValueError(f"CudaMoeConfig.mma 'async' multiplies by warpgroups of 4 warps; "
                              f"warps={self.warps} is not whole warpgroups")
+        if isinstance(self.mma_depth, bool) or self.mma_depth not in MMA_DEPTH_CHOICES:
+            raise ValueError(f"CudaMoeConfig.mma_depth must be one of {MMA_DEPTH_CHOICES}, "
+                             f"got {self.mma_depth!r}")
+        if self.mma_depth > 1 and self.mma != "async":
+            raise ValueError(f"CudaMoeConfig.mma_depth {self.mma_depth}: only the async build "
+                             f"keeps MMAs in flight (mma.sync waits for its own)")
 
     @property
     def rows(self) -> int:
@@ -113,7 +123,7 @@ class CudaMoeConfig:
 
     def label(self) -> str:
         tiles = f" r{self.row_tiles}" if self.row_tiles > 1 else ""
-        wgmma = " wg" if self.mma == "async" else ""
+        wgmma = "" if self.mma != "async" else " wg" if self.mma_depth == 1 else f" wg{self.mma_depth}"
         label = f"cuda w{self.warps}{tiles}{wgmma} m{self.rows} c{self.chunk} d{self.depth}"
         if self.min_ctas is not None:
             label += f" b{self.min_ctas}"
@@ -262,7 +272,7 @@ def build(config: CudaMoeConfig, fmt: str, gate_up: bool, stage: str = "full"):
                f"-DNVFP4={int(fmt == 'nvfp4')}", f"-DMIN_CTAS={config.min_ctas or 0}",
                f"-DOVERLAP_ALL={int(config.overlap == 'all')}", "-std=c++17", "-default-device"]
     if asynchronous:
-        options.append("-DMMA_ASYNC=1")
+        options += ["-DMMA_ASYNC=1", f"-DMMA_DEPTH={config.mma_depth}"]
     return kernel_source(KERNEL_SOURCE, wgmma_source(config.ntiles) if asynchronous else ""), options
 
 
