@@ -35,15 +35,18 @@ from fp4lab.moe import routing  # noqa: E402
 POINTS = (("glm-5", 512), ("deepseek-v3", 512), ("glm-5", 64))
 PEERS = ("humming-moe-indexed", "triton-w4a16-moe")
 # (warps a CTA, k-groups in flight, CTAs an SM, how it multiplies, wgmma steps in flight; every
-# build 32-pair items staged 8 k-groups at a time, down launched early by PDL): the preset (16-warp
-# CTAs two an SM, the dense kernel's M <= 16 shape) and the same at 2 k-groups in flight (the bytes
-# in flight of the first async build); the async builds (wgmma by warpgroups, the MMAs under the
+# build 32-pair items staged 8 k-groups at a time, down launched early by PDL): the presets (16-warp
+# CTAs two an SM, the dense kernel's M <= 16 shape; MXFP4's 4 k-groups in flight a warp, NVFP4's
+# 2); the async builds (wgmma by warpgroups, the MMAs under the
 # next steps' decode; nvcc -Xptxas -v): 16-warp CTAs two an SM at 2 in flight with one and two
 # wgmma steps in flight (64 registers, a 16-24 B spill), 8-warp CTAs two an SM and one 16-warp CTA
 # an SM at 4 with two (96-97 registers), 8-warp CTAs with three (100-102). Calls 99-100 (H100): the
 # async builds gated right and ran 10-48% slower than the preset, their MMAs serialized (a width
 # chosen inside the k loop closed a wait group at each step); call 102, the loop compiled once a
-# width: 3% slower at 32 warps an SM, 20% at 16 (one wgmma step in flight).
+# width: 3% slower at 32 warps an SM, 20% at 16 (one wgmma step in flight). Call 103 (H200): the
+# async build at 32 warps loads and decodes in 1.51-1.57 ms (the sync 1.66-1.96) but its MMAs add
+# 0.33-0.57 ms; in MXFP4 the fastest build (1.87 ms against the preset's 1.99), in NVFP4 (which
+# spills at 64 registers) 2.14-2.18 against 2.03 for the sync build at 2 in flight.
 GRID = tuple(CudaMoeConfig(warps=w, depth=d, min_ctas=b, overlap="all", mma=m, mma_depth=q)
              for w, d, b, m, q in ((16, 4, 2, "sync", 1), (16, 2, 2, "sync", 1),
                                    (16, 2, 2, "async", 1), (16, 2, 2, "async", 2),
@@ -169,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                          lambda m=model: kernels.build_weights(run, m, fmt, weights_for))
             if model.key not in weights_for:
                 continue
-            preset = choose_moe_config(batch * model.top_k, model.experts)
+            preset = choose_moe_config(batch * model.top_k, model.experts, fmt)
             configs = GRID if index == 0 else [preset] + [c for c in ranked[:3] if c != preset]
             found = probe_point(run, model, batch, fmt, weights_for[model.key], configs,
                                 anatomy=index == 0)

@@ -114,7 +114,7 @@ def test_only_the_async_build_carries_the_wgmma_code():
 @pytest.mark.parametrize("model", ["glm-5", "deepseek-v3"])
 def test_every_preset_runs_both_launches_of_the_models(model):
     preset = model_presets.get(model)
-    for _, config in MOE_PRESETS:
+    for _, config in (entry for presets in MOE_PRESETS.values() for entry in presets):
         assert config.reason(2 * preset.moe_intermediate, preset.hidden, "gate_up") is None
         assert config.reason(preset.hidden, preset.moe_intermediate, "down") is None
 
@@ -122,8 +122,11 @@ def test_every_preset_runs_both_launches_of_the_models(model):
 @pytest.mark.parametrize("batch,rows,overlap", [(64, 16, "all"), (512, 32, "all"),
                                                 (2048, 32, "all")])
 def test_presets_by_mean_pairs_per_expert(batch, rows, overlap):
-    config = choose_moe_config(batch * 8, 256)
-    assert (config.rows, config.overlap) == (rows, overlap)
+    for fmt, depth in (("nvfp4", 2), ("mxfp4", 4)):     # nvfp4's scales spill at 4 in flight
+        config = choose_moe_config(batch * 8, 256, fmt)
+        assert (config.rows, config.overlap, config.depth) == (rows, overlap, depth)
+    with pytest.raises(ValueError, match="presets for \\['mxfp4', 'nvfp4'\\], not 'int4'"):
+        choose_moe_config(512 * 8, 256, "int4")
 
 
 def test_interleave_puts_gate_rows_over_up_rows_in_each_row_tile():

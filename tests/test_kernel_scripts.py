@@ -357,11 +357,12 @@ def test_gate_map_tells_a_lost_split_from_a_wrong_tile():
     assert "0 of 2 tiles over tol" in done.stdout
 
 
-def test_the_moe_probe_times_the_preset_first_then_sync_and_async_builds():
+def test_the_moe_probe_times_the_presets_first_then_sync_and_async_builds():
     from fp4lab.backends.moe.cuda_fused import choose_moe_config
 
     probe = load("cuda_moe_probe")
-    assert probe.GRID[0] == choose_moe_config(512 * 8, 256)           # GLM-5 at B = 512
+    assert probe.GRID[0] == choose_moe_config(512 * 8, 256, "mxfp4")  # GLM-5 at B = 512
+    assert probe.GRID[1] == choose_moe_config(512 * 8, 256, "nvfp4")
     assert len(set(probe.GRID)) == len(probe.GRID)
     assert {c.mma for c in probe.GRID} == {"sync", "async"}
     assert all(c.warps % 4 == 0 for c in probe.GRID if c.mma == "async")

@@ -143,10 +143,10 @@ class CudaMoeConfig:
         return None
 
 
-# By the mean pairs per expert (T*k/E) each covers (None = any more): a work item holds about the
-# busiest expert's load, so each weight is read once. The dense kernel's M <= 16 shape (16-warp
-# CTAs, two an SM, 4 k-groups in flight a warp, down launched early by PDL), measured against 9
-# other builds on the H100 and the H200 (benchmarks/NOTES.md calls 94-98,
+# By format, then by the mean pairs per expert (T*k/E) each covers (None = any more): a work item
+# holds about the busiest expert's load, so each weight is read once. The dense kernel's M <= 16
+# shape (16-warp CTAs, two an SM, down launched early by PDL), measured against 9 other builds on
+# the H100 and the H200 (benchmarks/NOTES.md calls 94-98,
 # results/measurements/20261205T1220Z-h200-cuda-moe-probe, 20261205T1440Z-h100-cuda-moe-anatomy,
 # 20261205T1512Z-h100-cuda-moe-repeat, 20261205T1545Z-h200-cuda-moe-anatomy): m16 fastest at
 # B = 64 (GLM-5 1.42 ms NVFP4 on the H200); at B = 512 m32 within 3% of the fastest build
@@ -155,16 +155,20 @@ class CudaMoeConfig:
 # 64-pair items (113 registers, one CTA an SM) 1.5x slower there; two row tiles a warp (half the
 # ldmatrix reads) 1-3% faster at some NVFP4 points and 4-7% slower in MXFP4. Over 32 pairs an
 # expert (B >= 2048 on GLM-5) each expert's weights are read once per 32-pair item: humming is
-# faster.
-MOE_PRESETS: tuple[tuple[float | None, CudaMoeConfig], ...] = (
-    (2.0, CudaMoeConfig(ntiles=2)),
-    (None, CudaMoeConfig(ntiles=4)),
-)
+# faster. K-groups in flight a warp: 4 in MXFP4; 2 in NVFP4, whose 8-byte block scales at 4 spill
+# 40-44 B at the 64-register cap (nvcc -Xptxas -v), 4-7% slower at GLM-5 B = 512 (calls 100 and
+# 102 on the H100, 103 on the H200: 2.03 against 2.19 ms).
+MOE_PRESETS: dict[str, tuple[tuple[float | None, CudaMoeConfig], ...]] = {
+    "nvfp4": ((2.0, CudaMoeConfig(ntiles=2, depth=2)), (None, CudaMoeConfig(ntiles=4, depth=2))),
+    "mxfp4": ((2.0, CudaMoeConfig(ntiles=2)), (None, CudaMoeConfig(ntiles=4))),
+}
 
 
-def choose_moe_config(pairs: int, experts: int) -> CudaMoeConfig:
+def choose_moe_config(pairs: int, experts: int, fmt: str) -> CudaMoeConfig:
+    if fmt not in MOE_PRESETS:
+        raise ValueError(f"cuda-w4a16-moe has presets for {sorted(MOE_PRESETS)}, not {fmt!r}")
     mean = pairs / experts
-    return next(config for bound, config in MOE_PRESETS if bound is None or mean <= bound)
+    return next(config for bound, config in MOE_PRESETS[fmt] if bound is None or mean <= bound)
 
 
 # --- the weights ---------------------------------------------------------------------------------
@@ -344,7 +348,7 @@ class CudaW4A16Moe(MoeMethod):
         if problem.device == "cpu":
             raise MethodUnavailable(f"{self.name}: runs only on a CUDA GPU; the CPU was asked for")
         tokens, top_k = problem.topk_ids.shape
-        config = config or choose_moe_config(tokens * top_k, problem.experts)
+        config = config or choose_moe_config(tokens * top_k, problem.experts, fmt)
         hidden, inter = problem.hidden, problem.intermediate
         for n, k, what in ((2 * inter, hidden, "gate_up"), (hidden, inter, "down")):
             reason = config.reason(n, k, what)
