@@ -383,3 +383,21 @@ def test_the_wgmma_probe_runs_the_async_builds_own_code_and_needs_a_gpu():
                              text=True, timeout=120,
                              env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "src")})
         assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
+
+
+def test_the_nvrtc_check_compiles_the_presets_and_the_probe_grid_and_says_when_it_cannot(capsys):
+    """Its builds are both formats' presets then the probe's grid, once each; without the
+    library it says which path failed and exits 2 before compiling anything."""
+    from fp4lab.backends.moe.cuda_fused import MOE_PRESETS
+
+    check = load("nvrtc_check")
+    builds = check.builds()
+    presets = [config for entries in MOE_PRESETS.values() for _, config in entries]
+    assert builds[:len(set(presets))] == list(dict.fromkeys(presets))
+    assert set(builds) == set(presets) | set(load("cuda_moe_probe").GRID)
+    assert len(set(builds)) == len(builds)
+    assert check.problems(0, "ptxas info    : (C7519) warpgroup.arrive is injected") == []
+    assert check.problems(0, "ptxas info : (C7515) Potential Performance Loss: wgmma serialized")
+    assert check.problems(6, "") == ["NVRTC result 6"]
+    assert check.main(["--nvrtc", "/nonexistent/libnvrtc.so.13"]) == 2
+    assert "cannot load /nonexistent/libnvrtc.so.13" in capsys.readouterr().err
