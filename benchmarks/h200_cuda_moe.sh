@@ -9,7 +9,9 @@
 # kernel at B = 512, its loads-only / decode / whole builds into the moe_anatomy table), the run's
 # moe and moe_anatomy tables, run.json and the logs brought back under $OUT.
 #   carry: .whl/fp4libs       run: bash benchmarks/h200_cuda_moe.sh <commit> [probe|sweep|all]
+#   (<commit> spelled out: the device's copy of the tree may answer `git rev-parse` with an older one)
 #   PROBE_POINTS=glm-5:512 (the probe's --points) narrows the probe to those points
+#   FMTS=nvfp4 narrows the sweep part to that format's rows (the others kept as they are)
 set -u
 export PYTHONUNBUFFERED=1 FP4LAB_GIT_SHA=$1 HUMMING_CACHE_DIR=/tmp/humming-cache
 PART=${2:-all}
@@ -35,16 +37,20 @@ fi
 nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "not an H200: no reference rows"; exit 0; }
 mkdir -p /tmp/runs && cp -r $REFERENCE /tmp/runs/
 RUN=/tmp/runs/$(basename $REFERENCE)
+FMTS=${FMTS:-nvfp4 mxfp4}
 PYTHONPATH=src python3 -c "
 import sys
 from fp4lab import schema
 from fp4lab.results import RunDir
-run = RunDir.open(sys.argv[1])
-keys = {schema.TABLES['moe'].row_key(r) for r in run.read_rows('moe') if r['method'] == 'cuda-w4a16-moe'}
-print('dropped', run.drop_rows('moe', keys), 'cuda-w4a16-moe rows to re-measure')" $RUN
+run, fmts = RunDir.open(sys.argv[1]), sys.argv[2].split()
+for table in ('moe', 'moe_anatomy'):
+    keys = {schema.TABLES[table].row_key(r) for r in run.read_rows(table)
+            if r['method'] == 'cuda-w4a16-moe' and r['fmt'] in fmts}
+    print('dropped', run.drop_rows(table, keys), 'cuda-w4a16-moe', table, 'rows to re-measure')
+" $RUN "$FMTS"
 for args in "glm-5 --batch 64 512 2048 4096 --ep 1 8" "deepseek-v3 --batch 64 512 --ep 1"; do
     PYTHONPATH=src:/tmp/site timeout -k 5 200 python3 -m fp4lab moe-sweep --preset $args \
-        --methods cuda-w4a16-moe --runs-dir /tmp/runs --run-id $(basename $REFERENCE) --quiet \
+        --fmts $FMTS --methods cuda-w4a16-moe --runs-dir /tmp/runs --run-id $(basename $REFERENCE) --quiet \
         >> $OUT/sweep.log 2>&1
     echo "moe-sweep $args: exit $? after $(( $(date +%s) - s )) s"
 done
