@@ -409,6 +409,7 @@ def test_the_fused_anatomy_reads_each_build_against_the_floor_and_the_build_befo
     assert row["read_floor_us"] == pytest.approx(1000.0) and row["load_rate_pct"] == pytest.approx(80.0)
     assert row["decode_added_us"] == pytest.approx(150.0) and row["mma_added_us"] == pytest.approx(400.0)
     assert row["load_share"] == pytest.approx(100 * 1250 / 1800)
+    assert row["layer_us"] == 1850.0 and row["layer_apart_pct"] == pytest.approx(100 * 50 / 1800)
 
 
 def test_an_undissected_run_says_why_from_its_rows(tmp_path):

@@ -212,15 +212,16 @@ def copy_bandwidth_tbps(results: MoeResults) -> float | None:
 
 FUSED_STAGES = ("load", "decode", "full")      # each anatomy build adds work to the one before
 FUSED_ANATOMY_COLUMNS = ["method", "fmt", "batch", *FUSED_STAGES, "read_floor_us", "load_rate_pct",
-                         "decode_added_us", "mma_added_us", "load_share"]
+                         "decode_added_us", "mma_added_us", "load_share", "layer_us", "layer_apart_pct"]
 
 
 def fused_anatomy(results: MoeResults) -> pd.DataFrame:
     """Per dissected fused method, format and batch (the moe_anatomy table's ok rows of this
     preset): each build's time (loads only, also decoded, whole), the weights' read floor at the
     copy bandwidth, the rate the loads-only build reads them at (% of the copy bandwidth), what the
-    decode and the MMAs (with the epilogue) add to the build before them, and the share of the
-    whole call the loads alone take."""
+    decode and the MMAs (with the epilogue) add to the build before them, the share of the whole
+    call the loads alone take, and the moe table's time of the same call at the same point (EP 1;
+    timed in the sweep's own worker, NaN where it has none) with how far apart the two are (%)."""
     run = results.view.run
     frame = run.read_table("moe_anatomy") if run.has_table("moe_anatomy") else None
     if frame is None or not len(frame):
@@ -239,6 +240,10 @@ def fused_anatomy(results: MoeResults) -> pd.DataFrame:
     wide["decode_added_us"] = wide["decode"] - wide["load"]
     wide["mma_added_us"] = wide["full"] - wide["decode"]
     wide["load_share"] = 100 * wide["load"] / wide["full"]
+    layers = results.ok[(results.ok["kind"] == "layer") & (results.ok["ep"] == 1)]
+    layer_us = layers.groupby(point)["median_us"].median()
+    wide["layer_us"] = [layer_us.get(tuple(key), np.nan) for key in wide[point].itertuples(index=False)]
+    wide["layer_apart_pct"] = 100 * (wide["layer_us"] / wide["full"] - 1).abs()
     return wide[FUSED_ANATOMY_COLUMNS].sort_values(point).reset_index(drop=True)
 
 

@@ -151,6 +151,9 @@ def _fused_anatomy(page, results: analysis.MoeResults, decode_batch: int) -> Non
     page.bullets("anatomy", fused_anatomy_findings(table, decode_batch))
 
 
+SAME_CALL_SPREAD_PCT = 3.0   # two workers' times of one call further apart than this are said to be
+
+
 def fused_anatomy_findings(table, decode_batch: int) -> list[str]:
     """Where the fused kernel's time goes at the dissected batch nearest the decode batch (NVFP4
     first), then one line for each other dissected point."""
@@ -165,6 +168,12 @@ def fused_anatomy_findings(table, decode_batch: int) -> list[str]:
             f"({signed_us(row['decode_added_us'])}), the MMAs with the epilogue to {text.us(row['full'])} "
             f"({signed_us(row['mma_added_us'])}).")
     lines = [head]
+    if row["layer_apart_pct"] > SAME_CALL_SPREAD_PCT:                 # False where NaN
+        lines.append(f"The sweep's layer table times the same call at the same point at "
+                     f"{text.us(row['layer_us'])}, in its own worker: "
+                     f"{text.pct(row['layer_apart_pct'])} apart, the spread between two processes "
+                     f"timing one call. Read this section's increments, each timed beside the others "
+                     f"in one worker, rather than its totals.")
     added = row["full"] - row["load"]
     if row["load_share"] >= 90:
         lines.append("The call is its loads: decode and MMAs hide under them, so what is left is reading "
@@ -182,8 +191,10 @@ def fused_anatomy_findings(table, decode_batch: int) -> list[str]:
                      "build is its own compilation (registers, warps an SM), so its increments are not "
                      "strict costs.")
     for other in table.drop(index=row.name).itertuples(index=False):
-        lines.append(f"{text.md(other.fmt)} at B={int(other.batch)}: the whole call {text.us(other.full)}, "
-                     f"its loads {text.us(other.load)} ({text.pct(other.load_share)}), decode "
+        elsewhere = (f" (the layer table: {text.us(other.layer_us)}, {text.pct(other.layer_apart_pct)} apart)"
+                     if other.layer_apart_pct > SAME_CALL_SPREAD_PCT else "")
+        lines.append(f"{text.md(other.fmt)} at B={int(other.batch)}: the whole call {text.us(other.full)}"
+                     f"{elsewhere}, its loads {text.us(other.load)} ({text.pct(other.load_share)}), decode "
                      f"{signed_us(other.decode_added_us)}, MMAs {signed_us(other.mma_added_us)}.")
     return lines
 
