@@ -2,7 +2,8 @@
 one k16 step, its own device code: A [64, 16] in the mma.sync fragment layout `decode_scaled`
 writes, B [N pairs, 16 k] staged as the kernel stages it (K-major core matrices, a k-slice every
 ROWS x 16 bytes), the descriptor the kernel builds (`staged_descriptor`), the generated
-`wgmma_step` (through `with_width`, as the k loop calls it), D read back in the layout the epilogue reads. Each check against A @ B^T in float64:
+`wgmma_step` (through `with_width`, as the k loop calls it), D read back in the layout the
+epilogue reads. Each check against A @ B^T in float64:
 
   kernel      the package's descriptor (what the async build runs)
   swapped     its two strides exchanged (LBO = 128 B, SBO = a k-slice): run only where "kernel"

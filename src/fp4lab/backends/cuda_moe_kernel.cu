@@ -41,8 +41,9 @@
 // (MMA_DEPTH steps' wgmma in flight: MMA_DEPTH + 1 fragment sets, wgmma.wait_group MMA_DEPTH).
 // The activations are staged in wgmma's K-major core matrices (8 rows x 16 bytes; a k-slice of
 // 8 k every ROWS x 16 bytes) and the copies published to the async proxy before the barrier;
-// every wgmma of a buffer is waited for before the barrier that frees it. `wgmma_step` (one overload a width, N = 8 x its n8 tiles) and `with_width` (the
-// k loop compiled once a width, chosen once a CTA) are generated: cuda_fused.wgmma_source.
+// every wgmma of a buffer is waited for before the barrier that frees it. `wgmma_step` (one
+// overload a width, N = 8 x its n8 tiles) and `with_width` (the k loop compiled once a width,
+// chosen once a CTA) are generated: cuda_fused.wgmma_source.
 
 #ifndef ROW_TILES
 #define ROW_TILES 1                  // row tiles (16 weight rows) a warp
@@ -253,17 +254,17 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
             } else {
                 wait_copy_groups<0>();
             }
-    #if MMA_ASYNC
+#if MMA_ASYNC
             publish_to_async_proxy();
-    #endif
+#endif
             __syncthreads();                                      // every thread's copies visible
             const u32 buffer = (c & 1) * BUFFER_BYTES;
-    #pragma unroll
+#pragma unroll
             for (int jj = 0; jj < CHUNK; ++jj) {
                 const int slot = jj % DEPTH;                      // CHUNK % DEPTH == 0: a constant
                 u32 words[ROW_TILES][4];
                 Scales group_scales[ROW_TILES];
-    #pragma unroll
+#pragma unroll
                 for (int r = 0; r < ROW_TILES; ++r) {
                     words[r][0] = codes[slot][r].x; words[r][1] = codes[slot][r].y;
                     words[r][2] = codes[slot][r].z; words[r][3] = codes[slot][r].w;
@@ -271,74 +272,75 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
                 }
                 const int next = c * CHUNK + jj + DEPTH;          // keeps DEPTH groups in flight
                 if (next < groups) {
-    #pragma unroll
+#pragma unroll
                     for (int r = 0; r < ROW_TILES; ++r) {
                         codes[slot][r] = load_stream(wp + (r * groups + next) * 32);
                         scales[slot][r] = load_scales(sp + (r * groups + next) * 8);
                     }
                 }
-    #if STAGE == STAGE_LOAD
-    #pragma unroll
+#if STAGE == STAGE_LOAD
+#pragma unroll
                 for (int r = 0; r < ROW_TILES; ++r)
-    #pragma unroll
+#pragma unroll
                     for (int i = 0; i < SCALE_BYTES / 4; ++i) sink += group_scales[r].word[i];
-    #endif
-    #pragma unroll
+#endif
+#pragma unroll
                 for (int q = 0; q < 4; ++q) {                     // one k16 MMA step
                     [[maybe_unused]] const int chain = CHAINS == 2 ? (q & 1) : 0;
                     [[maybe_unused]] const u32 k_bytes = buffer + (jj * 64 + q * 16) * 2;
-    #if MMA_ASYNC
+#if MMA_ASYNC
                     u32 (&fragment)[ROW_TILES][4] = fragments[(4 * jj + q) % (MMA_DEPTH + 1)];
-    #if STAGE == STAGE_FULL
-                    wgmma_wait<MMA_DEPTH>();                      // the step that read this set is done
+#if STAGE == STAGE_FULL
+                    wgmma_wait<MMA_DEPTH>();                      // the step that read it is done
                     hold_fragments(fragment);
-    #endif
-    #else
+#endif
+#else
                     u32 fragment[ROW_TILES][4];                   // the A fragments (decode_scaled)
-    #endif
-    #pragma unroll
+#endif
+#pragma unroll
                     for (int r = 0; r < ROW_TILES; ++r) {
-    #if STAGE == STAGE_LOAD
+#if STAGE == STAGE_LOAD
                         sink += words[r][q];
-    #else
-                        decode_scaled(words[r][q], group_scales[r], q, fragment[r][0], fragment[r][1],
-                                      fragment[r][2], fragment[r][3]);
-    #endif
-    #if STAGE == STAGE_DECODE
+#else
+                        decode_scaled(words[r][q], group_scales[r], q, fragment[r][0],
+                                      fragment[r][1], fragment[r][2], fragment[r][3]);
+#endif
+#if STAGE == STAGE_DECODE
                         sink += fragment[r][0] + fragment[r][1] + fragment[r][2] + fragment[r][3];
-    #endif
+#endif
                     }
-    #if MMA_ASYNC
-    #if STAGE == STAGE_FULL
+#if MMA_ASYNC
+#if STAGE == STAGE_FULL
                     multiply_async(acc, fragment, width, staged_descriptor(
                         stage_base + buffer + (jj * 8 + q * 2) * SLICE_BYTES));
-    #endif
-    #else
-    #pragma unroll
+#endif
+#else
+#pragma unroll
                     for (int p = 0; p < PAIRS; ++p) {
                         if (2 * p < active_n8) {
                             u32 b[4];
                             ldmatrix4(b_base[p] + k_bytes, b);
-    #if STAGE == STAGE_FULL
-    #pragma unroll
+#if STAGE == STAGE_FULL
+#pragma unroll
                             for (int r = 0; r < ROW_TILES; ++r) {
                                 const u32* f = fragment[r];
                                 mma(acc[r][chain][2 * p], f[0], f[1], f[2], f[3], b[0], b[1]);
                                 if (2 * p + 1 < active_n8)        // its second n8 tile holds pairs
-                                    mma(acc[r][chain][2 * p + 1], f[0], f[1], f[2], f[3], b[2], b[3]);
+                                    mma(acc[r][chain][2 * p + 1], f[0], f[1], f[2], f[3], b[2],
+                                        b[3]);
                             }
-    #else
+#else
                             sink += b[0] ^ b[1] ^ b[2] ^ b[3];
-    #endif
+#endif
                         }
                     }
-    #endif
+#endif
                 }
             }
-    #if MMA_ASYNC && STAGE == STAGE_FULL
-            wgmma_wait<0>();                                      // no wgmma reads the buffer any more
-    #endif
-            __syncthreads();                                      // buffer c % 2 free for chunk c + 2
+#if MMA_ASYNC && STAGE == STAGE_FULL
+            wgmma_wait<0>();                                      // no wgmma reads the buffer now
+#endif
+            __syncthreads();                                      // buffer c % 2 free: chunk c + 2
         }
     };
 #if MMA_ASYNC
