@@ -475,6 +475,35 @@ def test_a_stopped_report_records_where_it_stopped_and_says_how_to_go_on(tmp_pat
     assert len(err) == 1 and "continue with the same --run-id stopped" in err[0], err
 
 
+def test_a_report_of_some_chapters_keeps_the_other_chapters_records(tmp_path, monkeypatch):
+    """Re-rendering one chapter of a run replaces that chapter's record only: the others keep
+    theirs (their notebooks are still in the run and go into the book), in chapter order; a kept
+    chapter that had failed still marks the run's report failed, while the exit status is this
+    command's own (its one chapter passed)."""
+    from fp4lab import report
+
+    outcome = {"00_first": "ok", "01_second": "ok", "02_third": "failed"}
+
+    def execute_chapter(notebook, output, parameters, kernel_name):
+        status = outcome[notebook.stem]
+        return report.ChapterResult(notebook.stem, status, None if status == "ok" else "ValueError: x",
+                                    0.1, str(output), notebook.stem)
+
+    monkeypatch.setattr(report, "execute_chapter", execute_chapter)
+    monkeypatch.setattr(report, "git_sha", lambda: "first")
+    notebooks = [tmp_path / "00_first.ipynb", tmp_path / "01_second.ipynb", tmp_path / "02_third.ipynb"]
+    report.run_report("smoke", "again", tmp_path / "runs", notebooks, build=False, reference_dir="none",
+                      device="cpu", progress=False)
+    monkeypatch.setattr(report, "git_sha", lambda: "second")
+    result = report.run_report("smoke", "again", tmp_path / "runs", [notebooks[1]], build=False,
+                               reference_dir="none", device="cpu", progress=False)
+    recorded = RunDir.open(tmp_path / "runs" / "again").run_json()["report"]
+    assert [(c["chapter"], c["fp4lab_git_sha"]) for c in recorded["chapters"]] == [
+        ("00_first", "first"), ("01_second", "second"), ("02_third", "first")]
+    assert recorded["fp4lab_git_sha"] == "second"
+    assert recorded["status"] == "failed" and result.exit_code == 0
+
+
 def test_a_report_whose_chapter_fails_records_failed_and_exits_non_zero(tmp_path, monkeypatch, capsys):
     """One chapter raising: the others still run, run.json["report"]["status"] says failed (not
     complete), the failed chapter's error is recorded and printed, and the exit status says so."""

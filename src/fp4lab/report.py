@@ -224,12 +224,13 @@ def run_report(profile: str = "auto", run_id: str | None = None, runs_dir: str |
     with run.lock("make report"):
         out_dir = run.path / "notebooks"
         out_dir.mkdir(exist_ok=True)
+        kept = kept_chapters(run, paths)
         report: dict[str, Any] = {"profile": profile, "device": device, "gpu": _gpu_name() if cuda else None,
                                   "reference_dir": str(reference) if reference else "", "started": utc_now(),
                                   # the commit that executed these chapters: a resumed run's measurements
                                   # may be older (provenance.fp4lab_git_sha is the first commit's)
                                   "fp4lab_git_sha": git_sha(),
-                                  "status": "running", "interrupted": None, "chapters": []}
+                                  "status": "running", "interrupted": None, "chapters": list(kept)}
         run.update_run_json("report", report)
         print(f"fp4lab report: profile {profile} ({'a CUDA GPU is here' if cuda else 'no GPU: the CPU smoke profile'}); "
               f"run {run.path}; reference {reference.name if reference else 'none'}", flush=True)
@@ -248,7 +249,9 @@ def run_report(profile: str = "auto", run_id: str | None = None, runs_dir: str |
                     results.append(result)
                     bar.done(f"{result.chapter:<24} {result.status:<7} {result.seconds:7.1f} s"
                              + (f"  {result.error}" if result.error else ""))
-                    report["chapters"].append(asdict(result))
+                    report["chapters"] = sorted(
+                        [*report["chapters"], {**asdict(result), "fp4lab_git_sha": report["fp4lab_git_sha"]}],
+                        key=lambda chapter: chapter["chapter"])
                     run.update_run_json("report", {"chapters": report["chapters"]})
                     stages[f"chapter {result.chapter}"] = result.seconds
             finally:
@@ -274,13 +277,24 @@ def run_report(profile: str = "auto", run_id: str | None = None, runs_dir: str |
             print_ending(stopped)
             return stopped
         stages["total"] = round(time.perf_counter() - t0, 2)
-        failed = any(r.status != "ok" for r in results) or book_result.status == "failed"
+        failed = (any(r.status != "ok" for r in results) or book_result.status == "failed"
+                  or any(chapter.get("status") != "ok" for chapter in kept))
         run.update_run_json("report", {"book": asdict(book_result), "stages": stages, "finished": utc_now(),
                                        "regressions": regressions,
                                        "status": "failed" if failed else "complete"})
     result = ReportResult(run.path, profile, results, book_result, stages, regressions)
     print_ending(result)
     return result
+
+
+def kept_chapters(run: RunDir, paths: list[Path]) -> list[dict[str, Any]]:
+    """The chapters an earlier report of this run rendered that this one does not re-render (a
+    report of some chapters keeps the others' records and notebooks; each record names the commit
+    that rendered it where it was written with one)."""
+    rendering = {path.stem for path in paths}
+    earlier = (run.run_json().get("report") or {}).get("chapters") or []
+    return [chapter for chapter in earlier
+            if isinstance(chapter, dict) and chapter.get("chapter") not in rendering]
 
 
 def _gpu_name() -> str:
