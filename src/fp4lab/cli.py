@@ -269,7 +269,8 @@ def _report(sub) -> None:
     parser.add_argument("--run-id", help="name of the run folder (default: time stamp + device)")
     parser.add_argument("--runs-dir", help="the runs folder (default: runs/ of the repository)")
     parser.add_argument("--reference-dir", help="the run shown beside (default: newest under results/reference; none: none)")
-    parser.add_argument("--notebooks", nargs="*", help="only these notebooks (default: notebooks/NN_*.ipynb)")
+    parser.add_argument("--notebooks", nargs="*", help="only these notebooks (default: notebooks/NN_*.ipynb); with an existing --run-id "
+                        "the run's other chapters keep their earlier renders")
     parser.add_argument("--no-build", action="store_true", help="run the chapters, skip the book")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
