@@ -115,6 +115,7 @@ class Diagnosis:
     graphs: pd.DataFrame
     gate: pd.DataFrame
     missing: list[str] = field(default_factory=list)
+    dissected: frozenset[str] = frozenset()      # fused methods the run's moe_anatomy table dissects
     concurrency_basis: str = MODELLED
     ep_basis: str = MODELLED
 
@@ -601,4 +602,5 @@ def diagnose(run_dir: str | RunDir, config: DiagnosisConfig) -> Diagnosis:
         fp4=fp4, levers=levers(paths, chosen, fp4, concurrency, ep, graphs, config.decode_batch,
                                concurrency_basis=basis, ep_basis=ep_basis, backend=seed_backend_name),
         concurrency=concurrency, ep=ep, graphs=graphs, gate=gate_failures(gemm), missing=missing,
+        dissected=frozenset(moe_analysis.fused_anatomy(moe)["method"]) if moe is not None else frozenset(),
         concurrency_basis=basis, ep_basis=ep_basis)

@@ -9,7 +9,6 @@ from __future__ import annotations
 from fp4lab import text
 from fp4lab.analysis import decode
 from fp4lab.analysis import gemm as gemm_analysis
-from fp4lab.analysis import moe as moe_analysis
 from fp4lab.chapters.context import Context, open_context, parameters_block, resolve_parameters
 from fp4lab.plots import diagnosis as figures
 from fp4lab.plots.tables import Col, html_table
@@ -92,7 +91,7 @@ def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
     v, path = d.verdict, d.chosen
     if d.smoke or v is None or path is None or not v["kernel_limited"]:
         return None
-    dissected = d.moe is not None and path["path"] in set(moe_analysis.fused_anatomy(d.moe)["method"])
+    dissected = path["path"] in d.dissected
     where = ("chapter 03, this kernel's loads-only, decode and whole builds; chapter 01, the hardware counters "
              "of the kernels profiled" if dissected else
              "chapter 01, the anatomy of fp4lab's own kernels and the hardware counters of the kernels profiled")
