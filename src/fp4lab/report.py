@@ -293,8 +293,8 @@ def kept_chapters(run: RunDir, paths: list[Path]) -> list[dict[str, Any]]:
     that rendered it where it was written with one)."""
     rendering = {path.stem for path in paths}
     earlier = (run.run_json().get("report") or {}).get("chapters") or []
-    return [chapter for chapter in earlier
-            if isinstance(chapter, dict) and chapter.get("chapter") not in rendering]
+    return [chapter for chapter in earlier if isinstance(chapter, dict)
+            and isinstance(chapter.get("chapter"), str) and chapter["chapter"] not in rendering]
 
 
 def _gpu_name() -> str:
