@@ -33,9 +33,10 @@ GRID = ["--profile", "smoke", "--device", "cpu", "--format", "nvfp4", "--shapes"
 M_VALUES = "1,2,4,8,16,32"
 SECRET = "s3cr3t-7f1e9a"  # in the environment of a sweep; never in its run folder
 SLOW = "1.0"           # fake-slow waits a second before each point: time to act mid-sweep, on any CPU
-# the sweep that is killed waits longer: between its first and second row a second sweep starts and
-# is refused, which took ~5 s on the H200 box under 15 xdist workers, long enough for 6 points of
-# 1 s to finish before the kill looked for a worker
+# the sweeps that are killed or stopped wait longer: between its first and second row a second
+# sweep starts and is refused, which took ~5 s on the H200 box under 15 xdist workers, long enough
+# for 6 points of 1 s to finish before the kill looked for a worker; and on a loaded 2-core box
+# (2026-12-05) fake-slow's last 4 points of 1 s finished before the SIGTERM after its first row
 KILLED_SLOW = "3.0"
 
 
@@ -208,7 +209,7 @@ def test_a_hung_point_times_out_and_sigterm_stops_the_workers(tmp_path):
 
     run_path = tmp_path / "runs" / "term"
     proc = start_sweep(tmp_path, *GRID, "--backends", "fake-hang,fake-slow", "--m", "1,4,8,16,32",
-                       "--point-timeout", "4", "--run-id", "term", FAKE_POINT_DELAY_S=SLOW)
+                       "--point-timeout", "4", "--run-id", "term", FAKE_POINT_DELAY_S=KILLED_SLOW)
     wait_for(lambda: rows_in(run_path) >= 6, timeout=90, what="fake-hang's points and fake-slow's first")
     workers = workers_of(proc.pid)
     proc.send_signal(signal.SIGTERM)
