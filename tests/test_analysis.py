@@ -410,6 +410,10 @@ def test_the_fused_anatomy_reads_each_build_against_the_floor_and_the_build_befo
     assert row["decode_added_us"] == pytest.approx(150.0) and row["mma_added_us"] == pytest.approx(400.0)
     assert row["load_share"] == pytest.approx(100 * 1250 / 1800)
     assert row["layer_us"] == 1850.0 and row["layer_apart_pct"] == pytest.approx(100 * 50 / 1800)
+    zipf = moe_row("cuda-w4a16-moe", "layer", 512, 9000.0, weight_dtype="fp4", kind="layer", fmt="nvfp4",
+                   weight_bytes=4e9)
+    run.append_rows("moe", [{**zipf, "routing": "zipf:1.2"}])
+    assert moe.fused_anatomy(moe.moe_results(run, "glm-5")).iloc[0]["layer_us"] == 1850.0   # not zipf's
 
 
 def test_an_undissected_run_says_why_from_its_rows(tmp_path):

@@ -240,7 +240,8 @@ def fused_anatomy(results: MoeResults) -> pd.DataFrame:
     wide["decode_added_us"] = wide["decode"] - wide["load"]
     wide["mma_added_us"] = wide["full"] - wide["decode"]
     wide["load_share"] = 100 * wide["load"] / wide["full"]
-    layers = results.ok[(results.ok["kind"] == "layer") & (results.ok["ep"] == 1)]
+    layers = results.ok[(results.ok["kind"] == "layer") & (results.ok["ep"].fillna(1) == 1)
+                        & results.ok["routing"].isin(ok["routing"].unique())]     # as dissected
     layer_us = layers.groupby(point)["median_us"].median()
     wide["layer_us"] = [layer_us.get(tuple(key), np.nan) for key in wide[point].itertuples(index=False)]
     wide["layer_apart_pct"] = 100 * (wide["layer_us"] / wide["full"] - 1).abs()
