@@ -3,7 +3,8 @@ build of `GRID` gated, then timed with the package's timer (cold L2, CUDA graph)
 humming-moe-indexed (when its wheel is installed) and triton-w4a16-moe's preset at the same
 points; the first point's three fastest builds (and the preset) are the only ones timed at the
 others; at the first point the anatomy stages (loads only, loads and decode: both launches
-without their MMAs, timed, not gated) of the fastest sync and the fastest async build; at every
+without their MMAs, timed, not gated) of the fastest build of each kind (sync or async, weights
+in registers or in shared memory); at every
 point the fastest build's call stopped after each launch (routing, gate_up, down), so the summary
 gives each launch's time.
 
@@ -34,24 +35,22 @@ from fp4lab.moe import routing  # noqa: E402
 
 POINTS = (("glm-5", 512), ("deepseek-v3", 512), ("glm-5", 64))
 PEERS = ("humming-moe-indexed", "triton-w4a16-moe")
-# (warps a CTA, k-groups in flight, CTAs an SM, how it multiplies, wgmma steps in flight; every
-# build 32-pair items staged 8 k-groups at a time, down launched early by PDL): the presets (16-warp
-# CTAs two an SM, the dense kernel's M <= 16 shape; MXFP4's 4 k-groups in flight a warp, NVFP4's
-# 2); the async builds (wgmma by warpgroups, the MMAs under the
-# next steps' decode; nvcc -Xptxas -v): 16-warp CTAs two an SM at 2 in flight with one and two
-# wgmma steps in flight (64 registers, a 16-24 B spill), 8-warp CTAs two an SM and one 16-warp CTA
-# an SM at 4 with two (96-97 registers), 8-warp CTAs with three (100-102). Calls 99-100 (H100): the
-# async builds gated right and ran 10-48% slower than the preset, their MMAs serialized (a width
-# chosen inside the k loop closed a wait group at each step); call 102, the loop compiled once a
-# width: 3% slower at 32 warps an SM, 20% at 16 (one wgmma step in flight). Call 103 (H200): the
-# async build at 32 warps loads and decodes in 1.51-1.57 ms (the sync 1.66-1.96) but its MMAs add
-# 0.33-0.57 ms; in MXFP4 the fastest build (1.87 ms against the preset's 1.99), in NVFP4 (which
-# spills at 64 registers) 2.14-2.18 against 2.03 for the sync build at 2 in flight.
-GRID = tuple(CudaMoeConfig(warps=w, depth=d, min_ctas=b, overlap="all", mma=m, mma_depth=q)
-             for w, d, b, m, q in ((16, 4, 2, "sync", 1), (16, 2, 2, "sync", 1),
-                                   (16, 2, 2, "async", 1), (16, 2, 2, "async", 2),
-                                   (8, 4, 2, "async", 2), (16, 4, 1, "async", 2),
-                                   (8, 4, 2, "async", 3)))
+# (k-groups in flight, where they wait, how it multiplies, wgmma steps in flight, k-groups staged a
+# chunk; every build 16-warp CTAs two an SM (64 registers), 32-pair items, down launched early by
+# PDL): the presets (MXFP4's 4 k-groups in flight a warp, NVFP4's 2, in registers); the async
+# build (wgmma by warpgroups, the MMAs under the next steps' decode) with 2 in registers, call
+# 103's fastest MXFP4 build (1.87 ms); then the weights by cp.async into each warp's ring in shared
+# memory (no register a k-group in flight; nvcc -Xptxas -v: 62-64 registers, at most an 8 B spill,
+# against 16-44 B in NVFP4 with 4 in registers): sync and async at 4 in flight, async with two
+# wgmma steps in flight. Call 103 (H200): the async build at 32 warps loads and decodes in
+# 1.51-1.57 ms (the sync 1.66-1.96) but its MMAs add 0.33-0.57 ms, in NVFP4 (which spills at 64
+# registers) 2.14-2.18 against 2.03 for the sync build at 2 in flight; the ring asks whether more
+# k-groups in flight without the spill let the warpgroup's MMAs stop waiting on its slowest warp.
+GRID = tuple(CudaMoeConfig(depth=d, weights=w, mma=m, mma_depth=q, chunk=c)
+             for d, w, m, q, c in ((4, "registers", "sync", 1, 8), (2, "registers", "sync", 1, 8),
+                                   (2, "registers", "async", 1, 8), (4, "shared", "sync", 1, 8),
+                                   (4, "shared", "async", 1, 8), (4, "shared", "async", 2, 8),
+                                   (4, "shared", "async", 2, 4)))
 ANATOMY = ("load", "decode")          # MOE_STAGES timed beside the first point's fastest build
 SMOKE_POINTS = (("glm-5", 16),)
 
@@ -91,12 +90,13 @@ def line(row: dict | None) -> str:
     return f"{what:24s} {label:42s} {row['status']}: {row.get('message', '')[:80]}"
 
 
-def fastest_by_mma(timed: list[tuple[float, CudaMoeConfig]]) -> list[CudaMoeConfig]:
-    """The fastest timed build of each way to multiply (sync, async), fastest first: the anatomy
-    of each says what its MMAs add to its own loads."""
-    fastest: dict[str, CudaMoeConfig] = {}
+def fastest_of_each_kind(timed: list[tuple[float, CudaMoeConfig]]) -> list[CudaMoeConfig]:
+    """The fastest timed build of each way to multiply (sync, async) and to hold the weights in
+    flight (registers, shared), fastest first: the anatomy of each says what its MMAs add to its
+    own loads."""
+    fastest: dict[tuple[str, str], CudaMoeConfig] = {}
     for _, config in sorted(timed, key=lambda pair: pair[0]):
-        fastest.setdefault(config.mma, config)
+        fastest.setdefault((config.mma, config.weights), config)
     return list(fastest.values())
 
 
@@ -118,7 +118,7 @@ def probe_point(run: kernels.Run, model, batch: int, fmt: str, weights, configs,
             timed.append((row["median_us"], config))
     if timed:
         best = min(timed, key=lambda pair: pair[0])[1]
-        for build in fastest_by_mma(timed) if anatomy else ():
+        for build in fastest_of_each_kind(timed) if anatomy else ():
             for stage in ANATOMY:
                 row = run.step("moe_part", {**what, "label": f"{build.label()} stage {stage}"},
                                lambda s=stage, b=build: layer_row(run, problem, "cuda-w4a16-moe",

@@ -11,6 +11,7 @@
 #   carry: .whl/fp4libs       run: bash benchmarks/h200_cuda_moe.sh <commit> [probe|sweep|all]
 #   (<commit> spelled out: the device's copy of the tree may answer `git rev-parse` with an older one)
 #   PROBE_POINTS=glm-5:512 (the probe's --points) narrows the probe to those points
+#   PROBE_BUDGET_S=380 gives the probe that many seconds (240 when not set)
 #   FMTS=nvfp4 narrows the sweep part to that format's rows (the others kept as they are)
 set -u
 export PYTHONUNBUFFERED=1 FP4LAB_GIT_SHA=$1 HUMMING_CACHE_DIR=/tmp/humming-cache
@@ -27,8 +28,9 @@ PYTHONPATH=src timeout -k 5 150 python3 -m pytest -q -m cuda -p no:cacheprovider
 tests=$?; tail -15 $OUT/tests.log; echo "tests: exit $tests after $(( $(date +%s) - s )) s"
 if [ $PART != sweep ]; then
     mkdir -p $OUT/probe
-    PYTHONPATH=src:/tmp/site timeout -k 5 260 python3 benchmarks/cuda_moe_probe.py --out $OUT/probe \
-        --budget-s 240 ${PROBE_POINTS:+--points $PROBE_POINTS} > $OUT/probe/probe.log 2>&1
+    PYTHONPATH=src:/tmp/site timeout -k 5 $(( ${PROBE_BUDGET_S:-240} + 20 )) python3 \
+        benchmarks/cuda_moe_probe.py --out $OUT/probe --budget-s ${PROBE_BUDGET_S:-240} \
+        ${PROBE_POINTS:+--points $PROBE_POINTS} > $OUT/probe/probe.log 2>&1
     echo "probe: exit $? after $(( $(date +%s) - s )) s"; grep -v Warning $OUT/probe/probe.log | tail -70
 fi
 [ $PART != probe ] || exit 0

@@ -39,7 +39,8 @@ def test_prepare_on_the_cpu_says_why_before_any_work():
 @pytest.mark.parametrize("field,value", [("warps", 1), ("warps", 32), ("ntiles", 1),
                                          ("chunk", 3), ("depth", 16), ("min_ctas", 0),
                                          ("row_tiles", 4), ("row_tiles", True),
-                                         ("overlap", "both"), ("ntiles", True), ("mma", "wgmma")])
+                                         ("overlap", "both"), ("ntiles", True), ("mma", "wgmma"),
+                                         ("weights", "smem")])
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"CudaMoeConfig.{field}"):
         CudaMoeConfig(**{field: value})
@@ -75,6 +76,19 @@ def test_the_async_build_multiplies_by_whole_warpgroups():
         CudaMoeConfig(mma_depth=2)
     with pytest.raises(ValueError, match=r"mma_depth must be one of \(1, 2, 3\), got 4"):
         CudaMoeConfig(mma="async", mma_depth=4)
+
+
+def test_the_shared_weight_ring_is_sized_a_warp_a_k_group_a_row_tile():
+    ring = CudaMoeConfig(warps=16, chunk=8, depth=8, weights="shared")
+    staged = 2 * 32 * (2 * 512 + 16)
+    assert ring.shared_bytes == staged + 16 * 8 * (512 + 64)
+    assert ring.label() == "cuda w16 m32 c8 d8 smem b2 pdl-all"
+    assert ring.reason(4096, 6144, "gate_up") is None            # one CTA an SM, not two
+    paired = CudaMoeConfig(warps=8, row_tiles=2, chunk=4, depth=4, weights="shared")
+    assert paired.shared_bytes == 2 * 32 * (2 * 256 + 16) + 8 * 4 * 2 * (512 + 64)
+    wide = dict(warps=16, row_tiles=2, ntiles=8, chunk=8, depth=8)
+    assert CudaMoeConfig(**wide).reason(4096, 8192, "x") is None
+    assert "shared memory" in CudaMoeConfig(**wide, weights="shared").reason(4096, 8192, "x")
 
 
 @pytest.mark.parametrize("ntiles", [2, 4, 8])
@@ -187,6 +201,17 @@ ASYNC_BUILDS = [CudaMoeConfig(warps=4, ntiles=2, chunk=4, depth=2, min_ctas=None
                               overlap="all", mma="async"),
                 CudaMoeConfig(warps=4, ntiles=8, chunk=2, depth=1, min_ctas=None, overlap="tail",
                               mma="async", mma_depth=3)]
+# the weights by cp.async into each warp's ring in shared memory: chunks of more k-groups than in
+# flight (the ring's waits at a chunk's first and later steps), two row tiles a warp, the async
+# build with one and two wgmma steps in flight, one k-group in flight
+RING_BUILDS = [CudaMoeConfig(warps=4, ntiles=4, chunk=4, depth=2, min_ctas=2, overlap="all",
+                             weights="shared"),
+               CudaMoeConfig(warps=4, row_tiles=2, ntiles=2, chunk=2, depth=1, min_ctas=None,
+                             overlap="off", weights="shared"),
+               CudaMoeConfig(warps=8, ntiles=4, chunk=4, depth=2, min_ctas=2, overlap="all",
+                             mma="async", mma_depth=2, weights="shared"),
+               CudaMoeConfig(warps=4, ntiles=8, chunk=4, depth=4, min_ctas=None, overlap="tail",
+                             mma="async", weights="shared")]
 SMALL_BUILDS = [CudaMoeConfig(warps=4, ntiles=2, chunk=4, depth=2, min_ctas=None, overlap="off"),
                 CudaMoeConfig(warps=4, ntiles=4, chunk=4, depth=4, min_ctas=2, overlap="tail"),
                 CudaMoeConfig(warps=2, ntiles=8, chunk=2, depth=1, min_ctas=None, overlap="all"),
@@ -197,7 +222,8 @@ SMALL_BUILDS = [CudaMoeConfig(warps=4, ntiles=2, chunk=4, depth=2, min_ctas=None
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-@pytest.mark.parametrize("config", SMALL_BUILDS + ASYNC_BUILDS, ids=lambda c: c.label())
+@pytest.mark.parametrize("config", SMALL_BUILDS + ASYNC_BUILDS + RING_BUILDS,
+                         ids=lambda c: c.label())
 def test_fused_moe_passes_the_gate(fmt, config):
     """A busy expert over several work items (40 pairs against items of 16-64), idle experts,
     experts of one pair; the gate twice on the same call (the tables are rebuilt each call)."""
@@ -226,7 +252,8 @@ def test_the_presets_pass_the_gate_at_the_models_shapes(fmt, model):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("config", [SMALL_BUILDS[1], ASYNC_BUILDS[1]], ids=lambda c: c.label())
+@pytest.mark.parametrize("config", [SMALL_BUILDS[1], ASYNC_BUILDS[1], RING_BUILDS[2]],
+                         ids=lambda c: c.label())
 def test_the_call_replays_in_a_cuda_graph(config):
     problem = base.make_layer_problem(skewed_ids(24, 8, 2, busy=0), 8, 512, 256, "nvfp4", "cuda")
     call = moe.get("cuda-w4a16-moe").prepare(problem, config=config)
@@ -247,7 +274,8 @@ def test_the_call_replays_in_a_cuda_graph(config):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("config", [SMALL_BUILDS[1], ASYNC_BUILDS[1]], ids=lambda c: c.label())
+@pytest.mark.parametrize("config", [SMALL_BUILDS[1], ASYNC_BUILDS[1], RING_BUILDS[2]],
+                         ids=lambda c: c.label())
 @pytest.mark.parametrize("stage", ["load", "decode"])
 def test_the_anatomy_stages_run_beside_a_gated_build(stage, config):
     """A stage build runs both launches over every work item (no fault, no hang) and shares the

@@ -365,6 +365,8 @@ def test_the_moe_probe_times_the_presets_first_then_sync_and_async_builds():
     assert probe.GRID[1] == choose_moe_config(512 * 8, 256, "nvfp4")
     assert len(set(probe.GRID)) == len(probe.GRID)
     assert {c.mma for c in probe.GRID} == {"sync", "async"}
+    assert {(c.mma, c.weights) for c in probe.GRID} == {(m, w) for m in ("sync", "async")
+                                                        for w in ("registers", "shared")}
     assert all(c.warps % 4 == 0 for c in probe.GRID if c.mma == "async")
 
 

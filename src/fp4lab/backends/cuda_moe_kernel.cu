@@ -44,6 +44,12 @@
 // every wgmma of a buffer is waited for before the barrier that frees it. `wgmma_step` (one
 // overload a width, N = 8 x its n8 tiles) and `with_width` (the k loop compiled once a width,
 // chosen once a CTA) are generated: cuda_fused.wgmma_source.
+// WEIGHT_RING (CudaMoeConfig.weights "shared"): a warp's weights travel by cp.async into its own
+// ring of DEPTH slots in shared memory instead of registers (a slot: the 32 lanes' 16 code bytes,
+// then the 8 row pairs' scales, copied by the first SCALE_BYTES / 2 lanes): DEPTH k-groups in
+// flight cost no register, so depth is bound by shared memory, not by the register cap (NVFP4's
+// 8-byte scales spill at DEPTH 4 in registers). The copies are cp.async groups, one a k-group, in
+// the same count as the activations' (see `landed`); empty groups keep the count uniform.
 
 #ifndef ROW_TILES
 #define ROW_TILES 1                  // row tiles (16 weight rows) a warp
@@ -55,6 +61,51 @@
 #define BUFFER_BYTES (ROWS * ROW_BYTES)
 #ifndef MMA_ASYNC
 #define MMA_ASYNC 0
+#endif
+#ifndef WEIGHT_RING
+#define WEIGHT_RING 0
+#endif
+#define RING_SLOT_BYTES (512 + 64)   // a warp's codes of one row tile and k-group, then its scales
+                                     // (NVFP4's 64 bytes; MXFP4 fills 32)
+
+#if WEIGHT_RING
+// this thread's copies of row tile r's k-group `group` into ring slot `slot` (codes: each lane
+// its own 16 bytes; scales: the first lanes 16 bytes each of the tile's 8 x SCALE_BYTES)
+__device__ __forceinline__ void fill_slot(u32 slot, const u32x4* codes, const unsigned char* scales,
+                                          unsigned lane) {
+    copy_async(slot + lane * 16, codes);
+    if (lane < 8 * SCALE_BYTES / 16) copy_async(slot + 512 + lane * 16, scales + lane * 16);
+}
+
+__device__ __forceinline__ u32x4 read_codes(u32 slot, unsigned lane) {
+    u32x4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(slot + lane * 16) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ Scales read_scales(u32 slot, unsigned g) {
+    Scales v;
+#if NVFP4
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.word[0]), "=r"(v.word[1])
+        : "r"(slot + 512 + g * SCALE_BYTES) : "memory");
+#else
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v.word[0]) : "r"(slot + 512 + g * SCALE_BYTES)
+        : "memory");
+#endif
+    return v;
+}
+
+// this thread's copies of k-group j landed, at step jj of chunk c. Its cp.async groups in commit
+// order: the ring's first DEPTH k-groups, chunk 0's activations, then at each chunk c the next
+// chunk's activations (empty after the last) followed by one k-group a step (group j + DEPTH,
+// empty past K). Committed after k-group j: the DEPTH - 1 k-groups behind it, and, in a chunk's
+// first DEPTH steps, the next chunk's activations (at chunk 0 chunk 0's too)
+__device__ __forceinline__ void wait_for_group(int c, int jj) {
+    if (jj >= DEPTH) wait_copy_groups<DEPTH - 1>();
+    else if (c > 0) wait_copy_groups<DEPTH>();
+    else wait_copy_groups<DEPTH + 1>();
+}
 #endif
 
 #if MMA_ASYNC
@@ -144,7 +195,7 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
              const int* __restrict__ work_rows,        // [W] pairs (<= ROWS)
              unsigned short* __restrict__ out,         // gate_up: act [P, N/2]; down: y [P, N]
              int N, int K, int top_k) {
-    extern __shared__ __align__(16) unsigned char staged[];   // [2][ROWS][ROW_BYTES]
+    extern __shared__ __align__(16) unsigned char staged[];   // [2][ROWS][ROW_BYTES], the rings
     __shared__ int source_row[ROWS];                          // the rows of `a` the item reads
     const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned g = lane >> 2, t = lane & 3;
@@ -162,8 +213,27 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
     const unsigned tile0 = (blockIdx.x * WARPS + warp) * ROW_TILES;   // the warp's first row tile
     const long group0 = ((long)e * (N / 16) + tile0) * groups;
     const u32x4* wp = w + group0 * 32 + lane;                 // row tile r: + r * groups * 32
-    const Scales* sp = s + group0 * 8 + g;                    // row tile r: + r * groups * 8
+    [[maybe_unused]] const Scales* sp = s + group0 * 8 + g;   // row tile r: + r * groups * 8
 
+    const u32 stage_base = shared_address(staged);
+#if WEIGHT_RING
+    // the warp's ring [DEPTH][ROW_TILES] slots, after the two activation buffers: group j in
+    // slot j % DEPTH
+    const u32 ring = stage_base + 2 * BUFFER_BYTES + warp * DEPTH * ROW_TILES * RING_SLOT_BYTES;
+    const unsigned char* tile_scales = (const unsigned char*)(s + group0 * 8);  // the tile's, not g's
+    auto fill = [&](int j, int slot) {                        // k-group j's copies, one group
+        if (j < groups) {
+#pragma unroll
+            for (int r = 0; r < ROW_TILES; ++r)
+                fill_slot(ring + (slot * ROW_TILES + r) * RING_SLOT_BYTES,
+                          wp + (r * groups + j) * 32,
+                          tile_scales + (long)(r * groups + j) * 8 * SCALE_BYTES, lane);
+        }
+        commit_copies();
+    };
+#pragma unroll
+    for (int j = 0; j < DEPTH; ++j) fill(j, j);
+#else
     u32x4 codes[DEPTH][ROW_TILES];                            // a ring: group j in slot j % DEPTH
     Scales scales[DEPTH][ROW_TILES];
 #pragma unroll
@@ -173,6 +243,7 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
             codes[j][r] = load_stream(wp + (r * groups + j) * 32);
             scales[j][r] = load_scales(sp + (r * groups + j) * 8);
         }
+#endif
 #if !GATE_UP
     wait_for_previous_kernel();                               // act is gate_up's output
 #if OVERLAP_ALL
@@ -190,7 +261,6 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
     }
     __syncthreads();
 
-    const u32 stage_base = shared_address(staged);
     const unsigned vectors = CHUNK_K / 8;                     // 16-byte copies a row of a chunk
     const int active_n8 = (rows + 7) / 8;                     // n8 tiles with real rows
     // chunk c of the item's rows into buffer c % 2, one cp.async group
@@ -248,12 +318,20 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
     // group in every branch, so the wait for the step before waited for this one (call 100)
     auto k_loop = [&]([[maybe_unused]] auto width) {
         for (int c = 0; c < chunks; ++c) {
+#if WEIGHT_RING
+            // chunk c's copies landed: after them, chunk c - 1's CHUNK k-groups and chunk c + 1
+            if (c + 1 < chunks) stage(c + 1);                     // its buffer was released below
+            else commit_copies();                                 // an empty group: same count
+            if (c > 0) wait_copy_groups<CHUNK + 1>();
+            else wait_copy_groups<1>();
+#else
             if (c + 1 < chunks) {
                 stage(c + 1);                                     // its buffer was released below
                 wait_copy_groups<1>();                            // chunk c's copies landed
             } else {
                 wait_copy_groups<0>();
             }
+#endif
 #if MMA_ASYNC
             publish_to_async_proxy();
 #endif
@@ -264,13 +342,26 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
                 const int slot = jj % DEPTH;                      // CHUNK % DEPTH == 0: a constant
                 u32 words[ROW_TILES][4];
                 Scales group_scales[ROW_TILES];
+                const int next = c * CHUNK + jj + DEPTH;          // keeps DEPTH groups in flight
+#if WEIGHT_RING
+                wait_for_group(c, jj);
+                __syncwarp();                                     // the scale lanes' copies too
+#pragma unroll
+                for (int r = 0; r < ROW_TILES; ++r) {
+                    const u32 at = ring + (slot * ROW_TILES + r) * RING_SLOT_BYTES;
+                    const u32x4 v = read_codes(at, lane);
+                    words[r][0] = v.x; words[r][1] = v.y; words[r][2] = v.z; words[r][3] = v.w;
+                    group_scales[r] = read_scales(at, g);
+                }
+                __syncwarp();                                     // every lane read the slot
+                fill(next, slot);
+#else
 #pragma unroll
                 for (int r = 0; r < ROW_TILES; ++r) {
                     words[r][0] = codes[slot][r].x; words[r][1] = codes[slot][r].y;
                     words[r][2] = codes[slot][r].z; words[r][3] = codes[slot][r].w;
                     group_scales[r] = scales[slot][r];
                 }
-                const int next = c * CHUNK + jj + DEPTH;          // keeps DEPTH groups in flight
                 if (next < groups) {
 #pragma unroll
                     for (int r = 0; r < ROW_TILES; ++r) {
@@ -278,6 +369,7 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
                         scales[slot][r] = load_scales(sp + (r * groups + next) * 8);
                     }
                 }
+#endif
 #if STAGE == STAGE_LOAD
 #pragma unroll
                 for (int r = 0; r < ROW_TILES; ++r)

@@ -44,6 +44,10 @@ MMA_CHOICES = ("sync", "async")
 # the async build's k16 steps whose wgmma may still run while the warp decodes the next (each one
 # more set of four A registers)
 MMA_DEPTH_CHOICES = (1, 2, 3)
+# where a warp's k-groups in flight wait: straight in registers (each one 8-9 registers a thread), or
+# in the warp's ring in shared memory by cp.async (none; RING_SLOT_BYTES a row tile and k-group)
+WEIGHT_CHOICES = ("registers", "shared")
+RING_SLOT_BYTES = 512 + 64           # the kernel's: 32 lanes x 16 code bytes, NVFP4's 64 scale bytes
 ASYNC_CAPABILITY = (9, 0)
 
 
@@ -56,7 +60,8 @@ class CudaMoeConfig:
     `min_ctas` the CTAs an SM must fit (the register cap, as `cuda_w4a16.CudaTileConfig.min_ctas`),
     `overlap` how down (and gate_up, after routing) overlap the launch before them
     (`cuda_w4a16.OVERLAP_CHOICES`), `mma` how the warps multiply (MMA_CHOICES; "async" needs
-    whole warpgroups: warps a multiple of 4)."""
+    whole warpgroups: warps a multiple of 4), `mma_depth` the async build's wgmma steps in flight,
+    `weights` where the k-groups in flight wait (WEIGHT_CHOICES)."""
 
     warps: int = 16
     row_tiles: int = 1
@@ -67,6 +72,7 @@ class CudaMoeConfig:
     overlap: str = "all"
     mma: str = "sync"
     mma_depth: int = 1
+    weights: str = "registers"
 
     def __post_init__(self):
         for name, choices in (("warps", WARP_CHOICES), ("row_tiles", ROW_TILE_CHOICES),
@@ -93,6 +99,9 @@ class CudaMoeConfig:
         if isinstance(self.mma_depth, bool) or self.mma_depth not in MMA_DEPTH_CHOICES:
             raise ValueError(f"CudaMoeConfig.mma_depth must be one of {MMA_DEPTH_CHOICES}, "
                              f"got {self.mma_depth!r}")
+        if self.weights not in WEIGHT_CHOICES:
+            raise ValueError(f"CudaMoeConfig.weights must be one of {WEIGHT_CHOICES}, "
+                             f"got {self.weights!r}")
         if self.mma_depth > 1 and self.mma != "async":
             raise ValueError(f"CudaMoeConfig.mma_depth {self.mma_depth}: only the async build "
                              f"keeps MMAs in flight (mma.sync waits for its own)")
@@ -114,8 +123,12 @@ class CudaMoeConfig:
     @property
     def shared_bytes(self) -> int:
         """Dynamic shared memory: two buffers of `rows` staged rows of `chunk` k-groups in bf16,
-        each row padded by 16 bytes (the kernel's ROW_BYTES)."""
-        return 2 * self.rows * (2 * K_GROUP * self.chunk + 16)
+        each row padded by 16 bytes (the kernel's ROW_BYTES); with weights "shared", each warp's
+        ring of `depth` k-groups of its row tiles after them."""
+        staged = 2 * self.rows * (2 * K_GROUP * self.chunk + 16)
+        if self.weights == "registers":
+            return staged
+        return staged + self.warps * self.depth * self.row_tiles * RING_SLOT_BYTES
 
     @property
     def register_cap(self) -> int | None:
@@ -124,7 +137,8 @@ class CudaMoeConfig:
     def label(self) -> str:
         tiles = f" r{self.row_tiles}" if self.row_tiles > 1 else ""
         wgmma = "" if self.mma != "async" else " wg" if self.mma_depth == 1 else f" wg{self.mma_depth}"
-        label = f"cuda w{self.warps}{tiles}{wgmma} m{self.rows} c{self.chunk} d{self.depth}"
+        ring = " smem" if self.weights == "shared" else ""
+        label = f"cuda w{self.warps}{tiles}{wgmma} m{self.rows} c{self.chunk} d{self.depth}{ring}"
         if self.min_ctas is not None:
             label += f" b{self.min_ctas}"
         return label if self.overlap == "off" else f"{label} pdl-{self.overlap}"
@@ -274,7 +288,8 @@ def build(config: CudaMoeConfig, fmt: str, gate_up: bool, stage: str = "full"):
                f"-DROW_TILES={config.row_tiles}", f"-DSTAGE={MOE_STAGES[stage]}",
                f"-DNTILES={config.ntiles}", f"-DCHUNK={config.chunk}", f"-DDEPTH={config.depth}",
                f"-DNVFP4={int(fmt == 'nvfp4')}", f"-DMIN_CTAS={config.min_ctas or 0}",
-               f"-DOVERLAP_ALL={int(config.overlap == 'all')}", "-std=c++17", "-default-device"]
+               f"-DOVERLAP_ALL={int(config.overlap == 'all')}",
+               f"-DWEIGHT_RING={int(config.weights == 'shared')}", "-std=c++17", "-default-device"]
     if asynchronous:
         options += ["-DMMA_ASYNC=1", f"-DMMA_DEPTH={config.mma_depth}"]
     return kernel_source(KERNEL_SOURCE, wgmma_source(config.ntiles) if asynchronous else ""), options
