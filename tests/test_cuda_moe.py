@@ -26,10 +26,15 @@ def test_registered_as_a_layer_method_that_needs_a_gpu():
     assert not available and "GPU" in reason
 
 
-def test_prepare_on_the_cpu_says_why_before_any_work():
-    problem = base.make_layer_problem(skewed_ids(8, 8, 2, busy=1), 8, 512, 256, "nvfp4", "cpu")
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_prepare_on_the_cpu_says_why_before_any_work(fmt):
+    """The preset (the problem's format's), the shapes and the arguments are checked first, so a
+    bad request is the same ValueError on the CPU as on a GPU."""
+    problem = base.make_layer_problem(skewed_ids(8, 8, 2, busy=1), 8, 512, 512, fmt, "cpu")
     with pytest.raises(moe.MethodUnavailable, match="only on a CUDA GPU"):
         moe.get("cuda-w4a16-moe").prepare(problem)
+    with pytest.raises(ValueError, match="K=512 is not whole chunks of 1024 k"):
+        moe.get("cuda-w4a16-moe").prepare(problem, config=CudaMoeConfig(chunk=16))
     with pytest.raises(ValueError, match="until must be one of"):
         moe.get("cuda-w4a16-moe").prepare(problem, until="everything")
     with pytest.raises(ValueError, match="stage must be one of"):

@@ -360,15 +360,17 @@ class CudaW4A16Moe(MoeMethod):
         check_layer_request(self, problem, fmt, until)
         if stage not in MOE_STAGES:
             raise ValueError(f"stage must be one of {list(MOE_STAGES)}, got {stage!r}")
-        if problem.device == "cpu":
-            raise MethodUnavailable(f"{self.name}: runs only on a CUDA GPU; the CPU was asked for")
         tokens, top_k = problem.topk_ids.shape
-        config = config or choose_moe_config(tokens * top_k, problem.experts, fmt)
+        # the problem's format: `fmt` may be None (call 104: the presets' lookup by `fmt` failed
+        # every default prepare on the GPU, after the CPU's early return had hidden it)
+        config = config or choose_moe_config(tokens * top_k, problem.experts, problem.fmt)
         hidden, inter = problem.hidden, problem.intermediate
         for n, k, what in ((2 * inter, hidden, "gate_up"), (hidden, inter, "down")):
             reason = config.reason(n, k, what)
             if reason:
                 raise ValueError(f"{self.name} {config.label()}: {reason}")
+        if problem.device == "cpu":
+            raise MethodUnavailable(f"{self.name}: runs only on a CUDA GPU; the CPU was asked for")
         device = problem.x.device
         w13 = expert_operands(problem.w13, device, interleave=True)
         w2 = expert_operands(problem.w2, device, interleave=False)
