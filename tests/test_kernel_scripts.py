@@ -403,3 +403,26 @@ def test_the_nvrtc_check_compiles_the_presets_and_the_probe_grid_and_says_when_i
     assert check.problems(6, "") == ["NVRTC result 6"]
     assert check.main(["--nvrtc", "/nonexistent/libnvrtc.so.13"]) == 2
     assert "cannot load /nonexistent/libnvrtc.so.13" in capsys.readouterr().err
+
+
+def test_the_moe_ncu_script_labels_each_launch_and_summarizes_ncus_rows(tmp_path):
+    """Its launches are each build's stages' gate_up and down, in order; the summary joins ncu's
+    raw rows with them (stall reasons largest first) and says when the counts differ."""
+    script = load("ncu_cuda_moe")
+    names = script.labels()
+    assert len(names) == 2 * sum(len(stages) for _, stages in script.BUILDS) == len(set(names))
+    assert names[0].endswith("stage full gate_up") and names[1].endswith("stage full down")
+    metrics = ["gpu__time_duration.sum", "smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio",
+               "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",
+               "smsp__average_warps_issue_stalled_not_issued_per_issue_active.ratio",
+               "sm__inst_executed_pipe_tensor_op_hmma.sum"]
+    raw = tmp_path / "raw.csv"
+    raw.write_text("==PROF== Connected\n" + ",".join(f'"{m}"' for m in metrics) + "\n"
+                   + ",".join('"x"' for _ in metrics) + "\n"
+                   + '"1,400.5","0.50","3.25","9.0","1,234"\n' + '"700.0","2.00","0.10","9.0","55"\n')
+    text = script.summary(script.ncu_rows(raw), ["a gate_up", "a down"])
+    first, second = text.split("a down")
+    assert "time" in first and "1,400.5" in first and "1,234" in first and "not_issued" not in text
+    assert first.index("long_scoreboard") < first.index("math_pipe_throttle")
+    assert second.index("math_pipe_throttle") < second.index("long_scoreboard")
+    assert "not joined" in script.summary(script.ncu_rows(raw), ["only one"])

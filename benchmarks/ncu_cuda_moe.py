@@ -1,0 +1,131 @@
+"""Nsight Compute over `cuda-w4a16-moe` at GLM-5 B = 512 NVFP4 (uniform routing): each build's
+full call and its anatomy stages (loads only; loads and decode), one call each inside a CUDA
+profiler range, so that ncu reads where the time the stages cannot explain goes (the MMAs add
+0.27-0.30 ms to every build's decode stage on the H100, call 104): issue slots, pipe use, the
+warps' stall reasons, gate_up and down apart.
+
+    ncu --profile-from-start off --kernel-name fp4_moe_gemm --page raw --csv \\
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \\
+        --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis \\
+        --log-file $OUT/ncu-moe.csv python3 benchmarks/ncu_cuda_moe.py --launches $OUT/launches.txt
+    python3 benchmarks/ncu_cuda_moe.py --summary $OUT/ncu-moe.csv --launches $OUT/launches.txt
+
+Every full build is gated against the float64 layer before its profiled call; the stage builds
+write nothing and are not gated (as in the probe). `--summary` needs no GPU: one block a launch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+from fp4lab.backends.moe.cuda_fused import CudaMoeConfig
+
+# (build, stages): the NVFP4 preset (sync, 2 k-groups in flight in registers), the sync build with
+# 4 in flight in each warp's shared-memory ring, the async (wgmma) build with 2 in registers
+BUILDS = ((CudaMoeConfig(depth=2), ("full", "decode", "load")),
+          (CudaMoeConfig(depth=4, weights="shared"), ("full", "decode")),
+          (CudaMoeConfig(depth=2, mma="async"), ("full", "decode")))
+LAUNCHES = ("gate_up", "down")        # the call's fp4_moe_gemm launches, in order
+HEADLINE = {                          # ncu raw metric -> what the summary calls it
+    "gpu__time_duration.sum": "time",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram %",
+    "smsp__issue_active.avg.pct_of_peak_sustained_active": "issue active %",
+    "sm__warps_active.avg.pct_of_peak_sustained_active": "warps active %",
+    "smsp__average_warp_latency_per_inst_issued.ratio": "cycles between issues a warp",
+    "launch__registers_per_thread": "registers",
+}
+STALL = "smsp__average_warps_issue_stalled_"
+PIPE = "sm__inst_executed_pipe_"
+
+
+def labels() -> list[str]:
+    return [f"{config.label()} stage {stage} {launch}"
+            for config, stages in BUILDS for stage in stages for launch in LAUNCHES]
+
+
+def profile() -> int:
+    import torch
+
+    from fp4lab.backends.moe import base as moe_base, get as get_moe
+    from fp4lab.moe import presets as model_presets, routing
+
+    model = model_presets.get("glm-5")
+    ids = routing.sample_expert_ids("uniform", model.experts, model.top_k, 512, 1)[0]
+    problem = moe_base.make_layer_problem(ids, model.experts, model.hidden, model.moe_intermediate,
+                                          "nvfp4", "cuda")
+    method = get_moe("cuda-w4a16-moe")
+    for config, stages in BUILDS:
+        for stage in stages:
+            call = method.prepare(problem, config=config, stage=stage)
+            if stage == "full":
+                gate = moe_base.check_call(call, problem)
+                print(f"{config.label():40s} gate {gate.message}", flush=True)
+                if not gate.ok:
+                    return 1
+            call.call()                                      # compiled and warm before the range
+            torch.cuda.synchronize()
+            torch.cuda.profiler.start()
+            call.call()
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+            print(f"{config.label():40s} stage {stage}: profiled", flush=True)
+    return 0
+
+
+def ncu_rows(path: Path) -> list[dict]:
+    """ncu's --page raw CSV (its "==" log lines skipped; row 1 the names, row 2 the units)."""
+    lines = [line for line in path.read_text().splitlines() if not line.startswith("==")]
+    table = list(csv.reader(lines))
+    names = table[0]
+    return [dict(zip(names, row)) for row in table[2:] if len(row) == len(names)]
+
+
+def number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", ""))
+    except (ValueError, AttributeError):
+        return None
+
+
+def summary(rows: list[dict], names: list[str], top: int = 6) -> str:
+    """One block a launch: the headline metrics, the `top` stall reasons (cycles a warp waits
+    per issued instruction) and the busiest instruction pipes."""
+    if len(rows) != len(names):
+        return f"{len(rows)} ncu rows against {len(names)} launches: not joined"
+    blocks = []
+    for name, row in zip(names, rows):
+        lines = [name]
+        for metric, what in HEADLINE.items():
+            if metric in row:
+                lines.append(f"  {what:30s} {row[metric]}")
+        stalls = sorted(((number(v) or 0.0, k[len(STALL):]) for k, v in row.items()
+                         if k.startswith(STALL) and k.endswith("_per_issue_active.ratio")
+                         and "not_issued" not in k), reverse=True)
+        lines += [f"  stall {reason:40s} {value:6.2f}" for value, reason in stalls[:top]]
+        pipes = sorted(((number(v) or 0.0, k[len(PIPE):]) for k, v in row.items()
+                        if k.startswith(PIPE) and k.endswith(".sum")), reverse=True)
+        lines += [f"  pipe {pipe:41s} {value:14,.0f}" for value, pipe in pipes[:top]]
+        blocks.append("\n".join(lines))
+    return "\n".join(blocks)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--launches", type=Path, help="write (profile) or read (--summary) "
+                        "the profiled launches' labels, one a line")
+    parser.add_argument("--summary", type=Path, metavar="CSV", help="summarize ncu's raw CSV")
+    args = parser.parse_args(argv)
+    if args.summary:
+        names = args.launches.read_text().splitlines() if args.launches else labels()
+        print(summary(ncu_rows(args.summary), names))
+        return 0
+    if args.launches:
+        args.launches.write_text("\n".join(labels()) + "\n")
+    return profile()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
