@@ -2,8 +2,8 @@
 build of `GRID` gated, then timed with the package's timer (cold L2, CUDA graph), beside
 humming-moe-indexed (when its wheel is installed) and triton-w4a16-moe's preset at the same
 points; the first point's three fastest builds (and the preset) are the only ones timed at the
-others; at the first point the anatomy stages (loads only, loads and decode: both launches
-without their MMAs, timed, not gated) of the fastest build of each kind (sync or async, weights
+others; at the first point the anatomy stages (loads only; loads and decode; and the MMAs, no
+epilogue: both launches writing nothing, timed, not gated) of the fastest build of each kind (sync or async, weights
 in registers or in shared memory); at every
 point the fastest build's call stopped after each launch (routing, gate_up, down), so the summary
 gives each launch's time.
@@ -51,7 +51,7 @@ GRID = tuple(CudaMoeConfig(depth=d, weights=w, mma=m, mma_depth=q, chunk=c)
                                    (2, "registers", "async", 1, 8), (4, "shared", "sync", 1, 8),
                                    (4, "shared", "async", 1, 8), (4, "shared", "async", 2, 8),
                                    (4, "shared", "async", 2, 4)))
-ANATOMY = ("load", "decode")          # MOE_STAGES timed beside the first point's fastest build
+ANATOMY = ("load", "decode", "mma")   # MOE_STAGES timed beside the first point's fastest builds
 SMOKE_POINTS = (("glm-5", 16),)
 
 

@@ -1,8 +1,8 @@
 """Nsight Compute over `cuda-w4a16-moe` at GLM-5 B = 512 NVFP4 (uniform routing): each build's
-full call and its anatomy stages (loads only; loads and decode), one call each inside a CUDA
-profiler range, so that ncu reads where the time the stages cannot explain goes (the MMAs add
-0.27-0.30 ms to every build's decode stage on the H100, call 104): issue slots, pipe use, the
-warps' stall reasons, gate_up and down apart.
+full call and its anatomy stages (loads only; and decode; and the MMAs, no epilogue), one call
+each inside a CUDA profiler range, so that ncu reads where the time the stages cannot explain
+goes (the MMAs add 0.27-0.30 ms to every build's decode stage on the H100, call 104): issue
+slots, pipe use, the warps' stall reasons, gate_up and down apart.
 
     ncu --profile-from-start off --kernel-name fp4_moe_gemm --page raw --csv \\
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \\
@@ -25,9 +25,9 @@ from fp4lab.backends.moe.cuda_fused import CudaMoeConfig
 
 # (build, stages): the NVFP4 preset (sync, 2 k-groups in flight in registers), the sync build with
 # 4 in flight in each warp's shared-memory ring, the async (wgmma) build with 2 in registers
-BUILDS = ((CudaMoeConfig(depth=2), ("full", "decode", "load")),
-          (CudaMoeConfig(depth=4, weights="shared"), ("full", "decode")),
-          (CudaMoeConfig(depth=2, mma="async"), ("full", "decode")))
+BUILDS = ((CudaMoeConfig(depth=2), ("full", "mma", "decode", "load")),
+          (CudaMoeConfig(depth=4, weights="shared"), ("full", "mma", "decode")),
+          (CudaMoeConfig(depth=2, mma="async"), ("full", "mma", "decode")))
 LAUNCHES = ("gate_up", "down")        # the call's fp4_moe_gemm launches, in order
 HEADLINE = {                          # ncu raw metric -> what the summary calls it
     "gpu__time_duration.sum": "time",

@@ -38,7 +38,7 @@ def test_prepare_on_the_cpu_says_why_before_any_work(fmt):
     with pytest.raises(ValueError, match="until must be one of"):
         moe.get("cuda-w4a16-moe").prepare(problem, until="everything")
     with pytest.raises(ValueError, match="stage must be one of"):
-        moe.get("cuda-w4a16-moe").prepare(problem, stage="mma")
+        moe.get("cuda-w4a16-moe").prepare(problem, stage="epilogue")
 
 
 @pytest.mark.parametrize("field,value", [("warps", 1), ("warps", 32), ("ntiles", 1),
@@ -281,7 +281,7 @@ def test_the_call_replays_in_a_cuda_graph(config):
 @pytest.mark.cuda
 @pytest.mark.parametrize("config", [SMALL_BUILDS[1], ASYNC_BUILDS[1], RING_BUILDS[2]],
                          ids=lambda c: c.label())
-@pytest.mark.parametrize("stage", ["load", "decode"])
+@pytest.mark.parametrize("stage", ["load", "decode", "mma"])
 def test_the_anatomy_stages_run_beside_a_gated_build(stage, config):
     """A stage build runs both launches over every work item (no fault, no hang) and shares the
     laid-out weights with the full build, whose gate still passes after it."""

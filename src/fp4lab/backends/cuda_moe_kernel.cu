@@ -30,7 +30,8 @@
 // `griddepcontrol.wait`; gate_up waits first (its work list is the route kernel's output), then
 // lets down launch at once (OVERLAP_ALL) or after its math.
 // STAGE (the anatomy, cuda_fused.MOE_STAGES): the launch; STAGE_LOAD: codes, scales and staged
-// activations loaded and read by ldmatrix, no decode or MMA; STAGE_DECODE: and decoded, no MMA.
+// activations loaded and read by ldmatrix, no decode or MMA; STAGE_DECODE: and decoded, no MMA;
+// STAGE_MMA: and multiplied, no epilogue (no SiLU, routing weight or store).
 // The stages write nothing (their sum only keeps the compiler from dropping the work): timed, not
 // checked, as parts of a launch whose whole is gated.
 // MMA_ASYNC (sm_90a; CudaMoeConfig.mma "async"): each warpgroup's four warps multiply their four
@@ -62,6 +63,7 @@
 #ifndef MMA_ASYNC
 #define MMA_ASYNC 0
 #endif
+#define MULTIPLIES (STAGE == STAGE_FULL || STAGE == STAGE_MMA)   // the stages that run the MMAs
 #ifndef WEIGHT_RING
 #define WEIGHT_RING 0
 #endif
@@ -382,7 +384,7 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
                     [[maybe_unused]] const u32 k_bytes = buffer + (jj * 64 + q * 16) * 2;
 #if MMA_ASYNC
                     u32 (&fragment)[ROW_TILES][4] = fragments[(4 * jj + q) % (MMA_DEPTH + 1)];
-#if STAGE == STAGE_FULL
+#if MULTIPLIES
                     wgmma_wait<MMA_DEPTH>();                      // the step that read it is done
                     hold_fragments(fragment);
 #endif
@@ -402,7 +404,7 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
 #endif
                     }
 #if MMA_ASYNC
-#if STAGE == STAGE_FULL
+#if MULTIPLIES
                     multiply_async(acc, fragment, width, staged_descriptor(
                         stage_base + buffer + (jj * 8 + q * 2) * SLICE_BYTES));
 #endif
@@ -412,7 +414,7 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
                         if (2 * p < active_n8) {
                             u32 b[4];
                             ldmatrix4(b_base[p] + k_bytes, b);
-#if STAGE == STAGE_FULL
+#if MULTIPLIES
 #pragma unroll
                             for (int r = 0; r < ROW_TILES; ++r) {
                                 const u32* f = fragment[r];
@@ -429,7 +431,7 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
 #endif
                 }
             }
-#if MMA_ASYNC && STAGE == STAGE_FULL
+#if MMA_ASYNC && MULTIPLIES
             wgmma_wait<0>();                                      // no wgmma reads the buffer now
 #endif
             __syncthreads();                                      // buffer c % 2 free: chunk c + 2
@@ -440,19 +442,29 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
 #else
     k_loop(0);
 #endif
-#if MMA_ASYNC && STAGE == STAGE_FULL
+#if MMA_ASYNC && MULTIPLIES
     hold_accumulators(acc);
 #endif
 #if !OVERLAP_ALL && GATE_UP
     let_next_kernel_launch();
 #endif
 
+#if MULTIPLIES
+#pragma unroll
+    for (int r = 0; r < ROW_TILES; ++r) add_chains(acc[r]);
+#endif
+#if STAGE == STAGE_MMA
+#pragma unroll
+    for (int r = 0; r < ROW_TILES; ++r)
+#pragma unroll
+        for (int nt = 0; nt < NTILES; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sink += __float_as_uint(acc[r][0][nt][e]);
+#endif
 #if STAGE != STAGE_FULL
     if (sink == 0x9E3779B9u) out[0] = 1;                      // keeps the stage's work (no output)
     return;
 #endif
-#pragma unroll
-    for (int r = 0; r < ROW_TILES; ++r) add_chains(acc[r]);
 
     // c0, c1: (weight row g, pair rows 2t, 2t+1 of the n8 tile); c2, c3: weight row g+8
     const float factor = factors[e];

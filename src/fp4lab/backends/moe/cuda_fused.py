@@ -36,8 +36,9 @@ ROW_TILE_CHOICES = (1, 2)            # row tiles a warp: 2 read each B fragment 
 N_TILE_CHOICES = (2, 4, 8)           # n8 tiles of pairs a work item: 16, 32 or 64 pairs
 CHUNK_CHOICES = (1, 2, 4, 8, 16)     # k-groups of activations staged at a time
 DEPTH_CHOICES = (1, 2, 4, 8)
-# the kernel's anatomy (its STAGE define): the launch, or what it does before the decode or MMA
-MOE_STAGES = {"full": 0, "load": 1, "decode": 2}
+# the kernel's anatomy (its STAGE define): the launch, or what it does before the decode, the MMA
+# or the epilogue
+MOE_STAGES = {"full": 0, "load": 1, "decode": 2, "mma": 3}
 # how a warp multiplies: mma.sync per n8 tile (B by ldmatrix), or a warpgroup's wgmma a k16 step
 # (B read from shared memory by the tensor cores, asynchronously; sm_90a only)
 MMA_CHOICES = ("sync", "async")
