@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=src
 out=$OUT/ncu && mkdir -p $out
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee $out/gpu.txt
 s=$(date +%s)
-timeout -k 5 300 ncu --profile-from-start off --kernel-name fp4_moe_gemm --page raw --csv \
+timeout -k 5 200 ncu --profile-from-start off --kernel-name fp4_moe_gemm --page raw --csv \
     --metrics "$(python3 benchmarks/ncu_profile.py --metrics)" \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section InstructionStats \
     --section WarpStateStats --section SchedulerStats --section Occupancy \
