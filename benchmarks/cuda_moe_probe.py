@@ -3,10 +3,9 @@ build of `GRID` gated, then timed with the package's timer (cold L2, CUDA graph)
 humming-moe-indexed (when its wheel is installed) and triton-w4a16-moe's preset at the same
 points; the first point's three fastest builds (and the preset) are the only ones timed at the
 others; at the first point the anatomy stages (loads only; loads and decode; and the MMAs, no
-epilogue: both launches writing nothing, timed, not gated) of the fastest build of each kind (sync or async, weights
-in registers or in shared memory); at every
-point the fastest build's call stopped after each launch (routing, gate_up, down), so the summary
-gives each launch's time.
+epilogue: both launches writing nothing, timed, not gated) of the fastest build of each kind
+(sync or async, weights in registers or in shared memory); at every point the fastest build's
+call stopped after each launch (routing, gate_up, down), so the summary gives each launch's time.
 
     PYTHONPATH=src python3 benchmarks/cuda_moe_probe.py --out $OUT/moe [--budget-s 380]
 
@@ -44,8 +43,9 @@ PEERS = ("humming-moe-indexed", "triton-w4a16-moe")
 # against 16-44 B in NVFP4 with 4 in registers): sync and async at 4 in flight, async with two
 # wgmma steps in flight. Call 103 (H200): the async build at 32 warps loads and decodes in
 # 1.51-1.57 ms (the sync 1.66-1.96) but its MMAs add 0.33-0.57 ms, in NVFP4 (which spills at 64
-# registers) 2.14-2.18 against 2.03 for the sync build at 2 in flight; the ring asks whether more
-# k-groups in flight without the spill let the warpgroup's MMAs stop waiting on its slowest warp.
+# registers) 2.14-2.18 against 2.03 for the sync build at 2 in flight. Call 104 (H100): the ring
+# loads and decodes at 92-97% of the floor, but every build, ring or registers, sync or async,
+# then pays 0.27-0.30 ms for its MMAs; the ring builds within 1-4% of the register ones.
 GRID = tuple(CudaMoeConfig(depth=d, weights=w, mma=m, mma_depth=q, chunk=c)
              for d, w, m, q, c in ((4, "registers", "sync", 1, 8), (2, "registers", "sync", 1, 8),
                                    (2, "registers", "async", 1, 8), (4, "shared", "sync", 1, 8),

@@ -222,7 +222,7 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
     // the warp's ring [DEPTH][ROW_TILES] slots, after the two activation buffers: group j in
     // slot j % DEPTH
     const u32 ring = stage_base + 2 * BUFFER_BYTES + warp * DEPTH * ROW_TILES * RING_SLOT_BYTES;
-    const unsigned char* tile_scales = (const unsigned char*)(s + group0 * 8);  // the tile's, not g's
+    const unsigned char* tile_scales = (const unsigned char*)(s + group0 * 8);  // all 8 g's
     auto fill = [&](int j, int slot) {                        // k-group j's copies, one group
         if (j < groups) {
 #pragma unroll

@@ -45,10 +45,10 @@ MMA_CHOICES = ("sync", "async")
 # the async build's k16 steps whose wgmma may still run while the warp decodes the next (each one
 # more set of four A registers)
 MMA_DEPTH_CHOICES = (1, 2, 3)
-# where a warp's k-groups in flight wait: straight in registers (each one 8-9 registers a thread), or
+# where a warp's k-groups in flight wait: straight in registers (8-9 registers a thread each), or
 # in the warp's ring in shared memory by cp.async (none; RING_SLOT_BYTES a row tile and k-group)
 WEIGHT_CHOICES = ("registers", "shared")
-RING_SLOT_BYTES = 512 + 64           # the kernel's: 32 lanes x 16 code bytes, NVFP4's 64 scale bytes
+RING_SLOT_BYTES = 512 + 64           # the kernel's: 32 lanes x 16 code bytes, NVFP4's 64 of scales
 ASYNC_CAPABILITY = (9, 0)
 
 
