@@ -4,11 +4,7 @@ each inside a CUDA profiler range, so that ncu reads where the time the stages c
 goes (the MMAs add 0.27-0.30 ms to every build's decode stage on the H100, call 104): issue
 slots, pipe use, the warps' stall reasons, gate_up and down apart.
 
-    ncu --profile-from-start off --kernel-name fp4_moe_gemm --page raw --csv \\
-        --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \\
-        --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis \\
-        --log-file $OUT/ncu-moe.csv python3 benchmarks/ncu_cuda_moe.py --launches $OUT/launches.txt
-    python3 benchmarks/ncu_cuda_moe.py --summary $OUT/ncu-moe.csv --launches $OUT/launches.txt
+Run under ncu by benchmarks/ncu_cuda_moe.sh (the ncu command line, then `--summary`).
 
 Every full build is gated against the float64 layer before its profiled call; the stage builds
 write nothing and are not gated (as in the probe). `--summary` needs no GPU: one block a launch.
@@ -17,10 +13,10 @@ write nothing and are not gated (as in the probe). `--summary` needs no GPU: one
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from pathlib import Path
 
+from fp4lab.analysis.counters import raw_table
 from fp4lab.backends.moe.cuda_fused import CudaMoeConfig
 
 # (build, stages): the NVFP4 preset (sync, 2 k-groups in flight in registers), the sync build with
@@ -76,11 +72,9 @@ def profile() -> int:
 
 
 def ncu_rows(path: Path) -> list[dict]:
-    """ncu's --page raw CSV (its "==" log lines skipped; row 1 the names, row 2 the units)."""
-    lines = [line for line in path.read_text().splitlines() if not line.startswith("==")]
-    table = list(csv.reader(lines))
-    names = table[0]
-    return [dict(zip(names, row)) for row in table[2:] if len(row) == len(names)]
+    """ncu's --page raw CSV -> one {metric: cell} a kernel row."""
+    names, _, data = raw_table(path)
+    return [dict(zip(names, row)) for row in data if len(row) == len(names)]
 
 
 def number(text: str) -> float | None:

@@ -131,14 +131,19 @@ def read_counters(folder) -> Counters:
                     commit=str(provenance.get("fp4lab_git_sha", "unknown")))
 
 
-def _ncu_rows(path: Path) -> list[dict]:
-    """ncu's --page raw CSV (its own "==" log lines skipped; row 1 the names, row 2 the units) ->
-    one dict per kernel row: COLUMNS in fixed units (us, bytes, %) and "stalls", the three
-    largest stall reasons as "reason value" text."""
+def raw_table(path: Path) -> tuple[list[str], list[str], list[list[str]]]:
+    """ncu's --page raw CSV -> (metric names, units, one list of cells per kernel row); its own
+    "==" log lines skipped."""
     lines = [r for r in csv.reader(path.read_text().splitlines()) if r and not r[0].startswith("==")]
     if len(lines) < 2:
         raise CountersError(f"{path}: no ncu header and units rows")
-    names, units, data = lines[0], lines[1], lines[2:]
+    return lines[0], lines[1], lines[2:]
+
+
+def _ncu_rows(path: Path) -> list[dict]:
+    """ncu's --page raw CSV (`raw_table`) -> one dict per kernel row: COLUMNS in fixed units (us,
+    bytes, %) and "stalls", the three largest stall reasons as "reason value" text."""
+    names, units, data = raw_table(path)
     missing = [metric for metric in COLUMNS if metric not in names]
     if missing:
         raise CountersError(f"{path}: ncu did not record {', '.join(missing)}")

@@ -50,7 +50,7 @@
 // then the 8 row pairs' scales, copied by the first SCALE_BYTES / 2 lanes): DEPTH k-groups in
 // flight cost no register, so depth is bound by shared memory, not by the register cap (NVFP4's
 // 8-byte scales spill at DEPTH 4 in registers). The copies are cp.async groups, one a k-group, in
-// the same count as the activations' (see `landed`); empty groups keep the count uniform.
+// the same count as the activations' (`wait_for_group`); empty groups keep the count uniform.
 
 #ifndef ROW_TILES
 #define ROW_TILES 1                  // row tiles (16 weight rows) a warp
@@ -71,8 +71,8 @@
                                      // (NVFP4's 64 bytes; MXFP4 fills 32)
 
 #if WEIGHT_RING
-// this thread's copies of row tile r's k-group `group` into ring slot `slot` (codes: each lane
-// its own 16 bytes; scales: the first lanes 16 bytes each of the tile's 8 x SCALE_BYTES)
+// this thread's copies of one row tile's k-group into ring slot `slot` (codes: each lane its own
+// 16 bytes; scales: the first lanes 16 bytes each of the tile's 8 x SCALE_BYTES)
 __device__ __forceinline__ void fill_slot(u32 slot, const u32x4* codes, const unsigned char* scales,
                                           unsigned lane) {
     copy_async(slot + lane * 16, codes);
