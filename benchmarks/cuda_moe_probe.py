@@ -34,23 +34,24 @@ from fp4lab.moe import routing  # noqa: E402
 
 POINTS = (("glm-5", 512), ("deepseek-v3", 512), ("glm-5", 64))
 PEERS = ("humming-moe-indexed", "triton-w4a16-moe")
-# (k-groups in flight, where they wait, how it multiplies, wgmma steps in flight, k-groups staged a
-# chunk; every build 16-warp CTAs two an SM (64 registers), 32-pair items, down launched early by
-# PDL): the presets (MXFP4's 4 k-groups in flight a warp, NVFP4's 2, in registers); the async
-# build (wgmma by warpgroups, the MMAs under the next steps' decode) with 2 in registers, call
-# 103's fastest MXFP4 build (1.87 ms); then the weights by cp.async into each warp's ring in shared
-# memory (no register a k-group in flight; nvcc -Xptxas -v: 62-64 registers, at most an 8 B spill,
-# against 16-44 B in NVFP4 with 4 in registers): sync and async at 4 in flight, async with two
-# wgmma steps in flight. Call 103 (H200): the async build at 32 warps loads and decodes in
-# 1.51-1.57 ms (the sync 1.66-1.96) but its MMAs add 0.33-0.57 ms, in NVFP4 (which spills at 64
-# registers) 2.14-2.18 against 2.03 for the sync build at 2 in flight. Call 104 (H100): the ring
-# loads and decodes at 92-97% of the floor, but every build, ring or registers, sync or async,
-# then pays 0.27-0.30 ms for its MMAs; the ring builds within 1-4% of the register ones.
-GRID = tuple(CudaMoeConfig(depth=d, weights=w, mma=m, mma_depth=q, chunk=c)
-             for d, w, m, q, c in ((4, "registers", "sync", 1, 8), (2, "registers", "sync", 1, 8),
-                                   (2, "registers", "async", 1, 8), (4, "shared", "sync", 1, 8),
-                                   (4, "shared", "async", 1, 8), (4, "shared", "async", 2, 8),
-                                   (4, "shared", "async", 2, 4)))
+# The k loop compiled once an item's width (session 28: no compare, branch and NOP around each
+# pair of MMAs; 91-97 instructions a k-group and row tile at 32 pairs, from 130), the builds that
+# decide the presets (16-warp CTAs two an SM unless named, 32-pair items, down launched early by
+# PDL; `label()` says the rest): 2 k-groups in flight in registers (NVFP4's preset; spill-free in
+# the k loop in both formats now, nvcc -Xptxas -v) and 4 (MXFP4's; now 8-29 spill loads a chunk);
+# two row tiles a warp, each B fragment read by ldmatrix serving both (the sync build reads
+# 4 KB of shared memory a k-group and row tile at 32 pairs: 32 clocks an SM at 128 B a clock,
+# the H200's whole copy time for the tile's 576 B; call 103: its loads alone 1.77 ms against the
+# async build's 1.51-1.57, which reads B once a warpgroup): 8 warps at up to 128 registers, 16
+# warps one CTA an SM, and 8 warps with 4 k-groups in each warp's ring in shared memory; the
+# 16-warp ring; the async build at 2 in registers (its k loop unchanged: the control against
+# calls 103 and 104).
+GRID = (CudaMoeConfig(depth=2), CudaMoeConfig(depth=4),
+        CudaMoeConfig(warps=8, row_tiles=2, depth=2),
+        CudaMoeConfig(row_tiles=2, depth=2, min_ctas=1),
+        CudaMoeConfig(warps=8, row_tiles=2, depth=4, weights="shared"),
+        CudaMoeConfig(depth=4, weights="shared"),
+        CudaMoeConfig(depth=2, mma="async"))
 ANATOMY = ("load", "decode", "mma")   # MOE_STAGES timed beside the first point's fastest builds
 SMOKE_POINTS = (("glm-5", 16),)
 

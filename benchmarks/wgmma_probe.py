@@ -27,7 +27,7 @@ import sys
 import torch
 
 from fp4lab.backends.cuda_w4a16 import kernel_source
-from fp4lab.backends.moe.cuda_fused import ASYNC_CAPABILITY, KERNEL_SOURCE, wgmma_source
+from fp4lab.backends.moe.cuda_fused import ASYNC_CAPABILITY, KERNEL_SOURCE, generated_source
 
 NTILES = 4                  # the probe's widest item: 32 pairs (the B = 512 preset's items)
 ROWS = 8 * NTILES
@@ -84,8 +84,9 @@ DEFINES = [f"-DNTILES={NTILES}", "-DMMA_ASYNC=1", "-DGATE_UP=1", "-DWARPS=4", "-
 
 
 def probe_source() -> str:
-    """The async build's text (common code, generated wgmma_step, the MoE kernel) and the probe."""
-    return kernel_source(KERNEL_SOURCE, wgmma_source(NTILES)) + PROBE_SOURCE
+    """The async build's text (common code, generated width dispatch and wgmma_step, the MoE
+    kernel) and the probe."""
+    return kernel_source(KERNEL_SOURCE, generated_source(NTILES, asynchronous=True)) + PROBE_SOURCE
 
 
 def error_map(out: torch.Tensor, ref: torch.Tensor, n: int) -> str:

@@ -10,8 +10,8 @@ from fp4lab.backends import moe
 from fp4lab.backends.cuda_w4a16 import WEIGHT_BIAS, emulate
 from fp4lab.backends.moe import base
 from fp4lab.backends.moe.cuda_fused import (
-    KERNEL_SOURCE, MOE_PRESETS, CudaMoeConfig, CudaW4A16Moe, choose_moe_config, expert_operands,
-    interleave_gate_up, wgmma_source,
+    KERNEL_SOURCE, MOE_PRESETS, CudaMoeConfig, CudaW4A16Moe, build, choose_moe_config,
+    expert_operands, interleave_gate_up, wgmma_source, width_source,
 )
 from fp4lab.formats import dequantize
 from fp4lab.moe import presets as model_presets
@@ -97,11 +97,9 @@ def test_the_shared_weight_ring_is_sized_a_warp_a_k_group_a_row_tile():
 
 
 @pytest.mark.parametrize("ntiles", [2, 4, 8])
-def test_the_generated_wgmma_code_has_one_step_a_width_and_dispatches_once(ntiles):
+def test_the_generated_wgmma_code_has_one_step_a_width(ntiles):
     """One wgmma_step overload a width: m64nNk16 with N/2 accumulators, the four A registers
-    after them, then the descriptor and the scale-d predicate; nothing past the build's n8 tiles;
-    `with_width` calls the k loop once with each width as a type (a width chosen inside the loop
-    closed a wait group at every step and serialized the MMAs, call 100)."""
+    after them, then the descriptor and the scale-d predicate; nothing past the build's n8 tiles."""
     source = wgmma_source(ntiles)
     assert source.count("void wgmma_step(Width<") == ntiles
     assert f"Width<{ntiles + 1}>" not in source and "int n8, float" not in source
@@ -113,21 +111,36 @@ def test_the_generated_wgmma_code_has_one_step_a_width_and_dispatches_once(ntile
         assert f"{{%{regs}, %{regs + 1}, %{regs + 2}, %{regs + 3}}}, %{regs + 4}, p, 1, 1, 0;" in step
         assert f"setp.ne.b32 p, %{regs + 5}, 0;" in step and step.count('"+f"') == regs
         assert f'"+f"(d[{n8 - 1}][3])' in step
-        assert f"case {n8}: f(Width<{n8}>{{}}); break;" in source
+
+
+@pytest.mark.parametrize("ntiles", [2, 4, 8])
+def test_the_width_dispatch_calls_the_k_loop_once_with_each_width_as_a_type(ntiles):
+    """`with_width` has one case a width 1..ntiles, each calling the k loop with Width<n8>: the
+    loop is compiled once a width (a width chosen inside it closed a wait group at every async
+    step, call 100; in the sync build a compare, a branch and a NOP around every pair of MMAs)."""
+    source = width_source(ntiles)
+    assert source.index("struct Width") < source.index("void with_width(")
     dispatch = source[source.index("void with_width("):]
-    assert dispatch.count("case ") == ntiles and "wgmma" not in dispatch
+    assert dispatch.count("case ") == ntiles and "wgmma" not in source
+    for n8 in range(1, ntiles + 1):
+        assert f"case {n8}: f(Width<{n8}>{{}}); break;" in dispatch
 
 
-def test_only_the_async_build_carries_the_wgmma_code():
-    from fp4lab.backends.cuda_w4a16 import COMMON_SOURCE, kernel_source
+def test_every_build_dispatches_on_the_width_and_only_the_async_build_carries_wgmma():
+    from fp4lab.backends.cuda_w4a16 import COMMON_SOURCE
 
-    plain = kernel_source(KERNEL_SOURCE)
-    assert plain == COMMON_SOURCE.read_text() + "\n" + KERNEL_SOURCE.read_text()
-    prelude = wgmma_source(4)
-    with_steps = kernel_source(KERNEL_SOURCE, prelude)
-    assert with_steps.index(prelude) > with_steps.index("to_bf16")           # after the shared code
-    assert with_steps.index(prelude) < with_steps.index("multiply_async(")   # before its caller
-    assert with_steps.index(prelude) < with_steps.index("with_width(active_n8, k_loop)")
+    sync_source, _ = build(CudaMoeConfig(), "nvfp4", gate_up=True)
+    async_source, options = build(CudaMoeConfig(mma="async"), "nvfp4", gate_up=True)
+    assert "-DMMA_ASYNC=1" in options
+    for source in (sync_source, async_source):
+        assert source.startswith(COMMON_SOURCE.read_text())
+        assert source.endswith(KERNEL_SOURCE.read_text())
+        assert width_source(4) in source
+        assert source.index("void with_width(") < source.index("with_width(active_n8, k_loop)")
+    assert "wgmma_step(" not in sync_source.replace(KERNEL_SOURCE.read_text(), "")
+    steps = wgmma_source(4)
+    assert async_source.index(steps) > async_source.index("to_bf16")          # after the shared code
+    assert async_source.index(steps) < async_source.index("multiply_async(")  # before its caller
 
 
 @pytest.mark.parametrize("model", ["glm-5", "deepseek-v3"])

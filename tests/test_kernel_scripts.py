@@ -361,23 +361,25 @@ def test_the_moe_probe_times_the_presets_first_then_sync_and_async_builds():
     from fp4lab.backends.moe.cuda_fused import choose_moe_config
 
     probe = load("cuda_moe_probe")
-    assert probe.GRID[0] == choose_moe_config(512 * 8, 256, "mxfp4")  # GLM-5 at B = 512
-    assert probe.GRID[1] == choose_moe_config(512 * 8, 256, "nvfp4")
+    assert probe.GRID[0] == choose_moe_config(512 * 8, 256, "nvfp4")  # GLM-5 at B = 512
+    assert probe.GRID[1] == choose_moe_config(512 * 8, 256, "mxfp4")
     assert len(set(probe.GRID)) == len(probe.GRID)
     assert {c.mma for c in probe.GRID} == {"sync", "async"}
-    assert {(c.mma, c.weights) for c in probe.GRID} == {(m, w) for m in ("sync", "async")
-                                                        for w in ("registers", "shared")}
+    assert {(c.mma, c.weights) for c in probe.GRID} == {("sync", "registers"), ("sync", "shared"),
+                                                        ("async", "registers")}
+    assert {c.row_tiles for c in probe.GRID} == {1, 2}
     assert all(c.warps % 4 == 0 for c in probe.GRID if c.mma == "async")
 
 
 def test_the_wgmma_probe_runs_the_async_builds_own_code_and_needs_a_gpu():
     """Its device code is the async build's (the generated wgmma_step, the kernel's descriptor)
     followed by the probe kernel; without a GPU it says so and exits 2."""
-    from fp4lab.backends.moe.cuda_fused import KERNEL_SOURCE, wgmma_source
+    from fp4lab.backends.moe.cuda_fused import KERNEL_SOURCE, generated_source
 
     probe = load("wgmma_probe")
     source = probe.probe_source()
-    assert wgmma_source(probe.NTILES) in source and KERNEL_SOURCE.read_text() in source
+    assert generated_source(probe.NTILES, asynchronous=True) in source
+    assert KERNEL_SOURCE.read_text() in source
     assert source.index("staged_descriptor(u32 address)") < source.index("wgmma_probe(")
     assert "-DMMA_ASYNC=1" in probe.DEFINES and probe.ROWS == 8 * probe.NTILES
     if not torch.cuda.is_available():

@@ -13,7 +13,8 @@
 // lane a tile a k-group straight into registers, DEPTH k-groups ahead of its math (a ring of DEPTH
 // register sets), decodes them as the dense kernel does and multiplies them with the item's
 // activation rows by mma.sync (the weights the A side, as the MMA's 16 rows, the pairs its n8
-// tiles; n8 tiles past the item's rows are skipped; each B fragment read serves ROW_TILES tiles).
+// tiles, exactly the item's: the k loop is compiled once a width, `with_width`; each B fragment
+// read serves ROW_TILES tiles).
 // No split-K: an expert's many row tiles fill the GPU, so no reduction and no workspace.
 // The activation rows (gathered by token for gate_up, the item's own rows of the intermediate for
 // down) are staged in shared memory by cp.async, CHUNK k-groups at a time, double-buffered: the
@@ -223,8 +224,8 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
     // slot j % DEPTH
     const u32 ring = stage_base + 2 * BUFFER_BYTES + warp * DEPTH * ROW_TILES * RING_SLOT_BYTES;
     const unsigned char* tile_scales = (const unsigned char*)(s + group0 * 8);  // all 8 g's
-    auto fill = [&](int j, int slot) {                        // k-group j's copies, one group
-        if (j < groups) {
+    auto fill = [&](int j, int slot, bool in_k) {             // k-group j's copies, one group
+        if (in_k) {
 #pragma unroll
             for (int r = 0; r < ROW_TILES; ++r)
                 fill_slot(ring + (slot * ROW_TILES + r) * RING_SLOT_BYTES,
@@ -234,7 +235,7 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
         commit_copies();
     };
 #pragma unroll
-    for (int j = 0; j < DEPTH; ++j) fill(j, j);
+    for (int j = 0; j < DEPTH; ++j) fill(j, j, true);     // DEPTH <= CHUNK <= groups
 #else
     u32x4 codes[DEPTH][ROW_TILES];                            // a ring: group j in slot j % DEPTH
     Scales scales[DEPTH][ROW_TILES];
@@ -295,7 +296,9 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
 
 #if !MMA_ASYNC
     // this lane's ldmatrix rows (as the dense kernel's NTILES >= 2): for pair tile p, k 0-7 and
-    // 8-15 of its rows 16p..16p+7 and 16p+8..16p+15; rows past the item read row `rows - 1`
+    // 8-15 of its rows 16p..16p+7 and 16p+8..16p+15; rows past the item read row `rows - 1`. In
+    // the buffer of the chunk being multiplied: moved to the other one after each chunk, so that
+    // every ldmatrix is its base plus a constant (not the buffer's offset recomputed each time)
     const unsigned b_row = 8 * (lane / 16) + lane % 8, b_k = 8 * ((lane / 8) % 2);
     u32 b_base[PAIRS];
 #pragma unroll
@@ -315,9 +318,8 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
 
     const int chunks = groups / CHUNK;
     stage(0);
-    // the k loop; the async build compiles one copy a width of the item (n8 tiles of pairs), its
-    // wgmma's N a constant there: chosen inside the loop, each step's wgmma closed its own wait
-    // group in every branch, so the wait for the step before waited for this one (call 100)
+    // the k loop, compiled once a width of the item (n8 tiles of pairs; `with_width`): the async
+    // build's wgmma names its N, the sync build's MMAs and ldmatrix reads are the item's and no more
     auto k_loop = [&]([[maybe_unused]] auto width) {
         for (int c = 0; c < chunks; ++c) {
 #if WEIGHT_RING
@@ -338,13 +340,16 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
             publish_to_async_proxy();
 #endif
             __syncthreads();                                      // every thread's copies visible
-            const u32 buffer = (c & 1) * BUFFER_BYTES;
+            [[maybe_unused]] const u32 buffer = (c & 1) * BUFFER_BYTES;   // the async build's
 #pragma unroll
             for (int jj = 0; jj < CHUNK; ++jj) {
                 const int slot = jj % DEPTH;                      // CHUNK % DEPTH == 0: a constant
                 u32 words[ROW_TILES][4];
                 Scales group_scales[ROW_TILES];
                 const int next = c * CHUNK + jj + DEPTH;          // keeps DEPTH groups in flight
+                // next < groups, a constant in a chunk's first CHUNK - DEPTH steps: their loads are
+                // not predicated, so no register of the ring is copied to keep its old value
+                const bool next_in_k = jj + DEPTH < CHUNK || c + 1 < chunks;
 #if WEIGHT_RING
                 wait_for_group(c, jj);
                 __syncwarp();                                     // the scale lanes' copies too
@@ -356,7 +361,7 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
                     group_scales[r] = read_scales(at, g);
                 }
                 __syncwarp();                                     // every lane read the slot
-                fill(next, slot);
+                fill(next, slot, next_in_k);
 #else
 #pragma unroll
                 for (int r = 0; r < ROW_TILES; ++r) {
@@ -364,7 +369,7 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
                     words[r][2] = codes[slot][r].z; words[r][3] = codes[slot][r].w;
                     group_scales[r] = scales[slot][r];
                 }
-                if (next < groups) {
+                if (next_in_k) {
 #pragma unroll
                     for (int r = 0; r < ROW_TILES; ++r) {
                         codes[slot][r] = load_stream(wp + (r * groups + next) * 32);
@@ -381,7 +386,7 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
 #pragma unroll
                 for (int q = 0; q < 4; ++q) {                     // one k16 MMA step
                     [[maybe_unused]] const int chain = CHAINS == 2 ? (q & 1) : 0;
-                    [[maybe_unused]] const u32 k_bytes = buffer + (jj * 64 + q * 16) * 2;
+                    [[maybe_unused]] const u32 k_bytes = (jj * 64 + q * 16) * 2;
 #if MMA_ASYNC
                     u32 (&fragment)[ROW_TILES][4] = fragments[(4 * jj + q) % (MMA_DEPTH + 1)];
 #if MULTIPLIES
@@ -409,24 +414,22 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
                         stage_base + buffer + (jj * 8 + q * 2) * SLICE_BYTES));
 #endif
 #else
+                    constexpr int n8 = decltype(width)::value;    // the item's n8 tiles
 #pragma unroll
-                    for (int p = 0; p < PAIRS; ++p) {
-                        if (2 * p < active_n8) {
-                            u32 b[4];
-                            ldmatrix4(b_base[p] + k_bytes, b);
+                    for (int p = 0; p < (n8 + 1) / 2; ++p) {
+                        u32 b[4];
+                        ldmatrix4(b_base[p] + k_bytes, b);
 #if MULTIPLIES
 #pragma unroll
-                            for (int r = 0; r < ROW_TILES; ++r) {
-                                const u32* f = fragment[r];
-                                mma(acc[r][chain][2 * p], f[0], f[1], f[2], f[3], b[0], b[1]);
-                                if (2 * p + 1 < active_n8)        // its second n8 tile holds pairs
-                                    mma(acc[r][chain][2 * p + 1], f[0], f[1], f[2], f[3], b[2],
-                                        b[3]);
-                            }
-#else
-                            sink += b[0] ^ b[1] ^ b[2] ^ b[3];
-#endif
+                        for (int r = 0; r < ROW_TILES; ++r) {
+                            const u32* f = fragment[r];
+                            mma(acc[r][chain][2 * p], f[0], f[1], f[2], f[3], b[0], b[1]);
+                            if (2 * p + 1 < n8)                   // its second n8 tile holds pairs
+                                mma(acc[r][chain][2 * p + 1], f[0], f[1], f[2], f[3], b[2], b[3]);
                         }
+#else
+                        sink += b[0] ^ b[1] ^ b[2] ^ b[3];
+#endif
                     }
 #endif
                 }
@@ -434,14 +437,15 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
 #if MMA_ASYNC && MULTIPLIES
             wgmma_wait<0>();                                      // no wgmma reads the buffer now
 #endif
+#if !MMA_ASYNC
+#pragma unroll
+            for (int p = 0; p < PAIRS; ++p)                       // chunk c + 1's buffer
+                b_base[p] += c & 1 ? -BUFFER_BYTES : BUFFER_BYTES;
+#endif
             __syncthreads();                                      // buffer c % 2 free: chunk c + 2
         }
     };
-#if MMA_ASYNC
     with_width(active_n8, k_loop);
-#else
-    k_loop(0);
-#endif
 #if MMA_ASYNC && MULTIPLIES
     hold_accumulators(acc);
 #endif

@@ -252,13 +252,24 @@ def lay_out_experts(q, device, interleave: bool) -> ExpertOperands:
 
 # --- the kernel ----------------------------------------------------------------------------------
 
+def width_source(ntiles: int) -> str:
+    """Every build's width dispatch: `Width<n8>` and `with_width(n8, f)`, which calls
+    f(Width<n8>{}) for an item's active n8 tiles (1..`ntiles`), so that the k loop is compiled once
+    a width and its MMAs are straight-line code: the async build's wgmma names its N (a width
+    chosen inside the loop closed a wait group at every step and serialized the MMAs, call 100);
+    the sync build issues exactly the item's MMAs and ldmatrix reads without a compare, a branch
+    and a NOP around each pair of n8 tiles (a quarter of its k loop's instructions, offline SASS)."""
+    cases = "".join(f"    case {n8}: f(Width<{n8}>{{}}); break;\n" for n8 in range(1, ntiles + 1))
+    return ("template <int n8> struct Width { static constexpr int value = n8; };\n\n"
+            "template <typename F>\n__device__ __forceinline__ void with_width(int n8, F&& f) {\n"
+            "    switch (n8) {\n" + cases + "    }\n}\n")
+
+
 def wgmma_source(ntiles: int) -> str:
-    """The async build's width-specific code: `Width<n8>`, one `wgmma_step(Width<n8>, d, a0..a3,
-    b)` overload a width n8 = 1..`ntiles` (one wgmma m64nNk16, N = 8 * n8: bf16 in, f32
-    accumulate, A from registers, B by descriptor; the instruction names N) and `with_width(n8,
-    f)`, which calls f(Width<n8>{}) for an item's active n8 tiles, so that the k loop is compiled
-    once a width and each step's wgmma is straight-line code that the wait for it can trail."""
-    steps, cases = [], []
+    """The async build's `wgmma_step(Width<n8>, d, a0..a3, b)`, one overload a width n8 =
+    1..`ntiles` (one wgmma m64nNk16, N = 8 * n8: bf16 in, f32 accumulate, A from registers, B by
+    descriptor; the instruction names N), each straight-line code that the wait for it can trail."""
+    steps = []
     for n8 in range(1, ntiles + 1):
         regs = 4 * n8
         d = ", ".join(f"%{i}" for i in range(regs))
@@ -274,11 +285,13 @@ def wgmma_source(ntiles: int) -> str:
             f"        : {outputs}\n"
             f'        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));\n'
             f"}}\n")
-        cases.append(f"    case {n8}: f(Width<{n8}>{{}}); break;\n")
-    return ("template <int n8> struct Width { static constexpr int value = n8; };\n\n"
-            + "\n".join(steps)
-            + "\ntemplate <typename F>\n__device__ __forceinline__ void with_width(int n8, F&& f) {\n"
-            "    switch (n8) {\n" + "".join(cases) + "    }\n}\n")
+    return "\n".join(steps)
+
+
+def generated_source(ntiles: int, asynchronous: bool) -> str:
+    """What a build compiles between the shared code and the kernel: the width dispatch, and the
+    wgmma steps in the async build."""
+    return width_source(ntiles) + ("\n" + wgmma_source(ntiles) if asynchronous else "")
 
 
 def build(config: CudaMoeConfig, fmt: str, gate_up: bool, stage: str = "full"):
@@ -293,7 +306,7 @@ def build(config: CudaMoeConfig, fmt: str, gate_up: bool, stage: str = "full"):
                f"-DWEIGHT_RING={int(config.weights == 'shared')}", "-std=c++17", "-default-device"]
     if asynchronous:
         options += ["-DMMA_ASYNC=1", f"-DMMA_DEPTH={config.mma_depth}"]
-    return kernel_source(KERNEL_SOURCE, wgmma_source(config.ntiles) if asynchronous else ""), options
+    return kernel_source(KERNEL_SOURCE, generated_source(config.ntiles, asynchronous)), options
 
 
 @functools.lru_cache(maxsize=None)
