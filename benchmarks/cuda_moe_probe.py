@@ -45,13 +45,14 @@ PEERS = ("humming-moe-indexed", "triton-w4a16-moe")
 # async build's 1.51-1.57, which reads B once a warpgroup): 8 warps at up to 128 registers, 16
 # warps one CTA an SM, and 8 warps with 4 k-groups in each warp's ring in shared memory; the
 # 16-warp ring; the async build at 2 in registers (its k loop unchanged: the control against
-# calls 103 and 104).
+# calls 103 and 104); the preset staging 4 k-groups a chunk (a k loop a width is ~12 KB of code
+# at 8, four widths and two launches in flight ~128 KB: if the instruction cache misses, half).
 GRID = (CudaMoeConfig(depth=2), CudaMoeConfig(depth=4),
         CudaMoeConfig(warps=8, row_tiles=2, depth=2),
         CudaMoeConfig(row_tiles=2, depth=2, min_ctas=1),
         CudaMoeConfig(warps=8, row_tiles=2, depth=4, weights="shared"),
         CudaMoeConfig(depth=4, weights="shared"),
-        CudaMoeConfig(depth=2, mma="async"))
+        CudaMoeConfig(depth=2, mma="async"), CudaMoeConfig(depth=2, chunk=4))
 ANATOMY = ("load", "decode", "mma")   # MOE_STAGES timed beside the first point's fastest builds
 SMOKE_POINTS = (("glm-5", 16),)
 
