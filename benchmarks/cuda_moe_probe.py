@@ -35,24 +35,19 @@ from fp4lab.moe import routing  # noqa: E402
 POINTS = (("glm-5", 512), ("deepseek-v3", 512), ("glm-5", 64))
 PEERS = ("humming-moe-indexed", "triton-w4a16-moe")
 # The k loop compiled once an item's width (session 28: no compare, branch and NOP around each
-# pair of MMAs; 91-97 instructions a k-group and row tile at 32 pairs, from 130), the builds that
-# decide the presets (16-warp CTAs two an SM unless named, 32-pair items, down launched early by
-# PDL; `label()` says the rest): 2 k-groups in flight in registers (NVFP4's preset; spill-free in
-# the k loop in both formats now, nvcc -Xptxas -v) and 4 (MXFP4's; now 8-29 spill loads a chunk);
-# two row tiles a warp, each B fragment read by ldmatrix serving both (the sync build reads
-# 4 KB of shared memory a k-group and row tile at 32 pairs: 32 clocks an SM at 128 B a clock,
-# the H200's whole copy time for the tile's 576 B; call 103: its loads alone 1.77 ms against the
-# async build's 1.51-1.57, which reads B once a warpgroup): 8 warps at up to 128 registers, 16
-# warps one CTA an SM, and 8 warps with 4 k-groups in each warp's ring in shared memory; the
-# 16-warp ring; the async build at 2 in registers (its k loop unchanged: the control against
-# calls 103 and 104); the preset staging 4 k-groups a chunk (a k loop a width is ~12 KB of code
-# at 8, four widths and two launches in flight ~128 KB: if the instruction cache misses, half).
-GRID = (CudaMoeConfig(depth=2), CudaMoeConfig(depth=4),
-        CudaMoeConfig(warps=8, row_tiles=2, depth=2),
-        CudaMoeConfig(row_tiles=2, depth=2, min_ctas=1),
-        CudaMoeConfig(warps=8, row_tiles=2, depth=4, weights="shared"),
-        CudaMoeConfig(depth=4, weights="shared"),
-        CudaMoeConfig(depth=2, mma="async"), CudaMoeConfig(depth=2, chunk=4))
+# pair of MMAs; 91-97 instructions a k-group and row tile at 32 pairs, from 130). The preset (both
+# formats: 8 warps of two row tiles, each B fragment read by ldmatrix serving both, 4 k-groups in
+# each warp's ring in shared memory), then 16 warps of one row tile with 2 k-groups in registers
+# (the last presets), two row tiles a warp with 2 in registers, the 16-warp ring, the async build
+# (wgmma: B read once a warpgroup, no ldmatrix). Call 105 (H100, GLM-5 B = 512, NVFP4 / MXFP4 ms):
+# 2.06 / 1.99, 2.10 / 2.03, 2.15 / 2.08, 2.13 / 2.03, 2.39 / 2.19; 4 k-groups in registers (which
+# spill now) 2.17 / 2.08, 16 warps of two row tiles one CTA an SM 2.24 / 2.13, 4 k-groups a chunk
+# 2.10 / 2.06. The sync build reads 4 KB of shared memory a k-group and row tile at 32 pairs (32
+# clocks an SM at 128 B a clock, the H200's whole copy time for the tile's 576 B; call 103: its
+# loads alone 1.77 ms there, the async build's 1.51-1.57): two row tiles should gain more there.
+GRID = (CudaMoeConfig(warps=8, row_tiles=2, depth=4, weights="shared"), CudaMoeConfig(depth=2),
+        CudaMoeConfig(warps=8, row_tiles=2, depth=2), CudaMoeConfig(depth=4, weights="shared"),
+        CudaMoeConfig(depth=2, mma="async"))
 ANATOMY = ("load", "decode", "mma")   # MOE_STAGES timed beside the first point's fastest builds
 SMOKE_POINTS = (("glm-5", 16),)
 

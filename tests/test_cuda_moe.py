@@ -151,12 +151,17 @@ def test_every_preset_runs_both_launches_of_the_models(model):
         assert config.reason(preset.hidden, preset.moe_intermediate, "down") is None
 
 
-@pytest.mark.parametrize("batch,rows,overlap", [(64, 16, "all"), (512, 32, "all"),
-                                                (2048, 32, "all")])
-def test_presets_by_mean_pairs_per_expert(batch, rows, overlap):
-    for fmt, depth in (("nvfp4", 2), ("mxfp4", 4)):     # nvfp4's scales spill at 4 in flight
+@pytest.mark.parametrize("batch,rows,weights,row_tiles", [(64, 16, "registers", 1),
+                                                          (512, 32, "shared", 2),
+                                                          (2048, 32, "shared", 2)])
+def test_presets_by_mean_pairs_per_expert(batch, rows, weights, row_tiles):
+    """Few pairs: 2 k-groups in flight in registers (4 spill at the 64-register cap); 32-pair
+    items: two row tiles a warp (half the ldmatrix bytes) with the ring in shared memory."""
+    for fmt in ("nvfp4", "mxfp4"):
         config = choose_moe_config(batch * 8, 256, fmt)
-        assert (config.rows, config.overlap, config.depth) == (rows, overlap, depth)
+        assert (config.rows, config.weights, config.row_tiles) == (rows, weights, row_tiles)
+        assert config.overlap == "all" and config.depth == (2 if weights == "registers" else 4)
+        assert config.register_cap == 64 if config.warps == 16 else config.register_cap == 128
     with pytest.raises(ValueError, match="presets for \\['mxfp4', 'nvfp4'\\], not 'int4'"):
         choose_moe_config(512 * 8, 256, "int4")
 

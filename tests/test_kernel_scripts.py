@@ -361,8 +361,8 @@ def test_the_moe_probe_times_the_presets_first_then_sync_and_async_builds():
     from fp4lab.backends.moe.cuda_fused import choose_moe_config
 
     probe = load("cuda_moe_probe")
-    assert probe.GRID[0] == choose_moe_config(512 * 8, 256, "nvfp4")  # GLM-5 at B = 512
-    assert probe.GRID[1] == choose_moe_config(512 * 8, 256, "mxfp4")
+    for fmt in ("nvfp4", "mxfp4"):
+        assert probe.GRID[0] == choose_moe_config(512 * 8, 256, fmt)  # GLM-5 at B = 512
     assert len(set(probe.GRID)) == len(probe.GRID)
     assert {c.mma for c in probe.GRID} == {"sync", "async"}
     assert {(c.mma, c.weights) for c in probe.GRID} == {("sync", "registers"), ("sync", "shared"),

@@ -160,22 +160,25 @@ class CudaMoeConfig:
 
 # By format, then by the mean pairs per expert (T*k/E) each covers (None = any more): a work item
 # holds about the busiest expert's load, so each weight is read once. The dense kernel's M <= 16
-# shape (16-warp CTAs, two an SM, down launched early by PDL), measured against 9 other builds on
-# the H100 and the H200 (benchmarks/NOTES.md calls 94-98,
-# results/measurements/20261205T1220Z-h200-cuda-moe-probe, 20261205T1440Z-h100-cuda-moe-anatomy,
-# 20261205T1512Z-h100-cuda-moe-repeat, 20261205T1545Z-h200-cuda-moe-anatomy): m16 fastest at
-# B = 64 (GLM-5 1.42 ms NVFP4 on the H200); at B = 512 m32 within 3% of the fastest build
-# everywhere. Without PDL the probes ranked it 2-4% either way, and the reference points re-measured
-# without it (call 98) were 2-9% slower than with it (call 95), at B = 2048-4096 too: PDL stays.
-# 64-pair items (113 registers, one CTA an SM) 1.5x slower there; two row tiles a warp (half the
-# ldmatrix reads) 1-3% faster at some NVFP4 points and 4-7% slower in MXFP4. Over 32 pairs an
-# expert (B >= 2048 on GLM-5) each expert's weights are read once per 32-pair item: humming is
-# faster. K-groups in flight a warp: 4 in MXFP4; 2 in NVFP4, whose 8-byte block scales at 4 spill
-# 40-44 B at the 64-register cap (nvcc -Xptxas -v), 4-7% slower at GLM-5 B = 512 (calls 100 and
-# 102 on the H100, 103 on the H200: 2.03 against 2.19 ms).
+# shape for few pairs (16-warp CTAs, two an SM, down launched early by PDL), measured against 9
+# other builds on the H100 and the H200 (benchmarks/NOTES.md calls 94-98): m16 fastest at B = 64
+# (GLM-5 1.42 ms NVFP4 on the H200). Without PDL the probes ranked it 2-4% either way, and the
+# reference points re-measured without it (call 98) were 2-9% slower than with it (call 95): PDL
+# stays. 64-pair items (113 registers, one CTA an SM) 1.5x slower. Over 32 pairs an expert (B >=
+# 2048 on GLM-5) each expert's weights are read once per 32-pair item: humming is faster.
+# K-groups in flight a warp: 2 in registers, the most the 64-register cap holds without a spill
+# in the k loop since it is compiled once a width (session 28, nvcc -Xptxas -v: 4 spill 8-33
+# loads a chunk in both formats). 32-pair items: two row tiles a warp, 8 warps (each B fragment
+# that ldmatrix reads from shared memory serves both tiles: half the bytes, which at 32 pairs
+# approach the copy time on the H200) with 4 k-groups in each warp's ring in shared memory
+# (cp.async, no register a k-group in flight, no spill at up to 128 registers): the fastest of 8
+# builds in both formats on the H100 (call 105, GLM-5 B = 512: 2.06 / 1.99 ms against 2.10 / 2.03
+# for 16 warps of one row tile, humming 2.37 / 2.27; results/measurements/
+# 20261206T0237Z-h100-cuda-moe-widths).
 MOE_PRESETS: dict[str, tuple[tuple[float | None, CudaMoeConfig], ...]] = {
-    "nvfp4": ((2.0, CudaMoeConfig(ntiles=2, depth=2)), (None, CudaMoeConfig(ntiles=4, depth=2))),
-    "mxfp4": ((2.0, CudaMoeConfig(ntiles=2)), (None, CudaMoeConfig(ntiles=4))),
+    fmt: ((2.0, CudaMoeConfig(ntiles=2, depth=2)),
+          (None, CudaMoeConfig(warps=8, row_tiles=2, ntiles=4, depth=4, weights="shared")))
+    for fmt in ("nvfp4", "mxfp4")
 }
 
 
