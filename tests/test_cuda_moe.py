@@ -161,7 +161,7 @@ def test_presets_by_mean_pairs_per_expert(batch, rows, weights, row_tiles):
         config = choose_moe_config(batch * 8, 256, fmt)
         assert (config.rows, config.weights, config.row_tiles) == (rows, weights, row_tiles)
         assert config.overlap == "all" and config.depth == (2 if weights == "registers" else 4)
-        assert config.register_cap == 64 if config.warps == 16 else config.register_cap == 128
+        assert config.register_cap == {16: 64, 8: 128}[config.warps]   # two CTAs an SM
     with pytest.raises(ValueError, match="presets for \\['mxfp4', 'nvfp4'\\], not 'int4'"):
         choose_moe_config(512 * 8, 256, "int4")
 
