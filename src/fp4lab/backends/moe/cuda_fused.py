@@ -167,8 +167,9 @@ class CudaMoeConfig:
 # stays. 64-pair items (113 registers, one CTA an SM) 1.5x slower. Over 32 pairs an expert (B >=
 # 2048 on GLM-5) each expert's weights are read once per 32-pair item: humming is faster.
 # K-groups in flight a warp: 2 in registers, the most the 64-register cap holds without a spill
-# in the k loop since it is compiled once a width (session 28, nvcc -Xptxas -v: 4 spill 8-33
-# loads a chunk in both formats). 32-pair items: two row tiles a warp, 8 warps (each B fragment
+# in the k loop since it is compiled once a width (session 28, nvcc -Xptxas -v and SASS: at 4,
+# 8-33 spill loads a chunk of the k loop in both formats; not yet measured at few pairs in
+# MXFP4, which had 4). 32-pair items: two row tiles a warp, 8 warps (each B fragment
 # that ldmatrix reads from shared memory serves both tiles: half the bytes, which at 32 pairs
 # approach the copy time on the H200) with 4 k-groups in each warp's ring in shared memory
 # (cp.async, no register a k-group in flight, no spill at up to 128 registers): the fastest of 8
