@@ -340,7 +340,9 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
             publish_to_async_proxy();
 #endif
             __syncthreads();                                      // every thread's copies visible
-            [[maybe_unused]] const u32 buffer = (c & 1) * BUFFER_BYTES;   // the async build's
+#if MMA_ASYNC
+            [[maybe_unused]] const u32 buffer = (c & 1) * BUFFER_BYTES;   // wgmma's B descriptors
+#endif
 #pragma unroll
             for (int jj = 0; jj < CHUNK; ++jj) {
                 const int slot = jj % DEPTH;                      // CHUNK % DEPTH == 0: a constant
