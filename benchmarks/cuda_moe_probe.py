@@ -48,6 +48,16 @@ PEERS = ("humming-moe-indexed", "triton-w4a16-moe")
 GRID = (CudaMoeConfig(warps=8, row_tiles=2, depth=4, weights="shared"), CudaMoeConfig(depth=2),
         CudaMoeConfig(warps=8, row_tiles=2, depth=2), CudaMoeConfig(depth=4, weights="shared"),
         CudaMoeConfig(depth=2, mma="async"))
+# Over 32 pairs an expert (GLM-5 at B >= 2048; the reference run on the H200: 6.6 ms NVFP4 at B =
+# 2048 against humming's 4.2) a 32-pair item reads and decodes each expert's weights once for every
+# 32 of its pairs: 64-pair items halve both. Two row tiles of 8 warps, the weights in each warp's
+# ring; 4 k-groups staged (two CTAs an SM fit 2 x 102 KB of shared memory: 128 registers, NVFP4
+# spills 72 B outside the k loop at 4 k-groups in flight, none at 2), or 8 with one CTA an SM (156
+# registers, no spill; NVRTC 13.0 ptxas -v).
+LARGE_GRID = (CudaMoeConfig(warps=8, row_tiles=2, ntiles=8, chunk=4, depth=4, weights="shared"),
+              CudaMoeConfig(warps=8, row_tiles=2, ntiles=8, chunk=4, depth=2, weights="shared"),
+              CudaMoeConfig(warps=8, row_tiles=2, ntiles=8, depth=4, weights="shared", min_ctas=1))
+LARGE_PAIRS = 32         # mean pairs an expert over which the first point's grid is LARGE_GRID
 ANATOMY = ("load", "decode", "mma")   # MOE_STAGES timed beside the first point's fastest builds
 SMOKE_POINTS = (("glm-5", 16),)
 
@@ -111,7 +121,7 @@ def probe_point(run: kernels.Run, model, batch: int, fmt: str, weights, configs,
         row = run.step("moe", {**what, "label": config.label()},
                        lambda c=config: layer_row(run, problem, "cuda-w4a16-moe", c))
         print(line(row), flush=True)
-        if "median_us" in row:
+        if row is not None and "median_us" in row:
             timed.append((row["median_us"], config))
     if timed:
         best = min(timed, key=lambda pair: pair[0])[1]
@@ -126,6 +136,12 @@ def probe_point(run: kernels.Run, model, batch: int, fmt: str, weights, configs,
                            lambda u=until: layer_row(run, problem, "cuda-w4a16-moe", best, u))
             print(line(row), flush=True)
     return [config for _, config in sorted(timed, key=lambda pair: pair[0])]
+
+
+def first_point_builds(preset: CudaMoeConfig, mean_pairs: float) -> list[CudaMoeConfig]:
+    """The builds timed at the first point: the preset, then the grid for its pairs an expert."""
+    grid = LARGE_GRID + GRID[:1] if mean_pairs > LARGE_PAIRS else GRID
+    return [preset] + [config for config in grid if config != preset]
 
 
 def parse_points(text: str) -> tuple[tuple[str, int], ...]:
@@ -169,8 +185,10 @@ def main(argv: list[str] | None = None) -> int:
                          lambda m=model: kernels.build_weights(run, m, fmt, weights_for))
             if model.key not in weights_for:
                 continue
-            preset = choose_moe_config(batch * model.top_k, model.experts, fmt)
-            configs = GRID if index == 0 else [preset] + [c for c in ranked[:3] if c != preset]
+            pairs = batch * model.top_k
+            preset = choose_moe_config(pairs, model.experts, fmt)
+            configs = first_point_builds(preset, pairs / model.experts) if index == 0 \
+                else [preset] + [c for c in ranked[:3] if c != preset]
             found = probe_point(run, model, batch, fmt, weights_for[model.key], configs,
                                 anatomy=index == 0)
             ranked = ranked or found

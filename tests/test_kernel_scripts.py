@@ -369,6 +369,30 @@ def test_the_moe_probe_times_the_presets_first_then_sync_and_async_builds():
                                                         ("async", "registers")}
     assert {c.row_tiles for c in probe.GRID} == {1, 2}
     assert all(c.warps % 4 == 0 for c in probe.GRID if c.mma == "async")
+    # the first point times its own preset first: the few-pair preset at B = 64, 64-pair items
+    # beside the 32-pair preset over 32 pairs an expert
+    few = choose_moe_config(64 * 8, 256, "nvfp4")
+    assert probe.first_point_builds(few, 2.0) == [few, *probe.GRID]
+    many = choose_moe_config(2048 * 8, 256, "nvfp4")
+    assert probe.first_point_builds(many, 64.0) == [many, *probe.LARGE_GRID]
+    assert {c.rows for c in probe.LARGE_GRID} == {64}
+
+
+def test_the_moe_probe_goes_on_when_its_budget_ends_inside_a_point(monkeypatch, capsys):
+    """A step the deadline leaves out is None: the point says so and ranks no build (call 107
+    stopped with a TypeError there)."""
+    probe = load("cuda_moe_probe")
+    monkeypatch.setattr(probe.moe_base, "make_layer_problem", lambda *args, **kwargs: None)
+
+    class SpentRun:
+        device = "cpu"
+
+        def step(self, kind, what, work):
+            return None
+
+    model = probe.kernels.moe_model("glm-5", True)
+    assert probe.probe_point(SpentRun(), model, 16, "nvfp4", None, probe.GRID, anatomy=True) == []
+    assert capsys.readouterr().out.count("(skipped: the budget is spent)") == 2 + len(probe.GRID)
 
 
 def test_the_wgmma_probe_runs_the_async_builds_own_code_and_needs_a_gpu():
@@ -398,7 +422,8 @@ def test_the_nvrtc_check_compiles_the_presets_and_the_probe_grid_and_says_when_i
     builds = check.builds()
     presets = [config for entries in MOE_PRESETS.values() for _, config in entries]
     assert builds[:len(set(presets))] == list(dict.fromkeys(presets))
-    assert set(builds) == set(presets) | set(load("cuda_moe_probe").GRID)
+    probe = load("cuda_moe_probe")
+    assert set(builds) == set(presets) | set(probe.GRID) | set(probe.LARGE_GRID)
     assert len(set(builds)) == len(builds)
     assert check.problems(0, "ptxas info    : (C7519) warpgroup.arrive is injected") == []
     assert check.problems(0, "ptxas info : (C7515) Potential Performance Loss: wgmma serialized")
