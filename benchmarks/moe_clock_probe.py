@@ -75,8 +75,8 @@ def summary(method: str, replays, samples) -> list[str]:
         lines.append(f"{method:22s} SM clock {str(clock):14s} {len(us):5d} replays  median "
                      f"{us.median():8.1f} us  p20-p80 {us.quantile(0.2):8.1f}-{us.quantile(0.8):8.1f}")
     window = samples[(samples["t"] >= frame["t"].min()) & (samples["t"] <= frame["t"].max())]
-    reasons = sorted({name for bits in window["throttle_reasons"].dropna().astype(int)
-                      for name in telemetry.decode_clock_event_reasons(bits)})
+    reasons = sorted({name for names in window["throttle_reasons"].dropna()   # "a;b" (nvml)
+                      for name in names.split(";")})
     lines.append(f"{method:22s} power {window['power_instant_w'].median():6.0f} W median, "
                  f"{window['power_instant_w'].max():6.0f} W max (limit {window['power_limit_w'].max():.0f}); "
                  f"SM clock {window['sm_clock_mhz'].min():.0f}-{window['sm_clock_mhz'].max():.0f} MHz; "

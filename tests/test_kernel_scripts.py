@@ -406,7 +406,7 @@ def test_the_moe_clock_probe_groups_replays_by_the_nearest_sm_clock_and_needs_a_
     slow = t >= 1e9 + 1
     samples = pd.DataFrame({"t": t, "sm_clock_mhz": np.where(slow, 1700, 1980),
                             "power_instant_w": np.where(slow, 690.0, 640.0), "power_limit_w": 700.0,
-                            "throttle_reasons": np.where(slow, 4, 0)})
+                            "throttle_reasons": np.where(slow, "sw_power_cap;hw_slowdown", "none")})
     replays = [{"t": x, "us": 2050.0 if x >= 1e9 + 1 else 1790.0, "calls": 10}
                for x in 1e9 + np.arange(0.005, 2, 0.02)]
     lines = probe.summary("cuda-w4a16-moe", replays, samples)
@@ -414,7 +414,7 @@ def test_the_moe_clock_probe_groups_replays_by_the_nearest_sm_clock_and_needs_a_
     assert "[0, 1800)" in lines[0] and "median   2050.0 us" in lines[0] and "50 replays" in lines[0]
     assert "[1950, 10000)" in lines[1] and "median   1790.0 us" in lines[1]
     assert "690 W max (limit 700)" in lines[2] and "SM clock 1700-1980 MHz" in lines[2]
-    assert "sw_power_cap" in lines[2]
+    assert "clock-event reasons: hw_slowdown, none, sw_power_cap" in lines[2]
     if not torch.cuda.is_available():
         assert probe.main(["--out", "unused"]) == 2
 
