@@ -280,3 +280,31 @@ def test_chapter_03_says_how_to_dissect_the_fused_kernel_where_a_run_did_not(tmp
     said = page_text(ch03_moe.build(str(run.path), "none", "full", "cpu"), "anatomy")
     assert "was not dissected in this run (not measured)" in said
     assert f"--anatomy-batch 512 --run-id {run.path.name}" in said
+
+
+def test_chapter_04_says_when_the_diagnosed_paths_own_timing_saw_the_sm_clock_fall(reference_copy):
+    """The decode GEMMs' 190 W cleared power for all of decode, but the fused layer kernels carry
+    no energy window: their rows carry the SM clock their timer read. Where the diagnosed path's
+    fell under the timer's steady-clock share of the maximum (DeepSeek-V3's fused kernel, NVFP4,
+    call 108), the page says so instead of clearing power; where it held (GLM-5's, MXFP4), not."""
+    import dataclasses
+
+    from fp4lab import bench
+    from fp4lab.analysis import decode
+
+    config = decode.DiagnosisConfig.from_profile("full")
+    glm = decode.diagnose(reference_copy, config)
+    assert glm.chosen_clock is None
+    assert ch04_diagnosis.power_sentence(glm).startswith("Power does not limit decode: ")
+    d = decode.diagnose(reference_copy, dataclasses.replace(config, preset="deepseek-v3"))
+    rows = pd.read_parquet(reference_copy / "moe.parquet")
+    own = rows[(rows["method"] == d.chosen["path"]) & (rows["fmt"] == d.chosen["fmt"])
+               & (rows["preset"] == "deepseek-v3") & (rows["batch"] == 512) & (rows["ep"] == 1)]
+    clock = own["sm_clock_mhz"].min()
+    assert clock < bench.TimerConfig().min_clock_ratio * 1980
+    assert d.chosen_clock == {"path": "cuda-w4a16-moe", "fmt": "nvfp4", "sm_clock_mhz": clock,
+                              "max_sm_clock_mhz": 1980.0, "fraction": clock / 1980}
+    said = ch04_diagnosis.power_sentence(d).replace("\\", "")
+    assert said.startswith("Power does not limit the decode GEMMs: ")
+    assert f"cuda-w4a16-moe, read the SM clock at {clock:.0f} MHz in its own timing, 92% of" in said
+    assert "whether the power limit lowered it is not measured here" in said

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fp4lab import params, profiles, roofline
+from fp4lab import bench, params, profiles, roofline
 from fp4lab.analysis import comm as comm_analysis
 from fp4lab.analysis import gemm as gemm_analysis
 from fp4lab.analysis import moe as moe_analysis
@@ -46,6 +46,7 @@ TABLE_SOURCES = {"gemm": "the GEMM sweep (chapter 01)", "moe": "the MoE sweep (c
 MODELLED = "modelled from measured GEMM times"        # how a lever's numbers were got
 MEASURED_BATCHES = "measured (MoE sweep)"
 BOUND = "a bound: the memory floor at the measured copy bandwidth"
+CLOCK_HELD = bench.TimerConfig().min_clock_ratio   # a timed clock under this share of the max fell
 KERNEL_GAP = 0.8     # a memory floor under this share of the layer: the kernel, not HBM, sets the rest
 
 
@@ -118,6 +119,7 @@ class Diagnosis:
     dissected: frozenset[str] = frozenset()      # fused methods the run's moe_anatomy table dissects
     concurrency_basis: str = MODELLED
     ep_basis: str = MODELLED
+    chosen_clock: dict[str, Any] | None = None   # the diagnosed path's timed SM clock, where it fell
 
     @property
     def smoke(self) -> bool:
@@ -219,7 +221,7 @@ def decode_paths(gemm: gemm_analysis.GemmResults | None, moe: moe_analysis.MoeRe
             rows.append({"path": r.method, "source": "MoE sweep", "kind": r.kind, "fmt": r.fmt,
                          "weight_dtype": r.weight_dtype, "math_dtype": math, "batch": int(r.batch),
                          "layer_us": r.layer_us, "weight_bytes": r.weight_bytes, "kernels": kernels,
-                         "note": f"measured at B={int(r.batch)}",
+                         "sm_clock_mhz": r.sm_clock_mhz, "note": f"measured at B={int(r.batch)}",
                          **_floors(r.weight_dtype, math, r.weight_bytes, kernels, flops, gemm)})
     if gemm is not None and model.scaled is False:
         ok = gemm.ok
@@ -346,6 +348,19 @@ def decode_power(power: power_analysis.RunPower | None, backend: str | None, mod
     return {"backend": backend, "avg_power_w": watts, "power_limit_w": float(power.power_limit_w),
             "fraction": watts / float(power.power_limit_w), "m_values": sorted(m_values),
             "points": len(chosen)}
+
+
+def fallen_clock(chosen: dict | None, run_view: RunView) -> dict[str, Any] | None:
+    """The SM clock the diagnosed path's own timing read (the lowest of its rows), against the
+    GPU's maximum, where it was under CLOCK_HELD of it: the clock fell while that path ran.
+    None where it held, or where the run has no clock of the path or no maximum."""
+    device = (run_view.info.get("provenance") or {}).get("device") or {}
+    top = device.get("max_sm_clock_mhz")
+    clock = chosen.get("sm_clock_mhz") if chosen else None
+    if not top or clock is None or not np.isfinite(clock) or clock >= CLOCK_HELD * top:
+        return None
+    return {"path": chosen["path"], "fmt": chosen.get("fmt"), "sm_clock_mhz": float(clock),
+            "max_sm_clock_mhz": float(top), "fraction": float(clock) / float(top)}
 
 
 def decode_point_power(run: RunDir, config: DiagnosisConfig) -> dict[str, Any] | None:
@@ -603,4 +618,5 @@ def diagnose(run_dir: str | RunDir, config: DiagnosisConfig) -> Diagnosis:
                                concurrency_basis=basis, ep_basis=ep_basis, backend=seed_backend_name),
         concurrency=concurrency, ep=ep, graphs=graphs, gate=gate_failures(gemm), missing=missing,
         dissected=frozenset(moe_analysis.fused_anatomy(moe)["method"]) if moe is not None else frozenset(),
-        concurrency_basis=basis, ep_basis=ep_basis)
+        concurrency_basis=basis, ep_basis=ep_basis,
+        chosen_clock=fallen_clock(chosen, run_view) if not run_view.is_smoke else None)

@@ -117,13 +117,27 @@ def load_sentence(d: decode.Diagnosis) -> str:
 
 
 def power_sentence(d: decode.Diagnosis) -> str | None:
-    p = d.decode_power
-    if not p or (d.verdict and d.verdict["verdict"] == "power-bound"):
+    """The decode GEMMs' power against the limit, and whether the diagnosed path's own timing saw
+    the SM clock fall (its layer kernels carry no energy window: the clock is what the run has)."""
+    p, clock = d.decode_power, d.chosen_clock
+    if d.verdict and d.verdict["verdict"] == "power-bound":
         return None
-    return (f"Power does not limit decode: at the decode point (M = {text.join(p['m_values'])} on the expert "
-            f"shapes) {text.md(p['backend'])}'s GEMMs drew {text.sig(p['avg_power_w'])} W, the median of "
-            f"{p['points']} energy windows, {text.pct(100 * p['fraction'])} of the {text.sig(p['power_limit_w'])} W limit "
-            "(single expert GEMMs at decode sizes: the MoE sweep's layer kernels carry no energy window).")
+    gemms = None if not p else (
+        f"at the decode point (M = {text.join(p['m_values'])} on the expert shapes) {text.md(p['backend'])}'s "
+        f"GEMMs drew {text.sig(p['avg_power_w'])} W, the median of {p['points']} energy windows, "
+        f"{text.pct(100 * p['fraction'])} of the {text.sig(p['power_limit_w'])} W limit")
+    if clock is None:
+        return None if gemms is None else (
+            f"Power does not limit decode: {gemms} (single expert GEMMs at decode sizes: the MoE sweep's layer "
+            "kernels carry no energy window).")
+    fell = (f"the diagnosed path, {text.md(clock['path'])}, read the SM clock at {text.sig(clock['sm_clock_mhz'])} MHz "
+            f"in its own timing, {text.pct(100 * clock['fraction'])} of the GPU's {text.sig(clock['max_sm_clock_mhz'])} MHz "
+            "maximum: the clock fell while it ran. Its layer kernels carry no energy window, so whether the power "
+            "limit lowered it is not measured here; a kernel that streams the weights near the copy bandwidth is "
+            "not the single expert GEMM whose power was measured")
+    if gemms is None:
+        return f"The clock may limit decode: {fell}."
+    return f"Power does not limit the decode GEMMs: {gemms}. But {fell}."
 
 
 def fp4_sentence(d: decode.Diagnosis) -> str | None:
