@@ -1,5 +1,5 @@
-"""Compile every `cuda-w4a16-moe` build a device call will run (the presets and
-`cuda_moe_probe.GRID` and `LARGE_GRID`, both formats, both launches, every anatomy stage) through a given NVRTC,
+"""Compile every `cuda-w4a16-moe` build a device call will run (the presets and the probe's
+`GRID` and `LARGE_GRID`, both formats, both launches, every anatomy stage) through a given NVRTC,
 here, without a GPU: what `torch.cuda._compile_kernel` does there, so that a front-end error or a
 wgmma serialization warning costs seconds instead of a device call. Give it the NVRTC of the
 device's CUDA (13.0 for torch 2.11+cu130; 13.5 accepted what 13.0 refused, call 101):
