@@ -285,11 +285,11 @@ def test_chapter_03_says_how_to_dissect_the_fused_kernel_where_a_run_did_not(tmp
 def test_chapter_04_says_when_the_diagnosed_paths_own_timing_saw_the_sm_clock_fall(reference_copy):
     """The decode GEMMs' 190 W cleared power for all of decode, but the fused layer kernels carry
     no energy window: their rows carry the SM clock their timer read. Where the diagnosed path's
-    fell under the timer's steady-clock share of the maximum (DeepSeek-V3's fused kernel, NVFP4,
+    fell under its timer's steady-clock share of the maximum (DeepSeek-V3's fused kernel, NVFP4,
     call 108), the page says so instead of clearing power; where it held (GLM-5's, MXFP4), not."""
     import dataclasses
+    import json
 
-    from fp4lab import bench
     from fp4lab.analysis import decode
 
     config = decode.DiagnosisConfig.from_profile("full")
@@ -301,7 +301,8 @@ def test_chapter_04_says_when_the_diagnosed_paths_own_timing_saw_the_sm_clock_fa
     own = rows[(rows["method"] == d.chosen["path"]) & (rows["fmt"] == d.chosen["fmt"])
                & (rows["preset"] == "deepseek-v3") & (rows["batch"] == 512) & (rows["ep"] == 1)]
     clock = own["sm_clock_mhz"].min()
-    assert clock < bench.TimerConfig().min_clock_ratio * 1980
+    assert clock < json.loads((reference_copy / "run.json").read_text())["moe"]["config"]["timer"][
+        "min_clock_ratio"] * 1980
     assert d.chosen_clock == {"path": "cuda-w4a16-moe", "fmt": "nvfp4", "sm_clock_mhz": clock,
                               "max_sm_clock_mhz": 1980.0, "fraction": clock / 1980}
     said = ch04_diagnosis.power_sentence(d).replace("\\", "")

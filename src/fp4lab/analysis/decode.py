@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fp4lab import bench, params, profiles, roofline
+from fp4lab import params, profiles, roofline
 from fp4lab.analysis import comm as comm_analysis
 from fp4lab.analysis import gemm as gemm_analysis
 from fp4lab.analysis import moe as moe_analysis
@@ -46,7 +46,6 @@ TABLE_SOURCES = {"gemm": "the GEMM sweep (chapter 01)", "moe": "the MoE sweep (c
 MODELLED = "modelled from measured GEMM times"        # how a lever's numbers were got
 MEASURED_BATCHES = "measured (MoE sweep)"
 BOUND = "a bound: the memory floor at the measured copy bandwidth"
-CLOCK_HELD = bench.TimerConfig().min_clock_ratio   # a timed clock under this share of the max fell
 KERNEL_GAP = 0.8     # a memory floor under this share of the layer: the kernel, not HBM, sets the rest
 
 
@@ -352,12 +351,14 @@ def decode_power(power: power_analysis.RunPower | None, backend: str | None, mod
 
 def fallen_clock(chosen: dict | None, run_view: RunView) -> dict[str, Any] | None:
     """The SM clock the diagnosed path's own timing read (the lowest of its rows), against the
-    GPU's maximum, where it was under CLOCK_HELD of it: the clock fell while that path ran.
-    None where it held, or where the run has no clock of the path or no maximum."""
-    device = (run_view.info.get("provenance") or {}).get("device") or {}
-    top = device.get("max_sm_clock_mhz")
+    GPU's maximum, where it was under the share of it the MoE sweep's timer calls steady (its
+    `min_clock_ratio`, as run.json records it): the clock fell while that path ran. None where it
+    held, or where the run records no clock of the path, no maximum or no such share."""
+    info = run_view.info
+    top = ((info.get("provenance") or {}).get("device") or {}).get("max_sm_clock_mhz")
+    steady = (((info.get("moe") or {}).get("config") or {}).get("timer") or {}).get("min_clock_ratio")
     clock = chosen.get("sm_clock_mhz") if chosen else None
-    if not top or clock is None or not np.isfinite(clock) or clock >= CLOCK_HELD * top:
+    if not top or not steady or clock is None or not np.isfinite(clock) or clock >= steady * top:
         return None
     return {"path": chosen["path"], "fmt": chosen.get("fmt"), "sm_clock_mhz": float(clock),
             "max_sm_clock_mhz": float(top), "fraction": float(clock) / float(top)}
