@@ -309,3 +309,39 @@ def test_chapter_04_says_when_the_diagnosed_paths_own_timing_saw_the_sm_clock_fa
     assert said.startswith("Power does not limit the decode GEMMs: ")
     assert f"cuda-w4a16-moe, read the SM clock at {clock:.0f} MHz in its own timing, 92% of" in said
     assert "whether the power limit lowered it is not measured here" in said
+
+
+def test_chapter_04_states_the_diagnosed_paths_own_energy_window_when_the_sweep_took_one(tmp_path,
+                                                                                       reference_copy):
+    """The MoE sweep's `energy_batches` give each point there an energy window (the call replayed
+    back to back): where the diagnosed path has one, chapter 04 states its own power, clock and
+    time a call there, instead of the decode GEMMs' power. Here the reference's GLM-5 path
+    (cuda-w4a16-moe, MXFP4, B = 512) is given the window call 110 measured on an H100."""
+    import json
+
+    from fp4lab.analysis import decode
+
+    run = tmp_path / reference_copy.name
+    shutil.copytree(reference_copy, run)
+    rows = [json.loads(line) for line in (run / "moe.jsonl").read_text().splitlines()]
+    chosen = [r for r in rows if r["method"] == "cuda-w4a16-moe" and r["fmt"] == "mxfp4"
+              and r["preset"] == "glm-5" and r["batch"] == 512 and r["ep"] == 1]
+    assert len(chosen) == 1
+    timed_us = chosen[0]["median_us"]
+    chosen[0].update(avg_power_w=699.0, energy_per_call_j=699.0 * 2.09e-3, window_sm_clock_mhz=1635.0,
+                     throttle_reasons="none;sw_power_cap")
+    (run / "moe.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "moe.parquet").unlink()            # the jsonl log is the truth the table is read from
+    d = decode.diagnose(run, decode.DiagnosisConfig.from_profile("full"))
+    own = d.chosen_power
+    assert own["capped"] and own["throttle_reasons"] == ["none", "sw_power_cap"]
+    assert own["window_us_per_call"] == pytest.approx(2090.0)
+    assert own["timed_us"] == pytest.approx(timed_us) and own["fraction"] == pytest.approx(699 / 700)
+    said = ch04_diagnosis.power_sentence(d).replace("\\", "")
+    assert said.startswith("Power caps the diagnosed path: replayed back to back, cuda-w4a16-moe drew 699 W, "
+                           "100% of the 700 W limit, with the SM clock at 1635 MHz (clock-event reasons: "
+                           "none, sw_power_cap); a call took 2.09 ms there")
+    assert f"over the timer's {chosen[0]['median_us'] / 1000:.2f} ms" in said
+    # without a window the decode GEMMs' sentence stands (the committed reference)
+    plain = decode.diagnose(reference_copy, decode.DiagnosisConfig.from_profile("full"))
+    assert plain.chosen_power is None

@@ -279,6 +279,22 @@ def test_moe_config_checks():
         moe_config(["magic"])
     with pytest.raises(ParameterError, match="batch_sizes"):
         moe_config(["loop-bf16"], batch_sizes=[0])
+    with pytest.raises(ParameterError, match="energy_window_s"):
+        moe_config(["loop-bf16"], energy_window_s=-1)
+    with pytest.raises(ParameterError, match=re.escape("energy_batches[0]")):
+        moe_config(["loop-bf16"], energy_batches=[0])
+
+
+def test_the_full_moe_sweep_takes_an_energy_window_at_the_decode_batch_and_the_smoke_none():
+    """The fused layer kernels reach the board's power cap within 0.1-0.2 s of back-to-back calls
+    (calls 109-110): the full profile's points at the decode batch also run an energy window,
+    which the moe table keeps in the GEMM table's energy columns."""
+    full = MoeSweep.from_profile("full", "cpu")
+    assert full.energy_batches == full.anatomy_batches == (512,) and full.energy_window_s == 0.5
+    assert MoeSweep.from_profile("smoke", "cpu").energy_window_s == 0
+    assert MoeSweep.from_dict(full.as_dict()) == full
+    energy = [name for name, *_ in schema.ENERGY]
+    assert set(energy) <= set(schema.table("moe").names) and set(energy) <= set(schema.table("gemm").names)
 
 
 # -- the kernels' anatomy ---------------------------------------------------------------------------

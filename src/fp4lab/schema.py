@@ -106,6 +106,14 @@ OUTCOME = (
     ("error", "str", "why the point has no time: the reason, the gate's message or the error line"),
     ("rel_err", "float", "the gate's relative Frobenius error against float64"),
 )
+ENERGY = (      # a point's energy window: the call replayed back to back for a set time (sweep.gemm)
+    ("avg_power_w", "float", "average board power over the point's energy window"),
+    ("energy_per_call_j", "float", "board energy per call over that window"),
+    ("window_sm_clock_mhz", "float", "median SM clock inside the energy window"),
+    ("throttle_reasons", "str", "clocks-event reasons seen in the window"),
+    ("window_start_s", "float", "energy window start (epoch s)"),
+    ("window_end_s", "float", "energy window end (epoch s)"),
+)
 GPU = (
     ("device", "str", "cpu or cuda"),
     ("gpu_index", "int", "torch's CUDA index of the GPU measured (None on CPU)"),
@@ -130,12 +138,7 @@ GEMM = Table("gemm", key=("backend", "fmt", "n", "k", "m", "gpu_index"), doc=(
         ("config", "str", "the build the backend chose for the point (fp4lab's kernels: its label)"),
         ("launch", "str", "pdl-tail | pdl-all: launched with programmatic dependent launch (a call "
                           "may start while the one before it finishes); plain or None: not"),
-        ("avg_power_w", "float", "average board power over the point's energy window"),
-        ("energy_per_call_j", "float", "board energy per call over that window"),
-        ("window_sm_clock_mhz", "float", "median SM clock inside the energy window"),
-        ("throttle_reasons", "str", "clocks-event reasons seen in the window"),
-        ("window_start_s", "float", "energy window start (epoch s)"),
-        ("window_end_s", "float", "energy window end (epoch s)"),
+        *ENERGY,
     ))
 
 # the stage variants an anatomy row can hold, in the order the book shows them, and the stages each
@@ -206,7 +209,7 @@ MOE = Table("moe", key=("preset", "method", "gemm", "fmt", "batch", "routing", "
                 ("flops", "float", "useful FLOPs of one call (padding not credited)"),
                 ("bytes_moved", "float", "weights read + activations in + output out"),
                 ("note", "str", "what the method ran (e.g. '212 torch.mm calls')"),
-                *OUTCOME, *TIMING, *GPU,
+                *OUTCOME, *TIMING, *GPU, *ENERGY,
             ))
 
 # the anatomy builds of fp4lab's fused MoE kernels, in the order each adds work to the one before

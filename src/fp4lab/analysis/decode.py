@@ -119,6 +119,7 @@ class Diagnosis:
     concurrency_basis: str = MODELLED
     ep_basis: str = MODELLED
     chosen_clock: dict[str, Any] | None = None   # the diagnosed path's timed SM clock, where it fell
+    chosen_power: dict[str, Any] | None = None   # the diagnosed path's own energy window, if any
 
     @property
     def smoke(self) -> bool:
@@ -362,6 +363,38 @@ def fallen_clock(chosen: dict | None, run_view: RunView) -> dict[str, Any] | Non
         return None
     return {"path": chosen["path"], "fmt": chosen.get("fmt"), "sm_clock_mhz": float(clock),
             "max_sm_clock_mhz": float(top), "fraction": float(clock) / float(top)}
+
+
+POWER_REASONS = ("sw_power_cap", "hw_power_brake_slowdown")   # clock events that are the power limit
+
+
+def path_power(moe: moe_analysis.MoeResults | None, chosen: dict | None, run_view: RunView,
+               config: DiagnosisConfig) -> dict[str, Any] | None:
+    """The diagnosed path's own energy window at its measured batch (EP 1, the MoE sweep's
+    `energy_batches`): the most power any of its rows drew against the board's limit, the lowest
+    SM clock inside the windows, their clock-event reasons, and the time a call took there
+    (energy per call over power, summed over the path's rows) against the timer's. `capped`:
+    at the power-bound share of the limit, or a power clock event. None where the run has none."""
+    limit = ((run_view.info.get("provenance") or {}).get("device") or {}).get("power_limit_w")
+    if moe is None or chosen is None or chosen.get("source") != "MoE sweep" or not limit:
+        return None
+    ok = moe.ok
+    rows = ok[(ok["method"] == chosen["path"]) & ok["fmt"].fillna("").eq(chosen.get("fmt") or "")
+              & (ok["batch"] == chosen["batch"]) & (ok["ep"].fillna(1) == 1)
+              & (ok["routing"] == config.routing)]
+    rows = rows[rows["avg_power_w"].notna() & rows["energy_per_call_j"].notna()]
+    if not len(rows):
+        return None
+    watts = float(rows["avg_power_w"].max())
+    reasons = sorted({name for names in rows["throttle_reasons"].dropna() for name in str(names).split(";")})
+    fraction = watts / float(limit)
+    return {"path": chosen["path"], "fmt": chosen.get("fmt"), "avg_power_w": watts,
+            "power_limit_w": float(limit), "fraction": fraction,
+            "window_sm_clock_mhz": float(rows["window_sm_clock_mhz"].min()),
+            "throttle_reasons": reasons,
+            "window_us_per_call": float((rows["energy_per_call_j"] / rows["avg_power_w"]).sum() * 1e6),
+            "timed_us": float(chosen["layer_us"]),
+            "capped": fraction >= config.power_bound_fraction or any(r in POWER_REASONS for r in reasons)}
 
 
 def decode_point_power(run: RunDir, config: DiagnosisConfig) -> dict[str, Any] | None:
@@ -620,4 +653,5 @@ def diagnose(run_dir: str | RunDir, config: DiagnosisConfig) -> Diagnosis:
         concurrency=concurrency, ep=ep, graphs=graphs, gate=gate_failures(gemm), missing=missing,
         dissected=frozenset(moe_analysis.fused_anatomy(moe)["method"]) if moe is not None else frozenset(),
         concurrency_basis=basis, ep_basis=ep_basis,
-        chosen_clock=fallen_clock(chosen, run_view) if not run_view.is_smoke else None)
+        chosen_clock=fallen_clock(chosen, run_view) if not run_view.is_smoke else None,
+        chosen_power=path_power(moe, chosen, run_view, config) if not run_view.is_smoke else None)

@@ -116,12 +116,27 @@ def load_sentence(d: decode.Diagnosis) -> str:
             "GEMM, a weight read.")
 
 
+def own_power_sentence(own: dict) -> str:
+    """The diagnosed path's own energy window: its power against the limit, the clock, and the
+    time a call took there against the timer's burst."""
+    reasons = ", ".join(text.md(r) for r in own["throttle_reasons"]) or "none read"
+    slower = own["window_us_per_call"] / own["timed_us"] - 1
+    return (f"Power {'caps' if own['capped'] else 'does not cap'} the diagnosed path: replayed back to back, "
+            f"{text.md(own['path'])} drew {text.sig(own['avg_power_w'])} W, {text.pct(100 * own['fraction'])} of "
+            f"the {text.sig(own['power_limit_w'])} W limit, with the SM clock at {text.sig(own['window_sm_clock_mhz'])} MHz "
+            f"(clock-event reasons: {reasons}); a call took {text.us(own['window_us_per_call'])} there, "
+            f"{text.pct(100 * abs(slower))} {'over' if slower >= 0 else 'under'} the timer's "
+            f"{text.us(own['timed_us'])}, whose samples are a burst at the clock of the moment.")
+
+
 def power_sentence(d: decode.Diagnosis) -> str | None:
-    """The decode GEMMs' power against the limit, and whether the diagnosed path's own timing saw
-    the SM clock fall (its layer kernels carry no energy window: the clock is what the run has)."""
+    """The diagnosed path's own energy window where the run has one; else the decode GEMMs' power
+    against the limit, and whether the diagnosed path's own timing saw the SM clock fall."""
     p, clock = d.decode_power, d.chosen_clock
     if d.verdict and d.verdict["verdict"] == "power-bound":
         return None
+    if d.chosen_power is not None:
+        return own_power_sentence(d.chosen_power)
     gemms = None if not p else (
         f"at the decode point (M = {text.join(p['m_values'])} on the expert shapes) {text.md(p['backend'])}'s "
         f"GEMMs drew {text.sig(p['avg_power_w'])} W, the median of {p['points']} energy windows, "

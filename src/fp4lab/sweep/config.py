@@ -188,6 +188,8 @@ class MoeSweep:
     gemms: tuple[str, ...] = GEMMS
     dense_m_values: tuple[int, ...] = DENSE_M_VALUES
     anatomy_batches: tuple[int, ...] = ()   # batches at which fp4lab's fused MoE is dissected
+    energy_batches: tuple[int, ...] = ()    # batches whose points also get an energy window...
+    energy_window_s: float = 0.0            # ...of this long (0: none)
     device: str = "auto"
     profile: str = "smoke"
     seed: int = 0
@@ -252,6 +254,8 @@ class MoeSweep:
             dense_m_values=params.check_int_list("dense_m_values", self.dense_m_values),
             anatomy_batches=params.check_int_list("anatomy_batches", self.anatomy_batches,
                                                   allow_empty=True),
+            energy_batches=params.check_int_list("energy_batches", self.energy_batches, allow_empty=True),
+            energy_window_s=params.check_float("energy_window_s", self.energy_window_s, 0, 60),
             steps=steps,
             scaled=scaled,
             **_checked_common(self))

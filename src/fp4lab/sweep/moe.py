@@ -26,7 +26,7 @@ from fp4lab import schema
 from fp4lab.results import RunDir, provenance, utc_now
 from fp4lab.sweep import moe_anatomy, runner
 from fp4lab.sweep.config import MoeSweep
-from fp4lab.sweep.gemm import device_facts, start_worker, timing_columns
+from fp4lab.sweep.gemm import device_facts, energy_columns, start_worker, timing_columns
 from fp4lab.sweep.plan import DENSE_METHOD, MoeAnatomyPoint, MoePoint, moe_anatomy_points, moe_points
 from fp4lab.sweep.registry import moe_method, moe_method_names
 
@@ -190,6 +190,10 @@ def measure_point(point: MoePoint, config: MoeSweep, cache: ProblemCache, timer,
     timing = bench.time_call(call.make_call, call.args, call.out, point_timer, device)
     row.update(timing_columns(timing))
     row["timer_note"] = "; ".join(filter(None, [row["timer_note"], cold_note])) or None
+    if point.batch in config.energy_batches and config.energy_window_s > 0 and facts["gpu_index"] is not None:
+        # the timer's samples are a burst at the boost clock; a layer kernel streaming HBM near its
+        # rate can reach the board's power cap within its first 0.1-0.2 s of back-to-back calls
+        row.update(energy_columns(call.call, config.energy_window_s, facts["gpu_index"]))
     return row
 
 
