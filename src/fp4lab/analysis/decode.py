@@ -355,9 +355,8 @@ def fallen_clock(chosen: dict | None, run_view: RunView) -> dict[str, Any] | Non
     GPU's maximum, where it was under the share of it the MoE sweep's timer calls steady (its
     `min_clock_ratio`, as run.json records it): the clock fell while that path ran. None where it
     held, or where the run records no clock of the path, no maximum or no such share."""
-    info = run_view.info
-    top = ((info.get("provenance") or {}).get("device") or {}).get("max_sm_clock_mhz")
-    steady = (((info.get("moe") or {}).get("config") or {}).get("timer") or {}).get("min_clock_ratio")
+    top = run_view.max_sm_clock_mhz
+    steady = (((run_view.info.get("moe") or {}).get("config") or {}).get("timer") or {}).get("min_clock_ratio")
     clock = chosen.get("sm_clock_mhz") if chosen else None
     if not top or not steady or clock is None or not np.isfinite(clock) or clock >= steady * top:
         return None
@@ -375,7 +374,7 @@ def path_power(moe: moe_analysis.MoeResults | None, chosen: dict | None, run_vie
     SM clock inside the windows, their clock-event reasons, and the time a call took there
     (energy per call over power, summed over the path's rows) against the timer's. `capped`:
     at the power-bound share of the limit, or a power clock event. None where the run has none."""
-    limit = ((run_view.info.get("provenance") or {}).get("device") or {}).get("power_limit_w")
+    limit = run_view.power_limit_w
     if moe is None or chosen is None or chosen.get("source") != "MoE sweep" or not limit:
         return None
     ok = moe.ok

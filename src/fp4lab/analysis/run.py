@@ -49,6 +49,10 @@ class RunView:
         return device_of(self.info).get("power_limit_w")
 
     @property
+    def max_sm_clock_mhz(self) -> float | None:
+        return device_of(self.info).get("max_sm_clock_mhz")
+
+    @property
     def created(self) -> str:
         return str(self.info.get("created") or "")
 
