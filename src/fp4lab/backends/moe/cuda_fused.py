@@ -164,8 +164,11 @@ class CudaMoeConfig:
 # other builds on the H100 and the H200 (benchmarks/NOTES.md calls 94-98): m16 fastest at B = 64
 # (GLM-5 1.42 ms NVFP4 on the H200). Without PDL the probes ranked it 2-4% either way, and the
 # reference points re-measured without it (call 98) were 2-9% slower than with it (call 95): PDL
-# stays. 64-pair items (113 registers, one CTA an SM) 1.5x slower. Over 32 pairs an expert (B >=
-# 2048 on GLM-5) each expert's weights are read once per 32-pair item: humming is faster.
+# stays. Over 32 pairs an expert (B >= 2048 on GLM-5) each expert's weights are read once per
+# 32-pair item: humming is faster. 64-pair items of 16 warps in registers were 1.5x slower (113
+# registers, one CTA an SM); of 8 warps of two row tiles with the ring (cuda_moe_probe.LARGE_GRID)
+# 1.19x faster than the 32-pair preset at GLM-5 B = 2048 NVFP4 on the H100 (call 109: 4.66 against
+# 5.52 ms, humming 4.21), not yet a preset: their MXFP4 build has not run on a GPU.
 # K-groups in flight a warp: 2 in registers, the most the 64-register cap holds without a spill
 # in the k loop since it is compiled once a width (session 28, nvcc -Xptxas -v and SASS: at 4,
 # 8-33 spill loads a chunk of the k loop in both formats; not yet measured at few pairs in
