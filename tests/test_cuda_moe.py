@@ -151,17 +151,22 @@ def test_every_preset_runs_both_launches_of_the_models(model):
         assert config.reason(preset.hidden, preset.moe_intermediate, "down") is None
 
 
-@pytest.mark.parametrize("batch,rows,weights,row_tiles", [(64, 16, "registers", 1),
-                                                          (512, 32, "shared", 2),
-                                                          (2048, 32, "shared", 2)])
-def test_presets_by_mean_pairs_per_expert(batch, rows, weights, row_tiles):
-    """Few pairs: 2 k-groups in flight in registers (4 spill at the 64-register cap); 32-pair
-    items: two row tiles a warp (half the ldmatrix bytes) with the ring in shared memory."""
+@pytest.mark.parametrize("batch,rows,weights,depth", [(64, 16, "registers", 2),
+                                                      (512, 32, "shared", 4),
+                                                      (1024, 32, "shared", 4),
+                                                      (2048, 64, "shared", 2)])
+def test_presets_by_mean_pairs_per_expert(batch, rows, weights, depth):
+    """Few pairs: 2 k-groups in flight in registers (4 spill at the 64-register cap); up to 32
+    pairs an expert: two row tiles a warp (half the ldmatrix bytes) with the ring in shared memory;
+    more: 64-pair items (each expert's weights read and decoded once for 64 pairs), 4 k-groups
+    staged so that two CTAs still fit an SM."""
     for fmt in ("nvfp4", "mxfp4"):
         config = choose_moe_config(batch * 8, 256, fmt)
-        assert (config.rows, config.weights, config.row_tiles) == (rows, weights, row_tiles)
-        assert config.overlap == "all" and config.depth == (2 if weights == "registers" else 4)
+        assert (config.rows, config.weights, config.depth) == (rows, weights, depth)
+        assert config.row_tiles == (1 if weights == "registers" else 2)
+        assert config.overlap == "all"
         assert config.register_cap == {16: 64, 8: 128}[config.warps]   # two CTAs an SM
+        assert 2 * config.shared_bytes <= 228 * 1024
     with pytest.raises(ValueError, match="presets for \\['mxfp4', 'nvfp4'\\], not 'int4'"):
         choose_moe_config(512 * 8, 256, "int4")
 
@@ -261,13 +266,15 @@ def test_fused_moe_passes_the_gate(fmt, config):
 @pytest.mark.cuda
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("model", ["glm-5", "deepseek-v3"])
-def test_the_presets_pass_the_gate_at_the_models_shapes(fmt, model):
+@pytest.mark.parametrize("batch", [64, 256])
+def test_the_presets_pass_the_gate_at_the_models_shapes(fmt, model, batch):
     """The models' hidden and intermediate sizes with 16 experts (their weights' bytes are the
-    presets' question, not the kernel's), a uniform batch of 64 tokens."""
+    presets' question, not the kernel's), a uniform batch: 32 pairs an expert at 64 tokens, 128
+    (the 64-pair preset, the busiest experts in several items) at 256."""
     from fp4lab.moe import routing
 
     preset = model_presets.get(model)
-    ids = routing.sample_expert_ids("uniform", 16, preset.top_k, 64, 1)[0]
+    ids = routing.sample_expert_ids("uniform", 16, preset.top_k, batch, 1)[0]
     problem = base.make_layer_problem(ids, 16, preset.hidden, preset.moe_intermediate, fmt, "cuda")
     call = moe.get("cuda-w4a16-moe").prepare(problem)
     gate = base.check_call(call, problem)

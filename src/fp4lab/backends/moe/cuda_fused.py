@@ -164,11 +164,7 @@ class CudaMoeConfig:
 # other builds on the H100 and the H200 (benchmarks/NOTES.md calls 94-98): m16 fastest at B = 64
 # (GLM-5 1.42 ms NVFP4 on the H200). Without PDL the probes ranked it 2-4% either way, and the
 # reference points re-measured without it (call 98) were 2-9% slower than with it (call 95): PDL
-# stays. Over 32 pairs an expert (B >= 2048 on GLM-5) each expert's weights are read once per
-# 32-pair item: humming is faster. 64-pair items of 16 warps in registers were 1.5x slower (113
-# registers, one CTA an SM); of 8 warps of two row tiles with the ring (cuda_moe_probe.LARGE_GRID)
-# 1.19x faster than the 32-pair preset at GLM-5 B = 2048 NVFP4 on the H100 (call 109: 4.66 against
-# 5.52 ms, humming 4.21), not yet a preset: their MXFP4 build has not run on a GPU.
+# stays. 64-pair items of 16 warps in registers were 1.5x slower (113 registers, one CTA an SM).
 # K-groups in flight a warp: 2 in registers, the most the 64-register cap holds without a spill
 # in the k loop since it is compiled once a width (session 28, nvcc -Xptxas -v and SASS: at 4,
 # 8-33 spill loads a chunk of the k loop in both formats; not yet measured at few pairs in
@@ -178,10 +174,17 @@ class CudaMoeConfig:
 # (cp.async, no register a k-group in flight, no spill at up to 128 registers): the fastest of 8
 # builds in both formats on the H100 (call 105, GLM-5 B = 512: 2.06 / 1.99 ms against 2.10 / 2.03
 # for 16 warps of one row tile, humming 2.37 / 2.27; results/measurements/
-# 20261206T0237Z-h100-cuda-moe-widths).
+# 20261206T0237Z-h100-cuda-moe-widths; on the H200, call 108: 1.88 / 1.75 ms, humming 2.28 /
+# 2.19). Over 32 pairs an expert (GLM-5 at B >= 2048, the busiest EP 8 rank there) a 32-pair item
+# reads and decodes each expert's weights once for every 32 pairs: 64-pair items (the same warps,
+# 4 k-groups staged so that two CTAs fit an SM, 2 in the ring: 126-128 registers) halve both;
+# GLM-5 B = 2048 NVFP4 on the H100 (call 109): 4.66 ms against 5.52 for 32-pair items (humming
+# 4.21; results/measurements/
+# 20261206T0515Z-h100-cuda-moe-clocks/call109).
 MOE_PRESETS: dict[str, tuple[tuple[float | None, CudaMoeConfig], ...]] = {
     fmt: ((2.0, CudaMoeConfig(ntiles=2, depth=2)),
-          (None, CudaMoeConfig(warps=8, row_tiles=2, ntiles=4, depth=4, weights="shared")))
+          (32.0, CudaMoeConfig(warps=8, row_tiles=2, ntiles=4, depth=4, weights="shared")),
+          (None, CudaMoeConfig(warps=8, row_tiles=2, ntiles=8, chunk=4, depth=2, weights="shared")))
     for fmt in ("nvfp4", "mxfp4")
 }
 
