@@ -46,8 +46,16 @@ PEERS = ("humming-moe-indexed", "triton-w4a16-moe")
 # 2.10 / 2.06. The sync build reads 4 KB of shared memory a k-group and row tile at 32 pairs (32
 # clocks an SM at 128 B a clock, the H200's whole copy time for the tile's 576 B; call 103: its
 # loads alone 1.77 ms there, the async build's 1.51-1.57): two row tiles should gain more there.
+# The 16-warp ring (slower than the preset in calls 105-108) gave way to three CTAs an SM of the
+# preset's warps (4 k-groups staged, 2 or 4 in the ring; 80 registers, NVFP4 gate_up spills 4 B at
+# 2, 24 B at 4; NVRTC 13.0): Nsight Compute on the H100 (call 111) read the preset's warps 25%
+# active (two CTAs of 8), each issuing every 7.25 cycles, so a scheduler issues 55% of its cycles
+# with no pipe over 45% busy: latency, not a pipe, bounds its math; on the H200 (call 108) that
+# math adds 0.57 ms to the 1.31 ms of its loads.
 GRID = (CudaMoeConfig(warps=8, row_tiles=2, depth=4, weights="shared"), CudaMoeConfig(depth=2),
-        CudaMoeConfig(warps=8, row_tiles=2, depth=2), CudaMoeConfig(depth=4, weights="shared"),
+        CudaMoeConfig(warps=8, row_tiles=2, depth=2),
+        CudaMoeConfig(warps=8, row_tiles=2, chunk=4, depth=2, weights="shared", min_ctas=3),
+        CudaMoeConfig(warps=8, row_tiles=2, chunk=4, depth=4, weights="shared", min_ctas=3),
         CudaMoeConfig(depth=2, mma="async"))
 # Over 32 pairs an expert (GLM-5 at B >= 2048; the reference run on the H200: 6.6 ms NVFP4 at B =
 # 2048 against humming's 4.2) a 32-pair item reads and decodes each expert's weights once for every

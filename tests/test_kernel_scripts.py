@@ -468,14 +468,15 @@ def test_the_moe_ncu_script_labels_each_launch_and_summarizes_ncus_rows(tmp_path
     metrics = ["gpu__time_duration.sum", "smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio",
                "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",
                "smsp__average_warps_issue_stalled_not_issued_per_issue_active.ratio",
-               "sm__inst_executed_pipe_tensor_op_hmma.sum"]
+               "sm__inst_executed_pipe_tensor_op_hmma.avg.pct_of_peak_sustained_active"]
     raw = tmp_path / "raw.csv"
     raw.write_text("==PROF== Connected\n" + ",".join(f'"{m}"' for m in metrics) + "\n"
                    + ",".join('"x"' for _ in metrics) + "\n"
-                   + '"1,400.5","0.50","3.25","9.0","1,234"\n' + '"700.0","2.00","0.10","9.0","55"\n')
+                   + '"1,400.5","0.50","3.25","9.0","12.50"\n' + '"700.0","2.00","0.10","9.0","55"\n')
     text = script.summary(script.ncu_rows(raw), ["a gate_up", "a down"])
     first, second = text.split("a down")
-    assert "time" in first and "1,400.5" in first and "1,234" in first and "not_issued" not in text
+    assert "time" in first and "1,400.5" in first and "not_issued" not in text
+    assert "pipe tensor_op_hmma" in first and "12.50 % busy" in first
     assert first.index("long_scoreboard") < first.index("math_pipe_throttle")
     assert second.index("math_pipe_throttle") < second.index("long_scoreboard")
     assert "not joined" in script.summary(script.ncu_rows(raw), ["only one"])
