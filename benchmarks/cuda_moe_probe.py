@@ -3,8 +3,9 @@ preset and every build of the first point's grid (`GRID`; `LARGE_GRID` over 32 p
 gated, then timed with the package's timer (cold L2, CUDA graph), beside humming-moe-indexed
 (when its wheel is installed) and triton-w4a16-moe's preset at the same points; the first
 point's three fastest builds (and the preset) are the only ones timed at the others; at the first
-point the anatomy stages (loads only; loads and decode; and the MMAs, no
-epilogue: both launches writing nothing, timed, not gated) of the fastest build of each kind
+point the anatomy stages (loads only; loads and decode; and the MMAs, no epilogue; all but the
+epilogue without the weights' reads: both launches writing nothing, timed, not gated) of the
+fastest build of each kind
 (sync or async, weights in registers or in shared memory); at every point the fastest build's
 call stopped after each launch (routing, gate_up, down), so the summary gives each launch's time.
 
@@ -52,9 +53,11 @@ PEERS = ("humming-moe-indexed", "triton-w4a16-moe")
 # active (two CTAs of 8), each issuing every 7.25 cycles, so a scheduler issues 55% of its cycles
 # with no pipe over 45% busy: latency, not a pipe, bounds its math; on the H200 (call 108) that
 # math adds 0.57 ms to the 1.31 ms of its loads.
-GRID = (CudaMoeConfig(warps=8, row_tiles=2, depth=4, weights="shared"), CudaMoeConfig(depth=2),
+# Call 112 (H100): the three-CTA builds 1.95 / 1.97 ms NVFP4 against the two-CTA preset's 2.03;
+# the one with 2 k-groups in the ring is the preset since.
+GRID = (CudaMoeConfig(warps=8, row_tiles=2, chunk=4, depth=2, weights="shared", min_ctas=3),
+        CudaMoeConfig(warps=8, row_tiles=2, depth=4, weights="shared"), CudaMoeConfig(depth=2),
         CudaMoeConfig(warps=8, row_tiles=2, depth=2),
-        CudaMoeConfig(warps=8, row_tiles=2, chunk=4, depth=2, weights="shared", min_ctas=3),
         CudaMoeConfig(warps=8, row_tiles=2, chunk=4, depth=4, weights="shared", min_ctas=3),
         CudaMoeConfig(depth=2, mma="async"))
 # Over 32 pairs an expert (GLM-5 at B >= 2048; the reference run on the H200: 6.6 ms NVFP4 at B =
@@ -68,7 +71,7 @@ LARGE_GRID = (CudaMoeConfig(warps=8, row_tiles=2, ntiles=8, chunk=4, depth=4, we
               CudaMoeConfig(warps=8, row_tiles=2, ntiles=8, chunk=4, depth=2, weights="shared"),
               CudaMoeConfig(warps=8, row_tiles=2, ntiles=8, depth=4, weights="shared", min_ctas=1))
 LARGE_PAIRS = 32         # mean pairs an expert over which the first point's grid is LARGE_GRID
-ANATOMY = ("load", "decode", "mma")   # MOE_STAGES timed beside the first point's fastest builds
+ANATOMY = ("load", "decode", "mma", "compute")   # MOE_STAGES timed beside the fastest builds
 SMOKE_POINTS = (("glm-5", 16),)
 
 

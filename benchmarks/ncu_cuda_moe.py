@@ -1,5 +1,6 @@
 """Nsight Compute over `cuda-w4a16-moe` at GLM-5 B = 512 NVFP4 (uniform routing): each build's
-full call and its anatomy stages (loads only; and decode; and the MMAs, no epilogue), one call
+full call and its anatomy stages (loads only; and decode; and the MMAs, no epilogue; all but the
+epilogue without the weights' reads), one call
 each inside a CUDA profiler range, so that ncu reads where the time above the loads goes (0.16
 ms in the preset, 0.15 for 16 warps in registers on the H100, call 105): issue slots, pipe use,
 shared-memory traffic, the warps' stall reasons, gate_up and down apart.
@@ -19,13 +20,17 @@ from pathlib import Path
 from fp4lab.analysis.counters import raw_table
 from fp4lab.backends.moe.cuda_fused import CudaMoeConfig
 
-# (build, stages): the 32-pair preset (8 warps of two row tiles, 4 k-groups in each warp's ring in
-# shared memory, two CTAs an SM), then the same warps with 4 k-groups staged and 2 in the ring, so
-# that three CTAs fit an SM (80 registers): call 111 (H100) read the preset's warps waiting 7.25
-# cycles between issues with 4 of them a scheduler (issue active 55%, no pipe over 45% busy)
-BUILDS = ((CudaMoeConfig(warps=8, row_tiles=2, depth=4, weights="shared"), ("full", "mma", "load")),
-          (CudaMoeConfig(warps=8, row_tiles=2, chunk=4, depth=2, weights="shared", min_ctas=3),
-           ("full", "load")))
+# (build, stages): the 32-pair preset (8 warps of two row tiles, 4 k-groups staged, 2 in each
+# warp's ring in shared memory, three CTAs an SM: 80 registers), then the same warps with 8 staged
+# and 4 in the ring, two CTAs an SM (the preset until call 112). H100, GLM-5 B = 512 NVFP4,
+# gate_up: the two-CTA build's 4 warps a scheduler issue 55-57% of cycles, 7 cycles between a
+# warp's issues, no pipe over 46% busy (calls 111-112); the three-CTA build's 6 issue 58%, 10
+# cycles apart, with 3.5% more instructions (call 112). The "compute" stage (no weight read) says
+# how fast each issues when no load waits on HBM.
+BUILDS = ((CudaMoeConfig(warps=8, row_tiles=2, chunk=4, depth=2, weights="shared", min_ctas=3),
+           ("full", "mma", "load", "compute")),
+          (CudaMoeConfig(warps=8, row_tiles=2, depth=4, weights="shared"),
+           ("full", "load", "compute")))
 LAUNCHES = ("gate_up", "down")        # the call's fp4_moe_gemm launches, in order
 HEADLINE = {                          # ncu raw metric -> what the summary calls it
     "gpu__time_duration.sum": "time",

@@ -32,7 +32,11 @@
 // lets down launch at once (OVERLAP_ALL) or after its math.
 // STAGE (the anatomy, cuda_fused.MOE_STAGES): the launch; STAGE_LOAD: codes, scales and staged
 // activations loaded and read by ldmatrix, no decode or MMA; STAGE_DECODE: and decoded, no MMA;
-// STAGE_MMA: and multiplied, no epilogue (no SiLU, routing weight or store).
+// STAGE_MMA: and multiplied, no epilogue (no SiLU, routing weight or store); STAGE_COMPUTE (this
+// kernel's own): STAGE_MMA without the weights' reads: the ring's slots (or the registers) are
+// never filled, so what they hold is decoded and multiplied instead: the call as if its weights
+// cost nothing to read (the activations still staged), so that any GPU of the same SMs and clock
+// times the part of the call that the weight stream has to hide.
 // The stages write nothing (their sum only keeps the compiler from dropping the work): timed, not
 // checked, as parts of a launch whose whole is gated.
 // MMA_ASYNC (sm_90a; CudaMoeConfig.mma "async"): each warpgroup's four warps multiply their four
@@ -64,12 +68,25 @@
 #ifndef MMA_ASYNC
 #define MMA_ASYNC 0
 #endif
-#define MULTIPLIES (STAGE == STAGE_FULL || STAGE == STAGE_MMA)   // the stages that run the MMAs
+#define STAGE_COMPUTE 4
+#define MULTIPLIES (STAGE == STAGE_FULL || STAGE == STAGE_MMA || STAGE == STAGE_COMPUTE)
+#define STREAMS_WEIGHTS (STAGE != STAGE_COMPUTE)
 #ifndef WEIGHT_RING
 #define WEIGHT_RING 0
 #endif
 #define RING_SLOT_BYTES (512 + 64)   // a warp's codes of one row tile and k-group, then its scales
                                      // (NVFP4's 64 bytes; MXFP4 fills 32)
+
+#if !WEIGHT_RING && !STREAMS_WEIGHTS
+// STAGE_COMPUTE's registers: their value unknown to the compiler at each step, as a load's would be
+__device__ __forceinline__ void opaque(u32x4& v) {
+    asm volatile("" : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w));
+}
+__device__ __forceinline__ void opaque(Scales& v) {
+#pragma unroll
+    for (int i = 0; i < SCALE_BYTES / 4; ++i) asm volatile("" : "+r"(v.word[i]));
+}
+#endif
 
 #if WEIGHT_RING
 // this thread's copies of one row tile's k-group into ring slot `slot` (codes: each lane its own
@@ -225,7 +242,7 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
     const u32 ring = stage_base + 2 * BUFFER_BYTES + warp * DEPTH * ROW_TILES * RING_SLOT_BYTES;
     const unsigned char* tile_scales = (const unsigned char*)(s + group0 * 8);  // all 8 g's
     auto fill = [&](int j, int slot, bool in_k) {             // k-group j's copies, one group
-        if (in_k) {
+        if (in_k && STREAMS_WEIGHTS) {
 #pragma unroll
             for (int r = 0; r < ROW_TILES; ++r)
                 fill_slot(ring + (slot * ROW_TILES + r) * RING_SLOT_BYTES,
@@ -243,8 +260,13 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
     for (int j = 0; j < DEPTH; ++j)
 #pragma unroll
         for (int r = 0; r < ROW_TILES; ++r) {
+#if STREAMS_WEIGHTS
             codes[j][r] = load_stream(wp + (r * groups + j) * 32);
             scales[j][r] = load_scales(sp + (r * groups + j) * 8);
+#else
+            codes[j][r] = {lane, lane, lane, lane};
+            scales[j][r] = {};
+#endif
         }
 #endif
 #if !GATE_UP
@@ -374,8 +396,13 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
                 if (next_in_k) {
 #pragma unroll
                     for (int r = 0; r < ROW_TILES; ++r) {
+#if STREAMS_WEIGHTS
                         codes[slot][r] = load_stream(wp + (r * groups + next) * 32);
                         scales[slot][r] = load_scales(sp + (r * groups + next) * 8);
+#else
+                        opaque(codes[slot][r]);                   // not loop-invariant: decoded
+                        opaque(scales[slot][r]);                  // each step as if just loaded
+#endif
                     }
                 }
 #endif
@@ -459,7 +486,7 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
 #pragma unroll
     for (int r = 0; r < ROW_TILES; ++r) add_chains(acc[r]);
 #endif
-#if STAGE == STAGE_MMA
+#if STAGE == STAGE_MMA || STAGE == STAGE_COMPUTE
 #pragma unroll
     for (int r = 0; r < ROW_TILES; ++r)
 #pragma unroll

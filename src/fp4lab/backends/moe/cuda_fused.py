@@ -37,8 +37,9 @@ N_TILE_CHOICES = (2, 4, 8)           # n8 tiles of pairs a work item: 16, 32 or 
 CHUNK_CHOICES = (1, 2, 4, 8, 16)     # k-groups of activations staged at a time
 DEPTH_CHOICES = (1, 2, 4, 8)
 # the kernel's anatomy (its STAGE define): the launch, or what it does before the decode, the MMA
-# or the epilogue
-MOE_STAGES = {"full": 0, "load": 1, "decode": 2, "mma": 3}
+# or the epilogue; or all but the epilogue without reading the weights ("compute": the part of the
+# call the weight stream must hide, the same on any GPU of the same SMs and clock)
+MOE_STAGES = {"full": 0, "load": 1, "decode": 2, "mma": 3, "compute": 4}
 # how a warp multiplies: mma.sync per n8 tile (B by ldmatrix), or a warpgroup's wgmma a k16 step
 # (B read from shared memory by the tensor cores, asynchronously; sm_90a only)
 MMA_CHOICES = ("sync", "async")
@@ -175,7 +176,13 @@ class CudaMoeConfig:
 # builds in both formats on the H100 (call 105, GLM-5 B = 512: 2.06 / 1.99 ms against 2.10 / 2.03
 # for 16 warps of one row tile, humming 2.37 / 2.27; results/measurements/
 # 20261206T0237Z-h100-cuda-moe-widths; on the H200, call 108: 1.88 / 1.75 ms, humming 2.28 /
-# 2.19). Over 32 pairs an expert (GLM-5 at B >= 2048, the busiest EP 8 rank there) a 32-pair item
+# 2.19). Then three CTAs an SM of those warps (4 k-groups staged, 2 in the ring: 52 KB of shared
+# memory and 80 registers a thread; NVFP4 gate_up spills 4 B), since Nsight Compute read the
+# two-CTA build's math as latency-bound (H100, call 111: its 4 warps a scheduler issue 55% of
+# cycles, no pipe over 45% busy; on the H200 its math adds 0.57 ms to its loads' 1.31): on the
+# H100 (call 112) 1.95 / 1.91 ms at GLM-5 B = 512 against 2.03 / 1.93, DeepSeek-V3 2.28 / 2.17
+# against 2.30 / 2.17 (results/measurements/20261206T0651Z-h100-cuda-moe-three-ctas).
+# Over 32 pairs an expert (GLM-5 at B >= 2048, the busiest EP 8 rank there) a 32-pair item
 # reads and decodes each expert's weights once for every 32 pairs: 64-pair items (the same warps,
 # 4 k-groups staged so that two CTAs fit an SM, 2 in the ring: 126-128 registers) halve both;
 # GLM-5 B = 2048 NVFP4 on the H100 (call 109): 4.66 ms against 5.52 for 32-pair items (humming
@@ -183,7 +190,8 @@ class CudaMoeConfig:
 # 20261206T0515Z-h100-cuda-moe-clocks/call109).
 MOE_PRESETS: dict[str, tuple[tuple[float | None, CudaMoeConfig], ...]] = {
     fmt: ((2.0, CudaMoeConfig(ntiles=2, depth=2)),
-          (32.0, CudaMoeConfig(warps=8, row_tiles=2, ntiles=4, depth=4, weights="shared")),
+          (32.0, CudaMoeConfig(warps=8, row_tiles=2, ntiles=4, chunk=4, depth=2, weights="shared",
+                               min_ctas=3)),
           (None, CudaMoeConfig(warps=8, row_tiles=2, ntiles=8, chunk=4, depth=2, weights="shared")))
     for fmt in ("nvfp4", "mxfp4")
 }
