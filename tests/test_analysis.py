@@ -416,6 +416,35 @@ def test_the_fused_anatomy_reads_each_build_against_the_floor_and_the_build_befo
     assert moe.fused_anatomy(moe.moe_results(run, "glm-5")).iloc[0]["layer_us"] == 1850.0   # not zipf's
 
 
+def test_the_fused_anatomy_sets_the_math_without_the_weights_against_the_loads(tmp_path):
+    """The compute build (the call without its weights' read) against the loads alone: as long or
+    longer (>= 90%) bounds the call whatever the overlap; shorter leaves the loads as the bound;
+    without one, the columns say nothing (NaN, not bound)."""
+    for compute, bound in ((1400.0, True), (1150.0, True), (900.0, False)):
+        run = fused_anatomy_run(tmp_path / str(compute), {"full": 1800.0, "load": 1250.0,
+                                                          "decode": 1400.0, "compute": compute})
+        row = moe.fused_anatomy(moe.moe_results(run, "glm-5")).iloc[0]
+        assert row["compute"] == compute and row["math_to_load"] == pytest.approx(compute / 1250.0)
+        assert bool(row["math_bound"]) is bound
+        assert row["overlapped_us"] == max(1250.0, compute)
+        assert row["mma_added_us"] == pytest.approx(400.0)      # the stages before it unchanged
+    row = moe.fused_anatomy(moe.moe_results(
+        fused_anatomy_run(tmp_path / "old", {"full": 1800.0, "load": 1250.0, "decode": 1400.0}), "glm-5")).iloc[0]
+    assert np.isnan(row["compute"]) and np.isnan(row["overlapped_us"]) and not row["math_bound"]
+
+
+def test_one_list_of_fused_stages_from_the_kernel_to_the_figure():
+    """The sweep dissects the fused kernel's own stages (the schema's), each one the analysis reads
+    and the figure draws, with a legend name."""
+    from fp4lab import schema
+    from fp4lab.backends.moe.cuda_fused import MOE_STAGES
+    from fp4lab.plots.moe import FUSED_STAGE_LABELS
+
+    stages = schema.MOE_ANATOMY_METHODS["cuda-w4a16-moe"]
+    assert set(stages) <= set(MOE_STAGES)
+    assert set(stages) == set(moe.FUSED_STAGES) | {moe.MATH_STAGE} == set(FUSED_STAGE_LABELS)
+
+
 def test_an_undissected_run_says_why_from_its_rows(tmp_path):
     run = fused_anatomy_run(tmp_path, {"full": None, "load": None}, status="unavailable", error="no CUDA GPU")
     results = moe.moe_results(run, "glm-5")

@@ -259,6 +259,35 @@ def test_chapter_03_dissects_the_fused_kernel_from_its_builds(tmp_path):
     assert "layer table times the same call" not in said          # 1.85 against 1.80 ms: 2.8%
 
 
+def test_chapter_03_says_when_the_math_alone_is_as_long_as_the_weight_stream(tmp_path):
+    """With a compute build (the call without its weights' read), the page states it beside the
+    loads and says which bounds the call: the SMs' issue when the math is about as long as the loads
+    (as call 113 measured for the H200), the loads when it is shorter; without one, the loads-only
+    time is a bound only on that condition, and the page says the run did not time it."""
+    from fakes.runs import fused_anatomy_run, moe_anatomy_row
+
+    run = fused_anatomy_run(tmp_path / "bound", {"full": 1800.0, "load": 1250.0, "decode": 1400.0,
+                                                 "compute": 1400.0})
+    run.append_rows("moe_anatomy", [moe_anatomy_row(stage, us, fmt="mxfp4") for stage, us in
+                                    (("full", 1700.0), ("load", 1200.0), ("decode", 1350.0),
+                                     ("compute", 1300.0))])
+    page = ch03_moe.build(str(run.path), "none", "full", "cpu")
+    said = page_text(page, "anatomy")
+    assert "Without reading the weights at all" in said and "the call takes 1.40 ms, 1.1x its loads alone" in said
+    assert "could not go below 1.40 ms" in said and "instruction issue as much as by HBM" in said
+    assert "would take the layer to about its loads-only time" not in said
+    assert "without the weights' read 1.30 ms (1.1x its loads)" in said             # the MXFP4 line
+    hidden = fused_anatomy_run(tmp_path / "hidden", {"full": 1800.0, "load": 1250.0, "decode": 1400.0,
+                                                     "compute": 800.0})
+    said = page_text(ch03_moe.build(str(hidden.path), "none", "full", "cpu"), "anatomy")
+    assert "the call takes 800 us, 0.64x its loads alone" in said
+    assert "would take the layer to about its loads-only time, 1.4x less" in said
+    assert "instruction issue" not in said
+    old = fused_anatomy_run(tmp_path / "old", {"full": 1800.0, "load": 1250.0, "decode": 1400.0})
+    said = page_text(ch03_moe.build(str(old.path), "none", "full", "cpu"), "anatomy")
+    assert "if they alone take less than that: this run did not time the call without the weights' read" in said
+
+
 def test_chapter_03_says_where_the_layer_table_times_the_dissected_call_elsewhere(tmp_path):
     from fakes.runs import fused_anatomy_run, moe_anatomy_row, moe_row
 

@@ -421,8 +421,9 @@ def anatomy_job(method, monkeypatch, batches=(8,)):
 def test_the_moe_anatomy_worker_gates_the_whole_build_once_then_times_every_build(monkeypatch):
     method = DissectedLayer()
     rows = anatomy_job(method, monkeypatch, batches=(8, 32))
-    assert [(r["batch"], r["stage"]) for r in rows] == [(b, s) for b in (8, 32) for s in ("full", "load", "decode")]
-    assert method.prepared == ["full", "load", "decode"] * 2               # the whole build gated once
+    stages = ("full", "load", "decode", "compute")
+    assert [(r["batch"], r["stage"]) for r in rows] == [(b, s) for b in (8, 32) for s in stages]
+    assert method.prepared == list(stages) * 2                             # the whole build gated once
     for row in rows:
         assert row["status"] == "ok" and row["median_us"] > 0 and row["rel_err"] < 1e-2
         assert row["what"] == f"fake build {row['stage']}" and row["weight_bytes"] > 0
@@ -433,7 +434,7 @@ def test_the_moe_anatomy_worker_gates_the_whole_build_once_then_times_every_buil
 def test_a_whole_build_that_fails_the_gate_leaves_its_point_untimed(monkeypatch):
     method = DissectedLayer(wrong=True)
     rows = anatomy_job(method, monkeypatch)
-    assert [r["status"] for r in rows] == ["wrong_result"] * 3 and method.prepared == ["full"]
+    assert [r["status"] for r in rows] == ["wrong_result"] * 4 and method.prepared == ["full"]
     assert all(r["median_us"] is None and r["rel_err"] > 0.1 for r in rows)
     assert not rows[0]["error"].startswith("the full build")
     assert all(r["error"].startswith("the full build at this point failed the gate: ") for r in rows[1:])
@@ -446,9 +447,9 @@ def test_a_cpu_moe_sweep_stores_the_anatomy_unavailable_and_the_cli_counts_it(tm
                      "--batch", "8", "--ep", "1", "--anatomy-batch", "8", "16", "--runs-dir", str(tmp_path),
                      "--run-id", "anat", "--quiet"]) == 0
     err = capsys.readouterr().err
-    assert "6 moe_anatomy rows (6 unavailable)" in err
+    assert "8 moe_anatomy rows (8 unavailable)" in err
     rows = RunDir(tmp_path / "anat").read_table("moe_anatomy")
-    assert set(rows["stage"]) == {"full", "load", "decode"} and set(rows["batch"]) == {8, 16}
+    assert set(rows["stage"]) == {"full", "load", "decode", "compute"} and set(rows["batch"]) == {8, 16}
     assert cli.main(["moe-sweep", "--profile", "smoke", "--device", "cpu", "--methods", "cuda-w4a16-moe",
                      "--batch", "8", "--ep", "1", "--anatomy-batch", "--runs-dir", str(tmp_path),
                      "--run-id", "none", "--quiet"]) == 0

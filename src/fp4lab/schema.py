@@ -212,20 +212,22 @@ MOE = Table("moe", key=("preset", "method", "gemm", "fmt", "batch", "routing", "
                 *OUTCOME, *TIMING, *GPU, *ENERGY,
             ))
 
-# the anatomy builds of fp4lab's fused MoE kernels, in the order each adds work to the one before
-# (the method's MOE_STAGES): loads only, also decoded, the whole launch
-MOE_ANATOMY_METHODS = {"cuda-w4a16-moe": ("load", "decode", "full")}
+# the anatomy builds of fp4lab's fused MoE kernels (the method's MOE_STAGES): loads only, also
+# decoded, the whole launch, each adding work to the one before; then the whole launch's work
+# without the weights' read (what the weight stream must hide: on the H200 as long as that stream)
+MOE_ANATOMY_METHODS = {"cuda-w4a16-moe": ("load", "decode", "full", "compute")}
 
 MOE_ANATOMY = Table("moe_anatomy", key=("preset", "method", "stage", "fmt", "batch", "routing", "ep",
                                         "gpu_index"), doc=(
     "One row per anatomy build of one of fp4lab's fused MoE kernels at one routed layer (EP 1): both "
     "launches with the weights, block scales and staged activations loaded only (load), also decoded "
-    "(decode), or whole (full, the call the moe table times); timed in one worker after the full "
-    "build passed the gate at the point (the other builds write no output)."),
+    "(decode), or whole (full, the call the moe table times), or whole but for the weights' read "
+    "(compute: what was in the kernel's buffers decoded and multiplied, no epilogue); timed in one "
+    "worker after the full build passed the gate at the point (the other builds write no output)."),
     columns=_columns(
         *MOE_RUN,
         ("method", "str", "the fused MoE dissected (" + " | ".join(MOE_ANATOMY_METHODS) + ")"),
-        ("stage", "str", "load | decode | full"),
+        ("stage", "str", "load | decode | full | compute"),
         ("what", "str", "what the call ran: its launches, tile config and stage"),
         ("fmt", "str", "FP4 format of the weights"),
         ("batch", "int", "decode batch B (tokens per step)"),

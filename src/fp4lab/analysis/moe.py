@@ -214,8 +214,11 @@ def copy_bandwidth_tbps(results: MoeResults) -> float | None:
 # -- where fp4lab's fused kernel's time goes --------------------------------------------------------
 
 FUSED_STAGES = ("load", "decode", "full")      # each anatomy build adds work to the one before
-FUSED_ANATOMY_COLUMNS = ["method", "fmt", "batch", *FUSED_STAGES, "read_floor_us", "load_rate_pct",
-                         "decode_added_us", "mma_added_us", "load_share", "layer_us", "layer_apart_pct"]
+MATH_STAGE = "compute"                         # the whole build's work without the weights' read
+MATH_BOUND_SHARE = 0.9     # the math alone at least this share of the loads alone: it bounds the call too
+FUSED_ANATOMY_COLUMNS = ["method", "fmt", "batch", *FUSED_STAGES, MATH_STAGE, "read_floor_us",
+                         "load_rate_pct", "decode_added_us", "mma_added_us", "load_share",
+                         "math_to_load", "math_bound", "overlapped_us", "layer_us", "layer_apart_pct"]
 
 
 def fused_anatomy(results: MoeResults) -> pd.DataFrame:
@@ -223,8 +226,13 @@ def fused_anatomy(results: MoeResults) -> pd.DataFrame:
     preset): each build's time (loads only, also decoded, whole), the weights' read floor at the
     copy bandwidth, the rate the loads-only build reads them at (% of the copy bandwidth), what the
     decode and the MMAs (with the epilogue) add to the build before them, the share of the whole
-    call the loads alone take, and the moe table's time of the same call at the same point (EP 1;
-    timed in the sweep's own worker, NaN where it has none) with how far apart the two are (%)."""
+    call the loads alone take; where the run timed it, the call's work without the weights' read
+    (`compute`), its ratio to the loads alone, whether it is about as long or longer
+    (`math_bound`: then no overlap takes the call below it) and the longer of the two (the least
+    the call could take were the two wholly overlapped; NaN without a compute build); and the moe
+    table's time of
+    the same call at the same point (EP 1; timed in the sweep's own worker, NaN where it has none)
+    with how far apart the two are (%)."""
     run = results.view.run
     frame = run.read_table("moe_anatomy") if run.has_table("moe_anatomy") else None
     if frame is None or not len(frame):
@@ -234,7 +242,7 @@ def fused_anatomy(results: MoeResults) -> pd.DataFrame:
         return pd.DataFrame(columns=FUSED_ANATOMY_COLUMNS)
     point = ["method", "fmt", "batch"]
     wide = ok.pivot_table(index=point, columns="stage", values="median_us", aggfunc="median")
-    wide = wide.reindex(columns=list(FUSED_STAGES)).reset_index()
+    wide = wide.reindex(columns=[*FUSED_STAGES, MATH_STAGE]).reset_index()
     weights = ok.groupby(point)["weight_bytes"].max()
     bandwidth = copy_bandwidth_tbps(results)
     wide["read_floor_us"] = [read_floor_us(weights.get(tuple(key), np.nan), bandwidth)
@@ -243,6 +251,9 @@ def fused_anatomy(results: MoeResults) -> pd.DataFrame:
     wide["decode_added_us"] = wide["decode"] - wide["load"]
     wide["mma_added_us"] = wide["full"] - wide["decode"]
     wide["load_share"] = 100 * wide["load"] / wide["full"]
+    wide["math_to_load"] = wide[MATH_STAGE] / wide["load"]
+    wide["math_bound"] = wide["math_to_load"] >= MATH_BOUND_SHARE       # False without a compute build
+    wide["overlapped_us"] = wide[["load", MATH_STAGE]].max(axis=1, skipna=False)
     layers = results.ok[(results.ok["kind"] == "layer") & (results.ok["ep"].fillna(1) == 1)
                         & results.ok["routing"].isin(ok["routing"].unique())]     # as dissected
     layer_us = layers.groupby(point)["median_us"].median()

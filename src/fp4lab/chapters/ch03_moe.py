@@ -136,7 +136,8 @@ def decorated(results: analysis.MoeResults, batch: int, routing: str):
 
 
 def _fused_anatomy(page, results: analysis.MoeResults, decode_batch: int) -> None:
-    """fp4lab's fused kernel dissected: its loads-only, decode and whole builds at one layer."""
+    """fp4lab's fused kernel dissected: its loads-only, decode and whole builds at one layer, and
+    the whole build without the weights' read."""
     table = analysis.fused_anatomy(results)
     if not len(table):
         reason = text.package_relative(analysis.fused_anatomy_reason(results))
@@ -147,11 +148,41 @@ def _fused_anatomy(page, results: analysis.MoeResults, decode_batch: int) -> Non
         return
     page.figure("anatomy", figures.fused_anatomy(table), results.caption(
         "one layer (EP 1); the builds timed one after another in one worker, after the whole call "
-        "passed the gate (the loads-only and decode builds write no output)"))
+        "passed the gate (the other builds write no output)"))
     page.bullets("anatomy", fused_anatomy_findings(table, decode_batch))
 
 
 SAME_CALL_SPREAD_PCT = 3.0   # two workers' times of one call further apart than this are said to be
+
+
+def overlap_findings(row) -> list[str]:
+    """What hiding the decode and MMAs under the loads would give: the loads-only time where the
+    math alone (the compute build) is shorter; where it is about as long or longer, no overlap takes
+    the call below the math, so the SMs' issue bounds it, not the weight stream. Without a compute
+    build, the loads-only time, on that condition."""
+    added = row["full"] - row["load"]
+    if row["load_share"] >= 90:
+        return ["The call is its loads: decode and MMAs hide under them, so what is left is reading the "
+                "weights faster."]
+    said = (f"Decode and MMAs add {text.us(added)} after the loads rather than under them.")
+    if text.is_missing(row["compute"]):
+        return [said + f" Were they hidden under the loads, the layer would take about its loads-only "
+                       f"time, {text.ratio(row['full'] / row['load'])} less, if they alone take less than "
+                       f"that: this run did not time the call without the weights' read."]
+    alone = (f" Without reading the weights at all (the same launches decoding and multiplying what "
+             f"their buffers hold), the call takes {text.us(row['compute'])}, "
+             f"{text.ratio(row['math_to_load'])} its loads alone.")
+    if row["math_bound"]:
+        return [said + alone + f" So the SMs' own work is as long as the weight stream: even wholly "
+                               f"hidden under the loads, the layer could not go below "
+                               f"{text.us(row['overlapped_us'])}. On this GPU the kernel is bound by "
+                               f"its instruction issue as much as by HBM: what would take it toward "
+                               f"the read floor is fewer instructions a weight (the decode, the MMAs "
+                               f"and their operand reads), not more bytes in flight."]
+    return [said + alone + f" Hidden under the loads (a main loop in which one warp streams the weights "
+                           f"into shared memory while the others decode and multiply), they would take "
+                           f"the layer to about its loads-only time, "
+                           f"{text.ratio(row['full'] / row['load'])} less."]
 
 
 def fused_anatomy_findings(table, decode_batch: int) -> list[str]:
@@ -174,15 +205,7 @@ def fused_anatomy_findings(table, decode_batch: int) -> list[str]:
                      f"{text.pct(row['layer_apart_pct'])} apart, the spread between two processes "
                      f"timing one call. Read this section's increments, each timed beside the others "
                      f"in one worker, rather than its totals.")
-    added = row["full"] - row["load"]
-    if row["load_share"] >= 90:
-        lines.append("The call is its loads: decode and MMAs hide under them, so what is left is reading "
-                     "the weights faster.")
-    else:
-        lines.append(f"Decode and MMAs add {text.us(added)} after the loads rather than under them. Were "
-                     f"they hidden under the loads (a main loop in which one warp streams the weights into "
-                     f"shared memory while the others decode and multiply), the layer would take about "
-                     f"its loads-only time, {text.ratio(row['full'] / row['load'])} less.")
+    lines += overlap_findings(row)
     if row["load_rate_pct"] < 80:
         lines.append(f"Even alone the loads reach {text.pct(row['load_rate_pct'])} of the copy bandwidth: "
                      f"to reach the floor the kernel must also keep more weight bytes in flight.")
@@ -193,9 +216,12 @@ def fused_anatomy_findings(table, decode_batch: int) -> list[str]:
     for other in table.drop(index=row.name).itertuples(index=False):
         elsewhere = (f" (the layer table: {text.us(other.layer_us)}, {text.pct(other.layer_apart_pct)} apart)"
                      if other.layer_apart_pct > SAME_CALL_SPREAD_PCT else "")
+        alone = ("" if text.is_missing(other.compute) else
+                 f"; without the weights' read {text.us(other.compute)} ({text.ratio(other.math_to_load)} "
+                 f"its loads)")
         lines.append(f"{text.md(other.fmt)} at B={int(other.batch)}: the whole call {text.us(other.full)}"
                      f"{elsewhere}, its loads {text.us(other.load)} ({text.pct(other.load_share)}), decode "
-                     f"{signed_us(other.decode_added_us)}, MMAs {signed_us(other.mma_added_us)}.")
+                     f"{signed_us(other.decode_added_us)}, MMAs {signed_us(other.mma_added_us)}{alone}.")
     return lines
 
 

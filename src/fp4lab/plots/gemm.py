@@ -126,22 +126,24 @@ STAGE_LABELS = {"stream": "bytes as a stream", "load": "loads only", "decode": "
 
 
 def anatomy(table: pd.DataFrame, labels: list[str] | None = None,
-            floor_label: str = "copy floor (FP4 bytes at the measured bandwidth)"):
+            floor_label: str = "copy floor (FP4 bytes at the measured bandwidth)",
+            stage_labels: dict[str, str] = STAGE_LABELS):
     """Each stage variant's time per point (a dense GEMM's (shape, M), or `labels` in the table's
     order), with the copy floor (black) and, where the table has one, the launch floor (grey) as
-    ticks: where an FP4 weight-only kernel's time goes."""
+    ticks: where an FP4 weight-only kernel's time goes. `stage_labels`: the stage columns drawn, in
+    order, and their legend names."""
     rows = table if labels is not None else table.sort_values(["n", "k", "m"])
     rows = rows.reset_index(drop=True)
     if labels is None:
         labels = [f"{int(r.n)}x{int(r.k)}, M={int(r.m)} ({r.fmt})" for r in rows.itertuples(index=False)]
-    stages = [s for s in STAGE_LABELS if s in rows and rows[s].notna().any()]
-    colours = palette([STAGE_LABELS[s] for s in stages])
+    stages = [s for s in stage_labels if s in rows and rows[s].notna().any()]
+    colours = palette([stage_labels[s] for s in stages])
     fig, axes = new_figure(height_in=0.5 * len(rows) * max(1, len(stages)) / 2.5 + 1.6)
     ax = axes[0, 0]
     height = 0.8 / len(stages)
     for offset, stage in enumerate(stages):
         positions = np.arange(len(rows)) + (offset - (len(stages) - 1) / 2) * height
-        ax.barh(positions, rows[stage], height, color=colours[STAGE_LABELS[stage]], label=STAGE_LABELS[stage])
+        ax.barh(positions, rows[stage], height, color=colours[stage_labels[stage]], label=stage_labels[stage])
     y = np.arange(len(rows))
     ax.scatter(rows["copy_floor_us"], y, marker="|", s=260, color="black", zorder=3, label=floor_label)
     if "launch_floor_us" in rows and rows["launch_floor_us"].notna().any():

@@ -90,13 +90,18 @@ def utilization(table: pd.DataFrame, target: float):
     return fig
 
 
+FUSED_STAGE_LABELS = {"load": "loads only", "decode": "loads and decode, no MMA", "full": "whole call",
+                      "compute": "whole call without the weights' read"}
+
+
 def fused_anatomy(table: pd.DataFrame):
     """Each anatomy build of fp4lab's fused MoE per (format, batch), in ms, with the weights' read
-    floor as a tick: chapter 01's anatomy figure for a whole layer (frame: analysis.fused_anatomy)."""
+    floor as a tick: chapter 03's anatomy figure for a whole layer (frame: analysis.fused_anatomy)."""
     table = table.assign(mx=table["fmt"] != "nvfp4").sort_values(["batch", "mx"])   # NVFP4 on top
     labels = [f"{r.fmt.upper()}, B={int(r.batch)}" for r in table.itertuples(index=False)]
-    in_ms = table.assign(**{column: table[column] / 1000 for column in ("load", "decode", "full")},
+    in_ms = table.assign(**{column: table[column] / 1000 for column in FUSED_STAGE_LABELS},
                          copy_floor_us=table["read_floor_us"] / 1000)
-    fig = anatomy(in_ms, labels, floor_label="weight-read floor (FP4 weights at the measured bandwidth)")
+    fig = anatomy(in_ms, labels, floor_label="weight-read floor (FP4 weights at the measured bandwidth)",
+                  stage_labels=FUSED_STAGE_LABELS)
     fig.axes[0].set(xlabel="time per layer (ms)")
     return fig
