@@ -285,6 +285,20 @@ def test_moe_config_checks():
         moe_config(["loop-bf16"], energy_batches=[0])
 
 
+def test_the_energy_window_replays_the_call_eagerly_only_where_no_graph_can_hold_it():
+    """On a GPU a graph-capturable call is replayed as a graph (the timer's way); a call the method
+    says cannot be captured, or any call on the CPU, is called as it is."""
+    from types import SimpleNamespace
+
+    from fp4lab.sweep.moe import window_call
+
+    def run():
+        return None
+
+    assert window_call(SimpleNamespace(call=run, graph=True), "cpu") is run
+    assert window_call(SimpleNamespace(call=run, graph=False), "cuda:0") is run
+
+
 def test_the_full_moe_sweep_takes_an_energy_window_at_the_decode_batch_and_the_smoke_none():
     """The fused layer kernels reach the board's power cap within 0.1-0.2 s of back-to-back calls
     (calls 109-110): the full profile's points at the decode batch also run an energy window,
