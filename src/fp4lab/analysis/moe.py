@@ -214,7 +214,7 @@ def copy_bandwidth_tbps(results: MoeResults) -> float | None:
 # -- where fp4lab's fused kernel's time goes --------------------------------------------------------
 
 FUSED_STAGES = ("load", "decode", "full")      # each anatomy build adds work to the one before
-MATH_STAGE = "compute"                         # the whole build's work without the weights' read
+MATH_STAGE = "compute"                         # decode and MMAs without the weights' read
 MATH_BOUND_SHARE = 0.9     # the math alone at least this share of the loads alone: it bounds the call too
 FUSED_ANATOMY_COLUMNS = ["method", "fmt", "batch", *FUSED_STAGES, MATH_STAGE, "read_floor_us",
                          "load_rate_pct", "decode_added_us", "mma_added_us", "load_share",
@@ -230,9 +230,8 @@ def fused_anatomy(results: MoeResults) -> pd.DataFrame:
     (`compute`), its ratio to the loads alone, whether it is about as long or longer
     (`math_bound`: then no overlap takes the call below it) and the longer of the two (the least
     the call could take were the two wholly overlapped; NaN without a compute build); and the moe
-    table's time of
-    the same call at the same point (EP 1; timed in the sweep's own worker, NaN where it has none)
-    with how far apart the two are (%)."""
+    table's time of the same call at the same point (EP 1; timed in the sweep's own worker, NaN
+    where it has none) with how far apart the two are (%)."""
     run = results.view.run
     frame = run.read_table("moe_anatomy") if run.has_table("moe_anatomy") else None
     if frame is None or not len(frame):

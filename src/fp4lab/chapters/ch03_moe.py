@@ -137,7 +137,7 @@ def decorated(results: analysis.MoeResults, batch: int, routing: str):
 
 def _fused_anatomy(page, results: analysis.MoeResults, decode_batch: int) -> None:
     """fp4lab's fused kernel dissected: its loads-only, decode and whole builds at one layer, and
-    the whole build without the weights' read."""
+    its decode and MMAs without the weights' read."""
     table = analysis.fused_anatomy(results)
     if not len(table):
         reason = text.package_relative(analysis.fused_anatomy_reason(results))
@@ -158,8 +158,8 @@ SAME_CALL_SPREAD_PCT = 3.0   # two workers' times of one call further apart than
 def overlap_findings(row) -> list[str]:
     """What hiding the decode and MMAs under the loads would give: the loads-only time where the
     math alone (the compute build) is shorter; where it is about as long or longer, no overlap takes
-    the call below the math, so the SMs' issue bounds it, not the weight stream. Without a compute
-    build, the loads-only time, on that condition."""
+    the call below the math, so the SMs' own work bounds it as much as the weight stream. Without
+    a compute build, the loads-only time, on that condition."""
     added = row["full"] - row["load"]
     if row["load_share"] >= 90:
         return ["The call is its loads: decode and MMAs hide under them, so what is left is reading the "
@@ -176,9 +176,9 @@ def overlap_findings(row) -> list[str]:
         return [said + alone + f" So the SMs' own work is as long as the weight stream: even wholly "
                                f"hidden under the loads, the layer could not go below "
                                f"{text.us(row['overlapped_us'])}. On this GPU the kernel is bound by "
-                               f"its instruction issue as much as by HBM: what would take it toward "
-                               f"the read floor is fewer instructions a weight (the decode, the MMAs "
-                               f"and their operand reads), not more bytes in flight."]
+                               f"its own instructions (decode and MMAs) as much as by HBM: what would "
+                               f"take it toward the read floor is fewer instructions a weight, not more "
+                               f"bytes in flight."]
     return [said + alone + f" Hidden under the loads (a main loop in which one warp streams the weights "
                            f"into shared memory while the others decode and multiply), they would take "
                            f"the layer to about its loads-only time, "

@@ -91,7 +91,7 @@ def utilization(table: pd.DataFrame, target: float):
 
 
 FUSED_STAGE_LABELS = {"load": "loads only", "decode": "loads and decode, no MMA", "full": "whole call",
-                      "compute": "whole call without the weights' read"}
+                      "compute": "decode and MMAs without the weights' read"}
 
 
 def fused_anatomy(table: pd.DataFrame):

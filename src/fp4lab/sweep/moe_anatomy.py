@@ -1,8 +1,9 @@
 """Where fp4lab's fused FP4 MoE spends its time: the anatomy builds of a fused method
 (schema.MOE_ANATOMY_METHODS) at one routed layer: both launches with the weights, block scales and
-staged activations loaded only ("load"), also decoded ("decode"), whole ("full"), and whole but for
-the weights' read ("compute"), timed with the sweep's timer one after another in one worker. The full build passes the gate first; the other
-builds write no output, so they are timed only where the full build at the same point passed.
+staged activations loaded only ("load"), also decoded ("decode"), whole ("full"), and decoding and
+multiplying without the weights' read ("compute"), timed with the sweep's timer one after another in
+one worker. The full build passes the gate first; the other builds write no output, so they are
+timed only where the full build at the same point passed.
 
 Worker side: `measure_job` (one worker per dissected method). The parent side is part of the MoE
 sweep (fp4lab.sweep.moe.run_sweep).

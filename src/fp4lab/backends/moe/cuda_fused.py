@@ -179,9 +179,11 @@ class CudaMoeConfig:
 # 2.19). Then three CTAs an SM of those warps (4 k-groups staged, 2 in the ring: 52 KB of shared
 # memory and 80 registers a thread; NVFP4 gate_up spills 4 B), since Nsight Compute read the
 # two-CTA build's math as latency-bound (H100, call 111: its 4 warps a scheduler issue 55% of
-# cycles, no pipe over 45% busy; on the H200 its math adds 0.57 ms to its loads' 1.31): on the
-# H100 (call 112) 1.95 / 1.91 ms at GLM-5 B = 512 against 2.03 / 1.93, DeepSeek-V3 2.28 / 2.17
-# against 2.30 / 2.17 (results/measurements/20261206T0651Z-h100-cuda-moe-three-ctas).
+# cycles, no pipe over 45% busy; on the H200 its math adds 0.57 ms to its loads' 1.31). On the
+# H100, at its DRAM's rate with both, level or faster: GLM-5 B = 512 1.95 / 1.91 ms against 2.03 /
+# 1.93, DeepSeek-V3 2.28 / 2.17 against 2.30 / 2.17 (call 112), GLM-5 2.03 / 1.91 against 2.03 /
+# 1.97 (call 113; results/measurements/20261206T0651Z-h100-cuda-moe-three-ctas, …T0702Z-…);
+# not yet timed on the H200.
 # Over 32 pairs an expert (GLM-5 at B >= 2048, the busiest EP 8 rank there) a 32-pair item
 # reads and decodes each expert's weights once for every 32 pairs: 64-pair items (the same warps,
 # 4 k-groups staged so that two CTAs fit an SM, 2 in the ring: 126-128 registers) halve both;
