@@ -176,9 +176,8 @@ def overlap_findings(row) -> list[str]:
         return [said + alone + f" So the SMs' own work is as long as the weight stream: even wholly "
                                f"hidden under the loads, the layer could not go below "
                                f"{text.us(row['overlapped_us'])}. On this GPU the kernel is bound by "
-                               f"its own instructions (decode and MMAs) as much as by HBM: what would "
-                               f"take it toward the read floor is fewer instructions a weight, not more "
-                               f"bytes in flight."]
+                               f"its own instructions (decode and MMAs) as much as by HBM: toward the "
+                               f"read floor it needs fewer instructions a weight before anything else."]
     return [said + alone + f" Hidden under the loads (a main loop in which one warp streams the weights "
                            f"into shared memory while the others decode and multiply), they would take "
                            f"the layer to about its loads-only time, "
