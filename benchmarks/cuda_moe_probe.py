@@ -54,12 +54,16 @@ PEERS = ("humming-moe-indexed", "triton-w4a16-moe")
 # with no pipe over 45% busy: latency, not a pipe, bounds its math; on the H200 (call 108) that
 # math adds 0.57 ms to the 1.31 ms of its loads.
 # Call 112 (H100): the three-CTA builds 1.95 / 1.97 ms NVFP4 against the two-CTA preset's 2.03;
-# the one with 2 k-groups in the ring is the preset since.
+# the one with 2 k-groups in the ring is the preset since. Two row tiles a warp with 2 k-groups in
+# registers (never the fastest, calls 105-113) gave way to wgmma with the ring (no spill, no
+# serialized wgmma: NVRTC 13.0), which drops a row tile's 16 HMMA and 4 ldmatrix a k-group for 4
+# wgmma, though its SASS spends about as much on descriptors (benchmarks/NOTES.md, session 30).
 GRID = (CudaMoeConfig(warps=8, row_tiles=2, chunk=4, depth=2, weights="shared", min_ctas=3),
         CudaMoeConfig(warps=8, row_tiles=2, depth=4, weights="shared"), CudaMoeConfig(depth=2),
-        CudaMoeConfig(warps=8, row_tiles=2, depth=2),
         CudaMoeConfig(warps=8, row_tiles=2, chunk=4, depth=4, weights="shared", min_ctas=3),
-        CudaMoeConfig(depth=2, mma="async"))
+        CudaMoeConfig(depth=2, mma="async"),
+        CudaMoeConfig(warps=8, row_tiles=2, depth=4, weights="shared", mma="async"),
+        CudaMoeConfig(warps=8, chunk=4, depth=2, weights="shared", mma="async", min_ctas=3))
 # Over 32 pairs an expert (GLM-5 at B >= 2048; the reference run on the H200: 6.6 ms NVFP4 at B =
 # 2048 against humming's 4.2) a 32-pair item reads and decodes each expert's weights once for every
 # 32 of its pairs: 64-pair items halve both. Two row tiles of 8 warps, the weights in each warp's
@@ -139,7 +143,7 @@ def probe_point(run: kernels.Run, model, batch: int, fmt: str, weights, configs,
     if timed:
         best = min(timed, key=lambda pair: pair[0])[1]
         for build in fastest_of_each_kind(timed) if anatomy else ():
-            for stage in ANATOMY:
+            for stage in (s for s in ANATOMY if not build.stage_reason(s)):
                 row = run.step("moe_part", {**what, "label": f"{build.label()} stage {stage}"},
                                lambda s=stage, b=build: layer_row(run, problem, "cuda-w4a16-moe",
                                                                   b, stage=s))

@@ -151,6 +151,20 @@ def test_every_preset_runs_both_launches_of_the_models(model):
         assert config.reason(preset.hidden, preset.moe_intermediate, "down") is None
 
 
+def test_the_compute_stage_is_refused_where_ptxas_would_serialize_the_wgmma():
+    """An async build with its weights in registers has no compute stage (its wgmma serialize
+    there, NVRTC 13.0's C7512): prepare says so before building anything; every other build and
+    stage has one."""
+    registers = CudaMoeConfig(chunk=4, depth=2, mma="async")
+    ring = CudaMoeConfig(warps=8, row_tiles=2, depth=4, weights="shared", mma="async")
+    assert "serializes its wgmma" in registers.stage_reason("compute")
+    assert all(registers.stage_reason(s) is None for s in ("full", "load", "decode", "mma"))
+    assert ring.stage_reason("compute") is None and CudaMoeConfig(depth=2).stage_reason("compute") is None
+    problem = base.make_layer_problem(skewed_ids(24, 8, 2, busy=0), 8, 512, 256, "mxfp4", "cpu")
+    with pytest.raises(ValueError, match="serializes its wgmma"):
+        moe.get("cuda-w4a16-moe").prepare(problem, config=registers, stage="compute")
+
+
 @pytest.mark.parametrize("batch,rows,weights,ctas", [(64, 16, "registers", 2),
                                                      (512, 32, "shared", 3),
                                                      (1024, 32, "shared", 3),
@@ -313,6 +327,10 @@ def test_the_anatomy_stages_run_beside_a_gated_build(stage, config):
     laid-out weights with the full build, whose gate still passes after it."""
     problem = base.make_layer_problem(skewed_ids(24, 8, 2, busy=0), 8, 512, 256, "mxfp4", "cuda")
     method = moe.get("cuda-w4a16-moe")
+    if config.stage_reason(stage):                  # the async build in registers has no compute stage
+        with pytest.raises(ValueError, match="serializes its wgmma"):
+            method.prepare(problem, config=config, stage=stage)
+        return
     staged = method.prepare(problem, config=config, stage=stage)
     assert f"anatomy stage {stage}" in staged.note
     staged.call()

@@ -366,7 +366,7 @@ def test_the_moe_probe_times_the_presets_first_then_sync_and_async_builds():
     assert len(set(probe.GRID)) == len(probe.GRID)
     assert {c.mma for c in probe.GRID} == {"sync", "async"}
     assert {(c.mma, c.weights) for c in probe.GRID} == {("sync", "registers"), ("sync", "shared"),
-                                                        ("async", "registers")}
+                                                        ("async", "registers"), ("async", "shared")}
     assert {c.row_tiles for c in probe.GRID} == {1, 2}
     assert all(c.warps % 4 == 0 for c in probe.GRID if c.mma == "async")
     # the first point times its own preset first: the few-pair preset at B = 64, 64-pair items

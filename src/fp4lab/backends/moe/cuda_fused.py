@@ -136,6 +136,15 @@ class CudaMoeConfig:
     def register_cap(self) -> int | None:
         return register_cap(self.min_ctas, self.threads)
 
+    def stage_reason(self, stage: str) -> str | None:
+        """Why this build has no anatomy `stage` (one of MOE_STAGES); None when it has. The
+        compute stage of an async build with its weights in registers: ptxas serializes its wgmma
+        there (C7512 at the 64-register cap, NVRTC 13.0), so its time would not be its math's."""
+        if stage == "compute" and self.mma == "async" and self.weights == "registers":
+            return ("its compute stage serializes its wgmma (ptxas C7512: too few registers with "
+                    "the weights' registers kept live), so it would not time the math: use the ring")
+        return None
+
     def label(self) -> str:
         tiles = f" r{self.row_tiles}" if self.row_tiles > 1 else ""
         wgmma = "" if self.mma != "async" else " wg" if self.mma_depth == 1 else f" wg{self.mma_depth}"
@@ -403,6 +412,8 @@ class CudaW4A16Moe(MoeMethod):
             reason = config.reason(n, k, what)
             if reason:
                 raise ValueError(f"{self.name} {config.label()}: {reason}")
+        if config.stage_reason(stage):
+            raise ValueError(f"{self.name} {config.label()}: {config.stage_reason(stage)}")
         if problem.device == "cpu":
             raise MethodUnavailable(f"{self.name}: runs only on a CUDA GPU; the CPU was asked for")
         device = problem.x.device
