@@ -37,27 +37,23 @@ from fp4lab.moe import routing  # noqa: E402
 POINTS = (("glm-5", 512), ("deepseek-v3", 512), ("glm-5", 64))
 PEERS = ("humming-moe-indexed", "triton-w4a16-moe")
 # The k loop compiled once an item's width (session 28: no compare, branch and NOP around each
-# pair of MMAs; 91-97 instructions a k-group and row tile at 32 pairs, from 130). The preset (both
-# formats: 8 warps of two row tiles, each B fragment read by ldmatrix serving both, 4 k-groups in
-# each warp's ring in shared memory), then 16 warps of one row tile with 2 k-groups in registers
-# (the last presets), two row tiles a warp with 2 in registers, the 16-warp ring, the async build
-# (wgmma: B read once a warpgroup, no ldmatrix). Call 105 (H100, GLM-5 B = 512, NVFP4 / MXFP4 ms):
-# 2.06 / 1.99, 2.10 / 2.03, 2.15 / 2.08, 2.13 / 2.03, 2.39 / 2.19; 4 k-groups in registers (which
-# spill now) 2.17 / 2.08, 16 warps of two row tiles one CTA an SM 2.24 / 2.13, 4 k-groups a chunk
-# 2.10 / 2.06. The sync build reads 4 KB of shared memory a k-group and row tile at 32 pairs (32
-# clocks an SM at 128 B a clock, the H200's whole copy time for the tile's 576 B; call 103: its
-# loads alone 1.77 ms there, the async build's 1.51-1.57): two row tiles should gain more there.
-# The 16-warp ring (slower than the preset in calls 105-108) gave way to three CTAs an SM of the
-# preset's warps (4 k-groups staged, 2 or 4 in the ring; 80 registers, NVFP4 gate_up spills 4 B at
-# 2, 24 B at 4; NVRTC 13.0): Nsight Compute on the H100 (call 111) read the preset's warps 25%
-# active (two CTAs of 8), each issuing every 7.25 cycles, so a scheduler issues 55% of its cycles
-# with no pipe over 45% busy: latency, not a pipe, bounds its math; on the H200 (call 108) that
-# math adds 0.57 ms to the 1.31 ms of its loads.
-# Call 112 (H100): the three-CTA builds 1.95 / 1.97 ms NVFP4 against the two-CTA preset's 2.03;
-# the one with 2 k-groups in the ring is the preset since. Two row tiles a warp with 2 k-groups in
-# registers (never the fastest, calls 105-113) gave way to wgmma with the ring (no spill, no
-# serialized wgmma: NVRTC 13.0), which drops a row tile's 16 HMMA and 4 ldmatrix a k-group for 4
-# wgmma, though its SASS spends about as much on descriptors (benchmarks/NOTES.md, session 30).
+# pair of MMAs; 91-97 instructions a k-group and row tile at 32 pairs, from 130). In order:
+# - the preset: 8 warps of two row tiles (each B fragment read by ldmatrix serves both), 4
+#   k-groups staged and 2 in each warp's ring in shared memory, three CTAs an SM (80 registers;
+#   NVFP4 gate_up spills 4 B, NVRTC 13.0). Nsight Compute on the H100 (call 111) read the two-CTA
+#   build's warps 25% active, each issuing every 7.25 cycles (a scheduler 55% busy, no pipe over
+#   45%): latency bounds its math, which on the H200 (call 108) adds 0.57 ms to its 1.31 ms of
+#   loads. H100, GLM-5 B = 512 NVFP4: 1.95 / 2.03 ms (calls 112 / 113);
+# - the two-CTA preset before it (8 k-groups staged, 4 in the ring): 2.03 / 2.03; on the H200
+#   1.88 / 1.75 ms NVFP4 / MXFP4 (call 108);
+# - 16 warps of one row tile with 2 k-groups in registers (the few-pairs preset's shape);
+# - three CTAs with 4 k-groups in the ring (24 B of spill): 1.97 / 1.99;
+# - the async build (wgmma: B read by the tensor cores, no ldmatrix) with its weights in registers,
+#   and two with the ring (no spill, no serialized wgmma: NVRTC 13.0), which drop a row tile's 16
+#   HMMA and 4 ldmatrix a k-group for 4 wgmma, though their SASS spends about as much on
+#   descriptors (benchmarks/NOTES.md, session 30).
+# The sync build reads 4 KB of shared memory a k-group and row tile at 32 pairs (32 clocks an SM
+# at 128 B a clock, the H200's whole copy time for the tile's 576 B): why two row tiles a warp.
 GRID = (CudaMoeConfig(warps=8, row_tiles=2, chunk=4, depth=2, weights="shared", min_ctas=3),
         CudaMoeConfig(warps=8, row_tiles=2, depth=4, weights="shared"), CudaMoeConfig(depth=2),
         CudaMoeConfig(warps=8, row_tiles=2, chunk=4, depth=4, weights="shared", min_ctas=3),

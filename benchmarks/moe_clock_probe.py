@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import h200_kernels as kernels  # noqa: E402  (the models' weights)
 
 from fp4lab import bench, telemetry  # noqa: E402
+from fp4lab.analysis.power import reason_counts  # noqa: E402
 from fp4lab.backends.moe import base as moe_base, get as get_moe  # noqa: E402
 from fp4lab.moe import routing  # noqa: E402
 
@@ -75,8 +76,7 @@ def summary(method: str, replays, samples) -> list[str]:
         lines.append(f"{method:22s} SM clock {str(clock):14s} {len(us):5d} replays  median "
                      f"{us.median():8.1f} us  p20-p80 {us.quantile(0.2):8.1f}-{us.quantile(0.8):8.1f}")
     window = samples[(samples["t"] >= frame["t"].min()) & (samples["t"] <= frame["t"].max())]
-    reasons = sorted({name for names in window["throttle_reasons"].dropna()   # "a;b" (nvml)
-                      for name in names.split(";")})
+    reasons = sorted(reason_counts(window["throttle_reasons"]))
     lines.append(f"{method:22s} power {window['power_instant_w'].median():6.0f} W median, "
                  f"{window['power_instant_w'].max():6.0f} W max (limit {window['power_limit_w'].max():.0f}); "
                  f"SM clock {window['sm_clock_mhz'].min():.0f}-{window['sm_clock_mhz'].max():.0f} MHz; "

@@ -385,7 +385,7 @@ def path_power(moe: moe_analysis.MoeResults | None, chosen: dict | None, run_vie
     if not len(rows):
         return None
     watts = float(rows["avg_power_w"].max())
-    reasons = sorted({name for names in rows["throttle_reasons"].dropna() for name in str(names).split(";")})
+    reasons = sorted(power_analysis.reason_counts(rows["throttle_reasons"]))
     fraction = watts / float(limit)
     return {"path": chosen["path"], "fmt": chosen.get("fmt"), "avg_power_w": watts,
             "power_limit_w": float(limit), "fraction": fraction,
