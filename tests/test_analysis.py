@@ -11,7 +11,7 @@ import pytest
 from fakes.runs import (CPU, MEASURED, fused_anatomy_run, glm5_gemm_rows, gemm_row, make_run, moe_anatomy_row,
                         moe_row)
 
-from fp4lab import roofline
+from fp4lab import roofline, text
 from fp4lab.analysis import decode, gemm, moe
 from fp4lab.errors import ParameterError
 
@@ -144,9 +144,10 @@ def test_a_path_far_above_its_memory_floor_is_called_kernel_limited_with_a_bound
     sentence = words.verdict_sentence(d)
     assert "**kernel-limited above its memory floor** (memory is its largest floor)" in sentence
     assert "**memory-bound**" not in sentence and "hardware counters" in words.kernel_time_sentence(d)
+    assert d.chosen_anatomy is None
     bound = d.levers[d.levers["basis"] == decode.BOUND].iloc[0]
     assert bound["gain"] == pytest.approx(1 / d.verdict["explained"]) and bound["from_path"]
-    assert words.lever_lines(d, from_path=True)[0].startswith("streaming ") and "weights at copy bandwidth: " in words.lever_lines(d, from_path=True)[0]
+    assert words.lever_lines(d, from_path=True)[0].startswith(text.md(f"{d.chosen['path']} at its weight-read floor: "))
     assert bound["kind"] == "bound"
     assert bound["with_us"] == pytest.approx(d.chosen["memory_floor_us"])
 
@@ -181,7 +182,7 @@ def test_the_fastest_path_is_diagnosed_and_a_measured_loop_supersedes_the_built_
     paths = list(d.paths["path"])
     assert paths[0] == "grouped-fp8" and d.chosen["layer_us"] == 3000.0
     assert "torch-bf16 loop" not in paths and "loop-bf16" in paths and "torch-fp8 loop" in paths
-    lever = d.levers[d.levers["lever"].str.startswith("grouped-fp8")].iloc[0]
+    lever = d.levers[d.levers["lever"].str.startswith("grouped-fp8 instead of")].iloc[0]
     assert lever["gain"] == pytest.approx(6000.0 / 3000.0)
     with pytest.raises(ParameterError, match="backend='magic'"):
         decode.diagnose(run_with(tmp_path / "b", gemm_rows, moe_rows), decode.DiagnosisConfig(backend="magic"))
@@ -454,15 +455,29 @@ def test_an_undissected_run_says_why_from_its_rows(tmp_path):
 
 
 
-def test_the_kernel_time_sentence_points_to_the_diagnosed_kernels_own_anatomy(tmp_path):
+def test_the_kernel_time_sentence_says_what_the_diagnosed_calls_own_builds_measured(tmp_path):
+    """The front page's "what would fix it" read "a kernel that streamed these weights at the copy
+    bandwidth" while chapter 03 showed the loads already at it: where the diagnosed call was
+    dissected, the sentence states its builds (the same row chapter 03 reads) and what they say."""
     from fp4lab.chapters import ch04_diagnosis as words
 
-    run = fused_anatomy_run(tmp_path, {"full": 1800.0, "load": 1250.0, "decode": 1400.0})
-    run.append_rows("gemm", glm5_gemm_rows("torch-bf16", DECODE_MS))
-    d = decode.diagnose(run, decode.DiagnosisConfig(steps=8))
-    assert d.chosen["path"] == "cuda-w4a16-moe" and d.verdict["kernel_limited"]
-    assert "chapter 03, this kernel's loads-only, decode and whole builds" in words.kernel_time_sentence(d)
-    bare = fused_anatomy_run(tmp_path / "bare", {})
-    bare.append_rows("gemm", glm5_gemm_rows("torch-bf16", DECODE_MS))
-    sentence = words.kernel_time_sentence(decode.diagnose(bare, decode.DiagnosisConfig(steps=8)))
-    assert "chapter 01, the anatomy of fp4lab's own kernels" in sentence
+    def diagnosed(root, builds):
+        run = fused_anatomy_run(root, builds)
+        run.append_rows("gemm", glm5_gemm_rows("torch-bf16", DECODE_MS))
+        d = decode.diagnose(run, decode.DiagnosisConfig(steps=8))
+        assert d.chosen["path"] == "cuda-w4a16-moe" and d.verdict["kernel_limited"]
+        return d, words.kernel_time_sentence(d)
+
+    builds = {"full": 1800.0, "load": 1250.0, "decode": 1400.0}
+    d, sentence = diagnosed(tmp_path / "old", builds)
+    assert d.chosen_anatomy["load"] == 1250.0 and d.chosen_anatomy["fmt"] == d.chosen["fmt"]
+    assert "loads alone read the weights at 80% of the copy bandwidth" in sentence
+    assert "(+150 us) and the MMAs (+400 us) run after the loads" in sentence
+    assert "did not time them without the weights' read" in sentence and "copy bandwidth would" not in sentence
+    _, sentence = diagnosed(tmp_path / "bound", {**builds, "compute": 1400.0})
+    assert "they alone take 1.40 ms, 1.1x the loads" in sentence
+    assert "could not go below 1.40 ms" in sentence and "fewer instructions a weight" in sentence
+    _, sentence = diagnosed(tmp_path / "hidden", {**builds, "compute": 900.0})
+    assert "hidden under the loads, the layer would take about the loads' 1.25 ms" in sentence
+    d, sentence = diagnosed(tmp_path / "bare", {})
+    assert d.chosen_anatomy is None and "chapter 01, the anatomy of fp4lab's own kernels" in sentence

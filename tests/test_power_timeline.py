@@ -48,3 +48,15 @@ def test_a_backend_keeps_its_colour_from_figure_to_figure():
     some = backend_palette(["triton-w4a16", "torch-bf16"])
     assert some["triton-w4a16"] == every["triton-w4a16"] and some["torch-bf16"] == every["torch-bf16"]
     assert backend_palette(["a-new-backend"])["a-new-backend"] not in every.values()
+
+
+def test_the_seconds_sampled_leave_the_pause_between_sessions_out():
+    """A CPU page quoted the reference run's telemetry as "110285 s sampled (21947 samples)": the
+    span from its first session to a re-sweep a day later."""
+    from fp4lab.analysis.power import sampled_seconds
+
+    times = np.concatenate([np.arange(100.0, 110.0, 0.05), np.arange(90_000.0, 90_004.0, 0.05)])
+    frame = telemetry(times)
+    assert sampled_seconds(frame) == pytest.approx(9.95 + 3.95)
+    two_gpus = pd.concat([frame, telemetry(np.arange(0.0, 2.0, 0.05)).assign(gpu=1)])
+    assert sampled_seconds(two_gpus) == pytest.approx(9.95 + 3.95)   # the longest-sampled GPU

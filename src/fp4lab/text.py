@@ -103,6 +103,11 @@ def us(value, digits: int = 3) -> str:
     return f"{sig(value, digits)} us"
 
 
+def signed_us(value) -> str:
+    """"+0.15 ms" or "-12 us": what one step adds to the one before it."""
+    return ("+" if value >= 0 else "-") + us(abs(value))
+
+
 def pct(value, digits: int = 2) -> str:
     """A percentage given in percent: '43%', '0.12%', '—'."""
     if is_missing(value):

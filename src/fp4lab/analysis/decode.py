@@ -115,7 +115,7 @@ class Diagnosis:
     graphs: pd.DataFrame
     gate: pd.DataFrame
     missing: list[str] = field(default_factory=list)
-    dissected: frozenset[str] = frozenset()      # fused methods the run's moe_anatomy table dissects
+    chosen_anatomy: dict[str, Any] | None = None  # the diagnosed path dissected by build, if it was
     concurrency_basis: str = MODELLED
     ep_basis: str = MODELLED
     chosen_clock: dict[str, Any] | None = None   # the diagnosed path's timed SM clock, where it fell
@@ -364,6 +364,18 @@ def fallen_clock(chosen: dict | None, run_view: RunView) -> dict[str, Any] | Non
             "max_sm_clock_mhz": float(top), "fraction": float(clock) / float(top)}
 
 
+def path_anatomy(moe: moe_analysis.MoeResults | None, chosen: dict | None) -> dict[str, Any] | None:
+    """The diagnosed path's own builds (loads only, decoded, whole, its math alone where timed: a
+    row of `moe_analysis.fused_anatomy`) at its measured batch and format; None where the run did
+    not dissect that call."""
+    if moe is None or chosen is None or chosen.get("source") != "MoE sweep":
+        return None
+    anatomy = moe_analysis.fused_anatomy(moe)
+    rows = anatomy[(anatomy["method"] == chosen["path"]) & (anatomy["fmt"] == chosen.get("fmt"))
+                   & (anatomy["batch"] == chosen["batch"])]
+    return rows.iloc[0].to_dict() if len(rows) else None
+
+
 POWER_REASONS = ("sw_power_cap", "hw_power_brake_slowdown")   # clock events that are the power limit
 
 
@@ -562,7 +574,7 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
                          "with_us": fp4["best"]["layer_us"], "from_path": True, "kind": "measured"})
     floor = chosen.get("memory_floor_us", np.nan) if chosen is not None else np.nan
     if np.isfinite(floor) and 0 < floor < chosen["layer_us"]:
-        rows.append({"lever": f"streaming {chosen['path']}'s weights at copy bandwidth",
+        rows.append({"lever": f"{chosen['path']} at its weight-read floor",
                      "gain": chosen["layer_us"] / floor, "basis": BOUND, "now_us": chosen["layer_us"],
                      "with_us": floor, "from_path": True, "kind": "bound"})
     if len(concurrency) > 1:
@@ -650,7 +662,7 @@ def diagnose(run_dir: str | RunDir, config: DiagnosisConfig) -> Diagnosis:
         fp4=fp4, levers=levers(paths, chosen, fp4, concurrency, ep, graphs, config.decode_batch,
                                concurrency_basis=basis, ep_basis=ep_basis, backend=seed_backend_name),
         concurrency=concurrency, ep=ep, graphs=graphs, gate=gate_failures(gemm), missing=missing,
-        dissected=frozenset(moe_analysis.fused_anatomy(moe)["method"]) if moe is not None else frozenset(),
+        chosen_anatomy=path_anatomy(moe, chosen),
         concurrency_basis=basis, ep_basis=ep_basis,
         chosen_clock=fallen_clock(chosen, run_view) if not run_view.is_smoke else None,
         chosen_power=path_power(moe, chosen, run_view, config) if not run_view.is_smoke else None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from fp4lab.analysis.gemm import GemmResults, gemm_results
@@ -17,6 +18,7 @@ from fp4lab.analysis.run import RunView, view
 from fp4lab.results import RunDir
 
 BUSY_UTIL_PCT = 50                       # a sample counts as "under load" above this utilisation
+SESSION_GAP_S = 5.0                      # a pause in sampling longer than this starts a new session
 BENIGN_REASONS = {"none", "gpu_idle"}    # clocks-event reasons that are not throttling
 POINT_COLUMNS = ["backend", "fmt", "m", "n", "k", "gpu_index", "tflops", "avg_power_w",
                  "energy_per_call_j", "tflops_per_w", "window_sm_clock_mhz", "throttle_reasons",
@@ -82,14 +84,24 @@ def throttling(reasons: pd.Series) -> dict[str, float]:
             if name not in BENIGN_REASONS}
 
 
+def sampled_seconds(telemetry: pd.DataFrame) -> float:
+    """Seconds the sampler ran, the pauses between sessions left out (a run resumed a day later
+    holds one sample either side of the pause, not a day of sampling); the most of any GPU."""
+    seconds = 0.0
+    for _, samples in telemetry.groupby("gpu", dropna=False):
+        steps = np.diff(np.unique(samples["t"].to_numpy(dtype=float)))
+        seconds = max(seconds, float(steps[steps <= SESSION_GAP_S].sum()))
+    return seconds
+
+
 def timeline_numbers(power: RunPower) -> dict[str, Any]:
-    """Span, instant and averaged power ranges, the clock under load, throttling, per GPU."""
+    """Time sampled, instant and averaged power ranges, the clock under load, throttling, per GPU."""
     frame = power.telemetry
     if not power.has_telemetry:
         return {}
     busy = frame[frame["gpu_util_pct"] > BUSY_UTIL_PCT]
     return {
-        "seconds": float(frame["t"].max() - frame["t"].min()), "samples": len(frame),
+        "seconds": sampled_seconds(frame), "samples": len(frame),
         "gpus": sorted(int(g) for g in frame["gpu"].dropna().unique()),
         "instant_min_w": frame["power_instant_w"].min(), "instant_max_w": frame["power_instant_w"].max(),
         "average_min_w": frame["power_avg_w"].min(), "average_max_w": frame["power_avg_w"].max(),

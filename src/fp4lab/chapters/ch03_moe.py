@@ -185,18 +185,19 @@ def overlap_findings(row) -> list[str]:
 
 
 def fused_anatomy_findings(table, decode_batch: int) -> list[str]:
-    """Where the fused kernel's time goes at the dissected batch nearest the decode batch (NVFP4
-    first), then one line for each other dissected point."""
+    """Where the fused kernel's time goes at the dissected batch nearest the decode batch, in the
+    format the layer table times fastest there (the one chapter 04 diagnoses; NVFP4 where the
+    table has neither), then one line for each other dissected point."""
     nearest = table.assign(gap=(table["batch"] - decode_batch).abs(), mx=table["fmt"] != "nvfp4")
-    row = nearest.sort_values(["gap", "mx"]).iloc[0]
+    row = nearest.sort_values(["gap", "layer_us", "mx"], na_position="last").iloc[0]
     head = (f"At B={int(row['batch'])} ({text.md(row['fmt'])}) {text.code(row['method'])} takes "
             f"{text.us(row['full'])} a layer in this worker. Its loads alone (the FP4 weights, their "
             f"block scales and the staged activations, nothing decoded or multiplied) take "
             f"{text.us(row['load'])} ({text.pct(row['load_share'])} of that), reading the weights at "
             f"{text.pct(row['load_rate_pct'])} of the copy bandwidth (their read floor is "
             f"{text.us(row['read_floor_us'])}); decoding them brings it to {text.us(row['decode'])} "
-            f"({signed_us(row['decode_added_us'])}), the MMAs with the epilogue to {text.us(row['full'])} "
-            f"({signed_us(row['mma_added_us'])}).")
+            f"({text.signed_us(row['decode_added_us'])}), the MMAs with the epilogue to {text.us(row['full'])} "
+            f"({text.signed_us(row['mma_added_us'])}).")
     lines = [head]
     if row["layer_apart_pct"] > SAME_CALL_SPREAD_PCT:                 # False where NaN
         lines.append(f"The sweep's layer table times the same call at the same point at "
@@ -220,13 +221,8 @@ def fused_anatomy_findings(table, decode_batch: int) -> list[str]:
                  f"its loads)")
         lines.append(f"{text.md(other.fmt)} at B={int(other.batch)}: the whole call {text.us(other.full)}"
                      f"{elsewhere}, its loads {text.us(other.load)} ({text.pct(other.load_share)}), decode "
-                     f"{signed_us(other.decode_added_us)}, MMAs {signed_us(other.mma_added_us)}{alone}.")
+                     f"{text.signed_us(other.decode_added_us)}, MMAs {text.signed_us(other.mma_added_us)}{alone}.")
     return lines
-
-
-def signed_us(value) -> str:
-    """"+0.15 ms" or "-12 us": what a build adds to the one before it."""
-    return ("+" if value >= 0 else "-") + text.us(abs(value))
 
 
 def _spread(page, results: analysis.MoeResults, config: MoeSweep, decode_batch: int) -> None:
@@ -280,8 +276,9 @@ def routing_findings(model, decode_batch: int, config: MoeSweep) -> list[str]:
 
 
 def against_floor(row) -> str:
-    """"P% of its weight-read floor (T)" for one row of `decorated`."""
-    return f"{text.pct(row['pct_of_floor'])} of its weight-read floor ({text.us(row['read_floor_us'])})"
+    """"R x its weight-read floor (T)" for one row of `decorated`: the ratio chapter 04 states
+    (a time as "P% of its floor" read as a time under the floor)."""
+    return f"{text.ratio(row['layer_us'] / row['read_floor_us'])} its weight-read floor ({text.us(row['read_floor_us'])})"
 
 
 def other_model_finding(results: analysis.MoeResults, at) -> str:
@@ -303,7 +300,7 @@ def other_model_finding(results: analysis.MoeResults, at) -> str:
         own = fused.iloc[0]
         parts.append(f"fp4lab's fastest fused kernel ({text.md(own['method'])}) takes "
                      f"{text.us(own['layer_us'])} ({text.md(own['fmt'])}, "
-                     f"{text.pct(own['pct_of_floor'])} of its floor)")
+                     f"{text.ratio(own['layer_us'] / own['read_floor_us'])} its floor)")
     fp8 = at[at["method"] == "grouped-fp8"]
     if len(fp8):
         parts.append(f"the grouped FP8 GEMMs {text.us(fp8.iloc[0]['layer_us'])}")

@@ -87,17 +87,33 @@ def verdict_sentence(d: decode.Diagnosis) -> str:
 
 
 def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
-    """What a kernel-limited verdict means: the time above the memory floor is the kernel's own."""
+    """What a kernel-limited verdict means: the time above the memory floor is the kernel's own;
+    where the run dissected the diagnosed call (chapter 03), what that time is made of."""
     v, path = d.verdict, d.chosen
     if d.smoke or v is None or path is None or not v["kernel_limited"]:
         return None
-    dissected = path["path"] in d.dissected
-    where = ("chapter 03, this kernel's loads-only, decode and whole builds; chapter 01, the hardware counters "
-             "of the kernels profiled" if dissected else
-             "chapter 01, the anatomy of fp4lab's own kernels and the hardware counters of the kernels profiled")
-    return (f"The other {text.us(path['layer_us'] - v['floor_us'])} of the layer is the kernel's own time above "
-            "every floor, not HBM: a kernel that streamed these weights at the copy bandwidth would run the layer "
-            f"{text.ratio(1 / v['explained'])} faster (what such time is made of: {where}).")
+    head = (f"The other {text.us(path['layer_us'] - v['floor_us'])} of the layer is the kernel's own time above "
+            "every floor, not HBM")
+    a = d.chosen_anatomy
+    if a is None:
+        return (head + f": at its weight-read floor the layer would run {text.ratio(1 / v['explained'])} faster "
+                "(what such time is made of: chapter 01, the anatomy of fp4lab's own kernels and the hardware "
+                "counters of the kernels profiled).")
+    dissected = (f": dissected at this point (chapter 03, each build timed in one worker), its loads alone read "
+                 f"the weights at {text.pct(a['load_rate_pct'])} of the copy bandwidth, and decoding them "
+                 f"({text.signed_us(a['decode_added_us'])}) and the MMAs ({text.signed_us(a['mma_added_us'])}) "
+                 "run after the loads rather than under them")
+    if text.is_missing(a["compute"]):
+        return (head + dissected + "; hidden under the loads they would take the layer toward its loads-only time, "
+                "if they alone are shorter (this run did not time them without the weights' read).")
+    alone = (f"; without the weights' read they alone take {text.us(a['compute'])}, "
+             f"{text.ratio(a['math_to_load'])} the loads")
+    if a["math_bound"]:
+        return (head + dissected + alone + f": even wholly hidden, the layer could not go below "
+                f"{text.us(a['overlapped_us'])}, so what would fix it is fewer instructions a weight (or FP4 "
+                "tensor cores that take the codes as they are), not a faster weight stream.")
+    return (head + dissected + alone + f": hidden under the loads, the layer would take about the loads' "
+            f"{text.us(a['load'])}.")
 
 
 def smoke_sentence(d: decode.Diagnosis) -> str:

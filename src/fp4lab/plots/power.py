@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from fp4lab.analysis.power import SESSION_GAP_S
 from fp4lab.plots.common import (backend_palette, colour_handles, figure_legend, log_axis, new_figure, palette,
                                  style_handles, tokens_axis)
 
 
-GAP_S = 5.0         # a pause in sampling longer than this is a resumed session ...
-GAP_SHOWN_S = 2.0   # ... cut from the time axis down to this, and marked
+GAP_SHOWN_S = 2.0   # a pause between sampling sessions is cut from the time axis down to this, and marked
 
 
 class SampledTime:
@@ -21,7 +21,7 @@ class SampledTime:
     def __init__(self, t: pd.Series):
         times = np.unique(t.to_numpy(dtype=float))
         gaps = np.diff(times)
-        cut = np.flatnonzero(gaps > GAP_S)
+        cut = np.flatnonzero(gaps > SESSION_GAP_S)
         self.t0, self.starts = times[0], times[cut + 1]
         self.removed = np.concatenate([[0.0], np.cumsum(gaps[cut] - GAP_SHOWN_S)])
 
