@@ -302,7 +302,9 @@ def _profile_lines(profile: Counters, even: float | None) -> list[str]:
         glue = table[table["kernel"] == "torch"]
         extra = (f"; the torch kernels between its GEMMs take {text.us(glue['us'].sum())}" if len(glue) else "")
         name = profile.profiled
-        what = "The fused MoE" if name == "fp4lab" else f"{name[:1].upper()}{name[1:]}'s MoE GEMMs"
+        # named in full: "the fused MoE" elsewhere in the book is cuda-w4a16-moe, not this kernel
+        what = ("fp4lab's Triton fused MoE (triton-w4a16-moe)" if name == "fp4lab"
+                else f"{name[:1].upper()}{name[1:]}'s MoE GEMMs")
         lines.append(f"{what}: {parts}{extra}.")
     return lines
 

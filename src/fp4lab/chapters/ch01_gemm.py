@@ -246,10 +246,12 @@ def anatomy_findings(table) -> list[str]:
     if pd.notna(row.get("mma")):
         lines.append(f"Stage by stage (each variant adds one to the one before): {stage_steps(row)}.")
     if pd.notna(row["stream"]):
-        lines.append(f"Read once as a stream (one launch, no tiles, nothing decoded) the same bytes take "
+        below = (" (faster than the stream: the stream is one plain launch, while the kernel's launches "
+                 "may overlap the call before them)" if row["load"] < row["stream"] else "")
+        lines.append(f"Read once as a stream (one plain launch, no tiles, nothing decoded) the same bytes take "
                      f"{text.us(row['stream'])}, {text.pct(100 * row['copy_floor_us'] / row['stream'])} of the "
-                     f"copy bandwidth at this size: the floor any kernel that reads them could reach here. The "
-                     f"loads-only variant is {text.ratio(row['load'] / row['stream'])} it, the full kernel "
+                     f"copy bandwidth at this size. The loads-only variant is "
+                     f"{text.ratio(row['load'] / row['stream'])} it{below}, the full kernel "
                      f"{text.ratio(row['full'] / row['stream'])}.")
     for other in biggest[(biggest["fmt"] == row["fmt"]) & (biggest["m"] > row["m"])].sort_values("m").itertuples():
         line = (f"At M={other.m} on the same shape the full kernel takes {text.us(other.full)} "

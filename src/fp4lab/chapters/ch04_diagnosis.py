@@ -24,11 +24,11 @@ LEVERS = [Col("lever", "lever"), Col("gain", "gain (time now / with it)", "ratio
 GATE = [Col("backend", "backend"), Col("fmt", "format"), Col("points_failed", "points failed", "int"),
         Col("points_total", "of", "int"), Col("worst_rel_err", "worst relative error", "sig2"),
         Col("example_error", "the gate's message")]
-PROJECTION = [Col("name", "GPU"), Col("arch", "arch"), Col("math_dtype", "math in"),
+PROJECTION = [Col("gpu_arch", "GPU"), Col("math_dtype", "math in"),
               Col("weight_floor_us", "weight-read floor", "us"), Col("math_floor_us", "math floor", "us"),
               Col("launch_floor_us", "launch floor", "us"), Col("floor_us", "layer floor", "us"),
               Col("bound", "bound by"), Col("measured_us", "measured here", "us"),
-              Col("at_measured_ratio_us", "at this run's distance from its floor", "us")]
+              Col("at_measured_ratio_us", "as far from its floor as here", "us")]
 CONCURRENCY = [Col("batch", "B", "int"), Col("mean_m", "mean tokens per expert", "sig"),
                Col("busiest_m", "busiest expert", "sig"), Col("layer_us", "layer time", "us"),
                Col("us_per_token", "us per token per layer", "sig")]
@@ -304,7 +304,9 @@ def elsewhere(page, d: decode.Diagnosis) -> None:
                f"floors from each GPU's spec sheet; launch floor: {int(projected['kernels'].iloc[0])} kernels (a "
                f"grouped FP4 MoE layer) x {text.us(projected['launch_us'].iloc[0])} "
                f"({projected['launch_source'].iloc[0]})")
-    page.html("elsewhere", html_table(projected, PROJECTION, caption=caption))
+    # the GPU and its arch in one column: ten columns overflowed the page's width
+    shown = projected.assign(gpu_arch=projected["name"] + " (" + projected["arch"] + ")")
+    page.html("elsewhere", html_table(shown, PROJECTION, caption=caption))
     if len(check):
         measured = projected[projected["measured_us"].notna()].iloc[0]
         v = d.verdict or {}

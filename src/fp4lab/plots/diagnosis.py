@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from fp4lab import text
-from fp4lab.plots.common import figure_legend, log_axis, new_figure, palette
+from fp4lab.plots.common import figure_legend, log_axis, new_figure, palette, widen_to_labels
 
 
 def layer_against_floors(path: dict, fp4_floor_us: float | None):
@@ -64,10 +64,15 @@ def concurrency(table: pd.DataFrame, now: int):
     fig, axes = new_figure(height_in=3.0)
     ax = axes[0, 0]
     ax.plot(table["batch"], table["us_per_token"], "-o", ms=4, color=palette(["curve"])["curve"])
+    # each point's value written beside it: a short log range leaves its lowest points between ticks
+    for batch, us in zip(table["batch"], table["us_per_token"]):
+        ax.annotate(f"{us:.3g}", (batch, us), xytext=(4, 4), textcoords="offset points", fontsize=8,
+                    ha="left", color="0.25")
     ax.axvline(now, color="0.4", ls="--", lw=1)
     ax.annotate(f"B={now} now", (now, table["us_per_token"].max()), xytext=(4, 0),
                 textcoords="offset points", fontsize=9, va="top")
     ax.set(xlabel="decode batch B", ylabel="us per token per layer")
     log_axis(ax, which="x")
     log_axis(ax)
+    widen_to_labels(ax)
     return fig

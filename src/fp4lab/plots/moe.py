@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from fp4lab.plots.common import (colour_handles, figure_legend, log_axis, new_figure, palette, style_handles,
-                                 tokens_axis)
+                                 tokens_axis, widen_to_labels)
 from fp4lab.plots.gemm import anatomy
 
 
@@ -50,6 +50,7 @@ def layer_time_by_batch(layers: pd.DataFrame):
                 color=colours[method])
     ax.set(xlabel="decode batch B", ylabel="layer time (ms)")
     log_axis(ax)
+    widen_to_labels(ax)
     tokens_axis(ax)
     shown = [fmt for fmt in FORMAT_STYLES if fmt in set(layers["fmt"])]
     figure_legend(fig, axes, columns=3, extra=colour_handles(colours) + style_handles(
