@@ -374,9 +374,16 @@ def test_the_ep_lever_of_a_moe_sweep_path_is_its_own_busiest_rank_when_measured(
     assert d.ep["layer_us"].iloc[1] == pytest.approx(float(mine["median_us"].iloc[0]))
     spread = moe_analysis.expert_parallel_times(d.moe, 512, config.routing)
     row = spread[(spread["method"] == d.chosen["path"]) & (spread["fmt"] == d.chosen["fmt"])].iloc[0]
-    lever = d.levers[d.levers["lever"].str.startswith("expert parallelism")].iloc[0]
+    on_path = d.levers["lever"].str.startswith("expert parallelism") & ~d.levers["lever"].str.contains(" through ")
+    lever = d.levers[on_path].iloc[0]
     assert d.chosen["path"] in lever["lever"] and lever["from_path"] and lever["kind"] == "measured"
     assert lever["gain"] == pytest.approx(row["gain"])               # chapter 03's table, one number
+    # at 8 x the tokens an expert another kernel spreads fastest: its own lever, chapter 03's number
+    fastest = moe_analysis.fastest_spread(d.moe, 512, config.routing)
+    assert (fastest["spread"]["method"], fastest["spread"]["fmt"]) != (d.chosen["path"], d.chosen["fmt"])
+    through = d.levers[d.levers["lever"].str.contains(" through ")].iloc[0]
+    assert fastest["spread"]["method"] in through["lever"] and through["kind"] == "measured"
+    assert through["gain"] == pytest.approx(fastest["gain"]) and through["from_path"]
     # without the rank at 8 x B the lever falls back to the model, named as such
     frame = d.moe.frame
     without = dataclasses.replace(d.moe, frame=frame[~((frame["ep"] == 8) & (frame["batch"] == 4096))])

@@ -84,7 +84,7 @@ def test_chapter_04_states_the_seed_table_in_one_sentence_and_levers_on_one_basi
     assert "from M = 64 compute is a bound too, at most 57% of that peak (M = 256)" in said
     d = decode.diagnose(reference_copy, decode.DiagnosisConfig.from_profile("full"))
     assert d.ep_basis == decode.MEASURED_BATCHES
-    ep = d.levers[d.levers["lever"].str.startswith("expert parallelism")].iloc[0]
+    ep = d.levers[d.levers["lever"].str.startswith("expert parallelism EP=8 (")].iloc[0]
     assert ep["lever"] == "expert parallelism EP=8 (per token, cuda-w4a16-moe, no communication)"
     # the diagnosed path's own rows (call 95): MXFP4 at EP 1, B = 512 against its busiest EP 8
     # rank at 8 x 512 tokens, each per token of one GPU's 512

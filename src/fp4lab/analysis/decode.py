@@ -478,6 +478,31 @@ def measured_ep(moe: moe_analysis.MoeResults | None, chosen: dict | None, config
     return pd.DataFrame(rows)
 
 
+def fastest_ep(moe: moe_analysis.MoeResults | None, chosen: dict | None, config: DiagnosisConfig,
+               comm: "comm_analysis.CommTable | None" = None) -> dict[str, Any] | None:
+    """The fastest method on a busiest EP rank (`moe.fastest_spread`, chapter 03's number) where
+    it is not the diagnosed path itself: at P x the tokens an expert another kernel can win, so
+    the path's own EP lever understates what expert parallelism gives. Its time per token against
+    the fastest method alone at the decode batch, the measured all-to-all added where the run has
+    it. None where the path is also the fastest spread, or nothing was spread."""
+    if moe is None or chosen is None or chosen.get("source") != "MoE sweep":
+        return None
+    found = moe_analysis.fastest_spread(moe, config.decode_batch, config.routing)
+    if found is None:
+        return None
+    best, alone = found["spread"], found["alone"]
+    fmt = best["fmt"] if isinstance(best.get("fmt"), str) else None
+    if best["method"] == chosen["path"] and fmt == chosen.get("fmt"):
+        return None
+    ep = int(best["ep"])
+    comm_us = _all_to_all_us(comm, ep, config.decode_batch, moe.model, config.routing)
+    with_comm = bool(np.isfinite(comm_us))
+    return {"method": best["method"], "fmt": fmt, "ep": ep, "alone_method": alone["method"],
+            "now_us": float(alone["us_per_token"]),
+            "with_us": float(best["us_per_token"]) + (comm_us / config.decode_batch if with_comm else 0.0),
+            "with_comm": with_comm}
+
+
 def what_if_concurrency(gemm, backend: str | None, model, config: DiagnosisConfig,
                         factors=(0.25, 0.5, 1, 2, 4)) -> pd.DataFrame:
     """Layer time and time per token as the decode batch changes (GEMM times, routing model)."""
@@ -552,7 +577,8 @@ def what_if_graphs(gemm) -> pd.DataFrame:
 
 def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurrency: pd.DataFrame,
            ep: pd.DataFrame, graphs: pd.DataFrame, batch: int, *, concurrency_basis: str = MODELLED,
-           ep_basis: str = MODELLED, backend: str | None = None) -> pd.DataFrame:
+           ep_basis: str = MODELLED, backend: str | None = None,
+           ep_fastest: dict | None = None) -> pd.DataFrame:
     """Each measured way to a faster layer, with its gain (time now / time with it), largest first;
     `from_path` says whether "now" is the diagnosed path itself (a lever on it) or another baseline
     (the fastest bf16 path, a modelled loop); `kind` is how its numbers were got in one word
@@ -604,6 +630,20 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
                                + ("measured all-to-all included" if with_comm else "communication not included")),
                      "now_us": first[column], "with_us": last[column], "from_path": on_path,
                      "kind": "measured" if on_path else "modelled"})
+    if ep_fastest is not None:
+        through = ep_fastest["method"] + (f" ({ep_fastest['fmt']})" if ep_fastest["fmt"] else "")
+        degree = ep_fastest["ep"]
+        comm_words = "all-to-all included" if ep_fastest["with_comm"] else "no communication"
+        rows.append({"lever": f"expert parallelism EP={degree} through {through} (per token, {comm_words})",
+                     "gain": ep_fastest["now_us"] / ep_fastest["with_us"],
+                     "basis": (f"measured (MoE sweep: the fastest method on the busiest rank, against "
+                               f"{ep_fastest['alone_method']} alone on one GPU): {degree} GPUs each bring "
+                               f"B={batch} tokens; "
+                               + ("measured all-to-all included" if ep_fastest["with_comm"]
+                                  else "communication not included")),
+                     "now_us": ep_fastest["now_us"], "with_us": ep_fastest["with_us"],
+                     "from_path": chosen is not None and ep_fastest["alone_method"] == chosen["path"],
+                     "kind": "measured"})
     if len(graphs):
         rows.append({"lever": "CUDA-graph replay instead of eager launches",
                      "gain": float(graphs["speedup"].median()), "basis": "measured (GEMM sweep, median)",
@@ -660,7 +700,8 @@ def diagnose(run_dir: str | RunDir, config: DiagnosisConfig) -> Diagnosis:
         decode_power=power_now, seed_backend=seed_backend_name,
         seed=gemm_analysis.seed_table(gemm, seed_backend_name) if seed_backend_name else pd.DataFrame(),
         fp4=fp4, levers=levers(paths, chosen, fp4, concurrency, ep, graphs, config.decode_batch,
-                               concurrency_basis=basis, ep_basis=ep_basis, backend=seed_backend_name),
+                               concurrency_basis=basis, ep_basis=ep_basis, backend=seed_backend_name,
+                               ep_fastest=fastest_ep(moe, chosen, config, comm)),
         concurrency=concurrency, ep=ep, graphs=graphs, gate=gate_failures(gemm), missing=missing,
         chosen_anatomy=path_anatomy(moe, chosen),
         concurrency_basis=basis, ep_basis=ep_basis,
