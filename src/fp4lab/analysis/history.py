@@ -170,6 +170,7 @@ class Comparison:
     improvements: pd.DataFrame      # points faster beyond the noise (GPU; empty on a CPU)
     changes: pd.DataFrame
     threshold: float
+    diagnosed: dict[str, Any] | None = None   # the diagnosed path then and now (`diagnosis_change`)
 
     @property
     def judged(self) -> str:
@@ -180,7 +181,33 @@ class Comparison:
         return f"per point: over {self.threshold:.0%} slower and beyond the p20-p80 spread of both runs"
 
 
-def compare(run_dir, other_dir, other_kind: str = "previous", threshold: float = DEFAULT_THRESHOLD) -> Comparison:
+def diagnosed_path(run: RunDir, config) -> dict[str, Any] | None:
+    """The path chapter 04 diagnoses in `run` (fastest measured at the decode point) and its
+    layer time; None for a smoke run or one without a verdict."""
+    from fp4lab.analysis import decode
+
+    d = decode.diagnose(run, config)
+    if d.smoke or d.chosen is None:
+        return None
+    fmt = d.chosen.get("fmt")
+    return {"path": d.chosen["path"], "fmt": fmt if isinstance(fmt, str) else None,
+            "layer_us": float(d.chosen["layer_us"])}
+
+
+def diagnosis_change(current: RunDir, other: RunDir, config) -> dict[str, Any] | None:
+    """The diagnosed path and its layer time in both runs (`config`: the diagnosis's
+    `DiagnosisConfig`), with `speedup` (then / now); None where either run has no verdict."""
+    now = diagnosed_path(current, config)
+    then = diagnosed_path(other, config) if now is not None else None
+    if now is None or then is None:
+        return None
+    return {"now": now, "then": then, "speedup": then["layer_us"] / now["layer_us"],
+            "model": config.preset, "batch": config.decode_batch}
+
+
+def compare(run_dir, other_dir, other_kind: str = "previous", threshold: float = DEFAULT_THRESHOLD,
+            diagnosis=None) -> Comparison:
+    """`diagnosis`: a `decode.DiagnosisConfig` to also compare the two runs' diagnosed paths."""
     current, other = RunDir.open(run_dir), RunDir.open(other_dir)
     ratios = point_ratios(current, other)
     now, then = provenance_fields(current.run_json()), provenance_fields(other.run_json())
@@ -189,7 +216,8 @@ def compare(run_dir, other_dir, other_kind: str = "previous", threshold: float =
     improved = ratios.iloc[0:0] if on_cpu else point_improvements(ratios, threshold)
     return Comparison(current.run_id, other.run_id, other_kind, now["device"] == then["device"],
                       (now["device"], then["device"]), on_cpu, ratios, regressed, improved,
-                      version_changes(current.run_json(), other.run_json()), threshold)
+                      version_changes(current.run_json(), other.run_json()), threshold,
+                      diagnosis_change(current, other, diagnosis) if diagnosis is not None else None)
 
 
 def median_ratio(comparison: Comparison) -> float:

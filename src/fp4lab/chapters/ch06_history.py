@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from fp4lab import params, profiles, text
+from fp4lab.analysis import decode
 from fp4lab.analysis import history as analysis
 from fp4lab.chapters.context import Context, open_context, parameters_block, resolve_parameters
+from fp4lab.moe import presets
 from fp4lab.plots.history import time_ratios
 from fp4lab.plots.tables import Col, html_table
 from fp4lab.results import REFERENCE_ROOT, find_run_dirs
@@ -57,6 +59,7 @@ def fill(context: Context, threshold: float, runs_dir: Path, reference_dir: str 
             f"; {text.count(older, 'older local run')} not listed (python -m fp4lab runs lists every one)"
             if older else ""))))
     comparisons = []
+    diagnosis = decode.DiagnosisConfig.from_profile(context.profile)
     previous = analysis.previous_run(context.run.path, runs_dir)
     if previous is None and analysis.is_reference_root(runs_dir):
         page.prose("previous", "This run is a committed reference run: the other reference runs below "
@@ -64,10 +67,10 @@ def fill(context: Context, threshold: float, runs_dir: Path, reference_dir: str 
     elif previous is None:
         page.prose("previous", "This is the first local run with GEMM rows: nothing earlier to compare with.")
     else:
-        comparisons.append(analysis.compare(context.run.path, previous, "previous", threshold))
+        comparisons.append(analysis.compare(context.run.path, previous, "previous", threshold, diagnosis))
         show(page, "previous", comparisons[-1])
     for path in references:
-        comparisons.append(analysis.compare(context.run.path, path, "reference", threshold))
+        comparisons.append(analysis.compare(context.run.path, path, "reference", threshold, diagnosis))
         show(page, "reference", comparisons[-1])
     page.bullets("findings", findings(index, comparisons))
 
@@ -96,6 +99,8 @@ def summary(c: analysis.Comparison) -> list[str]:
         return lines + ["No point was measured correctly in both runs, so no ratio can be computed."]
     lines.append(f"{text.count(len(c.ratios), 'point')} measured correctly in both; the median point takes "
                  f"{text.ratio(analysis.median_ratio(c))} the time it took then.")
+    if c.diagnosed is not None:
+        lines.append(diagnosis_sentence(c.diagnosed))
     if not c.same_device:
         return lines
     noun = "backend" if c.on_cpu else "point"
@@ -106,6 +111,19 @@ def summary(c: analysis.Comparison) -> list[str]:
     if len(c.improvements):
         lines.append(improvement_sentence(c.improvements, c.threshold))
     return lines
+
+
+def diagnosis_sentence(change: dict) -> str:
+    """The diagnosed layer then and now: its path and time in each run (chapter 04's number)."""
+    def named(side: dict) -> str:
+        return text.md(side["path"]) + (f" ({text.md(side['fmt'])})" if side["fmt"] else "")
+
+    now, then = change["now"], change["then"]
+    same = (now["path"], now["fmt"]) == (then["path"], then["fmt"])
+    what = (f"still {named(now)}" if same else f"{named(then)} then, {named(now)} now")
+    return (f"The diagnosed layer ({text.md(presets.get(change['model']).name)} at B={change['batch']}, "
+            f"chapter 04): {what}, {text.us(then['layer_us'])} then and {text.us(now['layer_us'])} now "
+            f"({text.as_fast(now['layer_us'], then['layer_us'])} then).")
 
 
 def improvement_sentence(improved, threshold: float, shown: int = 3) -> str:
