@@ -70,6 +70,15 @@ GRID = (CudaMoeConfig(warps=8, row_tiles=2, chunk=4, depth=2, weights="shared", 
 LARGE_GRID = (CudaMoeConfig(warps=8, row_tiles=2, ntiles=8, chunk=4, depth=4, weights="shared"),
               CudaMoeConfig(warps=8, row_tiles=2, ntiles=8, chunk=4, depth=2, weights="shared"),
               CudaMoeConfig(warps=8, row_tiles=2, ntiles=8, depth=4, weights="shared", min_ctas=1))
+# More warps an SM with the ring's loads (`--grid more-warps`): the 16-warp register build's math
+# alone is the fastest (1.18 ms at GLM-5 B = 512, 32 warps an SM) and the preset's the slower
+# (1.49, 24 warps), whose ring streams the weights faster. Four CTAs of 8 warps fit 4 x 52 KB of
+# shared memory at 64 registers: two row tiles spill 188 B of loads (NVRTC 13.0 ptxas -v), one
+# row tile none. Each build is dissected, not only the fastest of its kind: the question is
+# each one's math alone (the compute stage, the SMs' own work: an H100 answers it for the H200).
+MORE_WARPS_GRID = (CudaMoeConfig(warps=8, row_tiles=2, chunk=4, depth=2, weights="shared", min_ctas=4),
+                   CudaMoeConfig(warps=8, chunk=4, depth=2, weights="shared", min_ctas=4),
+                   CudaMoeConfig(depth=2))
 LARGE_PAIRS = 32         # mean pairs an expert over which the first point's grid is LARGE_GRID
 ANATOMY = ("load", "decode", "mma", "compute")   # MOE_STAGES timed beside the fastest builds
 SMOKE_POINTS = (("glm-5", 16),)
@@ -121,7 +130,7 @@ def fastest_of_each_kind(timed: list[tuple[float, CudaMoeConfig]]) -> list[CudaM
 
 
 def probe_point(run: kernels.Run, model, batch: int, fmt: str, weights, configs,
-                anatomy: bool) -> list[dict]:
+                anatomy: bool, dissect_every: bool = False) -> list[dict]:
     what = {"model": model.key, "batch": batch, "fmt": fmt}
     ids = routing.sample_expert_ids("uniform", model.experts, model.top_k, batch, 1)[0]
     problem = moe_base.make_layer_problem(ids, model.experts, model.hidden, model.moe_intermediate,
@@ -138,7 +147,8 @@ def probe_point(run: kernels.Run, model, batch: int, fmt: str, weights, configs,
             timed.append((row["median_us"], config))
     if timed:
         best = min(timed, key=lambda pair: pair[0])[1]
-        for build in fastest_of_each_kind(timed) if anatomy else ():
+        dissected = [config for _, config in timed] if dissect_every else fastest_of_each_kind(timed)
+        for build in dissected if anatomy else ():
             for stage in (s for s in ANATOMY if not build.stage_reason(s)):
                 row = run.step("moe_part", {**what, "label": f"{build.label()} stage {stage}"},
                                lambda s=stage, b=build: layer_row(run, problem, "cuda-w4a16-moe",
@@ -151,9 +161,13 @@ def probe_point(run: kernels.Run, model, batch: int, fmt: str, weights, configs,
     return [config for _, config in sorted(timed, key=lambda pair: pair[0])]
 
 
-def first_point_builds(preset: CudaMoeConfig, mean_pairs: float) -> list[CudaMoeConfig]:
-    """The builds timed at the first point: the preset, then the grid for its pairs an expert."""
-    grid = LARGE_GRID + GRID[:1] if mean_pairs > LARGE_PAIRS else GRID
+def first_point_builds(preset: CudaMoeConfig, mean_pairs: float, grid_name: str = "default") -> list[CudaMoeConfig]:
+    """The builds timed at the first point: the preset, then the grid for its pairs an expert
+    (or the named one)."""
+    if grid_name == "more-warps":
+        grid = MORE_WARPS_GRID
+    else:
+        grid = LARGE_GRID + GRID[:1] if mean_pairs > LARGE_PAIRS else GRID
     return [preset] + [config for config in grid if config != preset]
 
 
@@ -177,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--formats", default="nvfp4,mxfp4")
     parser.add_argument("--points", default=",".join(f"{m}:{b}" for m, b in POINTS),
                         help="model:batch,... (the first is where every build and the anatomy run)")
+    parser.add_argument("--grid", default="default", choices=("default", "more-warps"),
+                        help="more-warps: MORE_WARPS_GRID at the first point, every build dissected")
     parser.add_argument("--smoke", action="store_true", help="the scaled CPU stand-in")
     args = parser.parse_args(argv)
     points = SMOKE_POINTS if args.smoke else parse_points(args.points)     # before any GPU work
@@ -200,10 +216,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             pairs = batch * model.top_k
             preset = choose_moe_config(pairs, model.experts, fmt)
-            configs = first_point_builds(preset, pairs / model.experts) if index == 0 \
+            configs = first_point_builds(preset, pairs / model.experts, args.grid) if index == 0 \
                 else [preset] + [c for c in ranked[:3] if c != preset]
             found = probe_point(run, model, batch, fmt, weights_for[model.key], configs,
-                                anatomy=index == 0)
+                                anatomy=index == 0, dissect_every=args.grid == "more-warps")
             ranked = ranked or found
     return 0
 

@@ -378,6 +378,13 @@ def test_the_moe_probe_times_the_presets_first_then_sync_and_async_builds():
     assert builds[0] == many and len(set(builds)) == len(builds)
     assert set(builds) == set(probe.LARGE_GRID) | {probe.GRID[0]}      # the 32-pair preset too
     assert {c.rows for c in probe.LARGE_GRID} == {64}
+    # --grid more-warps: the preset, then four CTAs of 8 warps with the ring (their shared memory
+    # fits four an SM) and the 16-warp register build they are set against
+    preset = choose_moe_config(512 * 8, 256, "nvfp4")
+    assert probe.first_point_builds(preset, 16.0, "more-warps") == [preset, *probe.MORE_WARPS_GRID]
+    four = [c for c in probe.MORE_WARPS_GRID if c.min_ctas == 4]
+    assert len(four) == 2 and all(4 * c.shared_bytes <= 228 * 1024 and c.register_cap == 64 for c in four)
+    assert all(c.reason(4096, 6144, "gate_up") is None for c in probe.MORE_WARPS_GRID)
 
 
 def test_the_moe_probe_goes_on_when_its_budget_ends_inside_a_point(monkeypatch, capsys):

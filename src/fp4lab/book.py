@@ -218,16 +218,16 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
         lines += ["```{raw} html", words.verdict_box(d), "```", ""]
         if not d.smoke:
             lines += ["```{raw} html", words.glance_html(d), "```", ""]
+        if len(d.seed):
+            seed = html_table(d.seed, SEED, caption=d.gemm.caption(
+                f"The seed's table, measured, {d.seed_backend}: {SEED_NOTE}"))
+            lines += ["```{raw} html", f'<div class="fp4lab-seed">{seed}</div>', "```", ""]
         facts = [line for line in (words.kernel_time_sentence(d), words.fp4_sentence(d),
                                    counters_sentence(d)) if line]
         evidence = diagnosis_page(run, report, leading)
         if evidence:
             facts.append(f"The evidence, every path, floor and lever: {{doc}}`chapter 04, the diagnosis <{evidence}>`.")
         lines += [f"- {line}" for line in facts] + [""]
-        if len(d.seed):   # after the diagnosis's why: the seed's own table, for the GEMM it modelled
-            seed = html_table(d.seed, SEED, caption=d.gemm.caption(
-                f"The seed's table, measured, {d.seed_backend}: {SEED_NOTE}"))
-            lines += ["```{raw} html", f'<div class="fp4lab-seed">{seed}</div>', "```", ""]
         lines += ["```{raw} html", f"<details><summary>Terms used here</summary>{glossary_html()}</details>",
                   "```", ""]
     else:
