@@ -281,6 +281,10 @@ GLOSSARY = (
     ("NVFP4 / MXFP4", "4-bit e2m1 weights with a scale per 16 (e4m3, NVIDIA) or per 32 (e8m0, OCP MX) weights; "
                       "on Hopper, weight-only kernels decode them to bf16 in registers"),
     ("EP", "expert parallelism: P GPUs each hold E/P experts and exchange tokens by all-to-all"),
+    ("humming, cuda-w4a16-moe, triton-w4a16-moe", "humming (humming-kernels) is vLLM's quantized-GEMM "
+                                                  "backend, its FP4 GEMM and MoE kernels the ones vLLM "
+                                                  "deploys; cuda-w4a16-moe and triton-w4a16-moe are "
+                                                  "fp4lab's own fused FP4 MoE kernels (CUDA and Triton)"),
     ("the seed", f"the investigation this book began from: FP4 MoE decode on {SEED_POWER['gpus']} "
                  f"{SEED_POWER['gpu']} GPUs drawing {SEED_POWER['watts']} W of {SEED_POWER['tdp_w']} W each"),
 )

@@ -64,7 +64,8 @@ def verdict_sentence(d: decode.Diagnosis) -> str:
         return f"No verdict for {text.md(d.view.device)}: " + text.md(d.chosen_reason) + "."
     path, v = d.chosen, d.verdict
     # far above its memory floor, the bold words must not read as "HBM is the limit"
-    regime = ("**kernel-limited above its memory floor** (memory is its largest floor)" if v["kernel_limited"]
+    regime = ("**kernel-limited above its memory floor** (reading the weights is its largest floor, but "
+              f"under {text.pct(100 * decode.KERNEL_GAP, 0)} of its time)" if v["kernel_limited"]
               else f"**{v['verdict']}**")
     head = (f"On {text.md(d.view.device)}, {layer_words(d)} is {regime}: its fastest measured "
             f"path, {text.md(path['path'])}, takes {text.us(path['layer_us'])}")
