@@ -60,3 +60,16 @@ def test_the_seconds_sampled_leave_the_pause_between_sessions_out():
     assert sampled_seconds(frame) == pytest.approx(9.95 + 3.95)
     two_gpus = pd.concat([frame, telemetry(np.arange(0.0, 2.0, 0.05)).assign(gpu=1)])
     assert sampled_seconds(two_gpus) == pytest.approx(9.95 + 3.95)   # the longest-sampled GPU
+
+
+def test_a_window_measured_while_no_telemetry_was_kept_is_not_drawn_at_a_far_place():
+    """The reference run's page drew its 1098 s of sampling in the first fortieth of an axis 40000
+    s long: four re-measured points' windows lay in a pause between sessions."""
+    times = np.concatenate([np.arange(100.0, 110.0, 0.05), np.arange(2000.0, 2010.0, 0.05)])
+    axis = power.SampledTime(pd.Series(times))
+    assert list(axis.sampled([101.0, 109.0, 500.0, 2005.0, 3000.0])) == [True, True, False, True, False]
+    points = pd.DataFrame({"backend": ["torch-bf16", "torch-fp8"], "window_start_s": [2001.0, 40_000.0],
+                           "window_end_s": [2002.0, 40_001.0]})
+    fig = power.timeline(telemetry(times), points, 700.0)
+    assert fig.axes[1].get_xlim()[1] < 30.0
+    assert any("1 energy window measured outside" in t.get_text() for t in fig.axes[1].texts)

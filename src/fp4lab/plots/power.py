@@ -23,7 +23,16 @@ class SampledTime:
         gaps = np.diff(times)
         cut = np.flatnonzero(gaps > SESSION_GAP_S)
         self.t0, self.starts = times[0], times[cut + 1]
+        self.firsts = np.concatenate([[times[0]], self.starts])     # each session's first sample ...
+        self.lasts = np.concatenate([times[cut], [times[-1]]])       # ... and its last
         self.removed = np.concatenate([[0.0], np.cumsum(gaps[cut] - GAP_SHOWN_S)])
+
+    def sampled(self, t) -> np.ndarray:
+        """Whether each time falls inside a sampling session (within a pause's length of its
+        samples): a time outside every session has no place on the cut axis."""
+        t = np.asarray(t, dtype=float)
+        index = np.clip(np.searchsorted(self.firsts, t, side="right") - 1, 0, len(self.firsts) - 1)
+        return (t >= self.firsts[index] - SESSION_GAP_S) & (t <= self.lasts[index] + SESSION_GAP_S)
 
     def session(self, t) -> np.ndarray:
         return np.searchsorted(self.starts, np.asarray(t, dtype=float), side="right")
@@ -37,11 +46,15 @@ class SampledTime:
         return self(self.starts) - GAP_SHOWN_S / 2
 
 
-def _windows(ax, points: pd.DataFrame, axis: SampledTime, colours: dict) -> None:
-    """Shade each energy window in its backend's colour: which backend ran when."""
-    for row in points.dropna(subset=["window_start_s", "window_end_s"]).itertuples(index=False):
+def _windows(ax, points: pd.DataFrame, axis: SampledTime, colours: dict) -> int:
+    """Shade each energy window in its backend's colour: which backend ran when. Windows of points
+    measured while no telemetry was kept (a resumed sweep's) are left out: how many is returned."""
+    windows = points.dropna(subset=["window_start_s", "window_end_s"])
+    inside = axis.sampled(windows["window_start_s"]) & axis.sampled(windows["window_end_s"])
+    for row in windows[inside].itertuples(index=False):
         ax.axvspan(axis(row.window_start_s), axis(row.window_end_s), color=colours[row.backend],
                    alpha=0.18, lw=0, zorder=0, label=f"window: {row.backend}")
+    return int((~inside).sum())
 
 
 def _plot(ax, rows: pd.DataFrame, column: str, axis: SampledTime, **style) -> None:
@@ -61,7 +74,7 @@ def timeline(telemetry: pd.DataFrame, points: pd.DataFrame, limit_w: float | Non
     colours = backend_palette(sorted(points["backend"].unique())) if len(points) else {}
     gpus = telemetry["gpu"].nunique()
     for ax in (power_ax, clock_ax):
-        _windows(ax, points, axis, colours)
+        unsampled = _windows(ax, points, axis, colours)
         for index, cut in enumerate(axis.cuts()):
             ax.axvline(cut, color="0.35", ls=":", lw=1.0, label="run resumed (pause cut)" if index == 0 else None)
     lines = palette(["instant", "average"] + [f"clock {g}" for g in sorted(telemetry["gpu"].unique())])
@@ -78,6 +91,10 @@ def timeline(telemetry: pd.DataFrame, points: pd.DataFrame, limit_w: float | Non
     cut = len(axis.starts) > 0
     xlabel = "seconds of sampling" + (" (pauses between sessions cut)" if cut else " since the first sample")
     clock_ax.set(ylabel="SM clock (MHz)", ylim=(0, None), xlabel=xlabel)
+    if unsampled:
+        windows = f"{unsampled} energy window" + ("s" if unsampled != 1 else "")
+        clock_ax.annotate(f"{windows} measured outside these sessions (no telemetry kept) not shaded", (1, 0), xycoords="axes fraction", xytext=(-4, 4),
+                          textcoords="offset points", ha="right", va="bottom", fontsize=8, color="0.3")
     figure_legend(fig, axes, columns=3)
     return fig
 
