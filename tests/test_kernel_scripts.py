@@ -447,7 +447,7 @@ def test_the_wgmma_probe_runs_the_async_builds_own_code_and_needs_a_gpu():
 
 
 def test_the_nvrtc_check_compiles_the_presets_and_the_probe_grid_and_says_when_it_cannot(capsys):
-    """Its builds are both formats' presets then the probe's grid, once each; without the
+    """Its builds are both formats' presets then the probe's grids, once each; without the
     library it says which path failed and exits 2 before compiling anything."""
     from fp4lab.backends.moe.cuda_fused import MOE_PRESETS
 
@@ -456,7 +456,7 @@ def test_the_nvrtc_check_compiles_the_presets_and_the_probe_grid_and_says_when_i
     presets = [config for entries in MOE_PRESETS.values() for _, config in entries]
     assert builds[:len(set(presets))] == list(dict.fromkeys(presets))
     probe = load("cuda_moe_probe")
-    assert set(builds) == set(presets) | set(probe.GRID) | set(probe.LARGE_GRID)
+    assert set(builds) == set(presets) | set(probe.GRID) | set(probe.LARGE_GRID) | set(probe.MORE_WARPS_GRID)
     assert len(set(builds)) == len(builds)
     assert check.problems(0, "ptxas info    : (C7519) warpgroup.arrive is injected") == []
     assert check.problems(0, "ptxas info : (C7515) Potential Performance Loss: wgmma serialized")

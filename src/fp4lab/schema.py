@@ -239,6 +239,10 @@ MOE_ANATOMY = Table("moe_anatomy", key=("preset", "method", "stage", "fmt", "bat
         *OUTCOME, *TIMING, *GPU,
     ))
 
+# Samples further apart than this belong to two sampling sessions (a run resumed later appends
+# its own): the seconds a run sampled, and its timeline's cut axis, leave such pauses out.
+TELEMETRY_SESSION_GAP_S = 5.0
+
 TELEMETRY = Table("telemetry", key=(), doc="NVML samples of every GPU, taken while the sweep ran.",
                   columns=_columns(
                       ("t", "float", "epoch seconds"),

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from fp4lab import text
+from fp4lab.analysis import decode
 from fp4lab.results import REFERENCE_ROOT, RunDir, later_commits, list_runs
 
 POINT_KEY = ["backend", "fmt", "m", "n", "k"]
@@ -181,11 +182,9 @@ class Comparison:
         return f"per point: over {self.threshold:.0%} slower and beyond the p20-p80 spread of both runs"
 
 
-def diagnosed_path(run: RunDir, config) -> dict[str, Any] | None:
+def diagnosed_path(run: RunDir, config: decode.DiagnosisConfig) -> dict[str, Any] | None:
     """The path chapter 04 diagnoses in `run` (fastest measured at the decode point) and its
     layer time; None for a smoke run or one without a verdict."""
-    from fp4lab.analysis import decode
-
     d = decode.diagnose(run, config)
     if d.smoke or d.chosen is None:
         return None
@@ -194,20 +193,18 @@ def diagnosed_path(run: RunDir, config) -> dict[str, Any] | None:
             "layer_us": float(d.chosen["layer_us"])}
 
 
-def diagnosis_change(current: RunDir, other: RunDir, config) -> dict[str, Any] | None:
-    """The diagnosed path and its layer time in both runs (`config`: the diagnosis's
-    `DiagnosisConfig`), with `speedup` (then / now); None where either run has no verdict."""
+def diagnosis_change(current: RunDir, other: RunDir, config: decode.DiagnosisConfig) -> dict[str, Any] | None:
+    """The diagnosed path and its layer time in both runs; None where either has no verdict."""
     now = diagnosed_path(current, config)
     then = diagnosed_path(other, config) if now is not None else None
     if now is None or then is None:
         return None
-    return {"now": now, "then": then, "speedup": then["layer_us"] / now["layer_us"],
-            "model": config.preset, "batch": config.decode_batch}
+    return {"now": now, "then": then, "model": config.preset, "batch": config.decode_batch}
 
 
 def compare(run_dir, other_dir, other_kind: str = "previous", threshold: float = DEFAULT_THRESHOLD,
-            diagnosis=None) -> Comparison:
-    """`diagnosis`: a `decode.DiagnosisConfig` to also compare the two runs' diagnosed paths."""
+            diagnosis: decode.DiagnosisConfig | None = None) -> Comparison:
+    """`diagnosis`: also compare the two runs' diagnosed paths, as chapter 04 diagnoses them."""
     current, other = RunDir.open(run_dir), RunDir.open(other_dir)
     ratios = point_ratios(current, other)
     now, then = provenance_fields(current.run_json()), provenance_fields(other.run_json())

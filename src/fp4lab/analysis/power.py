@@ -16,9 +16,9 @@ import pandas as pd
 from fp4lab.analysis.gemm import GemmResults, gemm_results
 from fp4lab.analysis.run import RunView, view
 from fp4lab.results import RunDir
+from fp4lab.schema import TELEMETRY_SESSION_GAP_S
 
 BUSY_UTIL_PCT = 50                       # a sample counts as "under load" above this utilisation
-SESSION_GAP_S = 5.0                      # a pause in sampling longer than this starts a new session
 BENIGN_REASONS = {"none", "gpu_idle"}    # clocks-event reasons that are not throttling
 POINT_COLUMNS = ["backend", "fmt", "m", "n", "k", "gpu_index", "tflops", "avg_power_w",
                  "energy_per_call_j", "tflops_per_w", "window_sm_clock_mhz", "throttle_reasons",
@@ -90,7 +90,7 @@ def sampled_seconds(telemetry: pd.DataFrame) -> float:
     seconds = 0.0
     for _, samples in telemetry.groupby("gpu", dropna=False):
         steps = np.diff(np.unique(samples["t"].to_numpy(dtype=float)))
-        seconds = max(seconds, float(steps[steps <= SESSION_GAP_S].sum()))
+        seconds = max(seconds, float(steps[steps <= TELEMETRY_SESSION_GAP_S].sum()))
     return seconds
 
 

@@ -278,7 +278,8 @@ def routing_findings(model, decode_batch: int, config: MoeSweep) -> list[str]:
 def against_floor(row) -> str:
     """"R x its weight-read floor (T)" for one row of `decorated`: the ratio chapter 04 states
     (a time as "P% of its floor" read as a time under the floor)."""
-    return f"{text.ratio(row['layer_us'] / row['read_floor_us'])} its weight-read floor ({text.us(row['read_floor_us'])})"
+    return (f"{text.ratio(row['layer_us'] / row['read_floor_us'])} its weight-read floor "
+            f"({text.us(row['read_floor_us'])})")
 
 
 def other_model_finding(results: analysis.MoeResults, at) -> str:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fp4lab.analysis.power import SESSION_GAP_S
 from fp4lab.plots.common import (backend_palette, colour_handles, figure_legend, log_axis, new_figure, palette,
                                  style_handles, tokens_axis)
+from fp4lab.schema import TELEMETRY_SESSION_GAP_S
 
 
 GAP_SHOWN_S = 2.0   # a pause between sampling sessions is cut from the time axis down to this, and marked
@@ -21,7 +21,7 @@ class SampledTime:
     def __init__(self, t: pd.Series):
         times = np.unique(t.to_numpy(dtype=float))
         gaps = np.diff(times)
-        cut = np.flatnonzero(gaps > SESSION_GAP_S)
+        cut = np.flatnonzero(gaps > TELEMETRY_SESSION_GAP_S)
         self.t0, self.starts = times[0], times[cut + 1]
         self.firsts = np.concatenate([[times[0]], self.starts])     # each session's first sample ...
         self.lasts = np.concatenate([times[cut], [times[-1]]])       # ... and its last
@@ -32,7 +32,8 @@ class SampledTime:
         samples): a time outside every session has no place on the cut axis."""
         t = np.asarray(t, dtype=float)
         index = np.clip(np.searchsorted(self.firsts, t, side="right") - 1, 0, len(self.firsts) - 1)
-        return (t >= self.firsts[index] - SESSION_GAP_S) & (t <= self.lasts[index] + SESSION_GAP_S)
+        gap = TELEMETRY_SESSION_GAP_S
+        return (t >= self.firsts[index] - gap) & (t <= self.lasts[index] + gap)
 
     def session(self, t) -> np.ndarray:
         return np.searchsorted(self.starts, np.asarray(t, dtype=float), side="right")
@@ -93,8 +94,9 @@ def timeline(telemetry: pd.DataFrame, points: pd.DataFrame, limit_w: float | Non
     clock_ax.set(ylabel="SM clock (MHz)", ylim=(0, None), xlabel=xlabel)
     if unsampled:
         windows = f"{unsampled} energy window" + ("s" if unsampled != 1 else "")
-        clock_ax.annotate(f"{windows} measured outside these sessions (no telemetry kept) not shaded", (1, 0), xycoords="axes fraction", xytext=(-4, 4),
-                          textcoords="offset points", ha="right", va="bottom", fontsize=8, color="0.3")
+        clock_ax.annotate(f"{windows} measured outside these sessions (no telemetry kept) not shaded", (1, 0),
+                          xycoords="axes fraction", xytext=(-4, 4), textcoords="offset points", ha="right",
+                          va="bottom", fontsize=8, color="0.3")
     figure_legend(fig, axes, columns=3)
     return fig
 
