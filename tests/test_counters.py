@@ -52,6 +52,9 @@ def test_findings_come_from_the_rows():
     assert "The leanest, dense 8192x8192 M=1 full" in bound and "waits on its global loads" not in bound
     spec = counters.counters_findings([ours])[0]                        # no run bandwidth: the spec's
     assert "the spec sheet's bandwidth (4.80 TB/s)" in spec and "At 3.92 instructions" in spec
+    # a CPU page states the threshold of the run shown beside it, measured on the profiles' GPU
+    beside = counters.counters_findings([ours], 4.24, "run 20261203T1155Z-h200-full")[0]
+    assert "the copy bandwidth measured in run 20261203T1155Z-h200-full (4.24 TB/s)" in beside
 
 
 def test_a_kernel_under_the_break_even_is_named_with_what_it_waits_on():

@@ -181,19 +181,21 @@ def kind_name(profile: Counters) -> str:
     return KIND_NAMES.get(profile.profiled, profile.profiled)
 
 
-def counters_findings(profiles: list[Counters], bandwidth_tbps: float | None = None) -> list[str]:
+def counters_findings(profiles: list[Counters], bandwidth_tbps: float | None = None,
+                      measured_in: str = "this run") -> list[str]:
     """What the profiles say: first `instruction_bound` over all of them, then for each its
     dense decode GEMM's instructions, issue rate and warps (against the stream's DRAM share
-    where profiled) and its MoE GEMMs. Each sentence from the rows named."""
-    bound = instruction_bound(profiles, bandwidth_tbps)
-    even = break_even(profiles, bandwidth_tbps)
+    where profiled) and its MoE GEMMs. Each sentence from the rows named. `measured_in`: the run
+    whose copy bandwidth `bandwidth_tbps` is."""
+    bound = instruction_bound(profiles, bandwidth_tbps, measured_in)
+    even = break_even(profiles, bandwidth_tbps, measured_in)
     lines = [bound] if bound else []
     for profile in profiles:
         lines += _profile_lines(profile, even[0] if even else None)
     return lines
 
 
-def break_even(profiles: list[Counters], bandwidth_tbps: float | None = None):
+def break_even(profiles: list[Counters], bandwidth_tbps: float | None = None, measured_in: str = "this run"):
     """(instructions per weight at which issuing them on every scheduler slot takes as long as
     reading NVFP4 weights at `bandwidth_tbps`, where that bandwidth comes from, the bandwidth):
     None without a profile or a bandwidth (the spec sheet's when none is given)."""
@@ -202,7 +204,7 @@ def break_even(profiles: list[Counters], bandwidth_tbps: float | None = None):
     if not profiles:
         return None
     first = profiles[0]
-    source = "the copy bandwidth measured in this run"
+    source = f"the copy bandwidth measured in {measured_in}"
     if bandwidth_tbps is None and first.spec in hardware.SPECS:
         bandwidth_tbps, source = hardware.SPECS[first.spec].memory_bw_tbps, "the spec sheet's bandwidth"
     if not bandwidth_tbps:
@@ -218,12 +220,13 @@ def _gemm_rows(profiles: list[Counters]) -> list[tuple[Counters, Any]]:
             if r.weights and "load" not in r.launch and "stream" not in r.launch]
 
 
-def instruction_bound(profiles: list[Counters], bandwidth_tbps: float | None = None) -> str | None:
+def instruction_bound(profiles: list[Counters], bandwidth_tbps: float | None = None,
+                      measured_in: str = "this run") -> str | None:
     """Over every GEMM launch profiled: their instructions per weight against `break_even`, which
     launches issue more than that (their instructions bound them) and which fewer, and for the
     leanest of those what its warps wait on instead. None without GEMM rows or a bandwidth."""
     gemms = _gemm_rows(profiles)
-    even = break_even(profiles, bandwidth_tbps)
+    even = break_even(profiles, bandwidth_tbps, measured_in)
     if not gemms or even is None:
         return None
     even, source, bandwidth_tbps = even

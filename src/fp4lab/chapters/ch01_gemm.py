@@ -85,10 +85,10 @@ def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", dev
 def fill(context: Context, counter_folders=()) -> None:
     page = context.page
     results = analysis.gemm_results(context.run)
-    if counter_folders:   # committed profiles: shown whatever this run holds
-        _counters(page, counter_folders, results)
     reference = (analysis.gemm_results(context.reference.run) if context.reference
                  and context.reference.run.has_table("gemm") else None)
+    if counter_folders:   # committed profiles: shown whatever this run holds
+        _counters(page, counter_folders, results, reference)
     if not len(results.frame):
         page.note("availability", "This run holds no GEMM rows: the sweep did not run.", "warning")
         return
@@ -200,13 +200,17 @@ def rows_note(table, column: str, lead: str, phrase) -> str:
     return f"; {lead}{sep.join(named)}{sep}{phrase(paths.index[0])} in the other rows"
 
 
-def _counters(page, folders, results) -> None:
+def _counters(page, folders, results, reference=None) -> None:
     """Committed Nsight Compute profiles of the kernels (fp4lab's, a peer's), each labelled as its
-    own measurement; the run's copy bandwidth where the run is on the profiles' GPU."""
+    own measurement; the copy bandwidth measured on the profiles' GPU, by this run or else the run
+    shown beside (a CPU page then states the reference page's threshold, not the spec sheet's)."""
     loaded = [kernel_counters.read_counters(folder) for folder in folders]
-    same_gpu = results.bandwidth_tbps and loaded[0].device == results.view.device
+    measured = [(r.measured.bandwidth_tbps, "this run" if r is results else f"run {r.view.run_id}")
+                for r in (results, reference) if r is not None and r.measured is not None
+                and r.measured.bandwidth_tbps and r.view.device == loaded[0].device]
+    bandwidth, measured_in = measured[0] if measured else (None, "")
     page.bullets("counters", kernel_counters.counters_findings(             # what they say, first
-        loaded, results.bandwidth_tbps if same_gpu else None))
+        loaded, bandwidth, measured_in))
     for profile in loaded:
         page.html("counters", html_table(kernel_counters.shown_rows(profile), COUNTERS, caption=profile.caption(
             f"{kernel_counters.kind_name(profile)}, each launch under Nsight Compute")))
