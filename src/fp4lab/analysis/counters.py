@@ -174,7 +174,7 @@ def _scale(unit: str) -> float:
 
 
 # whose kernels a profile holds (run.json's "profiled"), as the page names them
-KIND_NAMES = {"fp4lab": "fp4lab's Triton kernels", "fp4lab-cuda": "fp4lab's CUDA kernel"}
+KIND_NAMES = {"fp4lab": "fp4lab's Triton kernels", "fp4lab-cuda": "fp4lab's CUDA decode GEMM"}
 
 
 def kind_name(profile: Counters) -> str:

@@ -21,12 +21,12 @@ from fp4lab.plots.tables import Col, html_table
 from fp4lab.sweep.config import MoeSweep
 
 TITLE = "03 · MoE expert scatter: tokens per expert and what they cost"
-STATS = [Col("batch", "B (tokens per step)", "int"), Col("ep", "EP degree", "int"),
+STATS = [Col("batch", "B (tokens a step over all GPUs)", "int"), Col("ep", "EP degree", "int"),
          Col("mean_tokens_per_expert", "mean tokens per expert", "sig"),
          Col("mean_max_tokens_per_expert", "busiest expert (mean over steps)", "sig"),
          Col("busiest_over_mean", "busiest / mean", "ratio"),
          Col("mean_idle_experts", "idle experts per step", "sig"),
-         Col("mean_max_tokens_per_rank", "busiest rank's tokens", "sig"),
+         Col("mean_max_tokens_per_rank", "busiest rank's (token, expert) pairs", "sig"),
          Col("rank_max_over_mean", "busiest rank / mean rank", "ratio")]
 LAYERS = [Col("method", "method"), Col("fmt", "weights format"), Col("weight_dtype", "weights read as"),
           Col("layer_us", "layer time", "us"), Col("speedup_vs_loop", "speed-up vs loop of bf16 GEMMs", "ratio"),

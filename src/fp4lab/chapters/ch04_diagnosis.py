@@ -100,8 +100,8 @@ def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
         return (head + f": at its weight-read floor the layer would run {text.ratio(1 / v['explained'])} faster "
                 "(what such time is made of: chapter 01, the anatomy of fp4lab's own kernels and the hardware "
                 "counters of the kernels profiled).")
-    dissected = (f": dissected at this point (chapter 03, each build timed in one worker), its loads alone read "
-                 f"the weights at {text.pct(a['load_rate_pct'])} of the copy bandwidth, and decoding them "
+    dissected = (f": dissected at this point (chapter 03: in the worker that timed each build, the call took "
+                 f"{text.us(a['full'])}), its loads alone read the weights at {text.pct(a['load_rate_pct'])} of the copy bandwidth, and decoding them "
                  f"({text.signed_us(a['decode_added_us'])}) and the MMAs ({text.signed_us(a['mma_added_us'])}) "
                  "run after the loads rather than under them")
     if text.is_missing(a["compute"]):
@@ -366,7 +366,8 @@ def glance_html(d: decode.Diagnosis) -> str:
     levers = levers.sort_values(["from_path", "gain"], ascending=False, kind="stable").head(GLANCE_LEVERS)
     levers = levers.assign(change=[f"{text.us(r.now_us)} → {text.us(r.with_us)} ({r.kind})"
                                    for r in levers.itertuples()])
-    header = f"largest levers, those on {d.chosen['path']} first" if d.chosen is not None else "largest levers"
+    header = (f"largest levers, from {d.chosen['path']}'s time first" if d.chosen is not None
+              else "largest levers")
     lever_table = html_table(levers, [Col("lever", header),
                                       Col("gain", "gain", "ratio"), Col("change", "now → with it (basis)")],
                              empty="No lever with a measured gain.")
