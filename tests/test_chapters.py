@@ -254,7 +254,7 @@ def test_chapter_03_dissects_the_fused_kernel_from_its_builds(tmp_path):
     assert ("take 1.25 ms (69% of that), reading the weights at 80% of the copy bandwidth (their read "
             "floor is 1.00 ms); decoding them brings it to 1.40 ms (+150 us), the MMAs with the "
             "epilogue to 1.80 ms (+400 us)") in said
-    assert "add 550 us after the loads" in said and "1.4x less" in said
+    assert "add 550 us after the loads" in said and "its loads-only time, 1.25 ms in this worker" in said
     assert "mxfp4 at B=512: the whole call 1.70 ms, its loads 1.30 ms (76%)" in said
     assert "layer table times the same call" not in said          # 1.85 against 1.80 ms: 2.8%
 
@@ -281,7 +281,7 @@ def test_chapter_03_says_when_the_math_alone_is_as_long_as_the_weight_stream(tmp
                                                      "compute": 800.0})
     said = page_text(ch03_moe.build(str(hidden.path), "none", "full", "cpu"), "anatomy")
     assert "the call takes 800 us, 0.64x its loads alone" in said
-    assert "would take the layer to about its loads-only time, 1.4x less" in said
+    assert "would take the layer to about its loads-only time, 1.25 ms in this worker" in said
     assert "as much as by HBM" not in said
     old = fused_anatomy_run(tmp_path / "old", {"full": 1800.0, "load": 1250.0, "decode": 1400.0})
     said = page_text(ch03_moe.build(str(old.path), "none", "full", "cpu"), "anatomy")
