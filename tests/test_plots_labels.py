@@ -30,6 +30,18 @@ def test_log_axis_labels_are_plain_numbers(low, high, expected):
     assert not [label for label in labels if "10^" in label or "times" in label or "$" in label]
 
 
+def test_a_widened_log_axis_ends_on_labelled_values_and_labels_its_minor_ticks():
+    """Chapter 03's layer times (1.2-13 ms) sat under a lowest label of 2: widened, the axis runs
+    1-20 and still labels 2, 3, 4 and 6 (matplotlib drops minor labels past one decade)."""
+    fig, axes = common.new_figure()
+    ax = axes[0, 0]
+    ax.plot([1, 2], [1.2, 13.0])
+    common.log_axis(ax)
+    common.widen_to_labels(ax)
+    assert ax.get_ylim() == pytest.approx((1.0, 20.0))
+    assert {"1", "2", "3", "4", "6", "10", "20"} <= set(tick_labels(ax))
+
+
 def test_the_floor_bars_say_microseconds_when_a_floor_is_under_a_millisecond():
     path = {"path": "grouped-fp8", "layer_us": 3460.0, "launch_floor_us": 4.78, "memory_floor_us": 2280.0,
             "compute_floor_us": 217.0, "weight_dtype": "fp8", "math_dtype": "fp8"}

@@ -105,8 +105,16 @@ def widen_to_labels(ax, which: str = "y") -> None:
         steps = [s for s in LABELLED_STEPS if (s <= mantissa * (1 + 1e-9) if down else s >= mantissa * (1 - 1e-9))]
         return (max(steps) if down else min(steps)) * decade
 
+    from matplotlib.ticker import FuncFormatter
+
     low, high = getattr(ax, f"get_{which}lim")()
-    getattr(ax, f"set_{which}lim")(outward(low, True), outward(high, False))
+    low, high = outward(low, True), outward(high, False)
+    getattr(ax, f"set_{which}lim")(low, high)
+    if math.log10(high / low) <= 2:   # matplotlib stops labelling minor ticks past one decade
+        def label(value, _pos) -> str:
+            mantissa = round(value / 10.0 ** math.floor(math.log10(value)), 6)
+            return f"{value:g}" if mantissa in LABELLED_STEPS[1:-1] else ""
+        getattr(ax, f"{which}axis").set_minor_formatter(FuncFormatter(label))
 
 
 def marker_handles(markers: dict[str, str]) -> list:
