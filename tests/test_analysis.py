@@ -489,3 +489,29 @@ def test_the_kernel_time_sentence_says_what_the_diagnosed_calls_own_builds_measu
     assert "hidden under the loads, the layer would take about the loads' 1.25 ms" in sentence
     d, sentence = diagnosed(tmp_path / "bare", {})
     assert d.chosen_anatomy is None and "chapter 01, the anatomy of fp4lab's own kernels" in sentence
+
+
+def test_a_dissected_path_without_its_own_math_build_cites_the_other_formats(tmp_path):
+    """Call 122 re-measured NVFP4 only: the diagnosed MXFP4 call has no compute build, the NVFP4
+    one at the same batch has. Chapters 04 and 03 say so instead of "this run did not time them"."""
+    from fp4lab.chapters import ch03_moe
+    from fp4lab.chapters import ch04_diagnosis as words
+
+    run = fused_anatomy_run(tmp_path, {"full": 1800.0, "load": 1250.0, "decode": 1400.0, "compute": 1400.0})
+    run.append_rows("moe", [moe_row("cuda-w4a16-moe", "layer", 512, 1700.0, weight_dtype="fp4", kind="layer",
+                                    fmt="mxfp4", weight_bytes=4e9)])
+    run.append_rows("moe_anatomy", [moe_anatomy_row(stage, us, fmt="mxfp4") for stage, us in
+                                    (("full", 1750.0), ("load", 1200.0), ("decode", 1300.0))])
+    run.append_rows("gemm", glm5_gemm_rows("torch-bf16", DECODE_MS))
+    d = decode.diagnose(run, decode.DiagnosisConfig(steps=8))
+    assert d.chosen["fmt"] == "mxfp4" and np.isnan(d.chosen_anatomy["compute"])
+    other = d.chosen_anatomy["math_elsewhere"]
+    assert other == {"fmt": "nvfp4", "compute": 1400.0, "load": 1250.0,
+                     "math_to_load": pytest.approx(1400 / 1250), "math_bound": True}
+    sentence = words.kernel_time_sentence(d)
+    assert "timed them without the weights' read only with NVFP4 weights: 1.40 ms, 1.1x" in sentence
+    assert "fewer instructions a weight" in sentence and "did not time them" not in sentence
+    table = moe.fused_anatomy(moe.moe_results(run, "glm-5"))
+    assert moe.math_in_other_format(table, table[table["fmt"] == "nvfp4"].iloc[0]) is None   # has its own
+    lead = " ".join(ch03_moe.fused_anatomy_findings(table, 512))
+    assert "At B=512 (mxfp4)" in lead and "without the weights' read only in nvfp4 (its line below): 1.40 ms" in lead

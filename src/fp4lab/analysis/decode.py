@@ -366,14 +366,17 @@ def fallen_clock(chosen: dict | None, run_view: RunView) -> dict[str, Any] | Non
 
 def path_anatomy(moe: moe_analysis.MoeResults | None, chosen: dict | None) -> dict[str, Any] | None:
     """The diagnosed path's own builds (loads only, decoded, whole, its math alone where timed: a
-    row of `moe_analysis.fused_anatomy`) at its measured batch and format; None where the run did
-    not dissect that call."""
+    row of `moe_analysis.fused_anatomy`) at its measured batch and format, with `math_elsewhere`
+    (`moe_analysis.math_in_other_format`) where only the other format timed its math; None where
+    the run did not dissect that call."""
     if moe is None or chosen is None or chosen.get("source") != "MoE sweep":
         return None
     anatomy = moe_analysis.fused_anatomy(moe)
     rows = anatomy[(anatomy["method"] == chosen["path"]) & (anatomy["fmt"] == chosen.get("fmt"))
                    & (anatomy["batch"] == chosen["batch"])]
-    return rows.iloc[0].to_dict() if len(rows) else None
+    if not len(rows):
+        return None
+    return {**rows.iloc[0].to_dict(), "math_elsewhere": moe_analysis.math_in_other_format(anatomy, rows.iloc[0])}
 
 
 POWER_REASONS = ("sw_power_cap", "hw_power_brake_slowdown")   # clock events that are the power limit

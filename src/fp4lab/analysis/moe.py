@@ -261,6 +261,21 @@ def fused_anatomy(results: MoeResults) -> pd.DataFrame:
     return wide[FUSED_ANATOMY_COLUMNS].sort_values(point).reset_index(drop=True)
 
 
+def math_in_other_format(table: pd.DataFrame, row) -> dict[str, Any] | None:
+    """Where `row` (of `fused_anatomy`) has no compute build but the same method at the same batch
+    in another format has one: that format and its math alone against its own loads (a run whose
+    re-measure took one format only); None otherwise."""
+    if not pd.isna(row["compute"]):
+        return None
+    other = table[(table["method"] == row["method"]) & (table["batch"] == row["batch"])
+                  & (table["fmt"] != row["fmt"]) & table[MATH_STAGE].notna()]
+    if not len(other):
+        return None
+    found = other.iloc[0]
+    return {"fmt": found["fmt"], "compute": float(found[MATH_STAGE]), "load": float(found["load"]),
+            "math_to_load": float(found["math_to_load"]), "math_bound": bool(found["math_bound"])}
+
+
 def fused_anatomy_reason(results: MoeResults) -> str:
     """Why `fused_anatomy` is empty: the first failed build's reason, else "not measured"."""
     run = results.view.run

@@ -155,7 +155,7 @@ def _fused_anatomy(page, results: analysis.MoeResults, decode_batch: int) -> Non
 SAME_CALL_SPREAD_PCT = 3.0   # two workers' times of one call further apart than this are said to be
 
 
-def overlap_findings(row) -> list[str]:
+def overlap_findings(row, elsewhere: dict | None = None) -> list[str]:
     """What hiding the decode and MMAs under the loads would give: the loads-only time (a time, not
     a ratio: chapter 04's "1.4x" is the layer over its floor, another pair of times) where the
     math alone (the compute build) is shorter; where it is about as long or longer, no overlap takes
@@ -166,6 +166,12 @@ def overlap_findings(row) -> list[str]:
         return ["The call is its loads: decode and MMAs hide under them, so what is left is reading the "
                 "weights faster."]
     said = (f"Decode and MMAs add {text.us(added)} after the loads rather than under them.")
+    if text.is_missing(row["compute"]) and elsewhere is not None:
+        return [said + f" This run timed the call without the weights' read only in "
+                       f"{text.md(elsewhere['fmt'])} (its line below): {text.us(elsewhere['compute'])}, "
+                       f"{text.ratio(elsewhere['math_to_load'])} that format's loads alone"
+                       + ("; the SMs' own work is as long as the weight stream there, so hiding it under the "
+                          "loads would not reach the loads-only time." if elsewhere["math_bound"] else ".")]
     if text.is_missing(row["compute"]):
         return [said + f" Were they hidden under the loads, the layer would take about its loads-only "
                        f"time, {text.us(row['load'])} in this worker, if they alone take less than "
@@ -206,7 +212,7 @@ def fused_anatomy_findings(table, decode_batch: int) -> list[str]:
                      f"{text.pct(row['layer_apart_pct'])} apart, the spread between two processes "
                      f"timing one call. Read this section's increments, each timed beside the others "
                      f"in one worker, rather than its totals.")
-    lines += overlap_findings(row)
+    lines += overlap_findings(row, analysis.math_in_other_format(table, row))
     if row["load_rate_pct"] < 80:
         lines.append(f"Even alone the loads reach {text.pct(row['load_rate_pct'])} of the copy bandwidth: "
                      f"to reach the floor the kernel must also keep more weight bytes in flight.")

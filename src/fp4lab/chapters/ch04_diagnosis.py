@@ -105,8 +105,16 @@ def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
                  f"({text.signed_us(a['decode_added_us'])}) and the MMAs ({text.signed_us(a['mma_added_us'])}) "
                  "run after the loads rather than under them")
     if text.is_missing(a["compute"]):
-        return (head + dissected + "; hidden under the loads they would take the layer toward its loads-only time, "
-                "if they alone are shorter (this run did not time them without the weights' read).")
+        other = a.get("math_elsewhere")
+        if other is None:
+            return (head + dissected + "; hidden under the loads they would take the layer toward its loads-only "
+                    "time, if they alone are shorter (this run did not time them without the weights' read).")
+        return (head + dissected + f"; this run timed them without the weights' read only with "
+                f"{text.md(other['fmt'].upper())} weights: {text.us(other['compute'])}, "
+                f"{text.ratio(other['math_to_load'])} that format's loads alone"
+                + (", so even wholly hidden under the loads the call could not go much below its math: fewer "
+                   "instructions a weight (or FP4 tensor cores) is what would fix it, not a faster weight stream."
+                   if other["math_bound"] else ": hidden under the loads, the call would take about its loads-only time."))
     alone = (f"; without the weights' read they alone take {text.us(a['compute'])}, "
              f"{text.ratio(a['math_to_load'])} the loads")
     if a["math_bound"]:
