@@ -207,10 +207,13 @@ def test_the_ep_lever_adds_measured_all_to_alls_only_where_measured():
 def test_chapters_02_and_04_state_the_same_decode_power(reference_copy):
     power_page = CHAPTERS["02_power_clocks"].build(str(reference_copy), "none", "full", "cpu")
     diagnosis_page = ch04_diagnosis.build(str(reference_copy), "none", "full", "cpu")
-    in_02 = re.search(r"decode point chapter 04 diagnoses .*? draws ([\d.]+) W", page_text(power_page, "findings"))
-    in_04 = re.search(r"at the decode point .*? drew ([\d.]+) W", page_text(diagnosis_page, "findings"))
-    assert in_02 and in_04 and in_02.group(1) == in_04.group(1)
+    # the diagnosed layer's own window (call 122: NVFP4 at B = 512) in both, word for word
+    own = re.search(r"Power caps the diagnosed path: [^\n]*? whose samples are a burst at the clock of the moment\.",
+                    page_text(diagnosis_page, "findings"))
+    assert own and own.group(0) in page_text(power_page, "findings") and "drew 693 W" in own.group(0)
     found = page_text(power_page, "findings")        # the reference's instant readings passed 700 W
+    assert re.search(r"At decode sizes .*? the GPU draws 190 W", found)                 # the GEMMs'
+
     assert "readings above it over shorter spans (instant samples, short energy windows) are bursts" in found
     assert re.search(r"the least efficient, \S+ at M = \d+ on \d+x\d+, reaches", found)
 
@@ -313,32 +316,35 @@ def test_chapter_03_says_how_to_dissect_the_fused_kernel_where_a_run_did_not(tmp
     assert f"--anatomy-batch 512 --run-id {run.path.name}" in said
 
 
-def test_chapter_04_says_when_the_diagnosed_paths_own_timing_saw_the_sm_clock_fall(reference_copy):
-    """The decode GEMMs' 190 W cleared power for all of decode, but the fused layer kernels carry
-    no energy window: their rows carry the SM clock their timer read. Where the diagnosed path's
-    fell under its timer's steady-clock share of the maximum (DeepSeek-V3's fused kernel, NVFP4,
-    call 108), the page says so instead of clearing power; where it held (GLM-5's, MXFP4), not."""
-    import dataclasses
+def test_chapter_04_says_when_the_diagnosed_paths_own_timing_saw_the_sm_clock_fall(tmp_path, reference_copy):
+    """The decode GEMMs' 190 W cleared power for all of decode, but a fused layer kernel without an
+    energy window carries only the SM clock its timer read. Where the diagnosed path's fell under
+    its timer's steady-clock share of the maximum (the reference's GLM-5 path given DeepSeek-V3's
+    1830 MHz of call 108, its windows taken out), the page says so instead of clearing power."""
     import json
 
     from fp4lab.analysis import decode
 
     config = decode.DiagnosisConfig.from_profile("full")
-    glm = decode.diagnose(reference_copy, config)
-    assert glm.chosen_clock is None
-    assert ch04_diagnosis.power_sentence(glm).startswith("Power does not limit decode: ")
-    d = decode.diagnose(reference_copy, dataclasses.replace(config, preset="deepseek-v3"))
-    rows = pd.read_parquet(reference_copy / "moe.parquet")
-    own = rows[(rows["method"] == d.chosen["path"]) & (rows["fmt"] == d.chosen["fmt"])
-               & (rows["preset"] == "deepseek-v3") & (rows["batch"] == 512) & (rows["ep"] == 1)]
-    clock = own["sm_clock_mhz"].min()
-    assert clock < json.loads((reference_copy / "run.json").read_text())["moe"]["config"]["timer"][
-        "min_clock_ratio"] * 1980
-    assert d.chosen_clock == {"path": "cuda-w4a16-moe", "fmt": "nvfp4", "sm_clock_mhz": clock,
-                              "max_sm_clock_mhz": 1980.0, "fraction": clock / 1980}
+    assert decode.diagnose(reference_copy, config).chosen_clock is None        # 1980 MHz: it held
+    run = tmp_path / reference_copy.name
+    shutil.copytree(reference_copy, run)
+    rows = [json.loads(line) for line in (run / "moe.jsonl").read_text().splitlines()]
+    for row in rows:
+        if row["method"] == "cuda-w4a16-moe":
+            row.update(avg_power_w=None, energy_per_call_j=None, window_sm_clock_mhz=None, throttle_reasons=None)
+            if row["fmt"] == "mxfp4" and row["preset"] == "glm-5" and row["batch"] == 512 and row["ep"] == 1:
+                row["sm_clock_mhz"] = 1830.0
+    (run / "moe.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "moe.parquet").unlink()            # the jsonl log is the truth the table is read from
+    assert 1830.0 < json.loads((run / "run.json").read_text())["moe"]["config"]["timer"]["min_clock_ratio"] * 1980
+    d = decode.diagnose(run, config)
+    assert d.chosen_power is None
+    assert d.chosen_clock == {"path": "cuda-w4a16-moe", "fmt": "mxfp4", "sm_clock_mhz": 1830.0,
+                              "max_sm_clock_mhz": 1980.0, "fraction": 1830.0 / 1980}
     said = ch04_diagnosis.power_sentence(d).replace("\\", "")
     assert said.startswith("Power does not limit the decode GEMMs: ")
-    assert f"cuda-w4a16-moe, read the SM clock at {clock:.0f} MHz in its own timing, 92% of" in said
+    assert "cuda-w4a16-moe, read the SM clock at 1830 MHz in its own timing, 92% of" in said
     assert "whether the power limit lowered it is not measured here" in said
 
 
@@ -373,6 +379,10 @@ def test_chapter_04_states_the_diagnosed_paths_own_energy_window_when_the_sweep_
                            "100% of the 700 W limit, with the SM clock at 1635 MHz (clock-event reasons: "
                            "none, sw_power_cap); a call took 2.09 ms there")
     assert f"over the timer's {chosen[0]['median_us'] / 1000:.2f} ms" in said
-    # without a window the decode GEMMs' sentence stands (the committed reference)
+    # the committed reference: windows for the NVFP4 call only (call 122), the diagnosed one MXFP4
     plain = decode.diagnose(reference_copy, decode.DiagnosisConfig.from_profile("full"))
-    assert plain.chosen_power is None
+    assert plain.chosen["fmt"] == "mxfp4"
+    assert plain.chosen_power["other_format"] and plain.chosen_power["fmt"] == "nvfp4"
+    said = ch04_diagnosis.power_sentence(plain).replace("\\", "")
+    assert said.startswith("Power caps the diagnosed path: replayed back to back, cuda-w4a16-moe (with NVFP4 "
+                           "weights: the run has no window of the diagnosed format) drew 693 W")

@@ -388,26 +388,32 @@ def path_power(moe: moe_analysis.MoeResults | None, chosen: dict | None, run_vie
     `energy_batches`): the most power any of its rows drew against the board's limit, the lowest
     SM clock inside the windows, their clock-event reasons, and the time a call took there
     (energy per call over power, summed over the path's rows) against the timer's. `capped`:
-    at the power-bound share of the limit, or a power clock event. None where the run has none."""
+    at the power-bound share of the limit, or a power clock event. Where only the path's other
+    format has a window (a re-measure of one format), that one, `other_format` True and `fmt`
+    saying which. None where the run has none."""
     limit = run_view.power_limit_w
     if moe is None or chosen is None or chosen.get("source") != "MoE sweep" or not limit:
         return None
     ok = moe.ok
-    rows = ok[(ok["method"] == chosen["path"]) & ok["fmt"].fillna("").eq(chosen.get("fmt") or "")
-              & (ok["batch"] == chosen["batch"]) & (ok["ep"].fillna(1) == 1)
-              & (ok["routing"] == config.routing)]
-    rows = rows[rows["avg_power_w"].notna() & rows["energy_per_call_j"].notna()]
+    windows = ok[(ok["method"] == chosen["path"]) & (ok["batch"] == chosen["batch"]) & (ok["ep"].fillna(1) == 1)
+                 & (ok["routing"] == config.routing) & ok["avg_power_w"].notna() & ok["energy_per_call_j"].notna()]
+    own_fmt = chosen.get("fmt") or ""
+    rows = windows[windows["fmt"].fillna("").eq(own_fmt)]
+    if not len(rows):
+        rows = windows[windows["fmt"].fillna("") == (windows["fmt"].fillna("").iloc[0] if len(windows) else "")]
     if not len(rows):
         return None
+    fmt = rows["fmt"].iloc[0] if isinstance(rows["fmt"].iloc[0], str) else None
+    other_format = (fmt or "") != own_fmt
     watts = float(rows["avg_power_w"].max())
     reasons = sorted(power_analysis.reason_counts(rows["throttle_reasons"]))
     fraction = watts / float(limit)
-    return {"path": chosen["path"], "fmt": chosen.get("fmt"), "avg_power_w": watts,
+    return {"path": chosen["path"], "fmt": fmt, "other_format": other_format, "avg_power_w": watts,
             "power_limit_w": float(limit), "fraction": fraction,
             "window_sm_clock_mhz": float(rows["window_sm_clock_mhz"].min()),
             "throttle_reasons": reasons,
             "window_us_per_call": float((rows["energy_per_call_j"] / rows["avg_power_w"]).sum() * 1e6),
-            "timed_us": float(chosen["layer_us"]),
+            "timed_us": float(rows["median_us"].sum()) if other_format else float(chosen["layer_us"]),
             "capped": fraction >= config.power_bound_fraction or any(r in POWER_REASONS for r in reasons)}
 
 

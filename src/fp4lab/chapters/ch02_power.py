@@ -79,7 +79,7 @@ def fill(context: Context, sampled: str) -> None:
                             "holds the GPU's power chapter; its key numbers are below.", "note")
         if context.reference is not None:
             page.bullets("findings", findings(analysis.run_power(context.reference.run),
-                                              decode_point(context.reference.run, context.profile)))
+                                              *decode_point(context.reference.run, context.profile)))
         return
     if power.has_telemetry:
         page.figure("timeline", figures.timeline(power.telemetry, power.points, power.power_limit_w),
@@ -96,7 +96,7 @@ def fill(context: Context, sampled: str) -> None:
         per_gpu = gemm_analysis.gpu_spread(power.gemm)
         if len(per_gpu) > 1:
             page.html("points", html_table(per_gpu, PER_GPU, caption=power.caption("per GPU at decode M")))
-    page.bullets("findings", findings(power, decode_point(context.run, context.profile)))
+    page.bullets("findings", findings(power, *decode_point(context.run, context.profile)))
 
 
 def _of_limit(watts, limit) -> str:
@@ -121,13 +121,16 @@ def _against_limit(timeline: dict, limit: float | None) -> str:
             "it over shorter spans (instant samples, short energy windows) are bursts.")
 
 
-def decode_point(run, profile: str) -> dict | None:
+def decode_point(run, profile: str) -> tuple[dict | None, dict | None]:
+    """The decode GEMMs' power at the point chapter 04 reads, and the diagnosed layer path's own
+    energy window where the run has one (both chapter 04's numbers)."""
     from fp4lab.analysis import decode
 
-    return decode.decode_point_power(run, decode.DiagnosisConfig.from_profile(profile))
+    d = decode.diagnose(run, decode.DiagnosisConfig.from_profile(profile))
+    return d.decode_power, d.chosen_power
 
 
-def findings(power: analysis.RunPower, at_decode: dict | None = None) -> list[str]:
+def findings(power: analysis.RunPower, at_decode: dict | None = None, own: dict | None = None) -> list[str]:
     lines = []
     timeline = analysis.timeline_numbers(power)
     device = text.md(power.view.device)
@@ -151,11 +154,15 @@ def findings(power: analysis.RunPower, at_decode: dict | None = None) -> list[st
     if points:
         if at_decode is not None:
             seed = SEED_POWER["watts"] / SEED_POWER["tdp_w"]
-            lines.append(f"At the decode point chapter 04 diagnoses (M = {text.join(at_decode['m_values'])} on the "
-                         f"expert shapes, {text.md(at_decode['backend'])}) the GPU draws "
+            lines.append(f"At decode sizes (M = {text.join(at_decode['m_values'])} on the expert shapes, "
+                         f"{text.md(at_decode['backend'])}: the single expert GEMMs chapter 04's loop model reads) "
+                         f"the GPU draws "
                          f"{text.sig(at_decode['avg_power_w'])} W (median of {at_decode['points']} windows)"
                          f"{_of_limit(at_decode['avg_power_w'], power.power_limit_w)}; the seed's GPUs drew "
                          f"{SEED_POWER['watts']} W of {SEED_POWER['tdp_w']} W ({text.pct(100 * seed)}) at decode.")
+        if own is not None:      # chapter 04's sentence: the fused layer is not the single GEMM above
+            from fp4lab.chapters.ch04_diagnosis import own_power_sentence
+            lines.append(own_power_sentence(own))
         lines.append(f"At M = {points['largest_m']} it draws {text.sig(points['largest_w'])} W"
                      f"{_of_limit(points['largest_w'], power.power_limit_w)}.")
         if "best" in points:

@@ -146,8 +146,10 @@ def own_power_sentence(own: dict) -> str:
     time a call took there against the timer's burst."""
     reasons = ", ".join(text.md(r) for r in own["throttle_reasons"]) or "none read"
     slower = own["window_us_per_call"] / own["timed_us"] - 1
+    which = (f"{text.md(own['path'])} (with {text.md((own['fmt'] or '').upper())} weights: the run has no window "
+             "of the diagnosed format)" if own.get("other_format") else text.md(own["path"]))
     return (f"Power {'caps' if own['capped'] else 'does not cap'} the diagnosed path: replayed back to back, "
-            f"{text.md(own['path'])} drew {text.sig(own['avg_power_w'])} W, {text.pct(100 * own['fraction'])} of "
+            f"{which} drew {text.sig(own['avg_power_w'])} W, {text.pct(100 * own['fraction'])} of "
             f"the {text.sig(own['power_limit_w'])} W limit, with the SM clock at {text.sig(own['window_sm_clock_mhz'])} MHz "
             f"(clock-event reasons: {reasons}); a call took {text.us(own['window_us_per_call'])} there, "
             f"{text.pct(100 * abs(slower))} {'over' if slower >= 0 else 'under'} the timer's "
@@ -357,7 +359,13 @@ def glance_html(d: decode.Diagnosis) -> str:
 
     facts = {f"tokens per expert at B={d.config.decode_batch}":
              f"{text.sig(d.load['mean_m'])} mean, {text.sig(d.load['busiest_m'])} busiest"}
-    if d.decode_power:
+    if d.chosen_power:          # the diagnosed layer's own window, before the decode GEMMs'
+        p = d.chosen_power
+        fmt = f", {p['fmt'].upper()}" if p.get("other_format") and p.get("fmt") else ""
+        facts[f"power of {p['path']}{fmt} replayed"] = (
+            f"{text.sig(p['avg_power_w'])} W of {text.sig(p['power_limit_w'])} W ({text.pct(100 * p['fraction'])}), "
+            f"SM clock {text.sig(p['window_sm_clock_mhz'])} MHz")
+    elif d.decode_power:
         p = d.decode_power
         facts[f"power at decode ({p['backend']} GEMMs, M = {text.join(p['m_values'])})"] = (
             f"{text.sig(p['avg_power_w'])} W of {text.sig(p['power_limit_w'])} W ({text.pct(100 * p['fraction'])})")
