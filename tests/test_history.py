@@ -333,13 +333,17 @@ def test_two_gpu_runs_state_their_diagnosed_paths_then_and_now():
     """Chapter 06 compared 249 GEMM points of the two reference runs but never said that the
     diagnosed layer moved from humming's kernel to fp4lab's: the comparison carries chapter 04's
     path and layer time of each run."""
+    import dataclasses
+
     from fp4lab.analysis import decode
     from fp4lab.chapters import ch06_history
     from fp4lab.results import REFERENCE_ROOT
 
     config = decode.DiagnosisConfig.from_profile("full")
     now_dir, then_dir = REFERENCE_ROOT / "20261203T1155Z-h200-full", REFERENCE_ROOT / "20261202T1849Z-h200-full"
-    c = history.compare(now_dir, then_dir, "reference", diagnosis=config)
+    diagnosed_now = history.diagnosed_path(RunDir.open(now_dir), config)
+    c = dataclasses.replace(history.compare(now_dir, then_dir, "reference"),
+                            diagnosed=history.diagnosis_change(diagnosed_now, then_dir, config))
     now = decode.diagnose(now_dir, config).chosen
     assert c.diagnosed["now"] == {"path": now["path"], "fmt": now["fmt"], "layer_us": now["layer_us"]}
     assert c.diagnosed["then"]["path"] == "humming-moe-indexed" and c.diagnosed["then"]["fmt"] == "mxfp4"
@@ -347,3 +351,4 @@ def test_two_gpu_runs_state_their_diagnosed_paths_then_and_now():
     said = " ".join(ch06_history.summary(c)).replace("\\", "")
     assert "The diagnosed layer (GLM-5 at B=512, chapter 04): humming-moe-indexed (mxfp4) then, " in said
     assert history.compare(now_dir, then_dir, "reference").diagnosed is None   # asked for only
+    assert history.diagnosis_change(None, then_dir, config) is None            # a run without a verdict

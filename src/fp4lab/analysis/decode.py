@@ -397,12 +397,10 @@ def path_power(moe: moe_analysis.MoeResults | None, chosen: dict | None, run_vie
     ok = moe.ok
     windows = ok[(ok["method"] == chosen["path"]) & (ok["batch"] == chosen["batch"]) & (ok["ep"].fillna(1) == 1)
                  & (ok["routing"] == config.routing) & ok["avg_power_w"].notna() & ok["energy_per_call_j"].notna()]
-    own_fmt = chosen.get("fmt") or ""
-    rows = windows[windows["fmt"].fillna("").eq(own_fmt)]
-    if not len(rows):
-        rows = windows[windows["fmt"].fillna("") == (windows["fmt"].fillna("").iloc[0] if len(windows) else "")]
-    if not len(rows):
+    if not len(windows):
         return None
+    fmts, own_fmt = windows["fmt"].fillna(""), chosen.get("fmt") or ""
+    rows = windows[fmts == (own_fmt if (fmts == own_fmt).any() else fmts.iloc[0])]
     fmt = rows["fmt"].iloc[0] if isinstance(rows["fmt"].iloc[0], str) else None
     other_format = (fmt or "") != own_fmt
     watts = float(rows["avg_power_w"].max())
@@ -415,17 +413,6 @@ def path_power(moe: moe_analysis.MoeResults | None, chosen: dict | None, run_vie
             "window_us_per_call": float((rows["energy_per_call_j"] / rows["avg_power_w"]).sum() * 1e6),
             "timed_us": float(rows["median_us"].sum()) if other_format else float(chosen["layer_us"]),
             "capped": fraction >= config.power_bound_fraction or any(r in POWER_REASONS for r in reasons)}
-
-
-def decode_point_power(run: RunDir, config: DiagnosisConfig) -> dict[str, Any] | None:
-    """decode_power at the point the diagnosis reads (its seed backend, the decode Ms): the one
-    decode-power number chapters 02 and 04 state."""
-    if not (run.has_table("gemm") or run.has_table("telemetry")):
-        return None
-    gemm = gemm_analysis.gemm_results(run) if run.has_table("gemm") else None
-    model = presets.get(config.preset)
-    load = moe_analysis.tokens_per_expert(model, config.decode_batch, config.routing, config.steps, config.seed)
-    return decode_power(power_analysis.run_power(run), seed_backend(gemm, config), model, load)
 
 
 # -- levers -----------------------------------------------------------------------------------------

@@ -193,18 +193,16 @@ def diagnosed_path(run: RunDir, config: decode.DiagnosisConfig) -> dict[str, Any
             "layer_us": float(d.chosen["layer_us"])}
 
 
-def diagnosis_change(current: RunDir, other: RunDir, config: decode.DiagnosisConfig) -> dict[str, Any] | None:
-    """The diagnosed path and its layer time in both runs; None where either has no verdict."""
-    now = diagnosed_path(current, config)
-    then = diagnosed_path(other, config) if now is not None else None
+def diagnosis_change(now: dict[str, Any] | None, other_dir, config: decode.DiagnosisConfig) -> dict[str, Any] | None:
+    """The diagnosed path and its layer time in both runs (`now`: `diagnosed_path` of the run
+    compared, found once for all its comparisons); None where either has no verdict."""
+    then = diagnosed_path(RunDir.open(other_dir), config) if now is not None else None
     if now is None or then is None:
         return None
     return {"now": now, "then": then, "model": config.preset, "batch": config.decode_batch}
 
 
-def compare(run_dir, other_dir, other_kind: str = "previous", threshold: float = DEFAULT_THRESHOLD,
-            diagnosis: decode.DiagnosisConfig | None = None) -> Comparison:
-    """`diagnosis`: also compare the two runs' diagnosed paths, as chapter 04 diagnoses them."""
+def compare(run_dir, other_dir, other_kind: str = "previous", threshold: float = DEFAULT_THRESHOLD) -> Comparison:
     current, other = RunDir.open(run_dir), RunDir.open(other_dir)
     ratios = point_ratios(current, other)
     now, then = provenance_fields(current.run_json()), provenance_fields(other.run_json())
@@ -213,8 +211,7 @@ def compare(run_dir, other_dir, other_kind: str = "previous", threshold: float =
     improved = ratios.iloc[0:0] if on_cpu else point_improvements(ratios, threshold)
     return Comparison(current.run_id, other.run_id, other_kind, now["device"] == then["device"],
                       (now["device"], then["device"]), on_cpu, ratios, regressed, improved,
-                      version_changes(current.run_json(), other.run_json()), threshold,
-                      diagnosis_change(current, other, diagnosis) if diagnosis is not None else None)
+                      version_changes(current.run_json(), other.run_json()), threshold)
 
 
 def median_ratio(comparison: Comparison) -> float:

@@ -117,7 +117,7 @@ def timeline_numbers(power: RunPower) -> dict[str, Any]:
 
 def point_numbers(power: RunPower) -> dict[str, Any]:
     """Power at the largest M, and the most and least efficient points (power at decode is
-    fp4lab.analysis.decode.decode_point_power: one number for chapters 02 and 04)."""
+    fp4lab.analysis.decode.Diagnosis.decode_power: one number for chapters 02 and 04)."""
     points = power.points
     if not len(points):
         return {}

@@ -101,7 +101,8 @@ def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
                 "(what such time is made of: chapter 01, the anatomy of fp4lab's own kernels and the hardware "
                 "counters of the kernels profiled).")
     dissected = (f": dissected at this point (chapter 03: in the worker that timed each build, the call took "
-                 f"{text.us(a['full'])}), its loads alone read the weights at {text.pct(a['load_rate_pct'])} of the copy bandwidth, and decoding them "
+                 f"{text.us(a['full'])}), its loads alone read the weights at {text.pct(a['load_rate_pct'])} of "
+                 "the copy bandwidth, and decoding them "
                  f"({text.signed_us(a['decode_added_us'])}) and the MMAs ({text.signed_us(a['mma_added_us'])}) "
                  "run after the loads rather than under them")
     if text.is_missing(a["compute"]):
@@ -114,7 +115,8 @@ def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
                 f"{text.ratio(other['math_to_load'])} that format's loads alone"
                 + (", so even wholly hidden under the loads the call could not go much below its math: fewer "
                    "instructions a weight (or FP4 tensor cores) is what would fix it, not a faster weight stream."
-                   if other["math_bound"] else ": hidden under the loads, the call would take about its loads-only time."))
+                   if other["math_bound"] else
+                   ": hidden under the loads, the call would take about its loads-only time."))
     alone = (f"; without the weights' read they alone take {text.us(a['compute'])}, "
              f"{text.ratio(a['math_to_load'])} the loads")
     if a["math_bound"]:

@@ -3,6 +3,7 @@ point, with a noise model (fp4lab.analysis.history), and what changed in between
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from fp4lab import params, profiles, text
@@ -60,6 +61,12 @@ def fill(context: Context, threshold: float, runs_dir: Path, reference_dir: str 
             if older else ""))))
     comparisons = []
     diagnosis = decode.DiagnosisConfig.from_profile(context.profile)
+    now = analysis.diagnosed_path(context.run, diagnosis)         # once for every comparison
+
+    def compared(other: Path, kind: str) -> analysis.Comparison:
+        return dataclasses.replace(analysis.compare(context.run.path, other, kind, threshold),
+                                   diagnosed=analysis.diagnosis_change(now, other, diagnosis))
+
     previous = analysis.previous_run(context.run.path, runs_dir)
     if previous is None and analysis.is_reference_root(runs_dir):
         page.prose("previous", "This run is a committed reference run: the other reference runs below "
@@ -67,10 +74,10 @@ def fill(context: Context, threshold: float, runs_dir: Path, reference_dir: str 
     elif previous is None:
         page.prose("previous", "This is the first local run with GEMM rows: nothing earlier to compare with.")
     else:
-        comparisons.append(analysis.compare(context.run.path, previous, "previous", threshold, diagnosis))
+        comparisons.append(compared(previous, "previous"))
         show(page, "previous", comparisons[-1])
     for path in references:
-        comparisons.append(analysis.compare(context.run.path, path, "reference", threshold, diagnosis))
+        comparisons.append(compared(path, "reference"))
         show(page, "reference", comparisons[-1])
     page.bullets("findings", findings(index, comparisons))
 
