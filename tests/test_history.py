@@ -47,19 +47,21 @@ def test_two_sweeps_of_unchanged_code_flag_no_regression(tmp_path):
     # 512 x 1024: the work, not the per-call overhead (which swings 1.5x on a busy 2-core box at
     # tiny shapes), sets the time
     backends, shape, m_values = ["torch-bf16", "emulated"], [512, 1024], [1, 4, 16, 64]
-    first = sweep_into(tmp_path, "20260101T000000Z-cpu-a", backends, shape, m_values)
-    second = sweep_into(tmp_path, "20260101T000000Z-cpu-b", backends, shape, m_values)
-    comparison = judged(second, first)
-    if not comparison.regressions.empty:
-        # seen on the 2-core CI machine: a whole backend 2.5-2.8x slower or faster for the
-        # seconds of one sweep, once in the baseline (the next two sweeps agreed with each other,
-        # not with it). A regression must persist, so both runs are measured again, as an
-        # engineer would before believing it, and the new pair is judged.
-        first = sweep_into(tmp_path, "20260101T000000Z-cpu-c", backends, shape, m_values)
-        second = sweep_into(tmp_path, "20260101T000000Z-cpu-d", backends, shape, m_values)
+    flagged = []
+    # Seen on the 2-core CI machine: a whole backend 2-2.8x slower or faster for the seconds of
+    # one sweep (one worker process), in two pairs running (emulated 1.95x in the second pair).
+    # A regression must persist, so a flagged pair is measured again, as an engineer would before
+    # believing it, up to three pairs; unchanged code must come out clean in one of them, while a
+    # real 3x slowdown is flagged in the single pair of the next test.
+    for attempt in "abc":
+        first = sweep_into(tmp_path, f"20260101T000000Z-cpu-{attempt}1", backends, shape, m_values)
+        second = sweep_into(tmp_path, f"20260101T000000Z-cpu-{attempt}2", backends, shape, m_values)
         comparison = judged(second, first)
-    assert len(comparison.ratios) == len(backends) * len(m_values)     # every point compared
-    assert comparison.regressions.empty, comparison.regressions.to_string()
+        assert len(comparison.ratios) == len(backends) * len(m_values)     # every point compared
+        if comparison.regressions.empty:
+            break
+        flagged.append(comparison.regressions.to_string())
+    assert comparison.regressions.empty, "\n".join(flagged)
     assert report.count_regressions(second) == 0
 
 
