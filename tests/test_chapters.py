@@ -122,6 +122,10 @@ def test_chapter_03_tables_each_other_model_the_run_swept_with_its_own_times(ref
     assert best["method"] in OWN_LAYER_METHODS and "fp4lab's fastest fused kernel" not in others
     assert f"the fastest method is {text.md(best['method'])}" in others
     assert "GLM" not in others                       # the chapter's own model stays above
+    # the reference run's 4096 rows came from a later moe-sweep: the parameters say it holds them
+    parameters = page_text(page, "parameters")
+    assert "batch_sizes</td><td" in parameters and "64, 256, 512, 2048 (the full profile's)" in parameters
+    assert re.search(r"batches the run also holds</td><td[^>]*>4096<", parameters)
 
 
 def test_chapter_03_says_how_to_add_a_model_when_the_run_swept_one(tmp_path, reference_copy):
@@ -185,6 +189,10 @@ def test_one_gpu_comm_rows_rank_no_layout_and_say_why(tmp_path):
     from fp4lab.chapters.ch05_comm import findings
     said = findings(study)[0]
     assert "every collective ran at one rank, a copy inside one GPU" in said and "pays" not in said
+    # the rows are the reference's, and the finding says whose: this run measured none
+    assert study.from_reference
+    assert f"(in the run shown beside, `{COMM_ONE_GPU.name}`: this run measured no collective)" in said
+    assert not layouts.study(RunDir.open(copy), None, "glm-5", [64, 512], 512).from_reference
 
 
 def test_the_ep_lever_adds_measured_all_to_alls_only_where_measured():
@@ -346,6 +354,7 @@ def test_chapter_04_says_when_the_diagnosed_paths_own_timing_saw_the_sm_clock_fa
     assert said.startswith("Power does not limit the decode GEMMs: ")
     assert "cuda-w4a16-moe, read the SM clock at 1830 MHz in its own timing, 92% of" in said
     assert "whether the power limit lowered it is not measured here" in said
+    assert "power-capped" not in ch04_diagnosis.verdict_sentence(d)      # no window, no claim
 
 
 def test_chapter_04_states_the_diagnosed_paths_own_energy_window_when_the_sweep_took_one(tmp_path,
@@ -371,14 +380,19 @@ def test_chapter_04_states_the_diagnosed_paths_own_energy_window_when_the_sweep_
     (run / "moe.parquet").unlink()            # the jsonl log is the truth the table is read from
     d = decode.diagnose(run, decode.DiagnosisConfig.from_profile("full"))
     own = d.chosen_power
-    assert own["capped"] and own["throttle_reasons"] == ["none", "sw_power_cap"]
+    assert own["capped"] and own["throttle_reasons"] == ["sw_power_cap"]    # "none" read in other samples
     assert own["window_us_per_call"] == pytest.approx(2090.0)
     assert own["timed_us"] == pytest.approx(timed_us) and own["fraction"] == pytest.approx(699 / 700)
     said = ch04_diagnosis.power_sentence(d).replace("\\", "")
     assert said.startswith("Power caps the diagnosed path: replayed back to back, cuda-w4a16-moe drew 699 W, "
                            "100% of the 700 W limit, with the SM clock at 1635 MHz (clock-event reasons: "
-                           "none, sw_power_cap); a call took 2.09 ms there")
+                           "sw_power_cap); a call took 2.09 ms there")
     assert f"over the timer's {chosen[0]['median_us'] / 1000:.2f} ms" in said
+    # the verdict itself says the burst it reads is not the sustained call
+    over = round(100 * (2090.0 / timed_us - 1))
+    assert ch04_diagnosis.verdict_sentence(d).replace("\\", "").endswith(
+        f" Replayed back to back it is also **power-capped**: 100% of the 700 W limit, and a call takes {over}% "
+        "longer there than timed.")
     # the committed reference: windows for the NVFP4 call only (call 122), the diagnosed one MXFP4
     plain = decode.diagnose(reference_copy, decode.DiagnosisConfig.from_profile("full"))
     assert plain.chosen["fmt"] == "mxfp4"
@@ -386,3 +400,5 @@ def test_chapter_04_states_the_diagnosed_paths_own_energy_window_when_the_sweep_
     said = ch04_diagnosis.power_sentence(plain).replace("\\", "")
     assert said.startswith("Power caps the diagnosed path: replayed back to back, cuda-w4a16-moe (with NVFP4 "
                            "weights: the run has no window of the diagnosed format) drew 693 W")
+    assert "Replayed back to back its NVFP4 build is also **power-capped**: 99% of the 700 W limit" in (
+        ch04_diagnosis.verdict_sentence(plain))

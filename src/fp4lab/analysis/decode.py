@@ -386,8 +386,9 @@ def path_power(moe: moe_analysis.MoeResults | None, chosen: dict | None, run_vie
                config: DiagnosisConfig) -> dict[str, Any] | None:
     """The diagnosed path's own energy window at its measured batch (EP 1, the MoE sweep's
     `energy_batches`): the most power any of its rows drew against the board's limit, the lowest
-    SM clock inside the windows, their clock-event reasons, and the time a call took there
-    (energy per call over power, summed over the path's rows) against the timer's. `capped`:
+    SM clock inside the windows, their clock-event reasons (the benign "none" left out where
+    another was read), and the time a call took there (energy per call over power, summed over
+    the path's rows) against the timer's: `window_over_timed`, the share longer. `capped`:
     at the power-bound share of the limit, or a power clock event. Where only the path's other
     format has a window (a re-measure of one format), that one, `other_format` True and `fmt`
     saying which. None where the run has none."""
@@ -404,14 +405,18 @@ def path_power(moe: moe_analysis.MoeResults | None, chosen: dict | None, run_vie
     fmt = rows["fmt"].iloc[0] if isinstance(rows["fmt"].iloc[0], str) else None
     other_format = (fmt or "") != own_fmt
     watts = float(rows["avg_power_w"].max())
-    reasons = sorted(power_analysis.reason_counts(rows["throttle_reasons"]))
+    seen = power_analysis.reason_counts(rows["throttle_reasons"])
+    # "none" in some samples says nothing once another reason was read in the rest
+    reasons = sorted(seen) if set(seen) <= power_analysis.BENIGN_REASONS else sorted(
+        set(seen) - power_analysis.BENIGN_REASONS)
     fraction = watts / float(limit)
+    window_us = float((rows["energy_per_call_j"] / rows["avg_power_w"]).sum() * 1e6)
+    timed_us = float(rows["median_us"].sum()) if other_format else float(chosen["layer_us"])
     return {"path": chosen["path"], "fmt": fmt, "other_format": other_format, "avg_power_w": watts,
             "power_limit_w": float(limit), "fraction": fraction,
             "window_sm_clock_mhz": float(rows["window_sm_clock_mhz"].min()),
-            "throttle_reasons": reasons,
-            "window_us_per_call": float((rows["energy_per_call_j"] / rows["avg_power_w"]).sum() * 1e6),
-            "timed_us": float(rows["median_us"].sum()) if other_format else float(chosen["layer_us"]),
+            "throttle_reasons": reasons, "window_us_per_call": window_us, "timed_us": timed_us,
+            "window_over_timed": window_us / timed_us - 1,
             "capped": fraction >= config.power_bound_fraction or any(r in POWER_REASONS for r in reasons)}
 
 

@@ -35,6 +35,7 @@ class LayoutStudy:
     fastest: dict                     # comm.fastest_layout at the decode batch
     decode_batch: int
     why_not: str = ""                 # why no layout is compared, in one sentence
+    from_reference: bool = False      # the run measured no collective: the rows are the reference run's
 
     @property
     def ok(self) -> pd.DataFrame:
@@ -73,7 +74,8 @@ def study(run: RunDir, reference: RunView | None, preset: str, batches, decode_b
     ok = frame[frame["status"] == "ok"]
     gpus = int(ok["world_size"].max()) if len(ok) else 0
     model = model_of(frame, preset) if len(frame) else None
-    base = LayoutStudy(source, frame, gpus, model, None, pd.DataFrame(), {}, decode_batch)
+    base = LayoutStudy(source, frame, gpus, model, None, pd.DataFrame(), {}, decode_batch,
+                       from_reference=source is reference)
     if gpus < 2:
         base.why_not = (f"{source.device} measured every collective on one GPU (world size 1, a local "
                         "copy), so there is no layout to choose: a machine with 2 or more GPUs measures "

@@ -67,12 +67,18 @@ def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", dev
 
         context.parameters.append(("points measured now", run_sweep(config, context.run,
                                                                     command="notebook 03_moe_expert_scatter")))
+    results = analysis.moe_results(context.run, config.preset)
+    later = sorted(set(results.frame["batch"].dropna().astype(int)) - set(config.batch_sizes))
+    if later:
+        # a later `fp4lab moe-sweep` may add batches (the reference run's 4096): the tables show them
+        context.parameters.append(("batches the run also holds", ", ".join(map(str, later))))
     parameters_block(context)
-    fill(context, config, target, decode_batch)
+    fill(context, config, results, target, decode_batch)
     return context.page
 
 
-def fill(context: Context, config: MoeSweep, target: float, decode_batch: int) -> None:
+def fill(context: Context, config: MoeSweep, results: analysis.MoeResults, target: float,
+         decode_batch: int) -> None:
     page = context.page
     model = presets.get(config.preset)
     table, loads = analysis.routing_table(model, config.batch_sizes, config.routing, config.ep_degrees,
@@ -80,7 +86,6 @@ def fill(context: Context, config: MoeSweep, target: float, decode_batch: int) -
     routing_note = f"{model.name}, E={model.experts}, top-{model.top_k}, {config.routing} routing, {config.steps} steps"
     page.figure("loads", figures.loads(loads, table), f"routing model (no measurement): {routing_note}")
     page.html("loads", html_table(table, STATS, caption=f"routing model: {routing_note}"))
-    results = analysis.moe_results(context.run, config.preset)
     if not len(results.frame):
         page.note("measured", "This run holds no MoE rows for this preset (measure is off, or the sweep "
                               "did not run).", "warning")

@@ -84,7 +84,20 @@ def verdict_sentence(d: decode.Diagnosis) -> str:
     if not v.get("reliable", True):
         tail += (" That floor is longer than the layer itself: the ceilings do not describe this device, "
                  "so the verdict is unreliable.")
-    return head + tail
+    return head + tail + power_cap_clause(d.chosen_power)
+
+
+def power_cap_clause(own: dict | None) -> str:
+    """The sustained view the timer's burst hides, for the verdict: the diagnosed path replayed
+    back to back at the power limit, and how much longer a call takes there."""
+    if own is None or not own["capped"]:
+        return ""
+    which = (f"its {text.md((own['fmt'] or '').upper())} build" if own.get("other_format") else "it")
+    slower = own["window_over_timed"]
+    cost = (f"a call takes {text.pct(100 * slower)} longer there than timed" if slower > 0
+            else "a call takes no longer there than timed")
+    return (f" Replayed back to back {which} is also **power-capped**: {text.pct(100 * own['fraction'])} of the "
+            f"{text.sig(own['power_limit_w'])} W limit, and {cost}.")
 
 
 def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
@@ -147,7 +160,7 @@ def own_power_sentence(own: dict) -> str:
     """The diagnosed path's own energy window: its power against the limit, the clock, and the
     time a call took there against the timer's burst."""
     reasons = ", ".join(text.md(r) for r in own["throttle_reasons"]) or "none read"
-    slower = own["window_us_per_call"] / own["timed_us"] - 1
+    slower = own["window_over_timed"]
     which = (f"{text.md(own['path'])} (with {text.md((own['fmt'] or '').upper())} weights: the run has no window "
              "of the diagnosed format)" if own.get("other_format") else text.md(own["path"]))
     return (f"Power {'caps' if own['capped'] else 'does not cap'} the diagnosed path: replayed back to back, "

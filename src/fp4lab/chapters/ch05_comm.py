@@ -94,7 +94,7 @@ def fill(context: Context, study: analysis.LayoutStudy) -> None:
         page.bullets("findings", findings(study))
         return
     source = study.source
-    where = "" if source.run.path == context.run.path else f" (the run shown beside, {source.run_id})"
+    where = f" (the run shown beside, {source.run_id})" if study.from_reference else ""
     ok = study.ok
     if len(ok):
         page.figure("measured", figures.comm_times(ok), source.caption(
@@ -145,6 +145,8 @@ def findings(study: analysis.LayoutStudy) -> list[str]:
     lines = []
     smallest = analysis.smallest_time(study)
     device = text.md(study.source.device)
+    if study.from_reference:
+        device += f" (in the run shown beside, {text.code(study.source.run_id)}: this run measured no collective)"
     if smallest and study.gpus == 1:
         # one rank: each collective is a copy inside one GPU, a floor of the call, not a cost of spreading
         lines.append(f"On {device} every collective ran at one rank, a copy inside one GPU: "
