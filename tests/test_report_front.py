@@ -104,7 +104,11 @@ def test_the_front_page_shows_the_verdicts_numbers_and_its_three_largest_levers(
     for lever in shown.itertuples():
         assert text.html(lever.lever) in glance and text.ratio(lever.gain) in glance
     assert f"{text.sig(d.load['busiest_m'])} busiest" in glance
-    assert f"of {text.sig(d.decode_power['power_limit_w'])} W" in glance
+    # the diagnosed path's own window is power-capped (call 122): the verdict states its watts and
+    # clock, so the glance does not repeat them
+    assert d.chosen_power["capped"] and "power of" not in glance
+    verdict = words.verdict_box(d)
+    assert f"{text.sig(d.chosen_power['avg_power_w'])} W of {text.sig(d.chosen_power['power_limit_w'])} W" in verdict
     assert not re.search(r"\bnan\b|None", glance)
 
 

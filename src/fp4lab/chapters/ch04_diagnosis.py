@@ -94,10 +94,10 @@ def power_cap_clause(own: dict | None) -> str:
         return ""
     which = (f"its {text.md((own['fmt'] or '').upper())} build" if own.get("other_format") else "it")
     slower = own["window_over_timed"]
-    cost = (f"a call takes {text.pct(100 * slower)} longer there than timed" if slower > 0
-            else "a call takes no longer there than timed")
-    return (f" Replayed back to back {which} is also **power-capped**: {text.pct(100 * own['fraction'])} of the "
-            f"{text.sig(own['power_limit_w'])} W limit, and {cost}.")
+    cost = (f"a call takes {text.pct(100 * slower)} longer than timed" if slower > 0
+            else "a call takes no longer than timed")
+    return (f" Replayed back to back {which} is also **power-capped** ({text.sig(own['avg_power_w'])} W of "
+            f"{text.sig(own['power_limit_w'])} W, SM clock {text.sig(own['window_sm_clock_mhz'])} MHz): {cost}.")
 
 
 def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
@@ -374,7 +374,9 @@ def glance_html(d: decode.Diagnosis) -> str:
 
     facts = {f"tokens per expert at B={d.config.decode_batch}":
              f"{text.sig(d.load['mean_m'])} mean, {text.sig(d.load['busiest_m'])} busiest"}
-    if d.chosen_power:          # the diagnosed layer's own window, before the decode GEMMs'
+    if d.chosen_power and d.chosen_power["capped"]:
+        pass                    # the verdict states the capped window's power and clock
+    elif d.chosen_power:        # the diagnosed layer's own window, before the decode GEMMs'
         p = d.chosen_power
         fmt = f", {p['fmt'].upper()}" if p.get("other_format") and p.get("fmt") else ""
         facts[f"power of {p['path']}{fmt} replayed"] = (
