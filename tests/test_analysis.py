@@ -142,8 +142,9 @@ def test_a_path_far_above_its_memory_floor_is_called_kernel_limited_with_a_bound
     d = decode.diagnose(run_with(tmp_path, glm5_gemm_rows("torch-bf16", slow)), decode.DiagnosisConfig(steps=8))
     assert d.verdict["floor"] == "memory" and d.verdict["explained"] < decode.KERNEL_GAP and d.verdict["kernel_limited"]
     sentence = words.verdict_sentence(d)
-    assert ("**kernel-limited above its memory floor** (reading the weights is its largest floor, but under "
-            "80% of its time)") in sentence
+    assert "**kernel-limited above its memory floor**: its fastest measured path" in sentence
+    assert (f"TB/s takes {text.us(d.verdict['floor_us'])}: its largest floor, but only "
+            f"{text.pct(100 * d.verdict['explained'])} of the layer.") in sentence
     assert "**memory-bound**" not in sentence and "hardware counters" in words.kernel_time_sentence(d)
     assert d.chosen_anatomy is None
     bound = d.levers[d.levers["basis"] == decode.BOUND].iloc[0]

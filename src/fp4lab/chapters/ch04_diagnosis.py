@@ -64,9 +64,7 @@ def verdict_sentence(d: decode.Diagnosis) -> str:
         return f"No verdict for {text.md(d.view.device)}: " + text.md(d.chosen_reason) + "."
     path, v = d.chosen, d.verdict
     # far above its memory floor, the bold words must not read as "HBM is the limit"
-    regime = ("**kernel-limited above its memory floor** (reading the weights is its largest floor, but "
-              f"under {text.pct(100 * decode.KERNEL_GAP, 0)} of its time)" if v["kernel_limited"]
-              else f"**{v['verdict']}**")
+    regime = "**kernel-limited above its memory floor**" if v["kernel_limited"] else f"**{v['verdict']}**"
     head = (f"On {text.md(d.view.device)}, {layer_words(d)} is {regime}: its fastest measured "
             f"path, {text.md(path['path'])}, takes {text.us(path['layer_us'])}")
     if v["verdict"] == "power-bound":
@@ -79,8 +77,12 @@ def verdict_sentence(d: decode.Diagnosis) -> str:
                          f"measured {text.sig(d.bandwidth_tbps)} TB/s",
                "launch": f"launching its {int(path['kernels'])} kernels at the measured launch floor",
                "compute": f"the arithmetic at the {text.md(path['math_dtype'])} peak"}[v["floor"]]
-    tail = f"; {meaning} takes {text.us(v['floor_us'])}, {text.pct(100 * v['explained'])} of the layer"
-    tail += "." if v["kernel_limited"] else ", and the rest is kernel time above every floor."
+    if v["kernel_limited"]:     # the largest floor, yet under KERNEL_GAP of the layer
+        tail = (f"; {meaning} takes {text.us(v['floor_us'])}: its largest floor, but only "
+                f"{text.pct(100 * v['explained'])} of the layer.")
+    else:
+        tail = (f"; {meaning} takes {text.us(v['floor_us'])}, {text.pct(100 * v['explained'])} of the layer, "
+                "and the rest is kernel time above every floor.")
     if not v.get("reliable", True):
         tail += (" That floor is longer than the layer itself: the ceilings do not describe this device, "
                  "so the verdict is unreliable.")
@@ -389,7 +391,7 @@ def glance_html(d: decode.Diagnosis) -> str:
     best = (d.fp4 or {}).get("best")
     others = [(dtype, d.fp4[dtype]) for dtype in ("bf16", "fp8") if best is not None and d.fp4.get(dtype)]
     if others:
-        facts[f"fastest FP4 path against the best {' / '.join(dtype for dtype, _ in others)}"] = (
+        facts[f"fastest FP4 vs best {' / '.join(dtype for dtype, _ in others)}"] = (
             " / ".join(text.as_fast(best["layer_us"], other["layer_us"]).removesuffix(" as fast as")
                        for _, other in others) + " as fast")
     numbers = ('<p class="fp4lab-facts" style="margin:0.4em 0;font-size:0.9em">'
