@@ -374,7 +374,7 @@ def glance_html(d: decode.Diagnosis) -> str:
     largest levers (every value from the diagnosis, none computed here)."""
     from fp4lab.plots.tables import html_table
 
-    facts = {f"tokens per expert at B={d.config.decode_batch}":
+    facts = {f"tokens per expert, B={d.config.decode_batch}":
              f"{text.sig(d.load['mean_m'])} mean, {text.sig(d.load['busiest_m'])} busiest"}
     if d.chosen_power and d.chosen_power["capped"]:
         pass                    # the verdict states the capped window's power and clock
@@ -391,7 +391,7 @@ def glance_html(d: decode.Diagnosis) -> str:
     best = (d.fp4 or {}).get("best")
     others = [(dtype, d.fp4[dtype]) for dtype in ("bf16", "fp8") if best is not None and d.fp4.get(dtype)]
     if others:
-        facts[f"fastest FP4 vs best {' / '.join(dtype for dtype, _ in others)}"] = (
+        facts[f"fastest FP4 vs {' / '.join(dtype for dtype, _ in others)}"] = (
             " / ".join(text.as_fast(best["layer_us"], other["layer_us"]).removesuffix(" as fast as")
                        for _, other in others) + " as fast")
     numbers = ('<p class="fp4lab-facts" style="margin:0.4em 0;font-size:0.9em">'
