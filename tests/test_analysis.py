@@ -118,6 +118,48 @@ def test_methods_tied_for_the_most_cases_each_get_a_row_of_the_fastest_per_m(tmp
     assert list(table[table["m"] == 1]["backend"]) == ["cuda-w4a16"]
 
 
+def test_fp4labs_own_kernels_against_the_fastest_peer_with_the_aims_and_the_mma_floor(tmp_path):
+    """Issue 13's yardstick: per point, fp4lab's fastest own kernel against the fastest of cuBLAS
+    bf16, humming, tinygemm and gemlite (torch-fp8, faster still, is no peer: fp8 weights and
+    MMAs); 1.5x is the aim up to M = 16, level up to 256, none above; where the bf16 MMAs at the
+    measured peak outweigh the FP4 read, the findings say the bytes no longer set the time."""
+    from fp4lab.chapters.ch01_gemm import peer_findings
+
+    n = k = 8192
+    rows = [gemm_row("torch-bf16", 1, n, k, 34.0), gemm_row("humming-w4a16", 1, n, k, 19.0),
+            gemm_row("tinygemm-int4", 1, n, k, 20.0), gemm_row("torch-fp8", 1, n, k, 5.0),
+            gemm_row("cuda-w4a16", 1, n, k, 10.0), gemm_row("triton-w4a16", 1, n, k, 20.0),
+            gemm_row("torch-bf16", 16, n, k, 34.0), gemm_row("humming-w4a16", 16, n, k, 21.0),
+            gemm_row("cuda-w4a16", 16, n, k, 16.0),
+            gemm_row("torch-bf16", 256, n, k, 48.0), gemm_row("humming-w4a16", 256, n, k, 58.0),
+            gemm_row("triton-w4a16", 256, n, k, 72.0),
+            gemm_row("torch-bf16", 1024, n, k, 170.0), gemm_row("triton-w4a16", 1024, n, k, 430.0)]
+    results = gemm.gemm_results(run_with(tmp_path, rows))
+    table = gemm.own_against_peers(results).set_index("m")
+    assert list(table["own"]) == ["cuda-w4a16", "cuda-w4a16", "triton-w4a16", "triton-w4a16"]
+    assert list(table["peer"]) == ["humming-w4a16", "humming-w4a16", "torch-bf16", "torch-bf16"]
+    assert table.loc[1, "speedup"] == pytest.approx(1.9) and table.loc[256, "speedup"] == pytest.approx(48 / 72)
+    peak = results.measured.peak_tflops["bf16"]        # cuBLAS at M = 1024 raised the probe's 800 TFLOP/s
+    assert peak == pytest.approx(2 * 1024 * n * k / 170e-6 / 1e12)
+    mma_floor = 2 * 256 * n * k / (peak * 1e6)
+    assert table.loc[256, "mma_floor_us"] == pytest.approx(mma_floor)
+    assert table.loc[256, "peer_pct_mma"] == pytest.approx(100 * mma_floor / 48)
+    assert table.loc[256, "read_floor_us"] == pytest.approx(
+        roofline.gemm_bytes(256, n, k, "fp4", "nvfp4", "bf16") / 4e6)
+    per_m = gemm.own_against_peers_per_m(table.reset_index()).set_index("m")
+    assert list(per_m["aim"].fillna(0)) == [1.5, 1.5, 1.0, 0]
+    assert list(per_m["at_aim"].iloc[:3]) == [1, 0, 0] and pd.isna(per_m.loc[1024, "at_aim"])
+    assert list(per_m["mma_bound"]) == [False, False, True, True]
+    said = [line.replace("\\", "") for line in peer_findings(per_m.reset_index())]
+    assert said[0].startswith("Up to M = 16 fp4lab's fastest kernel (`cuda-w4a16`) is 1.31-1.90x as fast as the "
+                              "fastest peer: 1 of 2 points reach the 1.5x aim; short of it: M = 16 (0 of 1, ")
+    assert "(`triton-w4a16`) runs at 0.667-0.667x its speed at M = 256: 0 of 1 points level." in said[1]
+    assert said[2].startswith(f"From M = 256 a weight-only FP4 GEMM's bf16 MMAs")
+    assert f"take {text.ratio(per_m.loc[256, 'mma_over_read'])} its FP4 weight read" in said[2]
+    assert (f"`torch-bf16`, runs them at {text.pct(100 * mma_floor / 48)} of that peak, fp4lab's `triton-w4a16` "
+            f"at {text.pct(100 * mma_floor / 72)}") in said[2]
+
+
 # -- decode -----------------------------------------------------------------------------------------
 
 def test_memory_bound_verdict_counts_the_weights_the_path_reads(tmp_path):

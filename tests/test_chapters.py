@@ -403,3 +403,26 @@ def test_chapter_04_states_the_diagnosed_paths_own_energy_window_when_the_sweep_
                            "weights: the run has no window of the diagnosed format) drew 693 W")
     assert "Replayed back to back its NVFP4 build is also **power-capped** (693 W of 700 W, SM clock 1740 MHz)" in (
         ch04_diagnosis.verdict_sentence(plain))
+
+
+def test_chapter_01_sets_fp4labs_kernels_against_the_fastest_peer(reference_copy, tmp_path):
+    """Issue 13's comparison on the page: the reference run's figure, per-M table and findings
+    (13 of 18 decode points at the 1.5x aim, none level at M = 64 and 256, the bf16 MMAs' floor
+    from M = 256), and a run where fp4lab's kernels did not run says so instead."""
+    from fp4lab.analysis import gemm
+    from fp4lab.chapters import ch01_gemm
+    from fp4lab.results import RunDir
+
+    page = ch01_gemm.build(str(reference_copy), "none", "full", "cpu", measure=False)
+    assert [block.kind for block in page.sections["peers"]] == ["figure", "html", "markdown"]
+    per_m = gemm.own_against_peers_per_m(gemm.own_against_peers(gemm.gemm_results(reference_copy)))
+    decode = per_m[per_m["m"] <= gemm.PEER_TARGET_UP_TO_M]
+    said = page_text(page, "peers").replace("\\", "")
+    assert (decode["at_aim"].sum(), decode["points"].sum()) == (13, 18)
+    assert "13 of 18 points reach the 1.5x aim" in said
+    assert "0 of 12 points level" in said and "From M = 256 a weight-only FP4 GEMM's bf16 MMAs" in said
+    empty = RunDir.create(tmp_path, "bf16-only")
+    empty.append_rows("gemm", [dict(row) for row in RunDir.open(reference_copy).read_table("gemm")
+                               .query("backend == 'torch-bf16'").head(3).to_dict("records")])
+    alone = page_text(ch01_gemm.build(str(empty.path), "none", "full", "cpu", measure=False), "peers")
+    assert alone.startswith("No point of this run has both one of fp4lab's own kernels")

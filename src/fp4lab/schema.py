@@ -150,6 +150,7 @@ ANATOMY_KERNELS = {
     "triton-w4a16": ("stream", "load", "decode", "math", "full", "decode_x2"),
     "cuda-w4a16": ("load", "decode", "mma", "full"),
 }
+OWN_GEMM_BACKENDS = tuple(ANATOMY_KERNELS)   # fp4lab's own FP4 GEMM kernels: the ones it dissects
 
 ANATOMY = Table("anatomy", key=("backend", "stage", "fmt", "n", "k", "m", "gpu_index"), doc=(
     "One row per stage variant of one of fp4lab's FP4 decode GEMMs at one point: loads only, decode "

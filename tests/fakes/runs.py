@@ -17,7 +17,8 @@ SPEC = {"bandwidth_tbps": 4.8, "peak_tflops": {"fp4": None, "fp8": 1979.0, "bf16
         "launch_us": None, "source": "spec", "device": "NVIDIA H200 SXM", "details": {}}
 DTYPES = {"torch-bf16": ("bf16", "bf16", "bf16"), "torch-fp8": ("fp8", "fp8", "fp8"),
           "triton-w4a16": ("fp4", "bf16", "bf16"), "cuda-w4a16": ("fp4", "bf16", "bf16"),
-          "emulated": ("fp4", "bf16", "bf16")}
+          "emulated": ("fp4", "bf16", "bf16"), "humming-w4a16": ("fp4", "bf16", "bf16"),
+          "gemlite-w4a16": ("fp4", "bf16", "bf16"), "tinygemm-int4": ("int4", "bf16", "bf16")}
 
 
 def make_run(root: Path, run_id: str = "fake-h200", device: dict | None = None,

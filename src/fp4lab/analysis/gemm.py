@@ -321,6 +321,70 @@ def fastest_fp4_per_m(results: GemmResults) -> pd.DataFrame:
                                        "median % of FP4 floor"])
 
 
+# the yardstick for fp4lab's own kernels: the fastest of cuBLAS bf16 and the FP4 libraries that run on
+# Hopper (torch-fp8 is left out: it reads fp8 weights and runs fp8 MMAs, a different numerics)
+PEERS = ("torch-bf16", "humming-w4a16", "tinygemm-int4", "gemlite-w4a16")
+PEER_TARGET = 1.5          # fp4lab's aim at decode sizes: 1.5x as fast as the fastest peer
+PEER_TARGET_UP_TO_M = 16   # ... up to this M; above it, no slower than the fastest peer
+PEER_LEVEL_UP_TO_M = 256   # ... up to this M (prefill sizes above it are shown, with no aim)
+MMA_DOMINANT = 2.0         # a bf16 MMA floor this many times the FP4 read: the MMAs set a weight-only kernel's floor
+MMA_BOUND_SHARE = 70.0     # % of the bf16 peak from which the fastest peer is bound by its MMAs
+
+
+def own_against_peers(results: GemmResults) -> pd.DataFrame:
+    """Per format, shape and M where both ran correctly: fp4lab's fastest own kernel against the
+    fastest peer, `speedup` = the peer's time over fp4lab's (above 1: fp4lab's is faster), the
+    FP4 read floor and the bf16 MMA floor (the GEMM's FLOPs at the measured bf16 peak: a weight-only
+    kernel decodes its weights to bf16 and runs the same MMAs as cuBLAS), and the share of that
+    peak each side reaches."""
+    points = four_bit_points(results)
+    ceilings = results.measured or results.spec
+    peak = (ceilings.peak_tflops.get("bf16") if ceilings else None) or np.nan
+    rows = []
+    for (fmt, n, k, m), group in points.groupby(["fmt", "n", "k", "m"]):
+        own, peers = group[group["backend"].isin(schema.OWN_GEMM_BACKENDS)], group[group["backend"].isin(PEERS)]
+        if not len(own) or not len(peers):
+            continue
+        mine, theirs = own.loc[own["median_us"].idxmin()], peers.loc[peers["median_us"].idxmin()]
+        mma_floor = roofline.gemm_flops(int(m), int(n), int(k)) / (peak * 1e6)
+        rows.append({"fmt": fmt, "n": int(n), "k": int(k), "m": int(m),
+                     "own": mine["backend"], "own_us": float(mine["median_us"]),
+                     "peer": theirs["backend"], "peer_us": float(theirs["median_us"]),
+                     "speedup": float(theirs["median_us"]) / float(mine["median_us"]),
+                     "read_floor_us": float(mine["fp4_floor_us"]), "mma_floor_us": mma_floor,
+                     "own_pct_mma": 100 * mma_floor / float(mine["median_us"]),
+                     "peer_pct_mma": 100 * mma_floor / float(theirs["median_us"])})
+    columns = ["fmt", "n", "k", "m", "own", "own_us", "peer", "peer_us", "speedup", "read_floor_us",
+               "mma_floor_us", "own_pct_mma", "peer_pct_mma"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def own_against_peers_per_m(table: pd.DataFrame) -> pd.DataFrame:
+    """Per M, over formats and shapes: how many points reach the aim (PEER_TARGET up to
+    PEER_TARGET_UP_TO_M, level up to PEER_LEVEL_UP_TO_M, none above: NaN), the speed-up's median
+    and range, fp4lab's kernel and the peer fastest most often, the median share of the bf16
+    peak each reaches, how many times the FP4 read floor the bf16 MMA floor is, and `mma_bound`
+    where that is MMA_DOMINANT or more."""
+    rows = []
+    for m, group in table.groupby("m"):
+        aim = PEER_TARGET if m <= PEER_TARGET_UP_TO_M else 1.0 if m <= PEER_LEVEL_UP_TO_M else np.nan
+        peers, own = group["peer"].value_counts(), group["own"].value_counts()
+        rows.append({"m": int(m), "aim": aim, "points": len(group), "own": own.index[0],
+                     "own_points": int(own.iloc[0]),
+                     "at_aim": int((group["speedup"] >= aim).sum()) if np.isfinite(aim) else None,
+                     "median_speedup": float(group["speedup"].median()),
+                     "min_speedup": float(group["speedup"].min()), "max_speedup": float(group["speedup"].max()),
+                     "peer": peers.index[0], "peer_points": int(peers.iloc[0]),
+                     "peer_pct_mma": float(group["peer_pct_mma"].median()),
+                     "own_pct_mma": float(group["own_pct_mma"].median()),
+                     "mma_over_read": float((group["mma_floor_us"] / group["read_floor_us"]).median())})
+    frame = pd.DataFrame(rows, columns=["m", "aim", "points", "own", "own_points", "at_aim", "median_speedup",
+                                        "min_speedup", "max_speedup", "peer", "peer_points", "peer_pct_mma",
+                                        "own_pct_mma", "mma_over_read"])
+    frame["mma_bound"] = frame["mma_over_read"] >= MMA_DOMINANT
+    return frame
+
+
 PDL_NOTE = ("launches with programmatic dependent launch (PDL): timed back to back like every "
             "method, each call may start while the call before it finishes (its first weight loads, "
             "or its launch, overlap that call's last CTAs), where a plain launch waits for the "

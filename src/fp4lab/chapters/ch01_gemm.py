@@ -7,6 +7,7 @@ resumed run measures nothing twice), then reads the run through fp4lab.analysis.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from fp4lab import params, profiles, text
@@ -32,6 +33,13 @@ FASTEST = [Col("m", "M (tokens)", "int"), Col("backend", "fastest 4-bit method")
            Col("cases won", "cases won (format x shape)"),
            Col("median speed-up vs bf16", "speed-up vs cuBLAS bf16 (median)", "ratio"),
            Col("median % of FP4 floor", "% of the FP4 read floor reached (median)", "pct")]
+PEERS = [Col("m", "M (tokens)", "int"), Col("aim_shown", "aim"), Col("at_aim_shown", "points at the aim"),
+         Col("own_shown", "fp4lab's fastest kernel (points)"),
+         Col("median_speedup", "speed-up over the fastest peer (median)", "ratio"),
+         Col("range_shown", "speed-up range"), Col("peer_shown", "fastest peer (points)"),
+         Col("peer_pct_mma", "fastest peer: % of the bf16 peak", "pct"),
+         Col("own_pct_mma", "fp4lab's: % of the bf16 peak", "pct"),
+         Col("mma_over_read", "bf16 MMA floor / FP4 read floor", "ratio")]
 ANATOMY = [Col("shape", "N x K"), Col("m", "M", "int"), Col("fmt", "format"),
            Col("stream", "bytes as a stream", "us"), Col("load", "loads only", "us"),
            Col("decode", "decode, no math", "us"),
@@ -100,6 +108,7 @@ def fill(context: Context, counter_folders=()) -> None:
                                   for backends, reason in analysis.why_not_groups(table)])
     _speed(page, results, reference, context)
     _four_bit(page, results)
+    _peers(page, results)
     _anatomy(page, results)
     _gpus(page, results)
     _roofline(page, results)
@@ -137,6 +146,85 @@ def _four_bit(page, results) -> None:
                                     caption=results.caption("the fastest 4-bit method per M")))
     for note in analysis.launch_notes(results):
         page.prose("fourbit", f"{text.md(note)}.")
+
+
+def _peers(page, results) -> None:
+    """fp4lab's own kernels against the fastest peer at every point both ran, the aims, and why
+    the larger Ms fall short."""
+    from fp4lab.schema import OWN_GEMM_BACKENDS
+
+    table = analysis.own_against_peers(results)
+    if not len(table):
+        page.prose("peers", f"No point of this run has both one of fp4lab's own kernels "
+                            f"({text.join(text.code(b) for b in OWN_GEMM_BACKENDS)}) and a peer "
+                            f"({text.join(text.code(b) for b in analysis.PEERS)}) timed correctly.")
+        return
+    per_m = analysis.own_against_peers_per_m(table)
+    page.figure("peers", figures.own_against_peers(table, analysis.PEER_TARGET, analysis.PEER_TARGET_UP_TO_M,
+                                                   analysis.PEER_LEVEL_UP_TO_M), results.caption(
+        "fp4lab's fastest own kernel at each point: the fastest peer's time over its time (above 1: fp4lab's "
+        "is faster)"))
+    shown = per_m.assign(
+        aim_shown=[("level" if aim == 1 else text.ratio(aim)) if np.isfinite(aim) else "none set" for aim in per_m["aim"]],
+        at_aim_shown=[f"{int(r.at_aim)} of {r.points}" if np.isfinite(r.aim) else text.MISSING for r in per_m.itertuples()],
+        own_shown=[f"{r.own} ({r.own_points} of {r.points})" for r in per_m.itertuples()],
+        range_shown=[speedup_range(r.min_speedup, r.max_speedup) for r in per_m.itertuples()],
+        peer_shown=[f"{r.peer} ({r.peer_points} of {r.points})" for r in per_m.itertuples()])
+    page.html("peers", html_table(shown, PEERS, caption=results.caption(
+        f"per M over formats and shapes; peers: {', '.join(analysis.PEERS)}; floors at the measured bf16 peak "
+        "and copy bandwidth")))
+    page.bullets("peers", peer_findings(per_m))
+
+
+def speedup_range(low: float, high: float) -> str:
+    """'1.22-1.59x': three digits, so 1.46 does not read as the 1.5x aim."""
+    return f"{text.sig(low, 3)}-{text.ratio(high, 3)}"
+
+
+def peer_findings(per_m) -> list[str]:
+    """What the comparison says: the decode Ms against their aim, the larger Ms against theirs,
+    and, where the bf16 MMAs outweigh the weight read, why a weight-only kernel cannot simply
+    read its way past cuBLAS."""
+    lines = []
+    decode = per_m[per_m["aim"] > 1]
+    if len(decode):
+        short = decode[decode["at_aim"] < decode["points"]]
+        line = (f"Up to M = {int(decode['m'].max())} fp4lab's fastest kernel "
+                f"({text.join(text.code(o) for o in decode['own'].unique())}) is "
+                f"{speedup_range(decode['min_speedup'].min(), decode['max_speedup'].max())} as fast as the "
+                f"fastest peer: {int(decode['at_aim'].sum())} of {int(decode['points'].sum())} points reach the "
+                f"{text.ratio(decode['aim'].iloc[0])} aim")
+        if len(short):
+            line += "; short of it: " + text.join(
+                f"M = {r.m} ({int(r.at_aim)} of {r.points}, {speedup_range(r.min_speedup, r.max_speedup)})"
+                for r in short.itertuples())
+        lines.append(line + ".")
+    level = per_m[per_m["aim"] == 1]
+    behind = level[level["at_aim"] < level["points"]]
+    if len(behind):
+        lines.append(f"Where the aim is to be level with the fastest peer, fp4lab's fastest kernel "
+                     f"({text.join(text.code(o) for o in behind['own'].unique())}) runs at "
+                     + text.join(f"{speedup_range(r.min_speedup, r.max_speedup)} its speed at M = {r.m}"
+                                 for r in behind.itertuples())
+                     + f": {int(behind['at_aim'].sum())} of {int(behind['points'].sum())} points level.")
+    between = behind[~behind["mma_bound"]]
+    for r in between.itertuples():
+        lines.append(f"At M = {r.m} the bf16 MMA floor is {text.ratio(r.mma_over_read)} the FP4 read floor, and "
+                     f"both floors are far below both kernels' times: the fastest peer ({text.code(r.peer)}) reaches "
+                     f"{text.pct(r.peer_pct_mma)} of the bf16 peak, fp4lab's {text.code(r.own)} "
+                     f"{text.pct(r.own_pct_mma)}: neither floor sets either time.")
+    bound = per_m[per_m["mma_bound"]]
+    if len(bound):
+        first = bound.iloc[0]
+        lines.append(
+            f"From M = {int(first['m'])} a weight-only FP4 GEMM's bf16 MMAs (it decodes its weights, then runs "
+            f"the same MMAs as cuBLAS) take {text.ratio(first['mma_over_read'])} its FP4 weight read even at the "
+            f"measured bf16 peak: the bytes FP4 saves no longer set the time. The fastest peer there, "
+            f"{text.code(first['peer'])}, runs them at {text.pct(first['peer_pct_mma'])} of that peak, fp4lab's "
+            f"{text.code(first['own'])} at {text.pct(first['own_pct_mma'])}: to be level a kernel must hide its "
+            "decode under MMAs at cuBLAS's share of the peak (on Hopper: wgmma with the decoded weights as its "
+            "register operand), or use FP4 tensor cores (sm_100) that take the codes as they are.")
+    return lines
 
 
 def _anatomy(page, results) -> None:

@@ -11,7 +11,8 @@ import pandas as pd
 
 from fp4lab import text
 from fp4lab.plots.common import (backend_palette, colour_handles, figure_legend, grid_shape, hide_unused,
-                                 log_axis, marker_handles, new_figure, palette, style_handles, tokens_axis)
+                                 log_axis, marker_handles, new_figure, palette, style_handles, tokens_axis,
+                                 widen_to_labels)
 
 
 def _shapes(frame: pd.DataFrame) -> list[tuple[int, int]]:
@@ -83,6 +84,34 @@ def four_bit_vs_floor(points: pd.DataFrame, baseline: str = "torch-bf16"):
         ax.set_ylabel("time / FP4 read floor")
     hide_unused(axes, len(panels))
     figure_legend(fig, axes)
+    return fig
+
+
+def own_against_peers(table: pd.DataFrame, aim: float, aim_up_to_m: int, level_up_to_m: int):
+    """fp4lab's fastest own kernel over the fastest peer (the peer's time / fp4lab's, above 1:
+    fp4lab's is faster) against M, a line per (format, shape) coloured by shape, with the aims:
+    `aim` up to `aim_up_to_m` tokens, level from there to `level_up_to_m`."""
+    shapes = sorted({(int(n), int(k)) for n, k in zip(table["n"], table["k"])}, key=lambda s: -s[0] * s[1])
+    colours = palette([f"{n}x{k}" for n, k in shapes])
+    markers = {"nvfp4": "o", "mxfp4": "s"}
+    fig, axes = new_figure(height_in=3.6)
+    ax = axes[0, 0]
+    for (fmt, n, k), rows in table.groupby(["fmt", "n", "k"]):
+        rows = rows.sort_values("m")
+        ax.plot(rows["m"], rows["speedup"], "-", marker=markers.get(fmt, "^"), markersize=4,
+                color=colours[f"{int(n)}x{int(k)}"], linewidth=1.3)
+    ax.plot([1, aim_up_to_m], [aim, aim], color="black", linewidth=1.6, linestyle=":",
+            label=f"aim up to M = {aim_up_to_m}: {aim:g}x as fast as the fastest peer")
+    ax.plot([aim_up_to_m, level_up_to_m], [1, 1], color="black", linewidth=1.6, linestyle="-.",
+            label=f"aim up to M = {level_up_to_m}: level with it")
+    ax.axhline(1.0, color="0.6", linewidth=0.8, zorder=0)
+    ax.set(xlabel="M (tokens)", ylabel="fp4lab's speed-up over\nthe fastest peer")
+    tokens_axis(ax)
+    log_axis(ax)
+    widen_to_labels(ax)
+    shape_handles = colour_handles({f"N x K = {name}": colour for name, colour in colours.items()})
+    format_handles = marker_handles({fmt: markers.get(fmt, "^") for fmt in sorted(table["fmt"].unique())})
+    figure_legend(fig, axes, columns=3, extra=shape_handles + format_handles)
     return fig
 
 
