@@ -33,12 +33,9 @@ FASTEST = [Col("m", "M (tokens)", "int"), Col("backend", "fastest 4-bit method")
            Col("cases won", "cases won (format x shape)"),
            Col("median speed-up vs bf16", "speed-up vs cuBLAS bf16 (median)", "ratio"),
            Col("median % of FP4 floor", "% of the FP4 read floor reached (median)", "pct")]
-PEERS = [Col("m", "M (tokens)", "int"), Col("aim_shown", "aim"), Col("at_aim_shown", "points at the aim"),
-         Col("own_shown", "fp4lab's fastest kernel (points)"),
-         Col("median_speedup", "speed-up over the fastest peer (median)", "ratio"),
-         Col("range_shown", "speed-up range"), Col("peer_shown", "fastest peer (points)"),
-         Col("peer_pct_mma", "fastest peer: % of the bf16 peak", "pct"),
-         Col("own_pct_mma", "fp4lab's: % of the bf16 peak", "pct"),
+PEERS = [Col("m", "M (tokens)", "int"), Col("own_shown", "fp4lab's kernel"), Col("peer_shown", "fastest peer"),
+         Col("speedup_shown", "speed-up over it: median (range)"), Col("at_aim_shown", "points at the aim"),
+         Col("pct_shown", "% of the bf16 peak: peer / fp4lab"),
          Col("mma_over_read", "bf16 MMA floor / FP4 read floor", "ratio")]
 ANATOMY = [Col("shape", "N x K"), Col("m", "M", "int"), Col("fmt", "format"),
            Col("stream", "bytes as a stream", "us"), Col("load", "loads only", "us"),
@@ -165,15 +162,22 @@ def _peers(page, results) -> None:
         "fp4lab's fastest own kernel at each point: the fastest peer's time over its time (above 1: fp4lab's "
         "is faster)"))
     shown = per_m.assign(
-        aim_shown=[("level" if aim == 1 else text.ratio(aim)) if np.isfinite(aim) else "none set" for aim in per_m["aim"]],
-        at_aim_shown=[f"{int(r.at_aim)} of {r.points}" if np.isfinite(r.aim) else text.MISSING for r in per_m.itertuples()],
-        own_shown=[f"{r.own} ({r.own_points} of {r.points})" for r in per_m.itertuples()],
-        range_shown=[speedup_range(r.min_speedup, r.max_speedup) for r in per_m.itertuples()],
-        peer_shown=[f"{r.peer} ({r.peer_points} of {r.points})" for r in per_m.itertuples()])
+        own_shown=[most_often(r.own, r.own_points, r.points) for r in per_m.itertuples()],
+        peer_shown=[most_often(r.peer, r.peer_points, r.points) for r in per_m.itertuples()],
+        speedup_shown=[f"{text.ratio(r.median_speedup)} ({speedup_range(r.min_speedup, r.max_speedup)})"
+                       for r in per_m.itertuples()],
+        at_aim_shown=[f"{int(r.at_aim)} of {r.points} at {'level' if r.aim == 1 else text.ratio(r.aim)}"
+                      if np.isfinite(r.aim) else "no aim" for r in per_m.itertuples()],
+        pct_shown=[f"{text.pct(r.peer_pct_mma)} / {text.pct(r.own_pct_mma)}" for r in per_m.itertuples()])
     page.html("peers", html_table(shown, PEERS, caption=results.caption(
         f"per M over formats and shapes; peers: {', '.join(analysis.PEERS)}; floors at the measured bf16 peak "
         "and copy bandwidth")))
     page.bullets("peers", peer_findings(per_m))
+
+
+def most_often(name: str, count: int, points: int) -> str:
+    """'humming-w4a16 (4 of 6)', or the bare name where it is every point's."""
+    return name if count == points else f"{name} ({count} of {points})"
 
 
 def speedup_range(low: float, high: float) -> str:
