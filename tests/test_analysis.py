@@ -371,9 +371,31 @@ def test_the_batch_lever_of_a_moe_sweep_path_is_its_own_measured_times():
     assert d.chosen["source"] == "MoE sweep" and d.concurrency_basis == decode.MEASURED_BATCHES
     now = d.concurrency[d.concurrency["batch"] == 512]
     assert float(now["layer_us"].iloc[0]) == pytest.approx(d.chosen["layer_us"])
-    batch = d.levers[d.levers["lever"].str.startswith("batch ")].iloc[0]
-    assert d.chosen["path"] in batch["lever"] and batch["basis"] == decode.MEASURED_BATCHES
-    assert batch["now_us"] == pytest.approx(d.chosen["layer_us"] / 512)
+    batch = d.levers[d.levers["lever"].str.startswith("batch ") & (d.levers["basis"] == decode.MEASURED_BATCHES)]
+    assert len(batch) == 1 and d.chosen["path"] in batch["lever"].iloc[0]
+    assert batch["now_us"].iloc[0] == pytest.approx(d.chosen["layer_us"] / 512)
+
+
+def test_a_faster_method_at_another_batch_is_a_lever_with_its_memory_cost():
+    """At B = 2048 the reference run's grouped fp8 (fp8 MMAs, twice the bf16 rate) beats every FP4
+    weight-only kernel per token, which the path's own batch lever (cuda-w4a16-moe at 4096) hid:
+    the lowest time per token of every method and batch is a lever, with what fp8 weights cost
+    in memory."""
+    from fp4lab.results import REFERENCE_ROOT, latest_gpu_run
+
+    d = decode.diagnose(latest_gpu_run(REFERENCE_ROOT), decode.DiagnosisConfig.from_profile("full"))
+    table = moe.layer_times_by_batch(d.moe, "uniform")
+    per_token = table["layer_us"] / table["batch"]
+    best = table.loc[per_token.idxmin()]
+    assert best["method"] != d.chosen["path"]
+    lever = d.levers[d.levers["lever"] == f"batch {int(best['batch'])} through {best['method']} (per token)"]
+    assert len(lever) == 1 and lever["from_path"].iloc[0] and lever["kind"].iloc[0] == "measured"
+    assert lever["with_us"].iloc[0] == pytest.approx(per_token.min())
+    assert lever["now_us"].iloc[0] == pytest.approx(d.chosen["layer_us"] / d.chosen["batch"])
+    assert (best["method"], best["weight_dtype"], int(best["batch"])) == ("grouped-fp8", "fp8", 2048)
+    ratio = decode.expert_weight_bytes(d.moe.model, "fp8") / decode.expert_weight_bytes(
+        d.moe.model, "fp4", d.chosen["fmt"])
+    assert lever["basis"].iloc[0].endswith(f"its fp8 weights take {ratio:.1f}x the FP4 weights' memory")
 
 
 def test_the_timer_conditions_read_as_words():
@@ -425,7 +447,8 @@ def test_the_ep_lever_of_a_moe_sweep_path_is_its_own_busiest_rank_when_measured(
     # at 8 x the tokens an expert another kernel spreads fastest: its own lever, chapter 03's number
     fastest = moe_analysis.fastest_spread(d.moe, 512, config.routing)
     assert (fastest["spread"]["method"], fastest["spread"]["fmt"]) != (d.chosen["path"], d.chosen["fmt"])
-    through = d.levers[d.levers["lever"].str.contains(" through ")].iloc[0]
+    through = d.levers[d.levers["lever"].str.startswith("expert parallelism") & d.levers["lever"].str.contains(
+        " through ")].iloc[0]
     assert fastest["spread"]["method"] in through["lever"] and through["kind"] == "measured"
     assert through["gain"] == pytest.approx(fastest["gain"]) and through["from_path"]
     # without the rank at 8 x B the lever falls back to the model, named as such

@@ -504,6 +504,34 @@ def fastest_ep(moe: moe_analysis.MoeResults | None, chosen: dict | None, config:
             "with_comm": with_comm}
 
 
+def fastest_batch(moe: moe_analysis.MoeResults | None, chosen: dict | None,
+                  routing_spec: str) -> dict[str, Any] | None:
+    """The lowest time per token over every method and batch the MoE sweep measured (one GPU,
+    EP 1) where it is another method than the diagnosed path: at a larger batch another kernel
+    can win (on Hopper grouped fp8, whose fp8 MMAs run at twice the bf16 rate, once the FP4
+    weight-only kernels' bf16 MMAs outweigh their read), so the path's own batch lever understates
+    what concurrency gives. Against the path's time per token at its batch; None where the path
+    is itself the fastest per token, or nothing was measured. `bytes_over_fp4`: its weights'
+    bytes over the path's FP4 ones (the memory a switch to fp8 weights costs)."""
+    if moe is None or chosen is None or chosen.get("source") != "MoE sweep":
+        return None
+    table = moe_analysis.layer_times_by_batch(moe, routing_spec)
+    if not len(table):
+        return None
+    table = table.assign(us_per_token=table["layer_us"] / table["batch"])
+    best = table.loc[table["us_per_token"].idxmin()]
+    fmt = best["fmt"] if isinstance(best.get("fmt"), str) else None
+    if best["method"] == chosen["path"] and fmt == chosen.get("fmt"):
+        return None
+    fp4_fmt = chosen.get("fmt") if isinstance(chosen.get("fmt"), str) else "nvfp4"
+    return {"method": best["method"], "fmt": fmt, "weight_dtype": best["weight_dtype"],
+            "batch": int(best["batch"]), "now_us": float(chosen["layer_us"]) / float(chosen["batch"]),
+            "with_us": float(best["us_per_token"]), "path_batch": int(chosen["batch"]),
+            # the memory its weights take against FP4's: a lever that needs more of it says so
+            "bytes_over_fp4": expert_weight_bytes(moe.model, best["weight_dtype"], fmt or fp4_fmt)
+            / expert_weight_bytes(moe.model, "fp4", fp4_fmt)}
+
+
 def what_if_concurrency(gemm, backend: str | None, model, config: DiagnosisConfig,
                         factors=(0.25, 0.5, 1, 2, 4)) -> pd.DataFrame:
     """Layer time and time per token as the decode batch changes (GEMM times, routing model)."""
@@ -579,7 +607,7 @@ def what_if_graphs(gemm) -> pd.DataFrame:
 def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurrency: pd.DataFrame,
            ep: pd.DataFrame, graphs: pd.DataFrame, batch: int, *, concurrency_basis: str = MODELLED,
            ep_basis: str = MODELLED, backend: str | None = None,
-           ep_fastest: dict | None = None) -> pd.DataFrame:
+           ep_fastest: dict | None = None, batch_fastest: dict | None = None) -> pd.DataFrame:
     """Each measured way to a faster layer, with its gain (time now / time with it), largest first;
     `from_path` says whether "now" is the diagnosed path itself (a lever on it) or another baseline
     (the fastest bf16 path, a modelled loop); `kind` is how its numbers were got in one word
@@ -645,6 +673,16 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
                      "now_us": ep_fastest["now_us"], "with_us": ep_fastest["with_us"],
                      "from_path": chosen is not None and ep_fastest["alone_method"] == chosen["path"],
                      "kind": "measured"})
+    if batch_fastest is not None:
+        through = batch_fastest["method"] + (f" ({batch_fastest['fmt']})" if batch_fastest["fmt"] else "")
+        held = (f"; its {batch_fastest['weight_dtype']} weights take {batch_fastest['bytes_over_fp4']:.1f}x "
+                "the FP4 weights' memory" if batch_fastest["bytes_over_fp4"] > 1 + SAME_SPEED_WITHIN else "")
+        rows.append({"lever": f"batch {batch_fastest['batch']} through {through} (per token)",
+                     "gain": batch_fastest["now_us"] / batch_fastest["with_us"],
+                     "basis": (f"measured (MoE sweep: the lowest time per token of every method and batch, against "
+                               f"{chosen['path']} at B={batch_fastest['path_batch']}){held}"),
+                     "now_us": batch_fastest["now_us"], "with_us": batch_fastest["with_us"],
+                     "from_path": True, "kind": "measured"})
     if len(graphs):
         rows.append({"lever": "CUDA-graph replay instead of eager launches",
                      "gain": float(graphs["speedup"].median()), "basis": "measured (GEMM sweep, median)",
@@ -702,7 +740,8 @@ def diagnose(run_dir: str | RunDir, config: DiagnosisConfig) -> Diagnosis:
         seed=gemm_analysis.seed_table(gemm, seed_backend_name) if seed_backend_name else pd.DataFrame(),
         fp4=fp4, levers=levers(paths, chosen, fp4, concurrency, ep, graphs, config.decode_batch,
                                concurrency_basis=basis, ep_basis=ep_basis, backend=seed_backend_name,
-                               ep_fastest=fastest_ep(moe, chosen, config, comm)),
+                               ep_fastest=fastest_ep(moe, chosen, config, comm),
+                               batch_fastest=fastest_batch(moe, chosen, config.routing)),
         concurrency=concurrency, ep=ep, graphs=graphs, gate=gate_failures(gemm), missing=missing,
         chosen_anatomy=path_anatomy(moe, chosen),
         concurrency_basis=basis, ep_basis=ep_basis,
