@@ -545,8 +545,10 @@ def test_the_kernel_time_sentence_says_what_the_diagnosed_calls_own_builds_measu
     builds = {"full": 1800.0, "load": 1250.0, "decode": 1400.0}
     d, sentence = diagnosed(tmp_path / "old", builds)
     assert d.chosen_anatomy["load"] == 1250.0 and d.chosen_anatomy["fmt"] == d.chosen["fmt"]
-    assert "loads alone read the weights at 80% of the copy bandwidth" in sentence
-    assert "(+150 us) and the MMAs (+400 us) run after the loads" in sentence
+    # the parts add up to the whole the worker timed: 1.25 + 0.15 + 0.40 = 1.80 ms
+    assert ("the call took 1.80 ms in the worker that timed each build: its loads alone 1.25 ms (the weights at 80% "
+            "of the copy bandwidth), then decoding them (+150 us) and the MMAs (+400 us), which run after the "
+            "loads") in sentence
     assert "did not time them without the weights' read" in sentence and "copy bandwidth would" not in sentence
     _, sentence = diagnosed(tmp_path / "bound", {**builds, "compute": 1400.0})
     assert "they alone take 1.40 ms, 1.1x the loads" in sentence

@@ -34,7 +34,8 @@ LAYERS = [Col("method", "method"), Col("fmt", "weights format"), Col("weight_dty
 SPREAD = [Col("method", "method"), Col("fmt", "weights format"), Col("ep", "EP degree", "int"),
           Col("tokens_per_step", "tokens a step (all GPUs)", "int"),
           Col("layer_us", "busiest rank's layer time", "us"), Col("us_per_token", "GPU time per token", "us"),
-          Col("alone_us_per_token", "alone on one GPU, per token", "us"), Col("gain", "gain", "ratio")]
+          Col("alone_us_per_token", "alone on one GPU, per token", "us"),
+          Col("gain", "gain over the same method alone", "ratio")]
 UNAVAILABLE = [Col("method", "method"), Col("status", "status"), Col("error", "why")]
 ERRORS = [Col("method", "method"), Col("mean_abs_error_pct", "mean |error| (%)", "sig2"), Col("points", "points", "int")]
 NEEDED = [Col("ep", "EP degree", "int"), Col("batch_needed", "smallest B reaching the target", "int"),

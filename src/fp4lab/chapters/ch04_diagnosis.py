@@ -115,11 +115,11 @@ def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
         return (head + f": at its weight-read floor the layer would run {text.ratio(1 / v['explained'])} faster "
                 "(what such time is made of: chapter 01, the anatomy of fp4lab's own kernels and the hardware "
                 "counters of the kernels profiled).")
-    dissected = (f": dissected at this point (chapter 03: in the worker that timed each build, the call took "
-                 f"{text.us(a['full'])}), its loads alone read the weights at {text.pct(a['load_rate_pct'])} of "
-                 "the copy bandwidth, and decoding them "
-                 f"({text.signed_us(a['decode_added_us'])}) and the MMAs ({text.signed_us(a['mma_added_us'])}) "
-                 "run after the loads rather than under them")
+    dissected = (f": dissected at this point (chapter 03), the call took {text.us(a['full'])} in the worker "
+                 f"that timed each build: its loads alone {text.us(a['load'])} (the weights at "
+                 f"{text.pct(a['load_rate_pct'])} of the copy bandwidth), then decoding them "
+                 f"({text.signed_us(a['decode_added_us'])}) and the MMAs ({text.signed_us(a['mma_added_us'])}), "
+                 "which run after the loads rather than under them")
     if text.is_missing(a["compute"]):
         other = a.get("math_elsewhere")
         if other is None:
