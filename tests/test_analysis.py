@@ -550,11 +550,18 @@ def test_the_kernel_time_sentence_says_what_the_diagnosed_calls_own_builds_measu
             "of the copy bandwidth), then decoding them (+150 us) and the MMAs (+400 us), which run after the "
             "loads") in sentence
     assert "did not time them without the weights' read" in sentence and "copy bandwidth would" not in sentence
-    _, sentence = diagnosed(tmp_path / "bound", {**builds, "compute": 1400.0})
+    bound_lever = d.levers[d.levers["kind"] == "bound"].iloc[0]      # no math build: the plain bound
+    assert bound_lever["lever"] == "cuda-w4a16-moe at its weight-read floor" and bound_lever["basis"] == decode.BOUND
+    d, sentence = diagnosed(tmp_path / "bound", {**builds, "compute": 1400.0})
     assert "they alone take 1.40 ms, 1.1x the loads" in sentence
     assert "could not go below 1.40 ms" in sentence and "fewer instructions a weight" in sentence
-    _, sentence = diagnosed(tmp_path / "hidden", {**builds, "compute": 900.0})
+    # the floor lever then says what reaching it needs, and why: overlap alone cannot
+    bound_lever = d.levers[d.levers["kind"] == "bound"].iloc[0]
+    assert bound_lever["lever"] == "cuda-w4a16-moe at its weight-read floor (needs fewer instructions a weight)"
+    assert bound_lever["basis"] == decode.BOUND + "; its math alone (no weight read) takes 1.40 ms, 1.1x its loads alone"
+    d, sentence = diagnosed(tmp_path / "hidden", {**builds, "compute": 900.0})
     assert "hidden under the loads, the layer would take about the loads' 1.25 ms" in sentence
+    assert d.levers[d.levers["kind"] == "bound"].iloc[0]["lever"] == "cuda-w4a16-moe at its weight-read floor"
     d, sentence = diagnosed(tmp_path / "bare", {})
     assert d.chosen_anatomy is None and "chapter 01, the anatomy of fp4lab's own kernels" in sentence
 

@@ -379,6 +379,23 @@ def path_anatomy(moe: moe_analysis.MoeResults | None, chosen: dict | None) -> di
     return {**rows.iloc[0].to_dict(), "math_elsewhere": moe_analysis.math_in_other_format(anatomy, rows.iloc[0])}
 
 
+def math_alone(anatomy: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The diagnosed call's math without the weights' read (its compute build, else the same
+    call's in the other format: `fmt` says which, None for its own): the time, against its loads
+    alone, and whether it is as long as them (`math_bound`: overlap alone cannot reach the loads).
+    None where neither format timed it."""
+    if anatomy is None:
+        return None
+    if not pd.isna(anatomy.get("compute")):
+        return {"compute_us": float(anatomy["compute"]), "math_to_load": float(anatomy["math_to_load"]),
+                "math_bound": bool(anatomy["math_bound"]), "fmt": None}
+    other = anatomy.get("math_elsewhere")
+    if other is None:
+        return None
+    return {"compute_us": other["compute"], "math_to_load": other["math_to_load"],
+            "math_bound": other["math_bound"], "fmt": other["fmt"]}
+
+
 POWER_REASONS = ("sw_power_cap", "hw_power_brake_slowdown")   # clock events that are the power limit
 
 
@@ -607,7 +624,8 @@ def what_if_graphs(gemm) -> pd.DataFrame:
 def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurrency: pd.DataFrame,
            ep: pd.DataFrame, graphs: pd.DataFrame, batch: int, *, concurrency_basis: str = MODELLED,
            ep_basis: str = MODELLED, backend: str | None = None,
-           ep_fastest: dict | None = None, batch_fastest: dict | None = None) -> pd.DataFrame:
+           ep_fastest: dict | None = None, batch_fastest: dict | None = None,
+           math: dict | None = None) -> pd.DataFrame:
     """Each measured way to a faster layer, with its gain (time now / time with it), largest first;
     `from_path` says whether "now" is the diagnosed path itself (a lever on it) or another baseline
     (the fastest bf16 path, a modelled loop); `kind` is how its numbers were got in one word
@@ -629,8 +647,15 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
                          "with_us": fp4["best"]["layer_us"], "from_path": True, "kind": "measured"})
     floor = chosen.get("memory_floor_us", np.nan) if chosen is not None else np.nan
     if np.isfinite(floor) and 0 < floor < chosen["layer_us"]:
-        rows.append({"lever": f"{chosen['path']} at its weight-read floor",
-                     "gain": chosen["layer_us"] / floor, "basis": BOUND, "now_us": chosen["layer_us"],
+        # a call whose math alone is as long as its loads cannot reach the floor by overlap: the
+        # lever says what it needs (math: `math_alone`, the call's own builds)
+        needs, why = "", ""
+        if math is not None and math["math_bound"]:
+            needs = " (needs fewer instructions a weight)"
+            why = (f"; its math alone (no weight read{', ' + math['fmt'].upper() if math['fmt'] else ''}) takes "
+                   f"{math['compute_us'] / 1000:.2f} ms, {math['math_to_load']:.1f}x its loads alone")
+        rows.append({"lever": f"{chosen['path']} at its weight-read floor{needs}",
+                     "gain": chosen["layer_us"] / floor, "basis": BOUND + why, "now_us": chosen["layer_us"],
                      "with_us": floor, "from_path": True, "kind": "bound"})
     if len(concurrency) > 1:
         now = concurrency.iloc[(concurrency["batch"] - batch).abs().argmin()]
@@ -732,6 +757,7 @@ def diagnose(run_dir: str | RunDir, config: DiagnosisConfig) -> Diagnosis:
         ep, ep_basis = what_if_ep(gemm, seed_backend_name, model, config, comm), MODELLED
     graphs = what_if_graphs(gemm)
     fp4 = fp4_lever(paths, model, load, gemm.bandwidth_tbps if gemm else None)
+    anatomy = path_anatomy(moe, chosen)
     return Diagnosis(
         config=config, view=run_view, gemm=gemm, moe=moe, power=power, load=load, paths=paths,
         chosen=chosen, chosen_reason=reason,
@@ -741,9 +767,10 @@ def diagnose(run_dir: str | RunDir, config: DiagnosisConfig) -> Diagnosis:
         fp4=fp4, levers=levers(paths, chosen, fp4, concurrency, ep, graphs, config.decode_batch,
                                concurrency_basis=basis, ep_basis=ep_basis, backend=seed_backend_name,
                                ep_fastest=fastest_ep(moe, chosen, config, comm),
-                               batch_fastest=fastest_batch(moe, chosen, config.routing)),
+                               batch_fastest=fastest_batch(moe, chosen, config.routing),
+                               math=math_alone(anatomy)),
         concurrency=concurrency, ep=ep, graphs=graphs, gate=gate_failures(gemm), missing=missing,
-        chosen_anatomy=path_anatomy(moe, chosen),
+        chosen_anatomy=anatomy,
         concurrency_basis=basis, ep_basis=ep_basis,
         chosen_clock=fallen_clock(chosen, run_view) if not run_view.is_smoke else None,
         chosen_power=path_power(moe, chosen, run_view, config) if not run_view.is_smoke else None)
