@@ -103,6 +103,14 @@ def test_chapter_04_states_the_seed_table_in_one_sentence_and_levers_on_one_basi
     assert "instead of the fastest bf16 path (padded-bf16)" in levers
     assert f"{bf16.iloc[0]['gain']:.1f}x" in levers
     assert "triton-w4a16 GEMM loop" not in levers
+    # the findings list the levers one a line, under their lead-in, largest gain first
+    findings = page_text(page, "findings").replace("\\", "")
+    lead = "- What would make it faster, largest gain first:\n  - "
+    assert lead in findings
+    nested = findings.split(lead)[1].split("\n  - ")
+    shown = d.levers[d.levers["gain"] > 1 + decode.SAME_SPEED_WITHIN]
+    assert len(nested) == len(shown) and nested[0].startswith(shown.iloc[0]["lever"])
+    assert " → " in nested[0] and "->" not in findings
 
 
 def test_chapter_03_tables_each_other_model_the_run_swept_with_its_own_times(reference_copy):

@@ -229,7 +229,7 @@ def lever_lines(d: decode.Diagnosis, top: int | None = None, from_path: bool | N
     if from_path is not None:
         levers = levers[levers["from_path"] == from_path]
     rows = levers.head(top) if top else levers
-    return [f"{text.md(r.lever)}: {text.ratio(r.gain)} ({text.md(r.basis)}; {text.us(r.now_us)} -> {text.us(r.with_us)})"
+    return [f"{text.md(r.lever)}: {text.ratio(r.gain)} ({text.us(r.now_us)} → {text.us(r.with_us)}; {text.md(r.basis)})"
             for r in rows.itertuples(index=False)]
 
 
@@ -243,7 +243,8 @@ def findings(d: decode.Diagnosis) -> list[str]:
         lines.append(f"The diagnosed path is {text.md(d.chosen['path'])} because {text.md(d.chosen_reason)}.")
     levers = lever_lines(d)
     if levers:
-        lines.append("What would make it faster, largest gain first: " + "; ".join(levers) + ".")
+        # one lever a line: run into one sentence they made a paragraph of 130 words
+        lines.append("What would make it faster, largest gain first:" + "".join(f"\n  - {line}" for line in levers))
     return lines + gap_lines(d)
 
 
