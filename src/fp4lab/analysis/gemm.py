@@ -328,7 +328,6 @@ PEER_TARGET = 1.5          # fp4lab's aim at decode sizes: 1.5x as fast as the f
 PEER_TARGET_UP_TO_M = 16   # ... up to this M; above it, no slower than the fastest peer
 PEER_LEVEL_UP_TO_M = 256   # ... up to this M (prefill sizes above it are shown, with no aim)
 MMA_DOMINANT = 2.0         # a bf16 MMA floor this many times the FP4 read: the MMAs set a weight-only kernel's floor
-MMA_BOUND_SHARE = 70.0     # % of the bf16 peak from which the fastest peer is bound by its MMAs
 
 
 def own_against_peers(results: GemmResults) -> pd.DataFrame:

@@ -377,15 +377,14 @@ def glance_html(d: decode.Diagnosis) -> str:
 
     facts = {f"tokens per expert, B={d.config.decode_batch}":
              f"{text.sig(d.load['mean_m'])} mean, {text.sig(d.load['busiest_m'])} busiest"}
-    if d.chosen_power and d.chosen_power["capped"]:
-        pass                    # the verdict states the capped window's power and clock
-    elif d.chosen_power:        # the diagnosed layer's own window, before the decode GEMMs'
+    # the diagnosed layer's own window before the decode GEMMs'; a capped one the verdict states
+    if d.chosen_power and not d.chosen_power["capped"]:
         p = d.chosen_power
         fmt = f", {p['fmt'].upper()}" if p.get("other_format") and p.get("fmt") else ""
         facts[f"power of {p['path']}{fmt} replayed"] = (
             f"{text.sig(p['avg_power_w'])} W of {text.sig(p['power_limit_w'])} W ({text.pct(100 * p['fraction'])}), "
             f"SM clock {text.sig(p['window_sm_clock_mhz'])} MHz")
-    elif d.decode_power:
+    elif d.chosen_power is None and d.decode_power:
         p = d.decode_power
         facts[f"power at decode ({p['backend']} GEMMs, M = {text.join(p['m_values'])})"] = (
             f"{text.sig(p['avg_power_w'])} W of {text.sig(p['power_limit_w'])} W ({text.pct(100 * p['fraction'])})")
