@@ -52,7 +52,7 @@ def test_two_sweeps_of_unchanged_code_flag_no_regression(tmp_path):
     # one sweep (one worker process), in two pairs running (emulated 1.95x in the second pair).
     # A regression must persist, so a flagged pair is measured again, as an engineer would before
     # believing it, up to three pairs; unchanged code must come out clean in one of them, while a
-    # real 3x slowdown is flagged in the single pair of the next test.
+    # real 4x slowdown is flagged in the single pair of the next test.
     for attempt in "abc":
         first = sweep_into(tmp_path, f"20260101T000000Z-cpu-{attempt}1", backends, shape, m_values)
         second = sweep_into(tmp_path, f"20260101T000000Z-cpu-{attempt}2", backends, shape, m_values)
@@ -65,17 +65,17 @@ def test_two_sweeps_of_unchanged_code_flag_no_regression(tmp_path):
     assert report.count_regressions(second) == 0
 
 
-def test_a_three_times_slower_backend_is_flagged_and_only_it(tmp_path, fake_backends_env, monkeypatch):
+def test_a_four_times_slower_backend_is_flagged_and_only_it(tmp_path, fake_backends_env, monkeypatch):
     from fp4lab.sweep.registry import load_extra_backends
 
     load_extra_backends()
-    # 1024 x 1024: the GEMM, not the per-call overhead, sets the time, so doing it three times shows
-    # as ~3x; on a CI box whose 2 cores are shared a 2x slowdown measured as 1.48x (the rule's
-    # threshold is 1.5x), so the synthetic regression is 3x
+    # 1024 x 1024: the GEMM, not the per-call overhead, sets the time, so doing it four times shows
+    # as ~4x; on a CI box whose 2 cores are shared a 2x slowdown measured as 1.48x, so against the
+    # rule's 2x the synthetic regression is 4x
     backends, shape, m_values = ["fake-ok", "fake-slow"], [1024, 1024], [1, 8, 32, 64]
     monkeypatch.setenv("FAKE_SLOWDOWN", "1")
     before = sweep_into(tmp_path, "20260101T000000Z-cpu-a", backends, shape, m_values)
-    monkeypatch.setenv("FAKE_SLOWDOWN", "3")
+    monkeypatch.setenv("FAKE_SLOWDOWN", "4")
     after = sweep_into(tmp_path, "20260101T000000Z-cpu-b", backends, shape, m_values)
     comparison = judged(after, before)
     assert list(comparison.regressions["backend"]) == ["fake-slow"], comparison.ratios.to_string()
@@ -172,11 +172,11 @@ CPU = {"kind": "cpu", "name": "Intel(R) Xeon(R) Processor"}
 
 
 @pytest.mark.parametrize("ratios, flagged", [
-    ((2.0, 2.0, 2.0, 2.0, 2.0, 2.0), True),      # twice slower throughout
-    ((1.8, 1.8, 1.8, 1.8, 1.8, 0.9), True),      # 1.6x overall, 5 of 6 slower
+    ((2.5, 2.5, 2.5, 2.5, 2.5, 2.5), True),      # 2.5x slower throughout
+    ((2.6, 2.6, 2.6, 2.6, 2.6, 0.9), True),      # 2.2x overall, 5 of 6 slower
     ((10.0, 1.0, 1.0, 1.0, 1.0, 1.0), False),    # one point 10x (geomean 1.47x): CPU noise
     ((10.0, 10.0, 1.0, 1.0, 1.0, 1.0), False),   # geomean 2.2x, but only 2 of 6 points slower
-    ((1.3, 1.3, 1.3, 1.3, 1.3, 1.3), False),     # all slower, by less than 1.5x
+    ((1.8, 1.8, 1.8, 1.8, 1.8, 1.8), False),     # all slower, by less than 2x: one process's swing
 ])
 def test_the_cpu_rule_needs_a_slow_geomean_and_a_majority(tmp_path, ratios, flagged):
     before = gpu_run(tmp_path, "20260101T000000Z-cpu-a", BEFORE, device=CPU)
@@ -267,6 +267,16 @@ def test_a_busier_cpu_slowing_every_backend_is_not_a_regression():
     assert history.backend_regressions(busy).empty
     everything_twice = ratios_frame({name: (2.0, 2.0, 2.1, 1.9) for name in ("a", "b", "c")})
     assert history.backend_regressions(everything_twice).empty
+
+
+def test_one_worker_process_slower_by_the_cpus_own_swing_is_not_a_regression():
+    """Seen here (two smoke reports 20 minutes apart, nothing changed): emulated, whose calls
+    allocate and fault pages, came out 1.57x slower at the median of its 28 points and up to 2.6x,
+    while the other backends did not; on the CI box 1.95x. One worker process's speed, not the
+    code: under the rule's 2x."""
+    swing = ratios_frame({"emulated": (1.33, 1.57, 1.78, 2.59, 1.45, 1.6), "tinygemm-int4": (1.0, 1.2, 1.2, 1.0),
+                          "torch-bf16": (0.68, 0.84, 1.01, 0.9)})
+    assert history.backend_regressions(swing).empty
 
 
 def test_one_backend_twice_slower_among_steady_ones_is_flagged_against_them():

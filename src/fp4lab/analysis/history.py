@@ -32,7 +32,9 @@ from fp4lab.results import REFERENCE_ROOT, RunDir, later_commits, list_runs
 
 POINT_KEY = ["backend", "fmt", "m", "n", "k"]
 DEFAULT_THRESHOLD = 0.10
-CPU_BACKEND_THRESHOLD = 1.5     # a CPU backend must be 1.5x slower overall to count (2x is flagged)
+# a CPU backend must be 2x slower overall to count: one worker process's speed swings up to ~1.9x
+# between identical sweeps on a shared machine (emulated: 1.57x here, 1.95x on the 2-core CI box)
+CPU_BACKEND_THRESHOLD = 2.0
 CPU_MAJORITY = 0.75             # ... with at least this share of its points slower
 
 
