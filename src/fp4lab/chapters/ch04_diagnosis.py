@@ -205,8 +205,8 @@ def fp4_sentence(d: decode.Diagnosis) -> str | None:
     if not fp4 or d.smoke:
         return None
     floor = fp4["floor_us"]
-    line = (f"FP4 weights: reading the active experts' {text.md(fp4['fmt'].upper())} weights once takes "
-            f"{text.us(floor)} (the limit line)")
+    line = (f"FP4 weights at B={d.config.decode_batch}: reading the active experts' {text.md(fp4['fmt'].upper())} "
+            f"weights once takes {text.us(floor)} (the limit line)")
     best = fp4.get("best")
     if best is None:
         return line + "; no FP4-weight path ran correctly here."
