@@ -154,7 +154,7 @@ def test_fp4labs_own_kernels_against_the_fastest_peer_with_the_aims_and_the_mma_
     assert said[0].startswith("Up to M = 16 fp4lab's fastest kernel (`cuda-w4a16`) is 1.31-1.90x as fast as the "
                               "fastest peer: 1 of 2 points reach the 1.5x aim; short of it: M = 16 (0 of 1, ")
     assert "(`triton-w4a16`) runs at 0.667-0.667x its speed at M = 256: 0 of 1 points level." in said[1]
-    assert said[2].startswith(f"From M = 256 a weight-only FP4 GEMM's bf16 MMAs")
+    assert said[2].startswith("From M = 256 a weight-only FP4 GEMM's bf16 MMAs")
     assert f"take {text.ratio(per_m.loc[256, 'mma_over_read'])} its FP4 weight read" in said[2]
     assert (f"`torch-bf16`, runs them at {text.pct(100 * mma_floor / 48)} of that peak, fp4lab's `triton-w4a16` "
             f"at {text.pct(100 * mma_floor / 72)}") in said[2]
