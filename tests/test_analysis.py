@@ -151,8 +151,8 @@ def test_fp4labs_own_kernels_against_the_fastest_peer_with_the_aims_and_the_mma_
     assert list(per_m["at_aim"].iloc[:3]) == [1, 0, 0] and pd.isna(per_m.loc[1024, "at_aim"])
     assert list(per_m["mma_bound"]) == [False, False, True, True]
     said = [line.replace("\\", "") for line in peer_findings(per_m.reset_index())]
-    assert said[0].startswith("Up to M = 16 fp4lab's fastest kernel (`cuda-w4a16`) is 1.31-1.90x as fast as the "
-                              "fastest peer: 1 of 2 points reach the 1.5x aim; short of it: M = 16 (0 of 1, ")
+    assert said[0] == ("Up to M = 16 fp4lab's fastest kernel (`cuda-w4a16`) is 1.31-1.90x as fast as the fastest "
+                       "peer: 1 of 2 points reach the 1.5x aim; short of it: 1 of 1 at M = 16 (1.31x).")
     assert "(`triton-w4a16`) runs at 0.667-0.667x its speed at M = 256: 0 of 1 points level." in said[1]
     assert said[2].startswith("From M = 256 a weight-only FP4 GEMM's bf16 MMAs")
     assert f"take {text.ratio(per_m.loc[256, 'mma_over_read'])} its FP4 weight read" in said[2]

@@ -362,12 +362,14 @@ def own_against_peers_per_m(table: pd.DataFrame) -> pd.DataFrame:
     """Per M, over formats and shapes: how many points reach the aim (PEER_TARGET up to
     PEER_TARGET_UP_TO_M, level up to PEER_LEVEL_UP_TO_M, none above: NaN), the speed-up's median
     and range, fp4lab's kernel and the peer fastest most often, the median share of the bf16
-    peak each reaches, how many times the FP4 read floor the bf16 MMA floor is, and `mma_bound`
-    where that is MMA_DOMINANT or more."""
+    peak each reaches (medians), how many times the FP4 read floor the bf16 MMA floor is, and
+    `mma_bound` where that is MMA_DOMINANT or more; `short_min`/`short_max`: the speed-ups of the
+    points short of the aim."""
     rows = []
     for m, group in table.groupby("m"):
         aim = PEER_TARGET if m <= PEER_TARGET_UP_TO_M else 1.0 if m <= PEER_LEVEL_UP_TO_M else np.nan
         peers, own = group["peer"].value_counts(), group["own"].value_counts()
+        short = group["speedup"][group["speedup"] < aim] if np.isfinite(aim) else group["speedup"].iloc[:0]
         rows.append({"m": int(m), "aim": aim, "points": len(group), "own": own.index[0],
                      "own_points": int(own.iloc[0]),
                      "at_aim": int((group["speedup"] >= aim).sum()) if np.isfinite(aim) else None,
@@ -376,10 +378,12 @@ def own_against_peers_per_m(table: pd.DataFrame) -> pd.DataFrame:
                      "peer": peers.index[0], "peer_points": int(peers.iloc[0]),
                      "peer_pct_mma": float(group["peer_pct_mma"].median()),
                      "own_pct_mma": float(group["own_pct_mma"].median()),
-                     "mma_over_read": float((group["mma_floor_us"] / group["read_floor_us"]).median())})
+                     "mma_over_read": float((group["mma_floor_us"] / group["read_floor_us"]).median()),
+                     "short_min": float(short.min()) if len(short) else np.nan,
+                     "short_max": float(short.max()) if len(short) else np.nan})
     frame = pd.DataFrame(rows, columns=["m", "aim", "points", "own", "own_points", "at_aim", "median_speedup",
                                         "min_speedup", "max_speedup", "peer", "peer_points", "peer_pct_mma",
-                                        "own_pct_mma", "mma_over_read"])
+                                        "own_pct_mma", "mma_over_read", "short_min", "short_max"])
     frame["mma_bound"] = frame["mma_over_read"] >= MMA_DOMINANT
     return frame
 

@@ -170,8 +170,8 @@ def _peers(page, results) -> None:
                       if np.isfinite(r.aim) else "no aim" for r in per_m.itertuples()],
         pct_shown=[f"{text.pct(r.peer_pct_mma)} / {text.pct(r.own_pct_mma)}" for r in per_m.itertuples()])
     page.html("peers", html_table(shown, PEERS, caption=results.caption(
-        f"per M over formats and shapes; peers: {', '.join(analysis.PEERS)}; floors at the measured bf16 peak "
-        "and copy bandwidth")))
+        f"medians per M over formats and shapes (a name's count: the points where it is the fastest); peers: "
+        f"{', '.join(analysis.PEERS)}; floors at the measured bf16 peak and copy bandwidth")))
     page.bullets("peers", peer_findings(per_m))
 
 
@@ -200,8 +200,9 @@ def peer_findings(per_m) -> list[str]:
                 f"{text.ratio(decode['aim'].iloc[0])} aim")
         if len(short):
             line += "; short of it: " + text.join(
-                f"M = {r.m} ({int(r.at_aim)} of {r.points}, {speedup_range(r.min_speedup, r.max_speedup)})"
-                for r in short.itertuples())
+                f"{r.points - int(r.at_aim)} of {r.points} at M = {r.m} ("
+                + (text.ratio(r.short_min, 3) if r.short_min == r.short_max else speedup_range(r.short_min, r.short_max))
+                + ")" for r in short.itertuples())
         lines.append(line + ".")
     level = per_m[per_m["aim"] == 1]
     behind = level[level["at_aim"] < level["points"]]

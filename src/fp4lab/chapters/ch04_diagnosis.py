@@ -96,10 +96,10 @@ def power_cap_clause(own: dict | None) -> str:
         return ""
     which = (f"its {text.md((own['fmt'] or '').upper())} build" if own.get("other_format") else "it")
     slower = own["window_over_timed"]
-    cost = (f"a call takes {text.pct(100 * slower)} longer than timed" if slower > 0
-            else "a call takes no longer than timed")
+    # both times, the build's own: the timed one may be another format's than the verdict's
     return (f" Replayed back to back {which} is also **power-capped** ({text.sig(own['avg_power_w'])} W of "
-            f"{text.sig(own['power_limit_w'])} W, SM clock {text.sig(own['window_sm_clock_mhz'])} MHz): {cost}.")
+            f"{text.sig(own['power_limit_w'])} W): a call takes {text.us(own['window_us_per_call'])} there against "
+            f"{text.us(own['timed_us'])} timed ({'+' if slower >= 0 else '-'}{text.pct(100 * abs(slower))}).")
 
 
 def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
@@ -127,7 +127,7 @@ def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
                     "time, if they alone are shorter (this run did not time them without the weights' read).")
         return (head + dissected + f"; this run timed them without the weights' read only with "
                 f"{text.md(other['fmt'].upper())} weights: {text.us(other['compute'])}, "
-                f"{text.ratio(other['math_to_load'])} that format's loads alone"
+                f"{text.ratio(other['math_to_load'])} that format's loads alone ({text.us(other['load'])})"
                 + (", so even wholly hidden under the loads the call could not go much below its math: fewer "
                    "instructions a weight (or FP4 tensor cores) is what would fix it, not a faster weight stream."
                    if other["math_bound"] else
@@ -241,10 +241,13 @@ def findings(d: decode.Diagnosis) -> list[str]:
     lines += [line for line in (power_sentence(d), fp4_sentence(d)) if line]
     if d.chosen is not None:
         lines.append(f"The diagnosed path is {text.md(d.chosen['path'])} because {text.md(d.chosen_reason)}.")
-    levers = lever_lines(d)
-    if levers:
-        # one lever a line: run into one sentence they made a paragraph of 130 words
-        lines.append("What would make it faster, largest gain first:" + "".join(f"\n  - {line}" for line in levers))
+    # one lever a line (run into one sentence they made a paragraph of 130 words); the path's own
+    # first, as on the front page, then what it gains over other baselines
+    for lead, on_path in (("What would make it faster, largest gain first:", True),
+                          ("Against other baselines:", False)):
+        levers = lever_lines(d, from_path=on_path)
+        if levers:
+            lines.append(lead + "".join(f"\n  - {line}" for line in levers))
     return lines + gap_lines(d)
 
 

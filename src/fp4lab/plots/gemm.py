@@ -102,8 +102,10 @@ def own_against_peers(table: pd.DataFrame, aim: float, aim_up_to_m: int, level_u
                 color=colours[f"{int(n)}x{int(k)}"], linewidth=1.3)
     ax.plot([1, aim_up_to_m], [aim, aim], color="black", linewidth=1.6, linestyle=":",
             label=f"aim up to M = {aim_up_to_m}: {aim:g}x as fast as the fastest peer")
-    ax.plot([aim_up_to_m, level_up_to_m], [1, 1], color="black", linewidth=1.6, linestyle="-.",
-            label=f"aim up to M = {level_up_to_m}: level with it")
+    above = sorted(m for m in table["m"].unique() if aim_up_to_m < m <= level_up_to_m)
+    if above:     # drawn over the measured Ms it covers, so M = 16 shows one aim, not two
+        ax.plot([above[0], above[-1]], [1, 1], color="black", linewidth=1.6, linestyle="-.",
+                label=f"aim at M = {above[0]}-{above[-1]}: level with it")
     ax.axhline(1.0, color="0.6", linewidth=0.8, zorder=0)
     ax.set(xlabel="M (tokens)", ylabel="fp4lab's speed-up over\nthe fastest peer")
     tokens_axis(ax)
