@@ -381,18 +381,19 @@ def path_anatomy(moe: moe_analysis.MoeResults | None, chosen: dict | None) -> di
 
 def math_alone(anatomy: dict[str, Any] | None) -> dict[str, Any] | None:
     """The diagnosed call's math without the weights' read (its compute build, else the same
-    call's in the other format: `fmt` says which, None for its own): the time, against its loads
-    alone, and whether it is as long as them (`math_bound`: overlap alone cannot reach the loads).
-    None where neither format timed it."""
+    call's in the other format: `fmt` says which, None for its own): the time, the loads alone of
+    the same format and the ratio, and whether the math is as long as them (`math_bound`: overlap
+    alone cannot reach the loads). None where neither format timed it."""
     if anatomy is None:
         return None
     if not pd.isna(anatomy.get("compute")):
-        return {"compute_us": float(anatomy["compute"]), "math_to_load": float(anatomy["math_to_load"]),
-                "math_bound": bool(anatomy["math_bound"]), "fmt": None}
+        return {"compute_us": float(anatomy["compute"]), "load_us": float(anatomy["load"]),
+                "math_to_load": float(anatomy["math_to_load"]), "math_bound": bool(anatomy["math_bound"]),
+                "fmt": None}
     other = anatomy.get("math_elsewhere")
     if other is None:
         return None
-    return {"compute_us": other["compute"], "math_to_load": other["math_to_load"],
+    return {"compute_us": other["compute"], "load_us": other["load"], "math_to_load": other["math_to_load"],
             "math_bound": other["math_bound"], "fmt": other["fmt"]}
 
 
@@ -460,12 +461,20 @@ def fp4_lever(paths: pd.DataFrame, model: presets.ModelPreset, load: dict,
             "bf16": best.get("bf16"), "fp8": best.get("fp8")}
 
 
-def measured_batches(moe: moe_analysis.MoeResults | None, chosen: dict | None, routing_spec: str) -> pd.DataFrame:
-    """The diagnosed path's own layer time at every decode batch the MoE sweep measured (one
-    GPU, EP 1): the concurrency lever as measured, when the path came from the MoE sweep."""
+def sweep_layer_times(moe: moe_analysis.MoeResults | None, chosen: dict | None,
+                      routing_spec: str) -> pd.DataFrame | None:
+    """Every method's layer time at every batch the MoE sweep measured (one GPU, EP 1), which the
+    batch levers read; None where the diagnosed path did not come from the MoE sweep."""
     if moe is None or chosen is None or chosen.get("source") != "MoE sweep":
+        return None
+    return moe_analysis.layer_times_by_batch(moe, routing_spec)
+
+
+def measured_batches(table: pd.DataFrame | None, chosen: dict | None) -> pd.DataFrame:
+    """The diagnosed path's own layer time at every decode batch the MoE sweep measured (`table`:
+    `sweep_layer_times`): the concurrency lever as measured, when the path came from the sweep."""
+    if table is None:
         return pd.DataFrame()
-    table = moe_analysis.layer_times_by_batch(moe, routing_spec)
     fmt = chosen.get("fmt") if isinstance(chosen.get("fmt"), str) else None
     mine = table[(table["method"] == chosen["path"]) & (table["fmt"].fillna("").eq(fmt or ""))]
     rows = mine.sort_values("batch")[["batch", "layer_us"]].reset_index(drop=True)
@@ -521,19 +530,17 @@ def fastest_ep(moe: moe_analysis.MoeResults | None, chosen: dict | None, config:
             "with_comm": with_comm}
 
 
-def fastest_batch(moe: moe_analysis.MoeResults | None, chosen: dict | None,
-                  routing_spec: str) -> dict[str, Any] | None:
+def fastest_batch(table: pd.DataFrame | None, chosen: dict | None,
+                  model: presets.ModelPreset) -> dict[str, Any] | None:
     """The lowest time per token over every method and batch the MoE sweep measured (one GPU,
     EP 1) where it is another method than the diagnosed path: at a larger batch another kernel
     can win (on Hopper grouped fp8, whose fp8 MMAs run at twice the bf16 rate, once the FP4
     weight-only kernels' bf16 MMAs outweigh their read), so the path's own batch lever understates
     what concurrency gives. Against the path's time per token at its batch; None where the path
     is itself the fastest per token, or nothing was measured. `bytes_over_fp4`: its weights'
-    bytes over the path's FP4 ones (the memory a switch to fp8 weights costs)."""
-    if moe is None or chosen is None or chosen.get("source") != "MoE sweep":
-        return None
-    table = moe_analysis.layer_times_by_batch(moe, routing_spec)
-    if not len(table):
+    bytes over the path's FP4 ones (the memory a switch to fp8 weights costs). `table`:
+    `sweep_layer_times`."""
+    if table is None or not len(table):
         return None
     table = table.assign(us_per_token=table["layer_us"] / table["batch"])
     best = table.loc[table["us_per_token"].idxmin()]
@@ -545,8 +552,8 @@ def fastest_batch(moe: moe_analysis.MoeResults | None, chosen: dict | None,
             "batch": int(best["batch"]), "now_us": float(chosen["layer_us"]) / float(chosen["batch"]),
             "with_us": float(best["us_per_token"]), "path_batch": int(chosen["batch"]),
             # the memory its weights take against FP4's: a lever that needs more of it says so
-            "bytes_over_fp4": expert_weight_bytes(moe.model, best["weight_dtype"], fmt or fp4_fmt)
-            / expert_weight_bytes(moe.model, "fp4", fp4_fmt)}
+            "bytes_over_fp4": expert_weight_bytes(model, best["weight_dtype"], fmt or fp4_fmt)
+            / expert_weight_bytes(model, "fp4", fp4_fmt)}
 
 
 def what_if_concurrency(gemm, backend: str | None, model, config: DiagnosisConfig,
@@ -748,7 +755,8 @@ def diagnose(run_dir: str | RunDir, config: DiagnosisConfig) -> Diagnosis:
     seed_backend_name = seed_backend(gemm, config)
     chosen, reason = choose(paths, config.backend)
     power_now = decode_power(power, seed_backend_name, model, load)
-    concurrency, basis = measured_batches(moe, chosen, config.routing), MEASURED_BATCHES
+    by_batch = sweep_layer_times(moe, chosen, config.routing)
+    concurrency, basis = measured_batches(by_batch, chosen), MEASURED_BATCHES
     if len(concurrency) < 2:
         concurrency, basis = what_if_concurrency(gemm, seed_backend_name, model, config), MODELLED
     comm = comm_analysis.CommTable(run.read_table("comm")) if run.has_table("comm") else None
@@ -767,7 +775,7 @@ def diagnose(run_dir: str | RunDir, config: DiagnosisConfig) -> Diagnosis:
         fp4=fp4, levers=levers(paths, chosen, fp4, concurrency, ep, graphs, config.decode_batch,
                                concurrency_basis=basis, ep_basis=ep_basis, backend=seed_backend_name,
                                ep_fastest=fastest_ep(moe, chosen, config, comm),
-                               batch_fastest=fastest_batch(moe, chosen, config.routing),
+                               batch_fastest=fastest_batch(by_batch, chosen, moe.model if moe else model),
                                math=math_alone(anatomy)),
         concurrency=concurrency, ep=ep, graphs=graphs, gate=gate_failures(gemm), missing=missing,
         chosen_anatomy=anatomy,

@@ -16,6 +16,7 @@ from fp4lab.chapters.context import Context, open_context, parameters_block, res
 from fp4lab.plots import gemm as figures
 from fp4lab.plots.tables import Col, html_table
 from fp4lab.references import SEED_SOURCE, seed_sm120_table
+from fp4lab.schema import OWN_GEMM_BACKENDS
 from fp4lab.sweep.config import GemmSweep
 
 TITLE = "01 · How fast do FP4 GEMMs run, and against what ceiling?"
@@ -148,8 +149,6 @@ def _four_bit(page, results) -> None:
 def _peers(page, results) -> None:
     """fp4lab's own kernels against the fastest peer at every point both ran, the aims, and why
     the larger Ms fall short."""
-    from fp4lab.schema import OWN_GEMM_BACKENDS
-
     table = analysis.own_against_peers(results)
     if not len(table):
         page.prose("peers", f"No point of this run has both one of fp4lab's own kernels "

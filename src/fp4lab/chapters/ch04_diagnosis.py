@@ -120,26 +120,26 @@ def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
                  f"{text.pct(a['load_rate_pct'])} of the copy bandwidth), then decoding them "
                  f"({text.signed_us(a['decode_added_us'])}) and the MMAs ({text.signed_us(a['mma_added_us'])}), "
                  "which run after the loads rather than under them")
-    if text.is_missing(a["compute"]):
-        other = a.get("math_elsewhere")
-        if other is None:
-            return (head + dissected + "; hidden under the loads they would take the layer toward its loads-only "
-                    "time, if they alone are shorter (this run did not time them without the weights' read).")
+    math = decode.math_alone(a)
+    if math is None:
+        return (head + dissected + "; hidden under the loads they would take the layer toward its loads-only "
+                "time, if they alone are shorter (this run did not time them without the weights' read).")
+    if math["fmt"] is not None:      # only the same call in the other format was timed without its read
         return (head + dissected + f"; this run timed them without the weights' read only with "
-                f"{text.md(other['fmt'].upper())} weights: {text.us(other['compute'])}, "
-                f"{text.ratio(other['math_to_load'])} that format's loads alone ({text.us(other['load'])})"
+                f"{text.md(math['fmt'].upper())} weights: {text.us(math['compute_us'])}, "
+                f"{text.ratio(math['math_to_load'])} that format's loads alone ({text.us(math['load_us'])})"
                 + (", so even wholly hidden under the loads the call could not go much below its math: fewer "
                    "instructions a weight (or FP4 tensor cores) is what would fix it, not a faster weight stream."
-                   if other["math_bound"] else
+                   if math["math_bound"] else
                    ": hidden under the loads, the call would take about its loads-only time."))
-    alone = (f"; without the weights' read they alone take {text.us(a['compute'])}, "
-             f"{text.ratio(a['math_to_load'])} the loads")
-    if a["math_bound"]:
+    alone = (f"; without the weights' read they alone take {text.us(math['compute_us'])}, "
+             f"{text.ratio(math['math_to_load'])} the loads")
+    if math["math_bound"]:
         return (head + dissected + alone + f": even wholly hidden, the layer could not go below "
                 f"{text.us(a['overlapped_us'])}, so what would fix it is fewer instructions a weight (or FP4 "
                 "tensor cores that take the codes as they are), not a faster weight stream.")
     return (head + dissected + alone + f": hidden under the loads, the layer would take about the loads' "
-            f"{text.us(a['load'])}.")
+            f"{text.us(math['load_us'])}.")
 
 
 def smoke_sentence(d: decode.Diagnosis) -> str:
