@@ -14,9 +14,11 @@ Without ncu it runs the same launches and prints their labels (the check that th
 `--smoke` runs tiny stand-ins on a CPU under TRITON_INTERPRET=1 (the test). `--peers` profiles
 instead the fastest peers at the same two points, humming-w4a16 and humming-moe-indexed (NVFP4;
 the humming wheel installed; their launches as fp4lab's wrappers make them, `PEER_MOE_KERNELS`).
-`--cuda` profiles fp4lab's CUDA decode GEMM (`cuda-w4a16`, its preset) at the dense points;
-`--cuda-builds g16d4w8k8,...` profiles those builds of it instead (k-groups, depth, warps,
-warps a team; k1 when left out).
+`--cuda` profiles fp4lab's CUDA kernels with their presets: the decode GEMM (`cuda-w4a16`) at the
+dense points, then the fused MoE (`cuda-w4a16-moe`, the path the book diagnoses) at the MoE point
+in each of `CUDA_MOE_FORMATS` (four launches a call, as the Triton method's);
+`--cuda-builds g16d4w8k8,...` profiles those builds of the decode GEMM instead, and no MoE
+(k-groups, depth, warps, warps a team; k1 when left out).
 `--launches FILE`
 writes launches.json: one entry per kernel launch ncu will see, in order (its label and the
 weights it reads), which `fp4lab.analysis.counters` joins with ncu's rows; `--describe` writes it
@@ -58,6 +60,9 @@ METRICS = [
 
 DENSE_POINTS = ((1, ("full", "load", "stream")), (16, ("full",)))     # (M, anatomy stages)
 MOE_POINT = ("glm-5", 512)
+CUDA_MOE_FORMATS = ("mxfp4", "nvfp4")     # the diagnosed path's format first (the 1155Z run's)
+MOE_LAUNCHES = (("route", "route"), ("gate_up", "fused MoE"), ("down", "fused MoE"),
+                ("top-k sum", "torch.sum"))   # (part, kernel) of a fused method's call, in order
 SMS = 132   # the H200's (the configs a CPU describes are the GPU's)
 
 
@@ -83,13 +88,15 @@ def launch_plan(smoke: bool) -> list[dict]:
         plan += [{"launch": f"dense {n}x{k} M={m} {stage}",
                   "kernel": "stream" if stage == "stream" else config.label(),
                   "weights": n * k} for stage in stages]
+    return plan + moe_plan("moe", smoke)
+
+
+def moe_plan(where: str, smoke: bool = False) -> list[dict]:
+    """The four launches of a fused method's call at the MoE point, labelled "<where> <point>
+    <part>"."""
     point, weights = moe_gemm_weights(smoke)
-    where = f"moe {point}"
-    plan += [{"launch": f"{where} route", "kernel": "route", "weights": 0},
-             {"launch": f"{where} gate_up", "kernel": "fused MoE", "weights": weights["gate_up"]},
-             {"launch": f"{where} down", "kernel": "fused MoE", "weights": weights["down"]},
-             {"launch": f"{where} top-k sum", "kernel": "torch.sum", "weights": 0}]
-    return plan
+    return [{"launch": f"{where} {point} {part}", "kernel": kernel, "weights": weights.get(part, 0)}
+            for part, kernel in MOE_LAUNCHES]
 
 
 def moe_gemm_weights(smoke: bool) -> tuple[str, dict]:
@@ -145,11 +152,15 @@ def cuda_points(builds: list[CudaTileConfig]):
 
 
 def cuda_plan(builds: list[CudaTileConfig]) -> list[dict]:
-    """`launch_plan` for --cuda: cuda-w4a16 at the dense points' M, per build."""
+    """`launch_plan` for --cuda: cuda-w4a16 at the dense points' M, per build; with the presets
+    (no builds named) then cuda-w4a16-moe's call in each of CUDA_MOE_FORMATS."""
     n, k = dense_shape(False)
-    return [{"launch": f"cuda-w4a16 {n}x{k} M={m}",
-             "kernel": (build or cuda_choose(m, n, k)).label(), "weights": n * k}
-            for m, build in cuda_points(builds)]
+    dense = [{"launch": f"cuda-w4a16 {n}x{k} M={m}",
+              "kernel": (build or cuda_choose(m, n, k)).label(), "weights": n * k}
+             for m, build in cuda_points(builds)]
+    if builds:
+        return dense
+    return dense + [row for fmt in CUDA_MOE_FORMATS for row in moe_plan(f"cuda-w4a16-moe {fmt}")]
 
 
 def gated_dense(backend: str, m: int, device: str, cache: dict, **prepare_options):
@@ -169,6 +180,9 @@ def cuda_launches(device: str, builds: list[CudaTileConfig]):
     for m, build in cuda_points(builds):
         prepared = gated_dense("cuda-w4a16", m, device, cache, config=build)
         yield f"cuda-w4a16 {n}x{k} M={m} nvfp4 {prepared.info['config']}", prepared.call
+    if not builds:
+        for fmt in CUDA_MOE_FORMATS:
+            yield gated_moe_call("cuda-w4a16-moe", device, False, fmt)
 
 
 def dense_launches(device: str, smoke: bool):
@@ -184,16 +198,16 @@ def dense_launches(device: str, smoke: bool):
                    variant.prepared.call)
 
 
-def gated_moe_call(method: str, device: str, smoke: bool):
-    """(label, call) of MoE `method` at the MoE point, NVFP4, after its gate passed."""
+def gated_moe_call(method: str, device: str, smoke: bool, fmt: str = "nvfp4"):
+    """(label, call) of MoE `method` at the MoE point with `fmt` weights, after its gate passed."""
     model, batch, ids = moe_point(smoke)
     problem = moe_base.make_layer_problem(ids, model.experts, model.hidden,
-                                          model.moe_intermediate, "nvfp4", device)
+                                          model.moe_intermediate, fmt, device)
     call = get_moe(method).prepare(problem)
     gate = moe_base.check_call(call, problem)
     if not gate.ok:
-        raise SystemExit(f"{method} failed its gate: {gate.message}")
-    return f"{method} {model.key} B={batch} nvfp4 ({call.note})", call.call
+        raise SystemExit(f"{method} {fmt} failed its gate: {gate.message}")
+    return f"{method} {model.key} B={batch} {fmt} ({call.note})", call.call
 
 
 def moe_launch(device: str, smoke: bool):

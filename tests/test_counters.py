@@ -60,9 +60,9 @@ def test_findings_come_from_the_rows():
 def test_a_kernel_under_the_break_even_is_named_with_what_it_waits_on():
     profiles = [counters.read_counters(folder) for folder in (PROFILE, PEERS, CUDA)]
     bound = counters.instruction_bound(profiles, 4.27)
-    assert "(fp4lab's Triton kernels, humming and fp4lab's CUDA decode GEMM) run 2.9-5.0" in bound
+    assert "(fp4lab's Triton kernels, humming and fp4lab's CUDA kernels) run 2.9-5.0" in bound
     assert "6 of the 9 launches issue more than that" in bound
-    assert "The leanest, cuda\\-w4a16 8192x8192 M=1 (fp4lab's CUDA decode GEMM), issues 2.9 on 50%" in bound
+    assert "The leanest, cuda\\-w4a16 8192x8192 M=1 (fp4lab's CUDA kernels), issues 2.9 on 50%" in bound
     assert "long scoreboard 3.30 cycles" in bound and "waits on its global loads" in bound
     every = counters.instruction_bound([counters.read_counters(PEERS)], 4.27)   # humming alone
     assert "every launch issues more" in every and "the kernels' instructions" in every

@@ -174,7 +174,11 @@ def _scale(unit: str) -> float:
 
 
 # whose kernels a profile holds (run.json's "profiled"), as the page names them
-KIND_NAMES = {"fp4lab": "fp4lab's Triton kernels", "fp4lab-cuda": "fp4lab's CUDA decode GEMM"}
+KIND_NAMES = {"fp4lab": "fp4lab's Triton kernels", "fp4lab-cuda": "fp4lab's CUDA kernels"}
+# the MoE kernel a profile of each kind holds, named in full ("the fused MoE" elsewhere in the book
+# is the diagnosed path, which need not be the profiled kernel)
+MOE_NAMES = {"fp4lab": "fp4lab's Triton fused MoE (triton-w4a16-moe)",
+             "fp4lab-cuda": "fp4lab's CUDA fused MoE (cuda-w4a16-moe)"}
 
 
 def kind_name(profile: Counters) -> str:
@@ -305,9 +309,7 @@ def _profile_lines(profile: Counters, even: float | None) -> list[str]:
         glue = table[table["kernel"] == "torch"]
         extra = (f"; the torch kernels between its GEMMs take {text.us(glue['us'].sum())}" if len(glue) else "")
         name = profile.profiled
-        # named in full: "the fused MoE" elsewhere in the book is cuda-w4a16-moe, not this kernel
-        what = ("fp4lab's Triton fused MoE (triton-w4a16-moe)" if name == "fp4lab"
-                else f"{name[:1].upper()}{name[1:]}'s MoE GEMMs")
+        what = MOE_NAMES.get(name, f"{name[:1].upper()}{name[1:]}'s MoE GEMMs")
         lines.append(f"{what}: {parts}{extra}.")
     return lines
 
