@@ -203,7 +203,8 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
     """Markdown of the front page (included by intro.md): the diagnosis first, then the runs."""
     from fp4lab.analysis import decode
     from fp4lab.chapters import ch04_diagnosis as words
-    from fp4lab.chapters.ch01_gemm import SEED, SEED_NOTE
+    from fp4lab.analysis import gemm as gemm_analysis
+    from fp4lab.chapters.ch01_gemm import SEED_NOTE, seed_columns
     from fp4lab.plots.tables import html_table
 
     lines = []
@@ -219,7 +220,8 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
         if not d.smoke:
             lines += ["```{raw} html", words.glance_html(d), "```", ""]
         if len(d.seed):
-            seed = html_table(d.seed, SEED, caption=d.gemm.caption(
+            columns = seed_columns(gemm_analysis.seed_math_dtype(d.gemm, d.seed_backend))
+            seed = html_table(d.seed, columns, caption=d.gemm.caption(
                 f"The seed's table, measured, {d.seed_backend}: {SEED_NOTE}"))
             lines += ["```{raw} html", f'<div class="fp4lab-seed">{seed}</div>', "```", ""]
         facts = [line for line in (words.kernel_time_sentence(d), words.fp4_sentence(d),

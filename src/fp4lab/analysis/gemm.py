@@ -251,6 +251,13 @@ def seed_table(results: GemmResults, backend: str) -> pd.DataFrame:
                                        "% of measured peak", "regime"])
 
 
+def seed_math_dtype(results: GemmResults, backend: str) -> str | None:
+    """The math dtype whose peak `seed_table`'s "% of peak" columns divide `backend`'s TFLOP/s by
+    (bf16 for a weight-only FP4 kernel on Hopper); None when its rows hold none or several."""
+    dtypes = results.ok.loc[results.ok["backend"] == backend, "math_dtype"].dropna().unique()
+    return str(dtypes[0]) if len(dtypes) == 1 else None
+
+
 def seed_regimes(seed: pd.DataFrame) -> dict[str, Any] | None:
     """What a seed table says in one line: the largest M still bound by launches or memory and
     the best share of the measured math peak up to it; the first M where compute is a bound and

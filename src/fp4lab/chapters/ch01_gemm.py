@@ -26,10 +26,16 @@ AVAILABILITY = [Col("backend", "backend"), Col("weights", "weights"), Col("ok", 
                 Col("timeout", "timeout", "int")]
 CEILINGS = [Col("ceiling", "ceiling"), Col("measured", "measured here", "sig"), Col("spec", "spec sheet", "sig"),
             Col("how", "how it was measured (the probe's timer line)")]
-SEED = [Col("M", "M (tokens)", "int"), Col("TFLOP/s min", "TFLOP/s min", "sig"),
-        Col("TFLOP/s max", "TFLOP/s max", "sig"), Col("% of spec peak", "% of spec peak", "pct"),
-        Col("% of measured peak", "% of measured", "pct"), Col("regime", "regime")]
 SEED_NOTE = "TFLOP/s min/max over the swept shapes; % of its math peak at the best shape; regime: the largest floor"
+
+
+def seed_columns(math_dtype: str | None) -> list[Col]:
+    """The seed table's columns, its "% of peak" headers naming the peak (`analysis.seed_math_dtype`:
+    on Hopper a weight-only FP4 kernel runs bf16 MMAs, so its peak is bf16's, not an FP4 one)."""
+    peak = f"% of {math_dtype} peak" if math_dtype else "% of math peak"
+    return [Col("M", "M (tokens)", "int"), Col("TFLOP/s min", "TFLOP/s min", "sig"),
+            Col("TFLOP/s max", "TFLOP/s max", "sig"), Col("% of spec peak", f"{peak} (spec sheet)", "pct"),
+            Col("% of measured peak", f"{peak} (measured)", "pct"), Col("regime", "regime")]
 FASTEST = [Col("m", "M (tokens)", "int"), Col("backend", "fastest 4-bit method"),
            Col("cases won", "cases won (format x shape)"),
            Col("median speed-up vs bf16", "speed-up vs cuBLAS bf16 (median)", "ratio"),
@@ -446,7 +452,8 @@ def _seed(page, results, reference, profile: str) -> None:
     for which in (results, reference):
         backend = decode.seed_backend(which, config) if which is not None else None
         if backend:
-            page.html("seed", html_table(analysis.seed_table(which, backend), SEED, caption=which.caption(
+            columns = seed_columns(analysis.seed_math_dtype(which, backend))
+            page.html("seed", html_table(analysis.seed_table(which, backend), columns, caption=which.caption(
                 f"{backend}: of the GEMM backends that ran every M of the sweep, the one whose loop of "
                 f"expert GEMMs runs the {config.preset} layer fastest at B={config.decode_batch} (a "
                 f"decode-only kernel, whose table would stop at its largest M, is left out; chapter 04's "
