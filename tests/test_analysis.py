@@ -484,7 +484,7 @@ def test_the_fused_anatomy_reads_each_build_against_the_floor_and_the_build_befo
     assert row["read_floor_us"] == pytest.approx(1000.0) and row["load_rate_pct"] == pytest.approx(80.0)
     assert row["decode_added_us"] == pytest.approx(150.0) and row["mma_added_us"] == pytest.approx(400.0)
     assert row["load_share"] == pytest.approx(100 * 1250 / 1800)
-    assert row["layer_us"] == 1850.0 and row["layer_apart_pct"] == pytest.approx(100 * 50 / 1800)
+    assert row["layer_us"] == 1850.0 and row["layer_apart_pct"] == pytest.approx(100 * 50 / 1850)
     zipf = moe_row("cuda-w4a16-moe", "layer", 512, 9000.0, weight_dtype="fp4", kind="layer", fmt="nvfp4",
                    weight_bytes=4e9)
     run.append_rows("moe", [{**zipf, "routing": "zipf:1.2"}])
@@ -546,9 +546,9 @@ def test_the_kernel_time_sentence_says_what_the_diagnosed_calls_own_builds_measu
     d, sentence = diagnosed(tmp_path / "old", builds)
     assert d.chosen_anatomy["load"] == 1250.0 and d.chosen_anatomy["fmt"] == d.chosen["fmt"]
     # the parts add up to the whole the worker timed: 1.25 + 0.15 + 0.40 = 1.80 ms
-    assert ("the call took 1.80 ms in the worker that timed each build: its loads alone 1.25 ms (the weights at 80% "
-            "of the copy bandwidth), then decoding them (+150 us) and the MMAs (+400 us), which run after the "
-            "loads") in sentence
+    assert (f"where it took 1.80 ms against the layer table's {text.us(d.chosen['layer_us'])}: its loads alone "
+            "1.25 ms (the weights at 80% of the copy bandwidth), then decoding them (+150 us) and the MMAs "
+            "(+400 us), which run after the loads") in sentence
     assert "did not time them without the weights' read" in sentence and "copy bandwidth would" not in sentence
     bound_lever = d.levers[d.levers["kind"] == "bound"].iloc[0]      # no math build: the plain bound
     assert bound_lever["lever"] == "cuda-w4a16-moe at its weight-read floor" and bound_lever["basis"] == decode.BOUND

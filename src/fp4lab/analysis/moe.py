@@ -257,7 +257,7 @@ def fused_anatomy(results: MoeResults) -> pd.DataFrame:
                         & results.ok["routing"].isin(ok["routing"].unique())]     # as dissected
     layer_us = layers.groupby(point)["median_us"].median()
     wide["layer_us"] = [layer_us.get(tuple(key), np.nan) for key in wide[point].itertuples(index=False)]
-    wide["layer_apart_pct"] = 100 * (wide["layer_us"] / wide["full"] - 1).abs()
+    wide["layer_apart_pct"] = 100 * (wide["full"] / wide["layer_us"] - 1).abs()   # of the table's time
     return wide[FUSED_ANATOMY_COLUMNS].sort_values(point).reset_index(drop=True)
 
 

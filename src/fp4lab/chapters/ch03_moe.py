@@ -214,10 +214,11 @@ def fused_anatomy_findings(table, decode_batch: int) -> list[str]:
     lines = [head]
     if row["layer_apart_pct"] > SAME_CALL_SPREAD_PCT:                 # False where NaN
         lines.append(f"The sweep's layer table times the same call at the same point at "
-                     f"{text.us(row['layer_us'])}, in its own worker: "
-                     f"{text.pct(row['layer_apart_pct'])} apart, the spread between two processes "
-                     f"timing one call. Read this section's increments, each timed beside the others "
-                     f"in one worker, rather than its totals.")
+                     f"{text.us(row['layer_us'])}, in its own worker; this worker's {text.us(row['full'])} is "
+                     f"{text.pct(row['layer_apart_pct'])} off it, the spread between two processes timing "
+                     f"one call (near the power limit their bursts can run at different clocks: chapter "
+                     f"02). Read this section's increments, each timed beside the others in one worker, "
+                     f"rather than its totals.")
     lines += overlap_findings(row, analysis.math_in_other_format(table, row))
     if row["load_rate_pct"] < 80:
         lines.append(f"Even alone the loads reach {text.pct(row['load_rate_pct'])} of the copy bandwidth: "
@@ -227,7 +228,7 @@ def fused_anatomy_findings(table, decode_batch: int) -> list[str]:
                      "build is its own compilation (registers, warps an SM), so its increments are not "
                      "strict costs.")
     for other in table.drop(index=row.name).itertuples(index=False):
-        elsewhere = (f" (the layer table: {text.us(other.layer_us)}, {text.pct(other.layer_apart_pct)} apart)"
+        elsewhere = (f" (the layer table: {text.us(other.layer_us)}, {text.pct(other.layer_apart_pct)} off it)"
                      if other.layer_apart_pct > SAME_CALL_SPREAD_PCT else "")
         alone = ("" if text.is_missing(other.compute) else
                  f"; without the weights' read {text.us(other.compute)} ({text.ratio(other.math_to_load)} "

@@ -115,11 +115,11 @@ def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
         return (head + f": at its weight-read floor the layer would run {text.ratio(1 / v['explained'])} faster "
                 "(what such time is made of: chapter 01, the anatomy of fp4lab's own kernels and the hardware "
                 "counters of the kernels profiled).")
-    dissected = (f": dissected at this point (chapter 03), the call took {text.us(a['full'])} in the worker "
-                 f"that timed each build: its loads alone {text.us(a['load'])} (the weights at "
-                 f"{text.pct(a['load_rate_pct'])} of the copy bandwidth), then decoding them "
-                 f"({text.signed_us(a['decode_added_us'])}) and the MMAs ({text.signed_us(a['mma_added_us'])}), "
-                 "which run after the loads rather than under them")
+    dissected = (f". What that time is made of, from the call dissected in its own worker (chapter 03), "
+                 f"where it took {text.us(a['full'])} against the layer table's {text.us(path['layer_us'])}: "
+                 f"its loads alone {text.us(a['load'])} (the weights at {text.pct(a['load_rate_pct'])} of the "
+                 f"copy bandwidth), then decoding them ({text.signed_us(a['decode_added_us'])}) and the MMAs "
+                 f"({text.signed_us(a['mma_added_us'])}), which run after the loads rather than under them")
     math = decode.math_alone(a)
     if math is None:
         return (head + dissected + "; hidden under the loads they would take the layer toward its loads-only "
@@ -312,16 +312,31 @@ def seed_sentence(d: decode.Diagnosis) -> str:
     """The seed's table in one sentence: the table itself is on the front page and in chapter 01
     (one table, not three copies of it)."""
     regimes = gemm_analysis.seed_regimes(d.seed)
+    peak = f"{dtype} peak" if (dtype := gemm_analysis.seed_math_dtype(d.gemm, d.seed_backend)) else "math peak"
     parts = []
     if regimes["memory_until"] is not None:
         parts.append(f"up to M = {regimes['memory_until']} its GEMMs are bound by launches and memory, "
-                     f"at most {text.pct(regimes['memory_best_pct'])} of the measured math peak")
+                     f"at most {text.pct(regimes['memory_best_pct'])} of the measured {peak}")
     if regimes["compute_from"] is not None:
-        parts.append(f"from M = {regimes['compute_from']} compute is a bound too, at most "
-                     f"{text.pct(regimes['compute_best_pct'])} of that peak (M = {regimes['compute_best_m']})")
-    return (f"The seed's table for this GPU, {text.md(d.seed_backend)} (its GEMM-sweep times model a loop "
-            f"of expert GEMMs fastest at decode), is on the front page and in chapter 01: "
-            + "; ".join(parts) + ".")
+        parts.append(f"from M = {regimes['compute_from']} the compute floor is the largest at some shapes, "
+                     f"and it reaches at most {text.pct(regimes['compute_best_pct'])} of that peak "
+                     f"(M = {regimes['compute_best_m']})")
+    return (f"The seed's table for this GPU, {text.md(d.seed_backend)} ({seed_why(d.seed_loop)}), is on the "
+            f"front page and in chapter 01: " + "; ".join(parts) + ".")
+
+
+def seed_why(loop: dict | None) -> str:
+    """Why the seed's table is this backend's: its modelled loop of expert GEMMs, the fastest of
+    the backends that ran every M, and the MoE sweep's own timing of that loop where it has one
+    (the one the paths table shows)."""
+    if loop is None:
+        return "its GEMM-sweep times model a loop of expert GEMMs fastest at decode"
+    why = (f"its GEMM-sweep times model a loop of expert GEMMs at {text.us(loop['modelled_us'])}, the fastest "
+           "of the backends that ran every M")
+    if loop["measured_us"] is not None:
+        why += (f"; the MoE sweep timed that loop itself, launches between its GEMMs included, at "
+                f"{text.us(loop['measured_us'])} ({loop['measured_fmt']}), the time the paths below show")
+    return why
 
 
 def elsewhere(page, d: decode.Diagnosis) -> None:
