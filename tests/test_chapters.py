@@ -278,7 +278,7 @@ def test_chapter_03_dissects_the_fused_kernel_from_its_builds(tmp_path):
     page = ch03_moe.build(str(run.path), "none", "full", "cpu")
     assert [block.kind for block in page.sections["anatomy"]] == ["figure", "markdown"]
     said = page_text(page, "anatomy")
-    assert ("take 1.25 ms (69% of that), reading the weights at 80% of the copy bandwidth (their read "
+    assert ("take 1.25 ms (69% of this worker's call), reading the weights at 80% of the copy bandwidth (their read "
             "floor is 1.00 ms); decoding them brings it to 1.40 ms (+150 us), the MMAs with the "
             "epilogue to 1.80 ms (+400 us)") in said
     assert "add 550 us after the loads" in said and "its loads-only time, 1.25 ms in this worker" in said

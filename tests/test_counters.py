@@ -36,7 +36,7 @@ def test_findings_come_from_the_rows():
     assert ours.issue_slots_per_ns == pytest.approx(132 * 4 * 1.98)      # from ncu's device attributes
     bound, dense, moe, peer_dense, peer_moe = counters.counters_findings([ours, humming], 4.24)
     assert "4.0 instructions per weight" in dense and "49% of cycles" in dense and "11% of warp" in dense
-    assert "39% of peak" in dense and "reaches 69%" in dense
+    assert "39% of Nsight Compute's DRAM peak" in dense and "reaches 69%" in dense
     # 4.0 instructions per weight is under the 4.4 at which issuing takes the read time: no claim
     assert "set its time" not in dense
     assert "its instructions, not its bytes, set its time" in peer_dense     # 4.7 >= 4.4

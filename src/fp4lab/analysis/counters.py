@@ -288,7 +288,8 @@ def _profile_lines(profile: Counters, even: float | None) -> list[str]:
                 f"({full['warp_instructions'] / 1e6:.1f} M warp instructions), issued on "
                 f"{text.pct(full['issue_pct'])} of cycles with {text.pct(full['warps_active_pct'])} of warp "
                 f"slots occupied ({int(full['registers'])} registers a thread); stall cycles per "
-                f"instruction: {full['stalls']}. It reads DRAM at {text.pct(full['dram_pct'])} of peak")
+                f"instruction: {full['stalls']}. It reads DRAM at {text.pct(full['dram_pct'])} of Nsight "
+                "Compute's DRAM peak")
         if stream is not None:
             line += f", where the stream of the same bytes reaches {text.pct(stream['dram_pct'])}"
         # at every issue slot, and at the issue rate measured, the instructions alone take this long
@@ -304,7 +305,7 @@ def _profile_lines(profile: Counters, even: float | None) -> list[str]:
     moe = table[table["kernel"].str.contains("MoE", regex=False)]
     if len(moe):
         parts = "; ".join(f"{text.md(r.launch)} {text.us(r.us)}, {r.instr_per_weight:.1f} instructions per "
-                          f"weight issued on {text.pct(r.issue_pct)} of cycles, DRAM {text.pct(r.dram_pct)}, "
+                          f"weight issued on {text.pct(r.issue_pct)} of cycles, DRAM {text.pct(r.dram_pct)} of its peak, "
                           f"L2 traffic {r.l2_over_dram:.1f}x its DRAM bytes" for r in moe.itertuples())
         glue = table[table["kernel"] == "torch"]
         extra = (f"; the torch kernels between its GEMMs take {text.us(glue['us'].sum())}" if len(glue) else "")

@@ -162,7 +162,8 @@ def findings(power: analysis.RunPower, at_decode: dict | None = None, own: dict 
                          f"{SEED_POWER['watts']} W of {SEED_POWER['tdp_w']} W ({text.pct(100 * seed)}) at decode.")
         if own is not None:      # chapter 04's sentence: the fused layer is not the single GEMM above
             from fp4lab.chapters.ch04_diagnosis import own_power_sentence
-            lines.append(own_power_sentence(own))
+            lines.append(own_power_sentence(own) + " That window is the energy counter over the path's own "
+                         "replays, not one of the sampled readings above, whose timeline it need not fall in.")
         lines.append(f"At M = {points['largest_m']} it draws {text.sig(points['largest_w'])} W"
                      f"{_of_limit(points['largest_w'], power.power_limit_w)}.")
         if "best" in points:

@@ -86,7 +86,9 @@ def fill(context: Context, config: MoeSweep, results: analysis.MoeResults, targe
                                           config.steps, config.seed)
     routing_note = f"{model.name}, E={model.experts}, top-{model.top_k}, {config.routing} routing, {config.steps} steps"
     page.figure("loads", figures.loads(loads, table), f"routing model (no measurement): {routing_note}")
-    page.html("loads", html_table(table, STATS, caption=f"routing model: {routing_note}"))
+    page.html("loads", html_table(table, STATS, caption=(
+        f"routing model: {routing_note}; an EP row splits the same B tokens over its ranks (the expert-"
+        "parallel measurement further down gives each GPU its own B instead)")))
     if not len(results.frame):
         page.note("measured", "This run holds no MoE rows for this preset (measure is off, or the sweep "
                               "did not run).", "warning")
@@ -206,7 +208,7 @@ def fused_anatomy_findings(table, decode_batch: int) -> list[str]:
     head = (f"At B={int(row['batch'])} ({text.md(row['fmt'])}) {text.code(row['method'])} takes "
             f"{text.us(row['full'])} a layer in this worker. Its loads alone (the FP4 weights, their "
             f"block scales and the staged activations, nothing decoded or multiplied) take "
-            f"{text.us(row['load'])} ({text.pct(row['load_share'])} of that), reading the weights at "
+            f"{text.us(row['load'])} ({text.pct(row['load_share'])} of this worker's call), reading the weights at "
             f"{text.pct(row['load_rate_pct'])} of the copy bandwidth (their read floor is "
             f"{text.us(row['read_floor_us'])}); decoding them brings it to {text.us(row['decode'])} "
             f"({text.signed_us(row['decode_added_us'])}), the MMAs with the epilogue to {text.us(row['full'])} "

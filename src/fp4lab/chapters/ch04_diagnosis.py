@@ -409,7 +409,8 @@ def glance_html(d: decode.Diagnosis) -> str:
     best = (d.fp4 or {}).get("best")
     others = [(dtype, d.fp4[dtype]) for dtype in ("bf16", "fp8") if best is not None and d.fp4.get(dtype)]
     if others:
-        facts[f"fastest FP4 vs {' / '.join(dtype for dtype, _ in others)}"] = (
+        # at the decode batch: a lever at another batch may favour another dtype (fp8 at 2048)
+        facts[f"fastest FP4 layer at B={d.config.decode_batch} vs {' / '.join(dtype for dtype, _ in others)}"] = (
             " / ".join(text.as_fast(best["layer_us"], other["layer_us"]).removesuffix(" as fast as")
                        for _, other in others) + " as fast")
     numbers = ('<p class="fp4lab-facts" style="margin:0.4em 0;font-size:0.9em">'

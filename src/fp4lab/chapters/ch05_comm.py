@@ -151,7 +151,10 @@ def findings(study: analysis.LayoutStudy) -> list[str]:
         # one rank: each collective is a copy inside one GPU, a floor of the call, not a cost of spreading
         lines.append(f"On {device} every collective ran at one rank, a copy inside one GPU: "
                      f"{text.md(smallest['op'])} at {smallest['tokens']} tokens takes {text.us(smallest['us'])} "
-                     f"({text.md(smallest['backend'])}), the call's own floor.")
+                     f"({text.md(smallest['backend'])}) a call, the call's own floor"
+                     + (f" ({smallest['calls_per_sample']} calls back to back in each timed sample, so "
+                        "they share the launch and timer cost that chapter 01's launch floor puts on a "
+                        "single kernel)." if (smallest["calls_per_sample"] or 1) > 1 else "."))
     elif smallest:
         lines.append(f"On {device} the cheapest collective measured is {text.md(smallest['op'])} at "
                      f"{smallest['world_size']} rank(s), {smallest['tokens']} tokens: {text.us(smallest['us'])} "
