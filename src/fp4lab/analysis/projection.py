@@ -32,10 +32,12 @@ from fp4lab.moe import presets, routing
 from fp4lab.roofline import operand_bytes
 
 LABEL = "projection from spec sheets, not a measurement"
-# one kernel launched from a CUDA graph: the H200's empty-kernel replay (benchmarks/NOTES.md, call 4)
-DEFAULT_LAUNCH_US = 2.39
-DEFAULT_LAUNCH_SOURCE = ("default: the H200's measured graph-replay launch floor (benchmarks/NOTES.md "
-                         "call 4), not measured on this GPU")
+# one kernel launched from a CUDA graph: the H200's empty-kernel replay in the reference run
+# (results/reference/20261203T1155Z-h200-full, run.json ceilings.measured.launch_us: 1.984 us), the
+# value the reference pages use, so a run without its own launch time projects with the same floor
+DEFAULT_LAUNCH_US = 1.98
+DEFAULT_LAUNCH_SOURCE = ("default: the H200's measured graph-replay launch floor (reference run "
+                         "20261203T1155Z-h200-full), not measured on this GPU")
 # A grouped FP4 MoE layer (FlashInfer's cutlass_fused_moe, for one): route/permute, quantize the
 # activations, gate_up grouped GEMM, SiLU*up (re-quantized), down grouped GEMM, finalize (the
 # weighted sum back to token order).
