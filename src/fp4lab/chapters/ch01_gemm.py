@@ -32,10 +32,10 @@ SEED_NOTE = "TFLOP/s min/max over the swept shapes; % of its math peak at the be
 def seed_columns(math_dtype: str | None) -> list[Col]:
     """The seed table's columns, its "% of peak" headers naming the peak (`analysis.seed_math_dtype`:
     on Hopper a weight-only FP4 kernel runs bf16 MMAs, so its peak is bf16's, not an FP4 one)."""
-    peak = f"% of {math_dtype} peak" if math_dtype else "% of math peak"
+    peak = f"% of {math_dtype}" if math_dtype else "% of peak"     # short: one header line
     return [Col("M", "M (tokens)", "int"), Col("TFLOP/s min", "TFLOP/s min", "sig"),
-            Col("TFLOP/s max", "TFLOP/s max", "sig"), Col("% of spec peak", f"{peak} (spec sheet)", "pct"),
-            Col("% of measured peak", f"{peak} (measured)", "pct"), Col("regime", "regime")]
+            Col("TFLOP/s max", "TFLOP/s max", "sig"), Col("% of spec peak", f"{peak} spec", "pct"),
+            Col("% of measured peak", f"{peak} here", "pct"), Col("regime", "regime")]
 FASTEST = [Col("m", "M (tokens)", "int"), Col("backend", "fastest 4-bit method"),
            Col("cases won", "cases won (format x shape)"),
            Col("median speed-up vs bf16", "speed-up vs cuBLAS bf16 (median)", "ratio"),

@@ -393,8 +393,9 @@ def glance_html(d: decode.Diagnosis) -> str:
     largest levers (every value from the diagnosis, none computed here)."""
     from fp4lab.plots.tables import html_table
 
-    facts = {f"tokens per expert, B={d.config.decode_batch}":
-             f"{text.sig(d.load['mean_m'])} mean, {text.sig(d.load['busiest_m'])} busiest"}
+    # the decode batch leads: every fact on the line is at it (a lever below may be at another)
+    facts = {f"At B={d.config.decode_batch}":
+             f"{text.sig(d.load['mean_m'])} tokens per expert ({text.sig(d.load['busiest_m'])} busiest)"}
     # the diagnosed layer's own window before the decode GEMMs'; a capped one the verdict states
     if d.chosen_power and not d.chosen_power["capped"]:
         p = d.chosen_power
@@ -410,7 +411,7 @@ def glance_html(d: decode.Diagnosis) -> str:
     others = [(dtype, d.fp4[dtype]) for dtype in ("bf16", "fp8") if best is not None and d.fp4.get(dtype)]
     if others:
         # at the decode batch: a lever at another batch may favour another dtype (fp8 at 2048)
-        facts[f"fastest FP4 layer at B={d.config.decode_batch} vs {' / '.join(dtype for dtype, _ in others)}"] = (
+        facts[f"best FP4 vs {' / '.join(dtype for dtype, _ in others)}"] = (
             " / ".join(text.as_fast(best["layer_us"], other["layer_us"]).removesuffix(" as fast as")
                        for _, other in others) + " as fast")
     numbers = ('<p class="fp4lab-facts" style="margin:0.4em 0;font-size:0.9em">'
