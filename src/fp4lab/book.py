@@ -201,9 +201,8 @@ def _cause(log: str) -> str:
 
 def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> str:
     """Markdown of the front page (included by intro.md): the diagnosis first, then the runs."""
-    from fp4lab.analysis import decode
+    from fp4lab.analysis import decode, gemm as gemm_analysis
     from fp4lab.chapters import ch04_diagnosis as words
-    from fp4lab.analysis import gemm as gemm_analysis
     from fp4lab.chapters.ch01_gemm import SEED_NOTE, seed_columns
     from fp4lab.plots.tables import html_table
 

@@ -47,9 +47,8 @@ def figure_png(fig) -> str:
 
 
 def share_html(run: RunDir, profile: str = "full") -> str:
-    from fp4lab.analysis import decode
+    from fp4lab.analysis import decode, gemm as gemm_analysis
     from fp4lab.chapters import ch04_diagnosis as words
-    from fp4lab.analysis import gemm as gemm_analysis
     from fp4lab.chapters.ch01_gemm import SEED_NOTE, seed_columns
     from fp4lab.plots import diagnosis as figures
     from fp4lab.plots.tables import html_table

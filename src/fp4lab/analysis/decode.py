@@ -273,15 +273,13 @@ def seed_backend(gemm: gemm_analysis.GemmResults | None, config: DiagnosisConfig
 
 
 def seed_loop(gemm: gemm_analysis.GemmResults | None, paths: pd.DataFrame, backend: str | None,
-              config: DiagnosisConfig) -> dict[str, Any] | None:
+              model: presets.ModelPreset, load: dict) -> dict[str, Any] | None:
     """What made `backend` the seed's: its modelled loop of expert GEMMs at decode ("modelled_us",
     from its GEMM times, the layer model's basis), and where the MoE sweep timed that loop itself
     ("measured_us", "measured_fmt": its fastest format; the paths table shows the measurement, so
     without it a reader finds a faster-looking loop there). None without a backend or a model."""
     if gemm is None or backend is None:
         return None
-    model = presets.get(config.preset)
-    load = moe_analysis.tokens_per_expert(model, config.decode_batch, config.routing, config.steps, config.seed)
     loop = loop_layer_us(gemm.ok, backend, model, load) if not (model.scaled or gemm.view.is_smoke) else None
     if loop is None:
         return None
@@ -794,7 +792,7 @@ def diagnose(run_dir: str | RunDir, config: DiagnosisConfig) -> Diagnosis:
         verdict=verdict(chosen, power_now, config) if chosen and not run_view.is_smoke else None,
         decode_power=power_now, seed_backend=seed_backend_name,
         seed=gemm_analysis.seed_table(gemm, seed_backend_name) if seed_backend_name else pd.DataFrame(),
-        seed_loop=seed_loop(gemm, paths, seed_backend_name, config),
+        seed_loop=seed_loop(gemm, paths, seed_backend_name, model, load),
         fp4=fp4, levers=levers(paths, chosen, fp4, concurrency, ep, graphs, config.decode_batch,
                                concurrency_basis=basis, ep_basis=ep_basis, backend=seed_backend_name,
                                ep_fastest=fastest_ep(moe, chosen, config, comm),
