@@ -127,4 +127,4 @@ def smallest_time(study_: LayoutStudy) -> dict | None:
     return {"op": row["op"], "world_size": int(row["world_size"]), "tokens": int(row["tokens"]),
             "us": float(row["median_us"]), "backend": row["backend"],
             # back-to-back calls a timed sample held: they share one sample's launch and events
-            "calls_per_sample": int(calls) if calls is not None and calls == calls else None}
+            "calls_per_sample": int(calls) if pd.notna(calls) else None}
