@@ -58,6 +58,17 @@ def test_chapters_03_and_04_state_the_same_layer_times(reference_copy):
     assert "grouped-bf16" in page_text(diagnosis_page, "paths") and ratio == text.ratio(grouped)
 
 
+def test_chapter_01_seed_caption_states_chapter_04s_modelled_loop(reference_copy):
+    """Chapter 01's seed table says why it is this backend's with the same modelled loop time
+    chapter 04's seed sentence gives (computed once, `decode.seed_loop`)."""
+    from fp4lab.chapters import ch01_gemm
+
+    caption = page_text(ch01_gemm.build(str(reference_copy), "none", "full", "cpu"), "seed").replace("\\", "")
+    said = page_text(ch04_diagnosis.build(str(reference_copy), "none", "full", "cpu"), "seed").replace("\\", "")
+    assert "model a loop of expert GEMMs at 5.06 ms" in said
+    assert "runs the glm-5 layer fastest at B=512, 5.06 ms modelled from its GEMM times (a" in caption
+
+
 def test_chapter_04_says_which_points_never_reached_the_gate(reference_copy):
     """"No point failed the correctness gate" beside chapter 01's "gemlite-w4a16 error x21" read
     as a contradiction: the page names the points that stopped before the gate."""

@@ -272,6 +272,16 @@ def seed_backend(gemm: gemm_analysis.GemmResults | None, config: DiagnosisConfig
     return layer_backend(gemm, model, load)
 
 
+def seed_modelled_us(gemm: gemm_analysis.GemmResults | None, backend: str | None,
+                     config: DiagnosisConfig) -> float | None:
+    """`backend`'s modelled loop of expert GEMMs for the diagnosed layer (`seed_loop`'s
+    "modelled_us"), for the pages that show the seed table without the diagnosis."""
+    model = presets.get(config.preset)
+    load = moe_analysis.tokens_per_expert(model, config.decode_batch, config.routing, config.steps, config.seed)
+    loop = seed_loop(gemm, pd.DataFrame(), backend, model, load)
+    return loop["modelled_us"] if loop else None
+
+
 def seed_loop(gemm: gemm_analysis.GemmResults | None, paths: pd.DataFrame, backend: str | None,
               model: presets.ModelPreset, load: dict) -> dict[str, Any] | None:
     """What made `backend` the seed's: its modelled loop of expert GEMMs at decode ("modelled_us",

@@ -453,9 +453,11 @@ def _seed(page, results, reference, profile: str) -> None:
         backend = decode.seed_backend(which, config) if which is not None else None
         if backend:
             columns = seed_columns(analysis.seed_math_dtype(which, backend))
+            modelled = decode.seed_modelled_us(which, backend, config)
+            at = f", {text.us(modelled)} modelled from its GEMM times" if modelled is not None else ""
             page.html("seed", html_table(analysis.seed_table(which, backend), columns, caption=which.caption(
                 f"{backend}: of the GEMM backends that ran every M of the sweep, the one whose loop of "
-                f"expert GEMMs runs the {config.preset} layer fastest at B={config.decode_batch} (a "
+                f"expert GEMMs runs the {config.preset} layer fastest at B={config.decode_batch}{at} (a "
                 f"decode-only kernel, whose table would stop at its largest M, is left out; chapter 04's "
                 f"GEMM-loop model and decode power read it; the fastest layer path there may be a fused "
                 f"MoE kernel); {SEED_NOTE}")))
