@@ -30,7 +30,7 @@ import h200_kernels as kernels  # noqa: E402  (Run, the ceilings, the models' we
 
 from fp4lab import bench  # noqa: E402
 from fp4lab.backends.moe import base as moe_base, get as get_moe  # noqa: E402
-from fp4lab.backends.moe.cuda_fused import CudaMoeConfig, choose_moe_config  # noqa: E402
+from fp4lab.backends.moe.cuda_fused import CHUNK_CHOICES, CudaMoeConfig, choose_moe_config  # noqa: E402
 from fp4lab.backends.moe.triton_fused import CALL_PARTS  # noqa: E402
 from fp4lab.moe import routing  # noqa: E402
 
@@ -79,6 +79,16 @@ LARGE_GRID = (CudaMoeConfig(warps=8, row_tiles=2, ntiles=8, chunk=4, depth=4, we
 MORE_WARPS_GRID = (CudaMoeConfig(warps=8, row_tiles=2, chunk=4, depth=2, weights="shared", min_ctas=4),
                    CudaMoeConfig(warps=8, chunk=4, depth=2, weights="shared", min_ctas=4),
                    CudaMoeConfig(depth=2))
+# One CTA barrier a chunk instead of two (`--grid buffers`): Nsight Compute on the H100 (call 123)
+# read the preset's warps issuing on ~60% of cycles, barrier and long-scoreboard the top stalls.
+# Three staged buffers drop the barrier that frees a buffer; twice the chunk halves both barriers
+# (and fits fewer CTAs an SM). Each beside the preset it varies, every build dissected.
+def buffer_variants(preset: CudaMoeConfig) -> list[CudaMoeConfig]:
+    wider = min(2 * preset.chunk, CHUNK_CHOICES[-1])
+    return [dataclasses.replace(preset, buffers=3), dataclasses.replace(preset, chunk=wider),
+            dataclasses.replace(preset, chunk=wider, buffers=3)]
+
+
 LARGE_PAIRS = 32         # mean pairs an expert over which the first point's grid is LARGE_GRID
 ANATOMY = ("load", "decode", "mma", "compute")   # MOE_STAGES timed beside the fastest builds
 SMOKE_POINTS = (("glm-5", 16),)
@@ -166,6 +176,8 @@ def first_point_builds(preset: CudaMoeConfig, mean_pairs: float, grid_name: str 
     (or the named one)."""
     if grid_name == "more-warps":
         grid = MORE_WARPS_GRID
+    elif grid_name == "buffers":
+        grid = buffer_variants(preset)
     else:
         grid = LARGE_GRID + GRID[:1] if mean_pairs > LARGE_PAIRS else GRID
     return [preset] + [config for config in grid if config != preset]
@@ -191,8 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--formats", default="nvfp4,mxfp4")
     parser.add_argument("--points", default=",".join(f"{m}:{b}" for m, b in POINTS),
                         help="model:batch,... (the first is where every build and the anatomy run)")
-    parser.add_argument("--grid", default="default", choices=("default", "more-warps"),
-                        help="more-warps: MORE_WARPS_GRID at the first point, every build dissected")
+    parser.add_argument("--grid", default="default", choices=("default", "more-warps", "buffers"),
+                        help="more-warps: MORE_WARPS_GRID at the first point; buffers: the preset's "
+                             "buffer_variants; either with every build dissected")
     parser.add_argument("--smoke", action="store_true", help="the scaled CPU stand-in")
     args = parser.parse_args(argv)
     points = SMOKE_POINTS if args.smoke else parse_points(args.points)     # before any GPU work
@@ -219,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             configs = first_point_builds(preset, pairs / model.experts, args.grid) if index == 0 \
                 else [preset] + [c for c in ranked[:3] if c != preset]
             found = probe_point(run, model, batch, fmt, weights_for[model.key], configs,
-                                anatomy=index == 0, dissect_every=args.grid == "more-warps")
+                                anatomy=index == 0, dissect_every=args.grid != "default")
             ranked = ranked or found
     return 0
 

@@ -96,6 +96,23 @@ def test_the_shared_weight_ring_is_sized_a_warp_a_k_group_a_row_tile():
     assert "shared memory" in CudaMoeConfig(**wide, weights="shared").reason(4096, 8192, "x")
 
 
+def test_three_staged_buffers_take_a_third_more_staging_and_build_with_one_barrier_a_chunk():
+    two = CudaMoeConfig(warps=8, row_tiles=2, chunk=4, depth=2, weights="shared", min_ctas=3)
+    three = CudaMoeConfig(warps=8, row_tiles=2, chunk=4, depth=2, weights="shared", min_ctas=3,
+                          buffers=3)
+    staged = 32 * (2 * 256 + 16)
+    assert three.shared_bytes - two.shared_bytes == staged
+    assert 3 * three.shared_bytes < 228 * 1024                  # still three CTAs an SM
+    assert three.label() == "cuda w8 r2 m32 c4x3 d2 smem b3 pdl-all"
+    assert two.label() == "cuda w8 r2 m32 c4 d2 smem b3 pdl-all"
+    assert "-DBUFFERS=3" in build(three, "nvfp4", gate_up=True)[1]
+    assert "-DBUFFERS=2" in build(two, "mxfp4", gate_up=False)[1]
+    with pytest.raises(ValueError, match="buffers must be one of"):
+        CudaMoeConfig(buffers=4)
+    source, _ = build(three, "nvfp4", gate_up=True)
+    assert "#if BUFFERS == 2\n            __syncthreads();" in source
+
+
 @pytest.mark.parametrize("ntiles", [2, 4, 8])
 def test_the_generated_wgmma_code_has_one_step_a_width(ntiles):
     """One wgmma_step overload a width: m64nNk16 with N/2 accumulators, the four A registers
@@ -255,6 +272,14 @@ RING_BUILDS = [CudaMoeConfig(warps=4, ntiles=4, chunk=4, depth=2, min_ctas=2, ov
                              mma="async", mma_depth=2, weights="shared"),
                CudaMoeConfig(warps=4, ntiles=8, chunk=4, depth=4, min_ctas=None, overlap="tail",
                              mma="async", weights="shared")]
+# three staged buffers (one barrier a chunk) over 4-8 chunks, so that every buffer is refilled:
+# weights in the ring, in registers with two row tiles a warp, and the async build
+THREE_BUFFER_BUILDS = [CudaMoeConfig(warps=4, ntiles=4, chunk=2, depth=2, min_ctas=2, overlap="all",
+                                     weights="shared", buffers=3),
+                       CudaMoeConfig(warps=4, row_tiles=2, ntiles=4, chunk=1, depth=1,
+                                     min_ctas=None, overlap="off", buffers=3),
+                       CudaMoeConfig(warps=8, ntiles=4, chunk=2, depth=2, min_ctas=2, overlap="all",
+                                     mma="async", buffers=3)]
 SMALL_BUILDS = [CudaMoeConfig(warps=4, ntiles=2, chunk=4, depth=2, min_ctas=None, overlap="off"),
                 CudaMoeConfig(warps=4, ntiles=4, chunk=4, depth=4, min_ctas=2, overlap="tail"),
                 CudaMoeConfig(warps=2, ntiles=8, chunk=2, depth=1, min_ctas=None, overlap="all"),
@@ -265,7 +290,7 @@ SMALL_BUILDS = [CudaMoeConfig(warps=4, ntiles=2, chunk=4, depth=2, min_ctas=None
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-@pytest.mark.parametrize("config", SMALL_BUILDS + ASYNC_BUILDS + RING_BUILDS,
+@pytest.mark.parametrize("config", SMALL_BUILDS + ASYNC_BUILDS + RING_BUILDS + THREE_BUFFER_BUILDS,
                          ids=lambda c: c.label())
 def test_fused_moe_passes_the_gate(fmt, config):
     """A busy expert over several work items (40 pairs against items of 16-64), idle experts,

@@ -17,9 +17,12 @@
 // read serves ROW_TILES tiles).
 // No split-K: an expert's many row tiles fill the GPU, so no reduction and no workspace.
 // The activation rows (gathered by token for gate_up, the item's own rows of the intermediate for
-// down) are staged in shared memory by cp.async, CHUNK k-groups at a time, double-buffered: the
+// down) are staged in shared memory by cp.async, CHUNK k-groups at a time, in BUFFERS buffers: the
 // next chunk is copied while the warps multiply this one, and every warp of the CTA reads them
-// (ldmatrix), so each weight row tile costs 1/WARPS of a staging.
+// (ldmatrix), so each weight row tile costs 1/WARPS of a staging. Two buffers take two CTA
+// barriers a chunk (its copies visible; its buffer free again); with three the first alone does
+// both, since a thread that passed chunk c's barrier refills chunk c - 2's buffer, which every
+// warp left before arriving there (CudaMoeConfig.buffers: one wait for the slowest warp a chunk).
 //   - gate_up: prepare interleaves each expert's rows so that row tile r holds gate rows 8r..8r+7
 //     (the MMA's rows g) over up rows 8r..8r+7 (rows g+8): a lane's c0/c1 and c2/c3 are gate and
 //     up of one intermediate column, so the SiLU-and-multiply is done in registers and act [P, I]
@@ -65,6 +68,9 @@
 #define CHUNK_K (64 * CHUNK)         // k a staged chunk
 #define ROW_BYTES (2 * CHUNK_K + 16) // a staged row, +16 B: conflict-free ldmatrix
 #define BUFFER_BYTES (ROWS * ROW_BYTES)
+#ifndef BUFFERS
+#define BUFFERS 2                    // staged chunks' buffers: 2, or 3 (one barrier a chunk)
+#endif
 #ifndef MMA_ASYNC
 #define MMA_ASYNC 0
 #endif
@@ -215,7 +221,7 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
              const int* __restrict__ work_rows,        // [W] pairs (<= ROWS)
              unsigned short* __restrict__ out,         // gate_up: act [P, N/2]; down: y [P, N]
              int N, int K, int top_k) {
-    extern __shared__ __align__(16) unsigned char staged[];   // [2][ROWS][ROW_BYTES], the rings
+    extern __shared__ __align__(16) unsigned char staged[];   // [BUFFERS][ROWS][ROW_BYTES], the rings
     __shared__ int source_row[ROWS];                          // the rows of `a` the item reads
     const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned g = lane >> 2, t = lane & 3;
@@ -237,9 +243,9 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
 
     const u32 stage_base = shared_address(staged);
 #if WEIGHT_RING
-    // the warp's ring [DEPTH][ROW_TILES] slots, after the two activation buffers: group j in
+    // the warp's ring [DEPTH][ROW_TILES] slots, after the activation buffers: group j in
     // slot j % DEPTH
-    const u32 ring = stage_base + 2 * BUFFER_BYTES + warp * DEPTH * ROW_TILES * RING_SLOT_BYTES;
+    const u32 ring = stage_base + BUFFERS * BUFFER_BYTES + warp * DEPTH * ROW_TILES * RING_SLOT_BYTES;
     const unsigned char* tile_scales = (const unsigned char*)(s + group0 * 8);  // all 8 g's
     auto fill = [&](int j, int slot, bool in_k) {             // k-group j's copies, one group
         if (in_k && STREAMS_WEIGHTS) {
@@ -288,9 +294,9 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
 
     const unsigned vectors = CHUNK_K / 8;                     // 16-byte copies a row of a chunk
     const int active_n8 = (rows + 7) / 8;                     // n8 tiles with real rows
-    // chunk c of the item's rows into buffer c % 2, one cp.async group
+    // chunk c of the item's rows into buffer c % BUFFERS, one cp.async group
     auto stage = [&](int c) {
-        const u32 buffer = stage_base + (c & 1) * BUFFER_BYTES;
+        const u32 buffer = stage_base + (c % BUFFERS) * BUFFER_BYTES;
 #if MMA_ASYNC
         // the item's rows, k-slice by k-slice; a warp's copy is 8 rows x 4 consecutive vectors:
         // whole 32-byte sectors of each row read (a sector a thread, as a row apart, read twice
@@ -346,13 +352,13 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
         for (int c = 0; c < chunks; ++c) {
 #if WEIGHT_RING
             // chunk c's copies landed: after them, chunk c - 1's CHUNK k-groups and chunk c + 1
-            if (c + 1 < chunks) stage(c + 1);                     // its buffer was released below
+            if (c + 1 < chunks) stage(c + 1);                     // its buffer is free (BUFFERS)
             else commit_copies();                                 // an empty group: same count
             if (c > 0) wait_copy_groups<CHUNK + 1>();
             else wait_copy_groups<1>();
 #else
             if (c + 1 < chunks) {
-                stage(c + 1);                                     // its buffer was released below
+                stage(c + 1);                                     // its buffer is free (BUFFERS)
                 wait_copy_groups<1>();                            // chunk c's copies landed
             } else {
                 wait_copy_groups<0>();
@@ -363,7 +369,7 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
 #endif
             __syncthreads();                                      // every thread's copies visible
 #if MMA_ASYNC
-            [[maybe_unused]] const u32 buffer = (c & 1) * BUFFER_BYTES;   // wgmma's B descriptors
+            [[maybe_unused]] const u32 buffer = (c % BUFFERS) * BUFFER_BYTES;   // wgmma's B descriptors
 #endif
 #pragma unroll
             for (int jj = 0; jj < CHUNK; ++jj) {
@@ -469,9 +475,11 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
 #if !MMA_ASYNC
 #pragma unroll
             for (int p = 0; p < PAIRS; ++p)                       // chunk c + 1's buffer
-                b_base[p] += c & 1 ? -BUFFER_BYTES : BUFFER_BYTES;
+                b_base[p] += c % BUFFERS == BUFFERS - 1 ? -(BUFFERS - 1) * BUFFER_BYTES : BUFFER_BYTES;
 #endif
+#if BUFFERS == 2
             __syncthreads();                                      // buffer c % 2 free: chunk c + 2
+#endif
         }
     };
     with_width(active_n8, k_loop);

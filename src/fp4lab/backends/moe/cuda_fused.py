@@ -35,6 +35,9 @@ WARP_CHOICES = (2, 4, 8, 16)         # at least 2: a CTA's first ROWS threads li
 ROW_TILE_CHOICES = (1, 2)            # row tiles a warp: 2 read each B fragment once for both
 N_TILE_CHOICES = (2, 4, 8)           # n8 tiles of pairs a work item: 16, 32 or 64 pairs
 CHUNK_CHOICES = (1, 2, 4, 8, 16)     # k-groups of activations staged at a time
+# buffers of staged chunks: 2 (a CTA barrier when a chunk's copies land and one when its buffer
+# is free), or 3 (the first barrier alone: the kernel's BUFFERS)
+BUFFER_CHOICES = (2, 3)
 DEPTH_CHOICES = (1, 2, 4, 8)
 # the kernel's anatomy (its STAGE define): the launch, or what it does before the decode, the MMA
 # or the epilogue; or all but the epilogue without reading the weights ("compute": the part of the
@@ -58,7 +61,8 @@ class CudaMoeConfig:
     """One build of both launches: `warps` warps a CTA of `row_tiles` row tiles (16 weight rows)
     each, `ntiles` n8 tiles of pairs a work item (8 * ntiles pairs: an expert with more is several
     items, its weights read once per item), `chunk` k-groups of the item's activations staged in
-    shared memory at a time (double-buffered), `depth` k-groups of weights in flight a warp,
+    shared memory at a time, in `buffers` buffers (BUFFER_CHOICES), `depth` k-groups of weights in
+    flight a warp,
     `min_ctas` the CTAs an SM must fit (the register cap, as `cuda_w4a16.CudaTileConfig.min_ctas`),
     `overlap` how down (and gate_up, after routing) overlap the launch before them
     (`cuda_w4a16.OVERLAP_CHOICES`), `mma` how the warps multiply (MMA_CHOICES; "async" needs
@@ -75,11 +79,12 @@ class CudaMoeConfig:
     mma: str = "sync"
     mma_depth: int = 1
     weights: str = "registers"
+    buffers: int = 2
 
     def __post_init__(self):
         for name, choices in (("warps", WARP_CHOICES), ("row_tiles", ROW_TILE_CHOICES),
-                              ("ntiles", N_TILE_CHOICES),
-                              ("chunk", CHUNK_CHOICES), ("depth", DEPTH_CHOICES)):
+                              ("ntiles", N_TILE_CHOICES), ("chunk", CHUNK_CHOICES),
+                              ("depth", DEPTH_CHOICES), ("buffers", BUFFER_CHOICES)):
             value = getattr(self, name)
             if isinstance(value, bool) or value not in choices:
                 raise ValueError(f"CudaMoeConfig.{name} must be one of {choices}, got {value!r}")
@@ -124,10 +129,10 @@ class CudaMoeConfig:
 
     @property
     def shared_bytes(self) -> int:
-        """Dynamic shared memory: two buffers of `rows` staged rows of `chunk` k-groups in bf16,
-        each row padded by 16 bytes (the kernel's ROW_BYTES); with weights "shared", each warp's
-        ring of `depth` k-groups of its row tiles after them."""
-        staged = 2 * self.rows * (2 * K_GROUP * self.chunk + 16)
+        """Dynamic shared memory: `buffers` buffers of `rows` staged rows of `chunk` k-groups in
+        bf16, each row padded by 16 bytes (the kernel's ROW_BYTES); with weights "shared", each
+        warp's ring of `depth` k-groups of its row tiles after them."""
+        staged = self.buffers * self.rows * (2 * K_GROUP * self.chunk + 16)
         if self.weights == "registers":
             return staged
         return staged + self.warps * self.depth * self.row_tiles * RING_SLOT_BYTES
@@ -149,7 +154,8 @@ class CudaMoeConfig:
         tiles = f" r{self.row_tiles}" if self.row_tiles > 1 else ""
         wgmma = "" if self.mma != "async" else " wg" if self.mma_depth == 1 else f" wg{self.mma_depth}"
         ring = " smem" if self.weights == "shared" else ""
-        label = f"cuda w{self.warps}{tiles}{wgmma} m{self.rows} c{self.chunk} d{self.depth}{ring}"
+        buffers = f"x{self.buffers}" if self.buffers != 2 else ""
+        label = f"cuda w{self.warps}{tiles}{wgmma} m{self.rows} c{self.chunk}{buffers} d{self.depth}{ring}"
         if self.min_ctas is not None:
             label += f" b{self.min_ctas}"
         return label if self.overlap == "off" else f"{label} pdl-{self.overlap}"
@@ -332,7 +338,8 @@ def build(config: CudaMoeConfig, fmt: str, gate_up: bool, stage: str = "full"):
                f"-DNTILES={config.ntiles}", f"-DCHUNK={config.chunk}", f"-DDEPTH={config.depth}",
                f"-DNVFP4={int(fmt == 'nvfp4')}", f"-DMIN_CTAS={config.min_ctas or 0}",
                f"-DOVERLAP_ALL={int(config.overlap == 'all')}",
-               f"-DWEIGHT_RING={int(config.weights == 'shared')}", "-std=c++17", "-default-device"]
+               f"-DWEIGHT_RING={int(config.weights == 'shared')}", f"-DBUFFERS={config.buffers}",
+               "-std=c++17", "-default-device"]
     if asynchronous:
         options += ["-DMMA_ASYNC=1", f"-DMMA_DEPTH={config.mma_depth}"]
     return kernel_source(KERNEL_SOURCE, generated_source(config.ntiles, asynchronous)), options
