@@ -55,11 +55,19 @@ def test_the_front_page_links_the_verdict_to_the_diagnosis_chapter_it_came_from(
     run = RunDir.create(tmp_path, "cpu-run")
     leading = report.leading_run(run, False, tmp_path)
     as_reference = {"reference_dir": str(leading.path), "chapters": []}
-    assert book.diagnosis_page(run, as_reference, leading) == "chapters/reference/04_diagnosis"
-    assert book.diagnosis_page(run, {"reference_dir": "", "chapters": []}, leading) is None   # not in this book
-    assert book.diagnosis_page(leading, {"chapters": [{"chapter": "04_diagnosis"}]}, leading) == "chapters/04_diagnosis"
+    pages = book.diagnosed_pages(run, as_reference, leading)
+    assert pages["04"] == "chapters/reference/04_diagnosis"
+    assert pages["03"] == "chapters/reference/03_moe_expert_scatter"
+    assert book.diagnosed_pages(run, {"reference_dir": "", "chapters": []}, leading) == {}   # not in this book
+    assert book.diagnosed_pages(leading, {"chapters": [{"chapter": "04_diagnosis"}]}, leading) == \
+        {"04": "chapters/04_diagnosis"}
     page = book.front_page(run, {**as_reference, "profile": "smoke"}, leading)
     assert "{doc}`chapter 04, the diagnosis <chapters/reference/04_diagnosis>`" in page
+    # the facts' chapter references are links too, to the same part's pages
+    assert "in {doc}`chapter 01 <chapters/reference/01_fp4_gemm_sweep>`):" in page
+    assert "(chapter 03)" not in page and "{doc}`chapter 03 <chapters/reference/03_moe_expert_scatter>`" in page
+    assert book.link_chapters("see chapter 07 and chapter 01", {"01": "chapters/01_x"}) == \
+        "see chapter 07 and {doc}`chapter 01 <chapters/01_x>`"
 
 
 def test_the_sidebar_leads_with_the_gpu_measurements(tmp_path):

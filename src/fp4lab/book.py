@@ -223,9 +223,10 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
             seed = html_table(d.seed, columns, caption=d.gemm.caption(
                 f"The seed's table, measured, {d.seed_backend}: {SEED_NOTE}"))
             lines += ["```{raw} html", f'<div class="fp4lab-seed">{seed}</div>', "```", ""]
-        facts = [line for line in (words.kernel_time_sentence(d), words.fp4_sentence(d),
-                                   counters_sentence(d)) if line]
-        evidence = diagnosis_page(run, report, leading)
+        pages = diagnosed_pages(run, report, leading)
+        facts = [link_chapters(line, pages) for line in (words.kernel_time_sentence(d), words.fp4_sentence(d),
+                                                         counters_sentence(d)) if line]
+        evidence = pages.get("04")
         if evidence:
             facts.append(f"The evidence, every path, floor and lever: {{doc}}`chapter 04, the diagnosis <{evidence}>`.")
         lines += [f"- {line}" for line in facts] + [""]
@@ -253,17 +254,28 @@ def counters_sentence(d) -> str | None:
     return f"Why, counted by Nsight Compute (profiles {named}, in chapter 01): {bound}"
 
 
-def diagnosis_page(run: RunDir, report: dict[str, Any], leading: RunDir) -> str | None:
-    """The book's chapter 04 of the diagnosed run: this run's, the reference part's, or none (a
-    GPU run on record that this book does not show)."""
+def diagnosed_pages(run: RunDir, report: dict[str, Any], leading: RunDir) -> dict[str, str]:
+    """The book's pages of the diagnosed run's chapters by number ("04":
+    "chapters/reference/04_diagnosis"): this run's part, the reference part's, or none (a GPU run
+    on record that this book does not show)."""
     if leading.path.resolve() == run.path.resolve():
-        shown = any(c.get("chapter") == "04_diagnosis" for c in report.get("chapters", []))
-        return "chapters/04_diagnosis" if shown else None
+        stems = [c["chapter"] for c in report.get("chapters", []) if c.get("chapter")]
+        return {stem[:2]: f"chapters/{stem}" for stem in stems}
     reference = report.get("reference_dir")
-    if reference and Path(reference).resolve() == leading.path.resolve() and \
-            (leading.path / "notebooks" / "04_diagnosis.ipynb").is_file():
-        return "chapters/reference/04_diagnosis"
-    return None
+    if reference and Path(reference).resolve() == leading.path.resolve():
+        notebooks = sorted((leading.path / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+        return {nb.stem[:2]: f"chapters/reference/{nb.stem}" for nb in notebooks if nb.is_file()}
+    return {}
+
+
+CHAPTER_MENTION = re.compile(r"\bchapter (\d\d)\b")
+
+
+def link_chapters(line: str, pages: dict[str, str]) -> str:
+    """Each "chapter NN" of a front-page line as a link to that page of the diagnosed run's part;
+    plain text where the book has no such page."""
+    return CHAPTER_MENTION.sub(lambda m: f"{{doc}}`chapter {m.group(1)} <{pages[m.group(1)]}>`"
+                               if m.group(1) in pages else m.group(0), line)
 
 
 GLOSSARY = (
