@@ -285,8 +285,9 @@ GLOSSARY = (
     ("weight-read floor", "the bytes of the active experts' weights read once at the copy bandwidth this run "
                           "measured: no kernel that reads them is much faster (a read-only stream can beat a "
                           "copy by a few percent, so a path at ~100% of it is at the floor)"),
-    ("launch floor / compute floor", "the path's kernel launches at the measured launch time; its FLOPs at "
-                                     "the measured peak of its math dtype"),
+    ("launch floor / compute floor", "the path's expert-GEMM launches at the measured launch time (routing "
+                                     "and glue kernels not counted: a lower bound); its FLOPs at the measured "
+                                     "peak of its math dtype"),
     ("memory-bound / kernel-limited", "memory-bound: the weight-read floor is the largest of the three "
                                       "floors and most of the time; kernel-limited above its memory floor: that "
                                       "floor is the largest but under {kernel_gap} of the time, the rest is the "

@@ -9,7 +9,8 @@ measured GEMM times) layer time:
   measured layer time at the batch nearest B;
 - each GEMM backend of the GEMM sweep run as a loop of per-expert GEMMs: active experts x (gate_up
   + down time at the mean tokens per expert, interpolated over the measured M).
-Each path has three floors: launches (kernels per layer x the measured launch floor), reading the
+Each path has three floors: launches (its expert-GEMM kernels per layer x the measured launch floor;
+routing and glue kernels are not counted, so it is a lower bound), reading the
 active experts' weights once in the bytes the path reads (at the measured copy bandwidth), and the
 arithmetic at the peak of its math dtype. The diagnosed path is the fastest (or the one named);
 its largest floor is the verdict, unless the GPU sits at its power limit at the decode point.

@@ -75,7 +75,7 @@ def verdict_sentence(d: decode.Diagnosis) -> str:
               else path["weight_dtype"])
     meaning = {"memory": f"reading the active experts' {text.md(stored)} weights once at the "
                          f"measured {text.sig(d.bandwidth_tbps)} TB/s",
-               "launch": f"launching its {int(path['kernels'])} kernels at the measured launch floor",
+               "launch": f"launching its {int(path['kernels'])} expert-GEMM kernels at the measured launch floor",
                "compute": f"the arithmetic at the {text.md(path['math_dtype'])} peak"}[v["floor"]]
     if v["kernel_limited"]:     # the largest floor, yet under KERNEL_GAP of the layer
         tail = (f"; {meaning} takes {text.us(v['floor_us'])}: its largest floor, but only "
@@ -292,7 +292,11 @@ def fill(context: Context, d: decode.Diagnosis) -> None:
                  else f"the {drawn} fastest of {len(d.paths)} paths (all in the table)")
         page.figure("paths", figures.paths(d.paths), d.view.caption(
             f"{which} at decode; bars: layer time, ticks: its weight-read floor"))
-        page.html("paths", html_table(d.paths, PATHS))
+        page.html("paths", html_table(d.paths, PATHS, caption=d.view.caption(
+            "launch floor: the path's expert-GEMM launches (two for a fused, grouped or padded path, two an "
+            "active expert for a loop) at the measured launch time, a lower bound: routing and glue kernels are "
+            "not counted; weight-read floor: its weights' bytes at the measured copy bandwidth; compute floor: "
+            "its FLOPs at the measured peak of its math dtype")))
     page.bullets("power", [line for line in (power_sentence(d), fp4_sentence(d)) if line])
     if len(d.levers):
         page.html("levers", html_table(d.levers, LEVERS, caption=d.view.caption("largest gain first")))
