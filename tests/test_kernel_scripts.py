@@ -385,6 +385,11 @@ def test_the_moe_probe_times_the_presets_first_then_sync_and_async_builds():
     four = [c for c in probe.MORE_WARPS_GRID if c.min_ctas == 4]
     assert len(four) == 2 and all(4 * c.shared_bytes <= 228 * 1024 and c.register_cap == 64 for c in four)
     assert all(c.reason(4096, 6144, "gate_up") is None for c in probe.MORE_WARPS_GRID)
+    # --grid buffers: the preset, then it with three staged buffers, twice the chunk, and both
+    variants = probe.first_point_builds(preset, 16.0, "buffers")
+    assert variants[0] == preset and len(set(variants)) == 4
+    assert [(c.chunk, c.buffers) for c in variants] == [(4, 2), (4, 3), (8, 2), (8, 3)]
+    assert all(dataclasses.replace(c, chunk=4, buffers=2) == preset for c in variants)
 
 
 def test_the_moe_probe_goes_on_when_its_budget_ends_inside_a_point(monkeypatch, capsys):
@@ -456,7 +461,9 @@ def test_the_nvrtc_check_compiles_the_presets_and_the_probe_grid_and_says_when_i
     presets = [config for entries in MOE_PRESETS.values() for _, config in entries]
     assert builds[:len(set(presets))] == list(dict.fromkeys(presets))
     probe = load("cuda_moe_probe")
-    assert set(builds) == set(presets) | set(probe.GRID) | set(probe.LARGE_GRID) | set(probe.MORE_WARPS_GRID)
+    variants = {v for preset in presets for v in probe.buffer_variants(preset)}
+    assert set(builds) == (set(presets) | set(probe.GRID) | set(probe.LARGE_GRID) | set(probe.MORE_WARPS_GRID)
+                           | variants)
     assert len(set(builds)) == len(builds)
     assert check.problems(0, "ptxas info    : (C7519) warpgroup.arrive is injected") == []
     assert check.problems(0, "ptxas info : (C7515) Potential Performance Loss: wgmma serialized")
