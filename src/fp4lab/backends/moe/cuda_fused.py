@@ -205,6 +205,9 @@ class CudaMoeConfig:
 # GLM-5 B = 2048 NVFP4 on the H100 (call 109): 4.66 ms against 5.52 for 32-pair items (humming
 # 4.21; results/measurements/
 # 20261206T0515Z-h100-cuda-moe-clocks/call109).
+# Two staged buffers everywhere: three (one CTA barrier a chunk instead of two) ran the 32-pair
+# preset 0.8-1.2% faster on the H100 with its math alone unchanged (call 124, results/measurements/
+# 20261206T1630Z-h100-cuda-moe-buffers), within one run's spread.
 MOE_PRESETS: dict[str, tuple[tuple[float | None, CudaMoeConfig], ...]] = {
     fmt: ((2.0, CudaMoeConfig(ntiles=2, depth=2)),
           (32.0, CudaMoeConfig(warps=8, row_tiles=2, ntiles=4, chunk=4, depth=2, weights="shared",
