@@ -546,9 +546,10 @@ def test_the_kernel_time_sentence_says_what_the_diagnosed_calls_own_builds_measu
     d, sentence = diagnosed(tmp_path / "old", builds)
     assert d.chosen_anatomy["load"] == 1250.0 and d.chosen_anatomy["fmt"] == d.chosen["fmt"]
     # the parts add up to the whole the worker timed: 1.25 + 0.15 + 0.40 = 1.80 ms
-    assert (f"where it took 1.80 ms against the layer table's {text.us(d.chosen['layer_us'])}: its loads alone "
-            "1.25 ms (the weights at 80% of the copy bandwidth), then decoding them (+150 us) and the MMAs "
-            "(+400 us), which run after the loads") in sentence
+    # and the time above the loads there (550 us), which the layer table's time above the floor is not
+    assert (f"where it took 1.80 ms against the layer table's {text.us(d.chosen['layer_us'])}, 550 us above its "
+            "loads alone (1.25 ms, the weights at 80% of the copy bandwidth): decoding them adds +150 us and "
+            "the MMAs +400 us, which run after the loads") in sentence
     assert "did not time them without the weights' read" in sentence and "copy bandwidth would" not in sentence
     bound_lever = d.levers[d.levers["kind"] == "bound"].iloc[0]      # no math build: the plain bound
     assert bound_lever["lever"] == "cuda-w4a16-moe at its weight-read floor" and bound_lever["basis"] == decode.BOUND
@@ -584,7 +585,8 @@ def test_a_dissected_path_without_its_own_math_build_cites_the_other_formats(tmp
     assert other == {"fmt": "nvfp4", "compute": 1400.0, "load": 1250.0,
                      "math_to_load": pytest.approx(1400 / 1250), "math_bound": True}
     sentence = words.kernel_time_sentence(d)
-    assert "timed them without the weights' read only with NVFP4 weights: 1.40 ms, 1.1x" in sentence
+    assert ("without the weights' read (timed with NVFP4 weights only) the decode and MMAs take 1.40 ms, 1.1x "
+            "the NVFP4 loads alone (1.25 ms)") in sentence
     assert "fewer instructions a weight" in sentence and "did not time them" not in sentence
     table = moe.fused_anatomy(moe.moe_results(run, "glm-5"))
     assert moe.math_in_other_format(table, table[table["fmt"] == "nvfp4"].iloc[0]) is None   # has its own

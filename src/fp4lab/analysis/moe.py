@@ -217,15 +217,16 @@ FUSED_STAGES = ("load", "decode", "full")      # each anatomy build adds work to
 MATH_STAGE = "compute"                         # decode and MMAs without the weights' read
 MATH_BOUND_SHARE = 0.9     # the math alone at least this share of the loads alone: it bounds the call too
 FUSED_ANATOMY_COLUMNS = ["method", "fmt", "batch", *FUSED_STAGES, MATH_STAGE, "read_floor_us",
-                         "load_rate_pct", "decode_added_us", "mma_added_us", "load_share",
+                         "load_rate_pct", "above_load_us", "decode_added_us", "mma_added_us", "load_share",
                          "math_to_load", "math_bound", "overlapped_us", "layer_us", "layer_apart_pct"]
 
 
 def fused_anatomy(results: MoeResults) -> pd.DataFrame:
     """Per dissected fused method, format and batch (the moe_anatomy table's ok rows of this
     preset): each build's time (loads only, also decoded, whole), the weights' read floor at the
-    copy bandwidth, the rate the loads-only build reads them at (% of the copy bandwidth), what the
-    decode and the MMAs (with the epilogue) add to the build before them, the share of the whole
+    copy bandwidth, the rate the loads-only build reads them at (% of the copy bandwidth), the whole
+    call's time above its loads alone, what the decode and the MMAs (with the epilogue) add to the
+    build before them, the share of the whole
     call the loads alone take; where the run timed it, the call's work without the weights' read
     (`compute`), its ratio to the loads alone, whether it is about as long or longer
     (`math_bound`: then no overlap takes the call below it) and the longer of the two (the least
@@ -247,6 +248,7 @@ def fused_anatomy(results: MoeResults) -> pd.DataFrame:
     wide["read_floor_us"] = [read_floor_us(weights.get(tuple(key), np.nan), bandwidth)
                              for key in wide[point].itertuples(index=False)]
     wide["load_rate_pct"] = 100 * wide["read_floor_us"] / wide["load"]
+    wide["above_load_us"] = wide["full"] - wide["load"]
     wide["decode_added_us"] = wide["decode"] - wide["load"]
     wide["mma_added_us"] = wide["full"] - wide["decode"]
     wide["load_share"] = 100 * wide["load"] / wide["full"]

@@ -116,18 +116,20 @@ def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
                 "(what such time is made of: chapter 01, the anatomy of fp4lab's own kernels and the hardware "
                 "counters of the kernels profiled).")
     dissected = (f". What that time is made of, from the call dissected in its own worker (chapter 03), "
-                 f"where it took {text.us(a['full'])} against the layer table's {text.us(path['layer_us'])}: "
-                 f"its loads alone {text.us(a['load'])} (the weights at {text.pct(a['load_rate_pct'])} of the "
-                 f"copy bandwidth), then decoding them ({text.signed_us(a['decode_added_us'])}) and the MMAs "
-                 f"({text.signed_us(a['mma_added_us'])}), which run after the loads rather than under them")
+                 f"where it took {text.us(a['full'])} against the layer table's {text.us(path['layer_us'])}, "
+                 f"{text.us(a['above_load_us'])} above its loads alone ({text.us(a['load'])}, the weights at "
+                 f"{text.pct(a['load_rate_pct'])} of the copy bandwidth): decoding them adds "
+                 f"{text.signed_us(a['decode_added_us'])} and the MMAs {text.signed_us(a['mma_added_us'])}, "
+                 "which run after the loads rather than under them")
     math = decode.math_alone(a)
     if math is None:
         return (head + dissected + "; hidden under the loads they would take the layer toward its loads-only "
                 "time, if they alone are shorter (this run did not time them without the weights' read).")
     if math["fmt"] is not None:      # only the same call in the other format was timed without its read
-        return (head + dissected + f"; this run timed them without the weights' read only with "
-                f"{text.md(math['fmt'].upper())} weights: {text.us(math['compute_us'])}, "
-                f"{text.ratio(math['math_to_load'])} that format's loads alone ({text.us(math['load_us'])})"
+        fmt = text.md(math["fmt"].upper())
+        return (head + dissected + f"; without the weights' read (timed with {fmt} weights only) the decode "
+                f"and MMAs take {text.us(math['compute_us'])}, {text.ratio(math['math_to_load'])} the {fmt} "
+                f"loads alone ({text.us(math['load_us'])})"
                 + (", so even wholly hidden under the loads the call could not go much below its math: fewer "
                    "instructions a weight (or FP4 tensor cores) is what would fix it, not a faster weight stream."
                    if math["math_bound"] else
