@@ -65,8 +65,8 @@ def test_chapter_01_seed_caption_states_chapter_04s_modelled_loop(reference_copy
 
     caption = page_text(ch01_gemm.build(str(reference_copy), "none", "full", "cpu"), "seed").replace("\\", "")
     said = page_text(ch04_diagnosis.build(str(reference_copy), "none", "full", "cpu"), "seed").replace("\\", "")
-    assert "model a loop of expert GEMMs at 5.06 ms" in said
-    assert "runs the glm-5 layer fastest at B=512, 5.06 ms modelled from its GEMM times (a" in caption
+    assert "model a loop of expert GEMMs at 5.06 ms (nvfp4)" in said
+    assert "runs the glm-5 layer fastest at B=512, 5.06 ms (nvfp4) modelled from its GEMM times (a" in caption
 
 
 def test_chapter_04_says_which_points_never_reached_the_gate(reference_copy):
@@ -97,7 +97,7 @@ def test_chapter_04_states_the_seed_table_in_one_sentence_and_levers_on_one_basi
             "peak (M = 256)") in said
     # why this backend's table: its modelled loop, and the MoE sweep's own timing of that loop (the
     # one the paths table shows, slower than humming's modelled loop there)
-    assert ("model a loop of expert GEMMs at 5.06 ms, the fastest of the backends that ran every M; the MoE "
+    assert ("model a loop of expert GEMMs at 5.06 ms (nvfp4), the fastest of the backends that ran every M; the MoE "
             "sweep timed that loop itself, launches between its GEMMs included, at 5.82 ms (mxfp4)") in said
     d = decode.diagnose(reference_copy, decode.DiagnosisConfig.from_profile("full"))
     assert d.ep_basis == decode.MEASURED_BATCHES

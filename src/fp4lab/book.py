@@ -203,7 +203,7 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
     """Markdown of the front page (included by intro.md): the diagnosis first, then the runs."""
     from fp4lab.analysis import decode, gemm as gemm_analysis
     from fp4lab.chapters import ch04_diagnosis as words
-    from fp4lab.chapters.ch01_gemm import SEED_NOTE, seed_columns
+    from fp4lab.chapters.ch01_gemm import seed_columns, seed_note
     from fp4lab.plots.tables import html_table
 
     lines = []
@@ -219,9 +219,12 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
         if not d.smoke:
             lines += ["```{raw} html", words.glance_html(d), "```", ""]
         if len(d.seed):
-            columns = seed_columns(gemm_analysis.seed_math_dtype(d.gemm, d.seed_backend))
-            seed = html_table(d.seed, columns, caption=d.gemm.caption(
-                f"The seed's table, measured, {d.seed_backend}: {SEED_NOTE}"))
+            dtype = gemm_analysis.seed_math_dtype(d.gemm, d.seed_backend)
+            loop = d.seed_loop
+            why = (f", whose loop of expert GEMMs is modelled fastest ({text.us(loop['modelled_us'])}"
+                   + (f", {loop['modelled_fmt']}" if loop["modelled_fmt"] else "") + ")" if loop else "")
+            seed = html_table(d.seed, seed_columns(dtype), caption=d.gemm.caption(
+                f"The seed's table, measured on this GPU: {d.seed_backend}{why}; {seed_note(dtype)}"))
             lines += ["```{raw} html", f'<div class="fp4lab-seed">{seed}</div>', "```", ""]
         pages = diagnosed_pages(run, report, leading)
         facts = [link_chapters(line, pages) for line in (words.kernel_time_sentence(d), words.fp4_sentence(d),

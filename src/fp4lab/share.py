@@ -49,7 +49,7 @@ def figure_png(fig) -> str:
 def share_html(run: RunDir, profile: str = "full") -> str:
     from fp4lab.analysis import decode, gemm as gemm_analysis
     from fp4lab.chapters import ch04_diagnosis as words
-    from fp4lab.chapters.ch01_gemm import SEED_NOTE, seed_columns
+    from fp4lab.chapters.ch01_gemm import seed_columns, seed_note
     from fp4lab.plots import diagnosis as figures
     from fp4lab.plots.tables import html_table
 
@@ -72,9 +72,9 @@ def share_html(run: RunDir, profile: str = "full") -> str:
         if len(d.paths):
             body.append("<h2>Every path at decode</h2>" + html_table(d.paths, words.PATHS))
         if len(d.seed):
+            dtype = gemm_analysis.seed_math_dtype(d.gemm, d.seed_backend)
             body.append(f"<h2>GEMM speed by M ({text.html(d.seed_backend)})</h2>"
-                        + html_table(d.seed, seed_columns(gemm_analysis.seed_math_dtype(d.gemm, d.seed_backend)),
-                                     caption=SEED_NOTE))
+                        + html_table(d.seed, seed_columns(dtype), caption=seed_note(dtype)))
     body.append(f'<p style="color:#555;font-size:0.8em">{text.html(d.view.caption("made by fp4lab share"))}</p>')
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>fp4lab diagnosis "
             f"{text.html(run.run_id)}</title></head><body style='font-family:sans-serif;max-width:60em;"

@@ -153,8 +153,9 @@ def gemm_time_at(ok: pd.DataFrame, backend: str, n: int, k: int, m: float) -> di
         return None
     sn, sk, exact = measured_shape(rows, n, k)
     curve = rows[(rows["n"] == sn) & (rows["k"] == sk)].groupby("m")["median_us"].median().sort_index()
+    formats = rows["fmt"].dropna().unique()
     return {"us": float(np.interp(m, curve.index.to_numpy(float), curve.to_numpy(float))),
-            "n": sn, "k": sk, "exact": exact,
+            "n": sn, "k": sk, "exact": exact, "fmt": str(formats[0]) if len(formats) == 1 else None,
             "inside": bool(curve.index.min() <= m <= curve.index.max())}
 
 
@@ -181,7 +182,8 @@ def loop_layer_us(ok: pd.DataFrame, backend: str, model: presets.ModelPreset, lo
             return None
     notes = [f"nearest measured shape {t['n']}x{t['k']} for {name}" for name, t in times.items() if not t["exact"]]
     return {"layer_us": load["active_experts"] * sum(t["us"] for t in times.values()),
-            "shape_note": "; ".join(notes), "exact": all(t["exact"] for t in times.values())}
+            "shape_note": "; ".join(notes), "exact": all(t["exact"] for t in times.values()),
+            "fmt": next(iter(times.values()))["fmt"]}
 
 
 # -- every path at decode ---------------------------------------------------------------------------
@@ -219,7 +221,7 @@ def decode_paths(gemm: gemm_analysis.GemmResults | None, moe: moe_analysis.MoeRe
         for r in moe_analysis.layer_times(moe, config.decode_batch, config.routing).itertuples(index=False):
             method_rows = moe.ok[(moe.ok["method"] == r.method)]
             math = method_rows["math_dtype"].iloc[0]
-            kernels = 2 * active if str(r.method).startswith("loop") else 2
+            kernels = 2 * active if "loop" in str(r.method).split("-") else 2     # layer-loop-bf16 too
             rows.append({"path": r.method, "source": "MoE sweep", "kind": r.kind, "fmt": r.fmt,
                          "weight_dtype": r.weight_dtype, "math_dtype": math, "batch": int(r.batch),
                          "layer_us": r.layer_us, "weight_bytes": r.weight_bytes, "kernels": kernels,
@@ -273,14 +275,14 @@ def seed_backend(gemm: gemm_analysis.GemmResults | None, config: DiagnosisConfig
     return layer_backend(gemm, model, load)
 
 
-def seed_modelled_us(gemm: gemm_analysis.GemmResults | None, backend: str | None,
-                     config: DiagnosisConfig) -> float | None:
+def seed_modelled(gemm: gemm_analysis.GemmResults | None, backend: str | None,
+                  config: DiagnosisConfig) -> dict[str, Any] | None:
     """`backend`'s modelled loop of expert GEMMs for the diagnosed layer (`seed_loop`'s
-    "modelled_us"), for the pages that show the seed table without the diagnosis."""
+    "modelled_us" and "modelled_fmt"), for the pages that show the seed table without the
+    diagnosis; None without one."""
     model = presets.get(config.preset)
     load = moe_analysis.tokens_per_expert(model, config.decode_batch, config.routing, config.steps, config.seed)
-    loop = seed_loop(gemm, pd.DataFrame(), backend, model, load)
-    return loop["modelled_us"] if loop else None
+    return seed_loop(gemm, pd.DataFrame(), backend, model, load)
 
 
 def seed_loop(gemm: gemm_analysis.GemmResults | None, paths: pd.DataFrame, backend: str | None,
@@ -297,7 +299,7 @@ def seed_loop(gemm: gemm_analysis.GemmResults | None, paths: pd.DataFrame, backe
     measured = paths[(paths["source"] == "MoE sweep") & (paths["path"] == f"loop-{backend}")] \
         if len(paths) else paths
     fastest = measured.loc[measured["layer_us"].idxmin()] if len(measured) else None
-    return {"modelled_us": float(loop["layer_us"]),
+    return {"modelled_us": float(loop["layer_us"]), "modelled_fmt": loop["fmt"],
             "measured_us": float(fastest["layer_us"]) if fastest is not None else None,
             "measured_fmt": str(fastest["fmt"]) if fastest is not None else None}
 
@@ -740,7 +742,8 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
         through = batch_fastest["method"] + (f" ({batch_fastest['fmt']})" if batch_fastest["fmt"] else "")
         held = (f"; its {batch_fastest['weight_dtype']} weights take {batch_fastest['bytes_over_fp4']:.1f}x "
                 "the FP4 weights' memory" if batch_fastest["bytes_over_fp4"] > 1 + SAME_SPEED_WITHIN else "")
-        rows.append({"lever": f"batch {batch_fastest['batch']} through {through} (per token)",
+        cost = (f"; {batch_fastest['bytes_over_fp4']:.1f}x the weights' memory" if held else "")
+        rows.append({"lever": f"batch {batch_fastest['batch']} through {through} (per token{cost})",
                      "gain": batch_fastest["now_us"] / batch_fastest["with_us"],
                      "basis": (f"measured (MoE sweep: the lowest time per token of every method and batch, against "
                                f"{chosen['path']} at B={batch_fastest['path_batch']}){held}"),

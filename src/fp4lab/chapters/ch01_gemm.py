@@ -26,7 +26,11 @@ AVAILABILITY = [Col("backend", "backend"), Col("weights", "weights"), Col("ok", 
                 Col("timeout", "timeout", "int")]
 CEILINGS = [Col("ceiling", "ceiling"), Col("measured", "measured here", "sig"), Col("spec", "spec sheet", "sig"),
             Col("how", "how it was measured (the probe's timer line)")]
-SEED_NOTE = "TFLOP/s min/max over the swept shapes; % of its math peak at the best shape; regime: the largest floor"
+def seed_note(math_dtype: str | None) -> str:
+    """What the seed table's columns mean (its caption's tail), naming the peak its headers name."""
+    peak = f"the {math_dtype} peak" if math_dtype else "its math peak"
+    return (f"TFLOP/s min/max over the swept shapes; % of {peak} (the spec sheet's, and as measured here) at "
+            "the best shape; regime: the largest floor at each M (two where its shapes differ)")
 
 
 def seed_columns(math_dtype: str | None) -> list[Col]:
@@ -452,15 +456,17 @@ def _seed(page, results, reference, profile: str) -> None:
     for which in (results, reference):
         backend = decode.seed_backend(which, config) if which is not None else None
         if backend:
-            columns = seed_columns(analysis.seed_math_dtype(which, backend))
-            modelled = decode.seed_modelled_us(which, backend, config)
-            at = f", {text.us(modelled)} modelled from its GEMM times" if modelled is not None else ""
+            dtype = analysis.seed_math_dtype(which, backend)
+            columns = seed_columns(dtype)
+            loop = decode.seed_modelled(which, backend, config)
+            fmt = f" ({loop['modelled_fmt']})" if loop and loop["modelled_fmt"] else ""
+            at = f", {text.us(loop['modelled_us'])}{fmt} modelled from its GEMM times" if loop else ""
             page.html("seed", html_table(analysis.seed_table(which, backend), columns, caption=which.caption(
                 f"{backend}: of the GEMM backends that ran every M of the sweep, the one whose loop of "
                 f"expert GEMMs runs the {config.preset} layer fastest at B={config.decode_batch}{at} (a "
                 f"decode-only kernel, whose table would stop at its largest M, is left out; chapter 04's "
                 f"GEMM-loop model and decode power read it; the fastest layer path there may be a fused "
-                f"MoE kernel); {SEED_NOTE}")))
+                f"MoE kernel); {seed_note(dtype)}")))
     page.html("seed", html_table(seed_sm120_table(), PUBLISHED, caption="Published: " + SEED_SOURCE))
 
 

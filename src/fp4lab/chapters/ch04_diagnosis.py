@@ -337,8 +337,9 @@ def seed_why(loop: dict | None) -> str:
     (the one the paths table shows)."""
     if loop is None:
         return "its GEMM-sweep times model a loop of expert GEMMs fastest at decode"
-    why = (f"its GEMM-sweep times model a loop of expert GEMMs at {text.us(loop['modelled_us'])}, the fastest "
-           "of the backends that ran every M")
+    fmt = f" ({loop['modelled_fmt']})" if loop["modelled_fmt"] else ""
+    why = (f"its GEMM-sweep times model a loop of expert GEMMs at {text.us(loop['modelled_us'])}{fmt}, the "
+           "fastest of the backends that ran every M")
     if loop["measured_us"] is not None:
         why += (f"; the MoE sweep timed that loop itself, launches between its GEMMs included, at "
                 f"{text.us(loop['measured_us'])} ({loop['measured_fmt']}), the time the paths below show")
@@ -354,8 +355,10 @@ def elsewhere(page, d: decode.Diagnosis) -> None:
     projected = other_gpus.projected(d)
     check = projected["floor_over_measured"].dropna()
     caption = (f"{projected['label'].iloc[0]}; {projected['fmt'].iloc[0]} weights, B={d.config.decode_batch}; "
-               f"floors from each GPU's spec sheet; launch floor: {int(projected['kernels'].iloc[0])} kernels (a "
-               f"grouped FP4 MoE layer) x {text.us(projected['launch_us'].iloc[0])} "
+               f"floors from each GPU's spec sheet (the paths table above divides by this run's measured "
+               f"ceilings); launch floor: {int(projected['kernels'].iloc[0])} kernels (every kernel of a grouped "
+               f"FP4 MoE layer: routing, activation quantize, two grouped GEMMs, SiLU, finalize; the paths table "
+               f"counts the expert GEMMs only) x {text.us(projected['launch_us'].iloc[0])} "
                f"({projected['launch_source'].iloc[0]})")
     # the GPU and its arch in one column: ten columns overflowed the page's width
     shown = projected.assign(gpu_arch=projected["name"] + " (" + projected["arch"] + ")")
@@ -422,13 +425,15 @@ def glance_html(d: decode.Diagnosis) -> str:
                        for _, other in others) + " as fast")
     numbers = ('<p class="fp4lab-facts" style="margin:0.4em 0;font-size:0.9em">'
                + " · ".join(f"<b>{text.html(name)}</b>: {text.html(value)}" for name, value in facts.items()) + "</p>")
-    # what would make the diagnosed path faster comes first; a baseline it already beats fills in
+    # what would make the diagnosed path faster; only without such a lever, the other baselines'
     levers = d.levers[d.levers["gain"] > 1 + decode.SAME_SPEED_WITHIN]
-    levers = levers.sort_values(["from_path", "gain"], ascending=False, kind="stable").head(GLANCE_LEVERS)
+    on_path = levers[levers["from_path"].astype(bool)]
+    header = "largest levers"
+    if d.chosen is not None and len(on_path):
+        levers, header = on_path, f"what would make {d.chosen['path']} faster, largest gain first"
+    levers = levers.sort_values("gain", ascending=False, kind="stable").head(GLANCE_LEVERS)
     levers = levers.assign(change=[f"{text.us(r.now_us)} → {text.us(r.with_us)} ({r.kind})"
                                    for r in levers.itertuples()])
-    header = (f"largest levers, from {d.chosen['path']}'s time first" if d.chosen is not None
-              else "largest levers")
     lever_table = html_table(levers, [Col("lever", header),
                                       Col("gain", "gain", "ratio"), Col("change", "now → with it (basis)")],
                              empty="No lever with a measured gain.")
