@@ -5,7 +5,7 @@ the commit recorded is the one named, not a stray .git's."""
 from __future__ import annotations
 
 from fp4lab import report
-from fp4lab.results import REFERENCE_ROOT, RunDir, latest_gpu_run
+from fp4lab.results import REFERENCE_ROOT, REPO_ROOT, RunDir, latest_gpu_run
 
 
 def test_a_gpu_report_leads_with_its_own_run(tmp_path):
@@ -66,6 +66,16 @@ def test_the_front_page_links_the_verdict_to_the_diagnosis_chapter_it_came_from(
     # the facts' chapter references are links too, to the same part's pages
     assert "in {doc}`chapter 01 <chapters/reference/01_fp4_gemm_sweep>`):" in page
     assert "(chapter 03)" not in page and "{doc}`chapter 03 <chapters/reference/03_moe_expert_scatter>`" in page
+    # the counters are other kernels' until the diagnosed one is profiled on this GPU: it says so
+    from fp4lab import text
+    from fp4lab.analysis import counters
+    on_h200 = [counters.read_counters(f) for f in counters.find_profiles("")]
+    on_h200 = [p for p in on_h200 if p.device == "NVIDIA H200"]
+    assert not counters.profiled(on_h200, "cuda-w4a16-moe") and counters.profiled(on_h200, "cuda-w4a16")
+    assert (f"The diagnosed path's kernel, {text.md('cuda-w4a16-moe')}, is not among them: no Nsight Compute "
+            "profile of it on NVIDIA H200 is committed.") in page
+    h100 = counters.read_counters(REPO_ROOT / "results" / "measurements" / "20261206T1527Z-h100-ncu-cuda")
+    assert counters.profiled([h100], "cuda-w4a16-moe")
     assert book.link_chapters("see chapter 07 and chapter 01", {"01": "chapters/01_x"}) == \
         "see chapter 07 and {doc}`chapter 01 <chapters/01_x>`"
 

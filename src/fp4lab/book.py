@@ -254,7 +254,11 @@ def counters_sentence(d) -> str | None:
     if not bound:
         return None
     named = text.join(text.code(p.run_id) for p in profiles)
-    return f"Why, counted by Nsight Compute (profiles {named}, in chapter 01): {bound}"
+    missing = ""
+    if d.chosen is not None and not counters.profiled(profiles, d.chosen["path"]):
+        missing = (f" The diagnosed path's kernel, {text.md(d.chosen['path'])}, is not among them: no Nsight "
+                   f"Compute profile of it on {text.md(d.view.device)} is committed.")
+    return f"Why, counted by Nsight Compute (profiles {named}, in chapter 01): {bound}{missing}"
 
 
 def diagnosed_pages(run: RunDir, report: dict[str, Any], leading: RunDir) -> dict[str, str]:

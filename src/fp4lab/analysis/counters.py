@@ -224,6 +224,12 @@ def _gemm_rows(profiles: list[Counters]) -> list[tuple[Counters, Any]]:
             if r.weights and "load" not in r.launch and "stream" not in r.launch]
 
 
+def profiled(profiles: list[Counters], kernel: str) -> bool:
+    """Whether any of `profiles` holds a launch of `kernel` (a backend or MoE method: each launch's
+    label starts with it)."""
+    return any(str(r.launch).split(" ")[0] == kernel for p in profiles for r in p.table.itertuples())
+
+
 def instruction_bound(profiles: list[Counters], bandwidth_tbps: float | None = None,
                       measured_in: str = "this run") -> str | None:
     """Over every GEMM launch profiled: their instructions per weight against `break_even`, which

@@ -230,7 +230,8 @@ def fused_anatomy_findings(table, decode_batch: int) -> list[str]:
                      "build is its own compilation (registers, warps an SM), so its increments are not "
                      "strict costs.")
     for other in table.drop(index=row.name).itertuples(index=False):
-        elsewhere = (f" (the layer table: {text.us(other.layer_us)}, {text.pct(other.layer_apart_pct)} off it)"
+        elsewhere = (f" (the layer table: {text.us(other.layer_us)}, {text.pct(other.layer_apart_pct)} off it, "
+                     "the same spread between workers)"
                      if other.layer_apart_pct > SAME_CALL_SPREAD_PCT else "")
         alone = ("" if text.is_missing(other.compute) else
                  f"; without the weights' read {text.us(other.compute)} ({text.ratio(other.math_to_load)} "
