@@ -339,7 +339,8 @@ def test_chapter_03_says_where_the_layer_table_times_the_dissected_call_elsewher
     assert said.startswith("- At B=512 (mxfp4) `cuda-w4a16-moe` takes 1.40 ms a layer in this worker")
     assert ("The sweep's layer table times the same call at the same point at 1.50 ms, in its own "
             "worker; this worker's 1.40 ms is 6.7% off it") in said
-    assert "nvfp4 at B=512: the whole call 1.70 ms (the layer table: 1.85 ms, 8.1% off it)" in said
+    assert ("nvfp4 at B=512: the whole call 1.70 ms (the layer table: 1.85 ms, 8.1% off it, the same spread "
+            "between workers)") in said
 
 
 def test_chapter_03_says_how_to_dissect_the_fused_kernel_where_a_run_did_not(tmp_path):
