@@ -173,5 +173,6 @@ def test_the_front_page_says_why_from_the_profiles_of_its_gpu(tmp_path):
             "`20261203T1320Z-h200-ncu-cuda`") in line
     assert ("(fp4lab's Triton kernels, humming and fp4lab's CUDA kernels) run 2.5-5.0 instructions per "
             "weight") in line
-    assert "the copy bandwidth measured in this run (4.24 TB/s)" in line and "At 4.43 instructions" in line
+    assert ("the copy bandwidth measured in the diagnosed run `20261203T1155Z-h200-full` (4.24 TB/s)" in line
+            and "At 4.43 instructions" in line)
     assert "their instructions bound them" in line and "waits on its global loads" in line

@@ -257,7 +257,8 @@ def instruction_bound(profiles: list[Counters], bandwidth_tbps: float | None = N
                 "FP4 tensor cores (sm_100) that take the codes as they are.")
     head += "."
     if over:
-        head += (f" {len(over)} of the {len(gemms)} launches issue more than that: their instructions bound "
+        head += (f" {len(over)} of the {len(gemms)} GEMM launches (the anatomy's loads-only and stream builds "
+                 "left out) issue more than that: their instructions bound "
                  "them (fewer instructions per weight, or FP4 tensor cores (sm_100) that take the codes as "
                  "they are, would make them faster).")
     lean_profile, lean = min(under, key=lambda pr: pr[1].instr_per_weight)
