@@ -250,7 +250,8 @@ def counters_sentence(d) -> str | None:
         return None
     profiles = [counters.read_counters(folder) for folder in counters.find_profiles("")]
     profiles = [p for p in profiles if p.device == d.view.device]
-    bound = counters.instruction_bound(profiles, d.gemm.bandwidth_tbps, f"the diagnosed run {text.code(d.view.run_id)}")
+    bound = counters.instruction_bound(profiles, d.gemm.bandwidth_tbps,
+                                       f"the diagnosed run {text.code(d.view.run_id)}")
     if not bound:
         return None
     named = text.join(text.code(p.run_id) for p in profiles)
