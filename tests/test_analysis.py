@@ -392,7 +392,7 @@ def test_a_faster_method_at_another_batch_is_a_lever_with_its_memory_cost():
         d.moe.model, "fp4", d.chosen["fmt"])
     # the lever's own words carry its memory cost: the front page shows them without the basis
     lever = d.levers[d.levers["lever"] == f"batch {int(best['batch'])} through {best['method']} "
-                     f"(per token; {ratio:.1f}x the weights' memory)"]
+                     f"(per token; {ratio:.1f}x the memory)"]
     assert len(lever) == 1 and lever["from_path"].iloc[0] and lever["kind"].iloc[0] == "measured"
     assert lever["with_us"].iloc[0] == pytest.approx(per_token.min())
     assert lever["now_us"].iloc[0] == pytest.approx(d.chosen["layer_us"] / d.chosen["batch"])

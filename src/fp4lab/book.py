@@ -220,11 +220,9 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
             lines += ["```{raw} html", words.glance_html(d), "```", ""]
         if len(d.seed):
             dtype = gemm_analysis.seed_math_dtype(d.gemm, d.seed_backend)
-            loop = d.seed_loop
-            why = (f", whose loop of expert GEMMs is modelled fastest ({text.us(loop['modelled_us'])}"
-                   + (f", {loop['modelled_fmt']}" if loop["modelled_fmt"] else "") + ")" if loop else "")
+            # why this backend's, with its modelled loop: chapters 01 and 04 (above the fold here)
             seed = html_table(d.seed, seed_columns(dtype), caption=d.gemm.caption(
-                f"The seed's table, measured on this GPU: {d.seed_backend}{why}; {seed_note(dtype)}"))
+                f"The seed's table, measured here: {d.seed_backend}; {seed_note(dtype)}"))
             lines += ["```{raw} html", f'<div class="fp4lab-seed">{seed}</div>', "```", ""]
         pages = diagnosed_pages(run, report, leading)
         facts = [link_chapters(line, pages) for line in (words.kernel_time_sentence(d), words.fp4_sentence(d),

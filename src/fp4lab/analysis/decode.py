@@ -742,7 +742,7 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
         through = batch_fastest["method"] + (f" ({batch_fastest['fmt']})" if batch_fastest["fmt"] else "")
         held = (f"; its {batch_fastest['weight_dtype']} weights take {batch_fastest['bytes_over_fp4']:.1f}x "
                 "the FP4 weights' memory" if batch_fastest["bytes_over_fp4"] > 1 + SAME_SPEED_WITHIN else "")
-        cost = (f"; {batch_fastest['bytes_over_fp4']:.1f}x the weights' memory" if held else "")
+        cost = (f"; {batch_fastest['bytes_over_fp4']:.1f}x the memory" if held else "")
         rows.append({"lever": f"batch {batch_fastest['batch']} through {through} (per token{cost})",
                      "gain": batch_fastest["now_us"] / batch_fastest["with_us"],
                      "basis": (f"measured (MoE sweep: the lowest time per token of every method and batch, against "
