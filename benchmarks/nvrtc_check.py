@@ -1,6 +1,6 @@
 """Compile every `cuda-w4a16-moe` build a device call will run (the presets and the probe's
-`GRID`, `LARGE_GRID`, `MORE_WARPS_GRID` and the presets' `buffer_variants`, both formats, both launches, every anatomy stage)
-through a given NVRTC, here, without a GPU: what `torch.cuda._compile_kernel` does there, so that a front-end error or a
+`GRID`, `LARGE_GRID`, `MORE_WARPS_GRID` and the presets' `buffer_variants`, both formats, both
+launches, every anatomy stage) through a given NVRTC, here, without a GPU: what `torch.cuda._compile_kernel` does there, so that a front-end error or a
 wgmma serialization warning costs seconds instead of a device call. Give it the NVRTC of the
 device's CUDA (13.0 for torch 2.11+cu130; 13.5 accepted what 13.0 refused, call 101):
 

@@ -26,6 +26,8 @@ AVAILABILITY = [Col("backend", "backend"), Col("weights", "weights"), Col("ok", 
                 Col("timeout", "timeout", "int")]
 CEILINGS = [Col("ceiling", "ceiling"), Col("measured", "measured here", "sig"), Col("spec", "spec sheet", "sig"),
             Col("how", "how it was measured (the probe's timer line)")]
+
+
 def seed_note(math_dtype: str | None) -> str:
     """What the seed table's columns mean (its caption's tail), naming the peak its headers name."""
     peak = f"the {math_dtype} peak" if math_dtype else "its math peak"
