@@ -69,6 +69,31 @@ def test_chapter_01_seed_caption_states_chapter_04s_modelled_loop(reference_copy
     assert "runs the glm-5 layer fastest at B=512, 5.06 ms (nvfp4) modelled from its GEMM times (a" in caption
 
 
+def test_chapter_04_sets_every_timing_of_the_diagnosed_call_side_by_side(reference_copy):
+    """A newcomer met the diagnosed call as 1.74, 1.76, 1.82, 1.97 and 2.22 ms on different pages:
+    chapter 04 lists them in one table, fastest first, each with how it was timed."""
+    from fp4lab.analysis import decode
+
+    d = decode.diagnose(reference_copy, decode.DiagnosisConfig.from_profile("full"))
+    times = d.call_times
+    assert list(times["us"]) == sorted(times["us"])
+    assert times.iloc[0]["timing"] == "layer table (the verdict's)" and \
+        times.iloc[0]["us"] == pytest.approx(d.chosen["layer_us"])
+    assert set(times["timing"]) == {"layer table (the verdict's)", "layer table", "dissecting worker",
+                                    "back to back"}
+    worker = times[(times["timing"] == "dissecting worker") & (times["fmt"] == d.chosen["fmt"])]
+    assert worker["us"].item() == pytest.approx(d.chosen_anatomy["full"])
+    assert times[times["timing"] == "back to back"]["us"].item() == \
+        pytest.approx(d.chosen_power["window_us_per_call"])
+    assert decode.call_times(d.paths, d.moe, None, None).empty          # no diagnosed path
+    loop = d.paths[d.paths["source"] == "GEMM sweep"].iloc[0].to_dict()  # a modelled loop: no timing
+    assert decode.call_times(d.paths, d.moe, loop, None).empty
+    table = page_text(ch04_diagnosis.build(str(reference_copy), "none", "full", "cpu"), "breakdown")
+    assert "every time this run measured for one cuda-w4a16-moe call at B=512" in table
+    for shown in ("1.74 ms", "1.76 ms", "1.82 ms", "1.97 ms", "2.22 ms"):
+        assert shown in table
+
+
 def test_chapter_04_says_which_points_never_reached_the_gate(reference_copy):
     """"No point failed the correctness gate" beside chapter 01's "gemlite-w4a16 error x21" read
     as a contradiction: the page names the points that stopped before the gate."""

@@ -122,6 +122,7 @@ class Diagnosis:
     ep_basis: str = MODELLED
     chosen_clock: dict[str, Any] | None = None   # the diagnosed path's timed SM clock, where it fell
     chosen_power: dict[str, Any] | None = None   # the diagnosed path's own energy window, if any
+    call_times: pd.DataFrame = field(default_factory=pd.DataFrame)   # every timing of its call
 
     @property
     def smoke(self) -> bool:
@@ -428,6 +429,41 @@ def math_alone(anatomy: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     return {"compute_us": other["compute"], "load_us": other["load"], "math_to_load": other["math_to_load"],
             "math_bound": other["math_bound"], "fmt": other["fmt"]}
+
+
+CALL_TIME_COLUMNS = ["timing", "fmt", "us", "how"]
+
+
+def call_times(paths: pd.DataFrame, moe: moe_analysis.MoeResults | None, chosen: dict | None,
+               power: dict[str, Any] | None) -> pd.DataFrame:
+    """Every time the run measured for the diagnosed path's call at its batch, fastest first, so a
+    reader sees side by side the numbers the pages state apart: the MoE sweep's layer table (the
+    timer's burst; each format it timed, the verdict's marked), the same call in the worker that
+    dissected it (`moe_analysis.fused_anatomy`'s whole build), and a call replayed back to back in
+    its energy window (`path_power`). Empty without a measured path."""
+    if chosen is None or chosen.get("source") != "MoE sweep":
+        return pd.DataFrame(columns=CALL_TIME_COLUMNS)
+    rows = []
+    own = paths[(paths["source"] == "MoE sweep") & (paths["path"] == chosen["path"])]
+    for r in own.itertuples(index=False):
+        diagnosed = r.fmt == chosen.get("fmt")
+        rows.append({"timing": "layer table" + (" (the verdict's)" if diagnosed else ""), "fmt": r.fmt,
+                     "us": r.layer_us, "how": "the MoE sweep's timer: a burst of graph replays, L2 flushed "
+                                              "before each, in the sweep's worker"})
+    if moe is not None:
+        anatomy = moe_analysis.fused_anatomy(moe)
+        for r in anatomy[(anatomy["method"] == chosen["path"]) & (anatomy["batch"] == chosen["batch"])
+                         ].itertuples(index=False):
+            rows.append({"timing": "dissecting worker", "fmt": r.fmt, "us": r.full,
+                         "how": "the same timer in the worker that times its anatomy builds (another "
+                                "process, another burst)"})
+    if power is not None:
+        rows.append({"timing": "back to back", "fmt": power["fmt"], "us": power["window_us_per_call"],
+                     "how": f"replayed for seconds in its energy window: {power['avg_power_w']:.0f} W of "
+                            f"{power['power_limit_w']:.0f} W, the SM clock down to "
+                            f"{power['window_sm_clock_mhz']:.0f} MHz"})
+    frame = pd.DataFrame(rows, columns=CALL_TIME_COLUMNS)
+    return frame.sort_values("us", kind="stable").reset_index(drop=True)
 
 
 POWER_REASONS = ("sw_power_cap", "hw_power_brake_slowdown")   # clock events that are the power limit
@@ -800,6 +836,7 @@ def diagnose(run_dir: str | RunDir, config: DiagnosisConfig) -> Diagnosis:
     graphs = what_if_graphs(gemm)
     fp4 = fp4_lever(paths, model, load, gemm.bandwidth_tbps if gemm else None)
     anatomy = path_anatomy(moe, chosen)
+    own_power = path_power(moe, chosen, run_view, config) if not run_view.is_smoke else None
     return Diagnosis(
         config=config, view=run_view, gemm=gemm, moe=moe, power=power, load=load, paths=paths,
         chosen=chosen, chosen_reason=reason,
@@ -816,4 +853,4 @@ def diagnose(run_dir: str | RunDir, config: DiagnosisConfig) -> Diagnosis:
         chosen_anatomy=anatomy,
         concurrency_basis=basis, ep_basis=ep_basis,
         chosen_clock=fallen_clock(chosen, run_view) if not run_view.is_smoke else None,
-        chosen_power=path_power(moe, chosen, run_view, config) if not run_view.is_smoke else None)
+        chosen_power=own_power, call_times=call_times(paths, moe, chosen, own_power))

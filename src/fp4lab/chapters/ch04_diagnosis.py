@@ -29,6 +29,8 @@ PROJECTION = [Col("gpu_arch", "GPU"), Col("math_dtype", "math in"),
               Col("launch_floor_us", "launch floor", "us"), Col("floor_us", "layer floor", "us"),
               Col("bound", "bound by"), Col("measured_us", "measured here", "us"),
               Col("at_measured_ratio_us", "as far from its floor as here", "us")]
+CALL_TIMES = [Col("timing", "timing"), Col("fmt", "FP4 format"), Col("us", "time a call", "us"),
+              Col("how", "how it was timed")]
 CONCURRENCY = [Col("batch", "B", "int"), Col("mean_m", "mean tokens per expert", "sig"),
                Col("busiest_m", "busiest expert", "sig"), Col("layer_us", "layer time", "us"),
                Col("us_per_token", "us per token per layer", "sig")]
@@ -288,6 +290,12 @@ def fill(context: Context, d: decode.Diagnosis) -> None:
         page.figure("breakdown", figures.layer_against_floors(d.chosen, d.fp4["floor_us"] if d.fp4 else None),
                     d.view.caption(f"{d.config.preset}, B={d.config.decode_batch}; floors from the run's measured ceilings"))
         page.prose("breakdown", load_sentence(d))
+    if len(d.call_times) > 1:
+        page.html("breakdown", html_table(d.call_times, CALL_TIMES, caption=d.view.caption(
+            f"every time this run measured for one {d.chosen['path']} call at B={int(d.chosen['batch'])}, "
+            "fastest first: the verdict and the levers read the layer table; the dissecting worker's parts "
+            "(chapter 03) add up to its own whole; back to back, at the power limit, a call takes longer "
+            "(chapter 02)")))
     if len(d.paths):
         drawn = min(len(d.paths), figures.PATHS_DRAWN)
         which = ("every path" if drawn == len(d.paths)
