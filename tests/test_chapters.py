@@ -72,7 +72,7 @@ def test_chapter_01_seed_caption_states_chapter_04s_modelled_loop(reference_copy
 def test_chapter_04_sets_every_timing_of_the_diagnosed_call_side_by_side(reference_copy):
     """A newcomer met the diagnosed call as 1.74, 1.76, 1.82, 1.97 and 2.22 ms on different pages:
     chapter 04 lists them in one table, fastest first, each with how it was timed."""
-    from fp4lab.analysis import decode
+    from fp4lab.analysis import decode, moe
 
     d = decode.diagnose(reference_copy, decode.DiagnosisConfig.from_profile("full"))
     times = d.call_times
@@ -85,9 +85,10 @@ def test_chapter_04_sets_every_timing_of_the_diagnosed_call_side_by_side(referen
     assert worker["us"].item() == pytest.approx(d.chosen_anatomy["full"])
     assert times[times["timing"] == "back to back"]["us"].item() == \
         pytest.approx(d.chosen_power["window_us_per_call"])
-    assert decode.call_times(d.paths, d.moe, None, None).empty          # no diagnosed path
+    dissected = moe.fused_anatomy(d.moe)
+    assert decode.call_times(d.paths, dissected, None, None).empty          # no diagnosed path
     loop = d.paths[d.paths["source"] == "GEMM sweep"].iloc[0].to_dict()  # a modelled loop: no timing
-    assert decode.call_times(d.paths, d.moe, loop, None).empty
+    assert decode.call_times(d.paths, dissected, loop, None).empty
     table = page_text(ch04_diagnosis.build(str(reference_copy), "none", "full", "cpu"), "breakdown")
     assert "every time this run measured for one cuda-w4a16-moe call at B=512" in table
     for shown in ("1.74 ms", "1.76 ms", "1.82 ms", "1.97 ms", "2.22 ms"):

@@ -268,22 +268,21 @@ def every_m_backends(ok: pd.DataFrame) -> list[str]:
     return list(largest.index[largest == largest.max()])
 
 
-def seed_backend(gemm: gemm_analysis.GemmResults | None, config: DiagnosisConfig) -> str | None:
-    """The GEMM backend whose seed table the book shows (chapter 01, chapter 04, the front page):
-    the one the diagnosed layer's model times its experts with."""
+def decode_layer(config: DiagnosisConfig) -> tuple[presets.ModelPreset, dict]:
+    """The diagnosed layer's model and its expert load at the decode batch."""
     model = presets.get(config.preset)
-    load = moe_analysis.tokens_per_expert(model, config.decode_batch, config.routing, config.steps, config.seed)
-    return layer_backend(gemm, model, load)
+    return model, moe_analysis.tokens_per_expert(model, config.decode_batch, config.routing, config.steps,
+                                                 config.seed)
 
 
-def seed_modelled(gemm: gemm_analysis.GemmResults | None, backend: str | None,
-                  config: DiagnosisConfig) -> dict[str, Any] | None:
-    """`backend`'s modelled loop of expert GEMMs for the diagnosed layer (`seed_loop`'s
-    "modelled_us" and "modelled_fmt"), for the pages that show the seed table without the
-    diagnosis; None without one."""
-    model = presets.get(config.preset)
-    load = moe_analysis.tokens_per_expert(model, config.decode_batch, config.routing, config.steps, config.seed)
-    return seed_loop(gemm, pd.DataFrame(), backend, model, load)
+def seed_choice(gemm: gemm_analysis.GemmResults | None,
+                config: DiagnosisConfig) -> tuple[str | None, dict[str, Any] | None]:
+    """For the pages that show the seed table without the diagnosis (chapter 01): the GEMM backend
+    whose seed table the book shows (the one the diagnosed layer's model times its experts with,
+    `layer_backend`) and its modelled loop (`seed_loop`, without the MoE sweep's timing)."""
+    model, load = decode_layer(config)
+    backend = layer_backend(gemm, model, load)
+    return backend, seed_loop(gemm, pd.DataFrame(), backend, model, load)
 
 
 def seed_loop(gemm: gemm_analysis.GemmResults | None, paths: pd.DataFrame, backend: str | None,
@@ -398,14 +397,13 @@ def fallen_clock(chosen: dict | None, run_view: RunView) -> dict[str, Any] | Non
             "max_sm_clock_mhz": float(top), "fraction": float(clock) / float(top)}
 
 
-def path_anatomy(moe: moe_analysis.MoeResults | None, chosen: dict | None) -> dict[str, Any] | None:
+def path_anatomy(anatomy: pd.DataFrame, chosen: dict | None) -> dict[str, Any] | None:
     """The diagnosed path's own builds (loads only, decoded, whole, its math alone where timed: a
-    row of `moe_analysis.fused_anatomy`) at its measured batch and format, with `math_elsewhere`
-    (`moe_analysis.math_in_other_format`) where only the other format timed its math; None where
-    the run did not dissect that call."""
-    if moe is None or chosen is None or chosen.get("source") != "MoE sweep":
+    row of `anatomy`, `moe_analysis.fused_anatomy`) at its measured batch and format, with
+    `math_elsewhere` (`moe_analysis.math_in_other_format`) where only the other format timed its
+    math; None where the run did not dissect that call."""
+    if chosen is None or chosen.get("source") != "MoE sweep" or not len(anatomy):
         return None
-    anatomy = moe_analysis.fused_anatomy(moe)
     rows = anatomy[(anatomy["method"] == chosen["path"]) & (anatomy["fmt"] == chosen.get("fmt"))
                    & (anatomy["batch"] == chosen["batch"])]
     if not len(rows):
@@ -434,13 +432,13 @@ def math_alone(anatomy: dict[str, Any] | None) -> dict[str, Any] | None:
 CALL_TIME_COLUMNS = ["timing", "fmt", "us", "how"]
 
 
-def call_times(paths: pd.DataFrame, moe: moe_analysis.MoeResults | None, chosen: dict | None,
+def call_times(paths: pd.DataFrame, anatomy: pd.DataFrame, chosen: dict | None,
                power: dict[str, Any] | None) -> pd.DataFrame:
     """Every time the run measured for the diagnosed path's call at its batch, fastest first, so a
     reader sees side by side the numbers the pages state apart: the MoE sweep's layer table (the
     timer's burst; each format it timed, the verdict's marked), the same call in the worker that
-    dissected it (`moe_analysis.fused_anatomy`'s whole build), and a call replayed back to back in
-    its energy window (`path_power`). Empty without a measured path."""
+    dissected it (`anatomy`, `moe_analysis.fused_anatomy`: its whole build), and a call replayed
+    back to back in its energy window (`path_power`). Empty without a measured path."""
     if chosen is None or chosen.get("source") != "MoE sweep":
         return pd.DataFrame(columns=CALL_TIME_COLUMNS)
     rows = []
@@ -450,13 +448,11 @@ def call_times(paths: pd.DataFrame, moe: moe_analysis.MoeResults | None, chosen:
         rows.append({"timing": "layer table" + (" (the verdict's)" if diagnosed else ""), "fmt": r.fmt,
                      "us": r.layer_us, "how": "the MoE sweep's timer: a burst of graph replays, L2 flushed "
                                               "before each, in the sweep's worker"})
-    if moe is not None:
-        anatomy = moe_analysis.fused_anatomy(moe)
-        for r in anatomy[(anatomy["method"] == chosen["path"]) & (anatomy["batch"] == chosen["batch"])
-                         ].itertuples(index=False):
-            rows.append({"timing": "dissecting worker", "fmt": r.fmt, "us": r.full,
-                         "how": "the same timer in the worker that times its anatomy builds (another "
-                                "process, another burst)"})
+    for r in anatomy[(anatomy["method"] == chosen["path"]) & (anatomy["batch"] == chosen["batch"])
+                     ].itertuples(index=False):
+        rows.append({"timing": "dissecting worker", "fmt": r.fmt, "us": r.full,
+                     "how": "the same timer in the worker that times its anatomy builds (another "
+                            "process, another burst)"})
     if power is not None:
         rows.append({"timing": "back to back", "fmt": power["fmt"], "us": power["window_us_per_call"],
                      "how": f"replayed for seconds in its energy window: {power['avg_power_w']:.0f} W of "
@@ -819,10 +815,9 @@ def diagnose(run_dir: str | RunDir, config: DiagnosisConfig) -> Diagnosis:
     gemm = gemm_analysis.gemm_results(run) if run.has_table("gemm") else None
     moe = moe_analysis.moe_results(run, config.preset) if run.has_table("moe") else None
     power = power_analysis.run_power(run) if run.has_table("gemm") or run.has_table("telemetry") else None
-    model = presets.get(config.preset)
-    load = moe_analysis.tokens_per_expert(model, config.decode_batch, config.routing, config.steps, config.seed)
+    model, load = decode_layer(config)
     paths = decode_paths(gemm, moe if moe is not None and not moe.model.scaled else None, model, load, config)
-    seed_backend_name = seed_backend(gemm, config)
+    seed_backend_name = layer_backend(gemm, model, load)
     chosen, reason = choose(paths, config.backend)
     power_now = decode_power(power, seed_backend_name, model, load)
     by_batch = sweep_layer_times(moe, chosen, config.routing)
@@ -835,7 +830,9 @@ def diagnose(run_dir: str | RunDir, config: DiagnosisConfig) -> Diagnosis:
         ep, ep_basis = what_if_ep(gemm, seed_backend_name, model, config, comm), MODELLED
     graphs = what_if_graphs(gemm)
     fp4 = fp4_lever(paths, model, load, gemm.bandwidth_tbps if gemm else None)
-    anatomy = path_anatomy(moe, chosen)
+    dissected = moe_analysis.fused_anatomy(moe) if moe is not None else pd.DataFrame(
+        columns=moe_analysis.FUSED_ANATOMY_COLUMNS)
+    anatomy = path_anatomy(dissected, chosen)
     own_power = path_power(moe, chosen, run_view, config) if not run_view.is_smoke else None
     return Diagnosis(
         config=config, view=run_view, gemm=gemm, moe=moe, power=power, load=load, paths=paths,
@@ -853,4 +850,4 @@ def diagnose(run_dir: str | RunDir, config: DiagnosisConfig) -> Diagnosis:
         chosen_anatomy=anatomy,
         concurrency_basis=basis, ep_basis=ep_basis,
         chosen_clock=fallen_clock(chosen, run_view) if not run_view.is_smoke else None,
-        chosen_power=own_power, call_times=call_times(paths, moe, chosen, own_power))
+        chosen_power=own_power, call_times=call_times(paths, dissected, chosen, own_power))

@@ -456,11 +456,10 @@ def _seed(page, results, reference, profile: str) -> None:
 
     config = decode.DiagnosisConfig.from_profile(profile)
     for which in (results, reference):
-        backend = decode.seed_backend(which, config) if which is not None else None
+        backend, loop = decode.seed_choice(which, config) if which is not None else (None, None)
         if backend:
             dtype = analysis.seed_math_dtype(which, backend)
             columns = seed_columns(dtype)
-            loop = decode.seed_modelled(which, backend, config)
             fmt = f" ({loop['modelled_fmt']})" if loop and loop["modelled_fmt"] else ""
             at = f", {text.us(loop['modelled_us'])}{fmt} modelled from its GEMM times" if loop else ""
             page.html("seed", html_table(analysis.seed_table(which, backend), columns, caption=which.caption(
