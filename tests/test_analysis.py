@@ -549,9 +549,9 @@ def test_the_kernel_time_sentence_says_what_the_diagnosed_calls_own_builds_measu
     assert d.chosen_anatomy["load"] == 1250.0 and d.chosen_anatomy["fmt"] == d.chosen["fmt"]
     # the parts add up to the whole the worker timed: 1.25 + 0.15 + 0.40 = 1.80 ms
     # and the time above the loads there (550 us), which the layer table's time above the floor is not
-    assert (f"where it took 1.80 ms against the layer table's {text.us(d.chosen['layer_us'])}, 550 us above its "
-            "loads alone (1.25 ms, the weights at 80% of the copy bandwidth): decoding them adds +150 us and "
-            "the MMAs +400 us, which run after the loads") in sentence
+    assert (f"took 1.80 ms (the layer table: {text.us(d.chosen['layer_us'])}): its loads alone take 1.25 ms (the "
+            "weights at 80% of the copy bandwidth), and the decode adds +150 us and the MMAs +400 us on top "
+            "(550 us in all), the part of their work the loads do not hide") in sentence
     assert "did not time them without the weights' read" in sentence and "copy bandwidth would" not in sentence
     bound_lever = d.levers[d.levers["kind"] == "bound"].iloc[0]      # no math build: the plain bound
     assert bound_lever["lever"] == "cuda-w4a16-moe at its weight-read floor" and bound_lever["basis"] == decode.BOUND
@@ -587,7 +587,7 @@ def test_a_dissected_path_without_its_own_math_build_cites_the_other_formats(tmp
     assert other == {"fmt": "nvfp4", "compute": 1400.0, "load": 1250.0,
                      "math_to_load": pytest.approx(1400 / 1250), "math_bound": True}
     sentence = words.kernel_time_sentence(d)
-    assert ("without the weights' read (timed with NVFP4 weights only) the decode and MMAs take 1.40 ms, 1.1x "
+    assert ("Timed without the weights' read (NVFP4 weights only), the decode and MMAs alone take 1.40 ms, 1.1x "
             "the NVFP4 loads alone (1.25 ms)") in sentence
     assert "fewer instructions a weight" in sentence and "did not time them" not in sentence
     table = moe.fused_anatomy(moe.moe_results(run, "glm-5"))

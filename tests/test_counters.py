@@ -63,8 +63,9 @@ def test_a_kernel_under_the_break_even_is_named_with_what_it_waits_on():
     bound = counters.instruction_bound(profiles, 4.27)
     assert "(fp4lab's Triton kernels, humming and fp4lab's CUDA kernels) run 2.9-5.0" in bound
     assert "6 of the 9 GEMM launches (the anatomy's loads-only and stream builds left out) issue more" in bound
-    assert "The leanest, cuda\\-w4a16 8192x8192 M=1 (fp4lab's CUDA kernels), issues 2.9 on 50%" in bound
-    assert "long scoreboard 3.30 cycles" in bound and "waits on its global loads" in bound
+    assert "The leanest, cuda\\-w4a16 8192x8192 M=1 (fp4lab's CUDA kernels), issues 2.9 instructions per weight, on 50% of its cycles" in bound
+    assert "largest stall is long scoreboard (3.30 cycles per instruction issued)" in bound
+    assert "waits on its global loads" in bound
     every = counters.instruction_bound([counters.read_counters(PEERS)], 4.27)   # humming alone
     assert "every launch issues more" in every and "the kernels' instructions" in every
 

@@ -63,9 +63,12 @@ def test_the_front_page_links_the_verdict_to_the_diagnosis_chapter_it_came_from(
         {"04": "chapters/04_diagnosis"}
     page = book.front_page(run, {**as_reference, "profile": "smoke"}, leading)
     assert "{doc}`chapter 04, the diagnosis <chapters/reference/04_diagnosis>`" in page
-    # the facts' chapter references are links too, to the same part's pages
-    assert "in {doc}`chapter 01 <chapters/reference/01_fp4_gemm_sweep>`):" in page
-    assert "(chapter 03)" not in page and "{doc}`chapter 03 <chapters/reference/03_moe_expert_scatter>`" in page
+    # the facts' chapter references are links too, to the section of the same part's page they cite
+    assert ("in [chapter 01](chapters/reference/01_fp4_gemm_sweep.ipynb"
+            "#where-the-kernels-cycles-go-hardware-counters)):") in page
+    assert "(chapter 03)" not in page
+    assert ("([chapter 03](chapters/reference/03_moe_expert_scatter.ipynb"
+            "#where-fp4labs-fused-kernels-time-goes))") in page
     # the counters are other kernels' until the diagnosed one is profiled on this GPU: it says so
     from fp4lab import text
     from fp4lab.analysis import counters
@@ -73,11 +76,28 @@ def test_the_front_page_links_the_verdict_to_the_diagnosis_chapter_it_came_from(
     on_h200 = [p for p in on_h200 if p.device == "NVIDIA H200"]
     assert not counters.profiled(on_h200, "cuda-w4a16-moe") and counters.profiled(on_h200, "cuda-w4a16")
     assert (f"The diagnosed path's kernel, {text.md('cuda-w4a16-moe')}, is not among them: no Nsight Compute "
-            "profile of it on NVIDIA H200 is committed.") in page
+            "profile of it on NVIDIA H200 is committed, so what bounds it comes from its own dissection above, "
+            "not from these counters.") in page
     h100 = counters.read_counters(REPO_ROOT / "results" / "measurements" / "20261206T1527Z-h100-ncu-cuda")
     assert counters.profiled([h100], "cuda-w4a16-moe")
     assert book.link_chapters("see chapter 07 and chapter 01", {"01": "chapters/01_x"}) == \
         "see chapter 07 and {doc}`chapter 01 <chapters/01_x>`"
+    assert book.link_chapters("chapter 01", {"01": "chapters/01_x"}, (("01", "Where it goes: the MMAs'"),)) == \
+        "[chapter 01](chapters/01_x.ipynb#where-it-goes-the-mmas)"
+
+
+def test_each_section_the_front_page_links_to_is_a_heading_of_its_chapter():
+    """A renamed heading would leave the front page's link pointing at no anchor."""
+    import json
+
+    from fp4lab import book
+
+    for chapter, heading in (book.FUSED_ANATOMY_SECTION, book.GEMM_ANATOMY_SECTION, book.COUNTERS_SECTION):
+        (notebook,) = (REPO_ROOT / "notebooks").glob(f"{chapter}_*.ipynb")
+        cells = json.loads(notebook.read_text())["cells"]
+        headings = [line for cell in cells if cell["cell_type"] == "markdown"
+                    for line in "".join(cell["source"]).splitlines() if line.startswith("## ")]
+        assert f"## {heading}" in headings, (notebook.name, heading)
 
 
 def test_the_sidebar_leads_with_the_gpu_measurements(tmp_path):

@@ -225,8 +225,9 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
                 f"The seed's table, measured here: {d.seed_backend}; {seed_note(dtype)}"))
             lines += ["```{raw} html", f'<div class="fp4lab-seed">{seed}</div>', "```", ""]
         pages = diagnosed_pages(run, report, leading)
-        facts = [link_chapters(line, pages) for line in (words.kernel_time_sentence(d), words.fp4_sentence(d),
-                                                         counters_sentence(d)) if line]
+        facts = [link_chapters(line, pages, sections) for line, sections in (
+            (words.kernel_time_sentence(d), (FUSED_ANATOMY_SECTION, GEMM_ANATOMY_SECTION)),
+            (words.fp4_sentence(d), ()), (counters_sentence(d), (COUNTERS_SECTION,))) if line]
         evidence = pages.get("04")
         if evidence:
             facts.append(f"The evidence, every path, floor and lever: {{doc}}`chapter 04, the diagnosis <{evidence}>`.")
@@ -256,7 +257,9 @@ def counters_sentence(d) -> str | None:
     missing = ""
     if d.chosen is not None and not counters.profiled(profiles, d.chosen["path"]):
         missing = (f" The diagnosed path's kernel, {text.md(d.chosen['path'])}, is not among them: no Nsight "
-                   f"Compute profile of it on {text.md(d.view.device)} is committed.")
+                   f"Compute profile of it on {text.md(d.view.device)} is committed"
+                   + (", so what bounds it comes from its own dissection above, not from these counters."
+                      if d.chosen_anatomy is not None else "."))
     return f"Why, counted by Nsight Compute (profiles {named}, in chapter 01): {bound}{missing}"
 
 
@@ -276,12 +279,34 @@ def diagnosed_pages(run: RunDir, report: dict[str, Any], leading: RunDir) -> dic
 
 CHAPTER_MENTION = re.compile(r"\bchapter (\d\d)\b")
 
+# The section a front-page fact cites a chapter for: (chapter, its heading as the notebook writes
+# it); the link lands there, not at the top of a long page (tests check each heading exists)
+FUSED_ANATOMY_SECTION = ("03", "Where fp4lab's fused kernel's time goes")
+GEMM_ANATOMY_SECTION = ("01", "Where an FP4 weight-only GEMM's time goes")
+COUNTERS_SECTION = ("01", "Where the kernel's cycles go: hardware counters")
 
-def link_chapters(line: str, pages: dict[str, str]) -> str:
-    """Each "chapter NN" of a front-page line as a link to that page of the diagnosed run's part;
-    plain text where the book has no such page."""
-    return CHAPTER_MENTION.sub(lambda m: f"{{doc}}`chapter {m.group(1)} <{pages[m.group(1)]}>`"
-                               if m.group(1) in pages else m.group(0), line)
+
+def heading_anchor(heading: str) -> str:
+    """The anchor MyST gives a heading (`myst_heading_anchors` in _config.yml; GitHub's rule:
+    lower case, spaces to hyphens, other punctuation dropped)."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def link_chapters(line: str, pages: dict[str, str], sections: tuple[tuple[str, str], ...] = ()) -> str:
+    """Each "chapter NN" of a front-page line as a link to that page of the diagnosed run's part,
+    to the section `sections` names for that chapter where it names one; plain text where the book
+    has no such page."""
+    anchors = {chapter: heading_anchor(heading) for chapter, heading in sections}
+
+    def link(mention: re.Match) -> str:
+        number = mention.group(1)
+        if number not in pages:
+            return mention.group(0)
+        if number in anchors:
+            return f"[chapter {number}]({pages[number]}.ipynb#{anchors[number]})"
+        return f"{{doc}}`chapter {number} <{pages[number]}>`"
+
+    return CHAPTER_MENTION.sub(link, line)
 
 
 GLOSSARY = (

@@ -263,10 +263,12 @@ def instruction_bound(profiles: list[Counters], bandwidth_tbps: float | None = N
                  "they are, would make them faster).")
     lean_profile, lean = min(under, key=lambda pr: pr[1].instr_per_weight)
     stall = lean.stalls.split(",")[0].strip()
+    reason, _, cycles = stall.rpartition(" ")
     head += (f" The leanest, {text.md(lean.launch)} ({kind_name(lean_profile)}), issues "
-             f"{lean.instr_per_weight:.1f} on {text.pct(lean.issue_pct)} of cycles, and its warps stall most on "
-             f"{stall} cycles per instruction issued")
-    if stall.startswith("long scoreboard") and float(stall.split()[-1]) >= LOAD_BOUND_STALLS:
+             f"{lean.instr_per_weight:.1f} instructions per weight, on {text.pct(lean.issue_pct)} of its cycles")
+    if reason:
+        head += f"; its warps' largest stall is {reason} ({cycles} cycles per instruction issued)"
+    if reason == "long scoreboard" and float(cycles) >= LOAD_BOUND_STALLS:
         head += ": it waits on its global loads, not on its instructions"
     return head + "."
 

@@ -110,33 +110,34 @@ def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
     v, path = d.verdict, d.chosen
     if d.smoke or v is None or path is None or not v["kernel_limited"]:
         return None
-    head = (f"The other {text.us(path['layer_us'] - v['floor_us'])} of the layer is the kernel's own time above "
-            "every floor, not HBM")
+    head = (f"Above its weight-read floor, {text.us(path['layer_us'] - v['floor_us'])} of the layer is the "
+            "kernel's own time, not HBM")
     a = d.chosen_anatomy
     if a is None:
         return (head + f": at its weight-read floor the layer would run {text.ratio(1 / v['explained'])} faster "
                 "(what such time is made of: chapter 01, the anatomy of fp4lab's own kernels and the hardware "
                 "counters of the kernels profiled).")
-    dissected = (f". What that time is made of, from the call dissected in its own worker (chapter 03), "
-                 f"where it took {text.us(a['full'])} against the layer table's {text.us(path['layer_us'])}, "
-                 f"{text.us(a['above_load_us'])} above its loads alone ({text.us(a['load'])}, the weights at "
-                 f"{text.pct(a['load_rate_pct'])} of the copy bandwidth): decoding them adds "
-                 f"{text.signed_us(a['decode_added_us'])} and the MMAs {text.signed_us(a['mma_added_us'])}, "
-                 "which run after the loads rather than under them")
+    # the builds' increments are what the loads did not hide, not the decode's and MMAs' whole work
+    dissected = (f". The call dissected in its own worker (chapter 03) took {text.us(a['full'])} (the layer "
+                 f"table: {text.us(path['layer_us'])}): its loads alone take {text.us(a['load'])} (the weights at "
+                 f"{text.pct(a['load_rate_pct'])} of the copy bandwidth), and the decode adds "
+                 f"{text.signed_us(a['decode_added_us'])} and the MMAs {text.signed_us(a['mma_added_us'])} on top "
+                 f"({text.us(a['above_load_us'])} in all), the part of their work the loads do not hide")
     math = decode.math_alone(a)
     if math is None:
-        return (head + dissected + "; hidden under the loads they would take the layer toward its loads-only "
-                "time, if they alone are shorter (this run did not time them without the weights' read).")
+        return (head + dissected + ". Wholly hidden under the loads they would take the layer toward its "
+                "loads-only time, if they alone are shorter (this run did not time them without the weights' "
+                "read).")
     if math["fmt"] is not None:      # only the same call in the other format was timed without its read
         fmt = text.md(math["fmt"].upper())
-        return (head + dissected + f"; without the weights' read (timed with {fmt} weights only) the decode "
-                f"and MMAs take {text.us(math['compute_us'])}, {text.ratio(math['math_to_load'])} the {fmt} "
+        return (head + dissected + f". Timed without the weights' read ({fmt} weights only), the decode and "
+                f"MMAs alone take {text.us(math['compute_us'])}, {text.ratio(math['math_to_load'])} the {fmt} "
                 f"loads alone ({text.us(math['load_us'])})"
-                + (", so even wholly hidden under the loads the call could not go much below its math: fewer "
+                + (": even wholly hidden under the loads the call could not go much below its math, so fewer "
                    "instructions a weight (or FP4 tensor cores) is what would fix it, not a faster weight stream."
                    if math["math_bound"] else
                    ": hidden under the loads, the call would take about its loads-only time."))
-    alone = (f"; without the weights' read they alone take {text.us(math['compute_us'])}, "
+    alone = (f". Without the weights' read they alone take {text.us(math['compute_us'])}, "
              f"{text.ratio(math['math_to_load'])} the loads")
     if math["math_bound"]:
         return (head + dissected + alone + f": even wholly hidden, the layer could not go below "
