@@ -391,8 +391,10 @@ def test_a_faster_method_at_another_batch_is_a_lever_with_its_memory_cost():
     ratio = decode.expert_weight_bytes(d.moe.model, "fp8") / decode.expert_weight_bytes(
         d.moe.model, "fp4", d.chosen["fmt"])
     # the lever's own words carry its memory cost: the front page shows them without the basis
+    # and how long each call then takes: the per-token gain lengthens the step
+    call = text.us(float(best["layer_us"]))
     lever = d.levers[d.levers["lever"] == f"batch {int(best['batch'])} through {best['method']} "
-                     f"(per token; {ratio:.1f}x the memory)"]
+                     f"(per token; a call takes {call}; {ratio:.1f}x the memory)"]
     assert len(lever) == 1 and lever["from_path"].iloc[0] and lever["kind"].iloc[0] == "measured"
     assert lever["with_us"].iloc[0] == pytest.approx(per_token.min())
     assert lever["now_us"].iloc[0] == pytest.approx(d.chosen["layer_us"] / d.chosen["batch"])

@@ -136,7 +136,7 @@ def test_the_front_page_shows_the_verdicts_numbers_and_its_three_largest_levers(
     on_path = shown[shown["from_path"]].sort_values("gain", ascending=False)
     assert len(on_path) >= 2      # the bound and batch 2048
     # only what would make the diagnosed path faster, largest first, under a header that says so
-    assert f"what would make {text.html(d.chosen['path'])} faster, largest gain first" in glance
+    assert (f"from {text.html(d.chosen['path'])} at B=512: what would be faster, largest gain first") in glance
     listed = on_path.head(words.GLANCE_LEVERS)
     positions = [glance.index(text.html(lever)) for lever in listed["lever"]]
     assert positions == sorted(positions)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fp4lab import params, profiles, roofline
+from fp4lab import params, profiles, roofline, text
 from fp4lab.analysis import comm as comm_analysis
 from fp4lab.analysis import gemm as gemm_analysis
 from fp4lab.analysis import moe as moe_analysis
@@ -693,6 +693,17 @@ def what_if_graphs(gemm) -> pd.DataFrame:
     return both
 
 
+def _call_words(layer_us: float) -> str:
+    """A per-token lever at a larger batch also lengthens each call, the step's latency: its words."""
+    return f"a call takes {text.us(layer_us)}"
+
+
+def _break_even_words(now_us: float, with_us: float, batch: int) -> str:
+    """An EP lever measured without its all-to-alls: the communication a layer it can afford, the
+    time per token it saves over the B tokens each GPU brings."""
+    return f"pays while its all-to-alls take under {text.us((now_us - with_us) * batch)} a layer"
+
+
 def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurrency: pd.DataFrame,
            ep: pd.DataFrame, graphs: pd.DataFrame, batch: int, *, concurrency_basis: str = MODELLED,
            ep_basis: str = MODELLED, backend: str | None = None,
@@ -734,7 +745,8 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
         best = concurrency.iloc[concurrency["us_per_token"].argmin()]
         if best["batch"] != now["batch"]:
             whose = chosen["path"] if concurrency_basis == MEASURED_BATCHES and chosen else f"a loop of {backend} GEMMs"
-            rows.append({"lever": f"batch {int(best['batch'])} instead of {int(now['batch'])} (per token, {whose})",
+            rows.append({"lever": f"batch {int(best['batch'])} instead of {int(now['batch'])} (per token, {whose}; "
+                                  f"{_call_words(best['layer_us'])})",
                          "gain": now["us_per_token"] / best["us_per_token"],
                          "basis": concurrency_basis, "now_us": now["us_per_token"],
                          "with_us": best["us_per_token"], "from_path": concurrency_basis == MEASURED_BATCHES,
@@ -747,8 +759,9 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
         on_path = ep_basis == MEASURED_BATCHES and chosen is not None
         whose = chosen["path"] if on_path else f"a {backend} GEMM loop"
         how = ("measured (MoE sweep: the busiest rank's layer)" if on_path else MODELLED)
-        rows.append({"lever": f"expert parallelism EP={degree} (per token, {whose}, "
-                              + ("all-to-all included)" if with_comm else "no communication)"),
+        rows.append({"lever": f"expert parallelism EP={degree} (per token, {whose}"
+                              + (", all-to-all included)" if with_comm else
+                                 "; " + _break_even_words(first[column], last[column], batch) + ")"),
                      "gain": first[column] / last[column],
                      "basis": (how + (" and all-to-alls" if with_comm else "")
                                + f": {degree} GPUs each bring B={batch} tokens, so each rank's experts see "
@@ -759,8 +772,9 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
     if ep_fastest is not None:
         through = ep_fastest["method"] + (f" ({ep_fastest['fmt']})" if ep_fastest["fmt"] else "")
         degree = ep_fastest["ep"]
-        comm_words = "all-to-all included" if ep_fastest["with_comm"] else "no communication"
-        rows.append({"lever": f"expert parallelism EP={degree} through {through} (per token, {comm_words})",
+        comm_words = (", all-to-all included" if ep_fastest["with_comm"] else
+                      "; " + _break_even_words(ep_fastest["now_us"], ep_fastest["with_us"], batch))
+        rows.append({"lever": f"expert parallelism EP={degree} through {through} (per token{comm_words})",
                      "gain": ep_fastest["now_us"] / ep_fastest["with_us"],
                      "basis": (f"measured (MoE sweep: the fastest method on the busiest rank, against "
                                f"{ep_fastest['alone_method']} alone on one GPU): {degree} GPUs each bring "
@@ -775,7 +789,8 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
         held = (f"; its {batch_fastest['weight_dtype']} weights take {batch_fastest['bytes_over_fp4']:.1f}x "
                 "the FP4 weights' memory" if batch_fastest["bytes_over_fp4"] > 1 + SAME_SPEED_WITHIN else "")
         cost = (f"; {batch_fastest['bytes_over_fp4']:.1f}x the memory" if held else "")
-        rows.append({"lever": f"batch {batch_fastest['batch']} through {through} (per token{cost})",
+        call = _call_words(batch_fastest["with_us"] * batch_fastest["batch"])
+        rows.append({"lever": f"batch {batch_fastest['batch']} through {through} (per token; {call}{cost})",
                      "gain": batch_fastest["now_us"] / batch_fastest["with_us"],
                      "basis": (f"measured (MoE sweep: the lowest time per token of every method and batch, against "
                                f"{chosen['path']} at B={batch_fastest['path_batch']}){held}"),

@@ -439,7 +439,9 @@ def glance_html(d: decode.Diagnosis) -> str:
     on_path = levers[levers["from_path"].astype(bool)]
     header = "largest levers"
     if d.chosen is not None and len(on_path):
-        levers, header = on_path, f"what would make {d.chosen['path']} faster, largest gain first"
+        # some replace the kernel or the batch: "faster" than the diagnosed path, not the path made faster
+        levers, header = on_path, (f"from {d.chosen['path']} at B={d.config.decode_batch}: what would be faster, "
+                                   "largest gain first")
     levers = levers.sort_values("gain", ascending=False, kind="stable").head(GLANCE_LEVERS)
     levers = levers.assign(change=[f"{text.us(r.now_us)} → {text.us(r.with_us)} ({r.kind})"
                                    for r in levers.itertuples()])
