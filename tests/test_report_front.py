@@ -136,7 +136,7 @@ def test_the_front_page_shows_the_verdicts_numbers_and_its_three_largest_levers(
     on_path = shown[shown["from_path"]].sort_values("gain", ascending=False)
     assert len(on_path) >= 2      # the bound and batch 2048
     # only what would make the diagnosed path faster, largest first, under a header that says so
-    assert (f"from {text.html(d.chosen['path'])} at B=512: what would be faster, largest gain first") in glance
+    assert f"faster than {text.html(d.chosen['path'])} at B=512, largest gain first" in glance
     listed = on_path.head(words.GLANCE_LEVERS)
     positions = [glance.index(text.html(lever)) for lever in listed["lever"]]
     assert positions == sorted(positions)
@@ -196,3 +196,12 @@ def test_the_front_page_says_why_from_the_profiles_of_its_gpu(tmp_path):
     assert ("the copy bandwidth measured in the diagnosed run `20261203T1155Z-h200-full` (4.24 TB/s)" in line
             and "At 4.43 instructions" in line)
     assert "their instructions bound them" in line and "waits on its global loads" in line
+
+
+def test_a_change_of_time_writes_a_shared_unit_once():
+    from fp4lab import text
+
+    assert text.us_change(3.4, 1.72) == "3.40 → 1.72 us"
+    assert text.us_change(1740.0, 1210.0) == "1.74 → 1.21 ms"
+    assert text.us_change(1740.0, 980.0) == "1.74 ms → 980 us"
+    assert text.us_change(float("nan"), 980.0) == f"{text.MISSING} → 980 us"

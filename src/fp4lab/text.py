@@ -94,6 +94,16 @@ def sig(value, digits: int = 3) -> str:
     return f"{value:.{decimals}f}"
 
 
+def us_change(before, after) -> str:
+    """Two times as a change, the unit written once where both share it: '3.40 → 1.72 us',
+    '1.74 ms → 980 us'."""
+    first, second = us(before), us(after)
+    unit = second.rpartition(" ")[2]
+    if first.endswith(" " + unit) and unit in ("us", "ms"):
+        return f"{first.rpartition(' ')[0]} → {second}"
+    return f"{first} → {second}"
+
+
 def us(value, digits: int = 3) -> str:
     """A time given in microseconds: '9.46 us', '1.28 ms', '—'."""
     if is_missing(value):

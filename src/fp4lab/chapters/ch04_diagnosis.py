@@ -440,10 +440,9 @@ def glance_html(d: decode.Diagnosis) -> str:
     header = "largest levers"
     if d.chosen is not None and len(on_path):
         # some replace the kernel or the batch: "faster" than the diagnosed path, not the path made faster
-        levers, header = on_path, (f"from {d.chosen['path']} at B={d.config.decode_batch}: what would be faster, "
-                                   "largest gain first")
+        levers, header = on_path, f"faster than {d.chosen['path']} at B={d.config.decode_batch}, largest gain first"
     levers = levers.sort_values("gain", ascending=False, kind="stable").head(GLANCE_LEVERS)
-    levers = levers.assign(change=[f"{text.us(r.now_us)} → {text.us(r.with_us)} ({r.kind})"
+    levers = levers.assign(change=[f"{text.us_change(r.now_us, r.with_us)} ({r.kind})"
                                    for r in levers.itertuples()])
     lever_table = html_table(levers, [Col("lever", header),
                                       Col("gain", "gain", "ratio"), Col("change", "now → with it (basis)")],
