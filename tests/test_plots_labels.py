@@ -118,3 +118,17 @@ def test_the_four_bit_figure_plots_time_over_the_floor_so_decode_is_not_squeezed
     floor = [label for label in curves if label.startswith("FP4 weight-read floor")]
     assert len(floor) == 1 and set(curves[floor[0]]) == {1.0}
     assert ax.get_ylabel() == "time / FP4 read floor"
+
+
+def test_the_history_figure_fills_a_point_that_moved_beyond_the_spread_either_way():
+    """Chapter 06's text counts points faster beyond the noise, which the figure drew hollow as
+    if within it: filled is now any point beyond the p20-p80 spread, slower or faster."""
+    from fp4lab.plots import history
+
+    ratios = pd.DataFrame({"backend": ["a"] * 3, "m": [1, 16, 256], "time_ratio": [1.3, 1.0, 0.7],
+                           "beyond_spread": [True, False, False], "faster_beyond_spread": [False, False, True]})
+    fig = history.time_ratios(ratios, 0.1)
+    filled, hollow = fig.axes[0].collections[:2]
+    assert sorted(x for x, _ in filled.get_offsets()) == [1, 256]
+    assert [x for x, _ in hollow.get_offsets()] == [16]
+    assert not hollow.get_facecolors()[:, 3].any()          # no fill: facecolors "none"

@@ -323,6 +323,13 @@ GLOSSARY = (
                                       "floors and most of the time; kernel-limited above its memory floor: that "
                                       "floor is the largest but under {kernel_gap} of the time, the rest is the "
                                       "kernel's own"),
+    ("power-capped", "replayed back to back (the run's energy window), the path drew at least "
+                     "{power_bound} of the board's power limit, or the driver reported a power clock event: "
+                     "the SM clock drops and each call takes longer than the timer's isolated calls"),
+    ("MMA, instructions per weight", "MMA: a tensor-core matrix multiply-accumulate instruction; "
+                                     "instructions per weight: the instructions the kernel's threads execute "
+                                     "(loads, decode, MMAs, addressing; a warp instruction counts 32) over the "
+                                     "weights it reads, from Nsight Compute's counts"),
     ("NVFP4 / MXFP4", "4-bit e2m1 weights with a scale per 16 (e4m3, NVIDIA) or per 32 (e8m0, OCP MX) weights; "
                       "on Hopper, weight-only kernels decode them to bf16 in registers"),
     ("EP", "expert parallelism: P GPUs each hold E/P experts and exchange tokens by all-to-all"),
@@ -336,9 +343,10 @@ GLOSSARY = (
 
 
 def glossary_html() -> str:
-    from fp4lab.analysis.decode import KERNEL_GAP
+    from fp4lab.analysis.decode import KERNEL_GAP, DiagnosisConfig
 
-    values = {"kernel_gap": text.pct(100 * KERNEL_GAP, 0)}
+    values = {"kernel_gap": text.pct(100 * KERNEL_GAP, 0),
+              "power_bound": text.pct(100 * DiagnosisConfig.power_bound_fraction, 0)}
     items = "".join(f"<li><b>{text.html(term)}</b>: {text.html(meaning.format(**values))}</li>"
                     for term, meaning in GLOSSARY)
     return f"<ul>{items}</ul>"

@@ -289,7 +289,8 @@ def seed_loop(gemm: gemm_analysis.GemmResults | None, paths: pd.DataFrame, backe
               model: presets.ModelPreset, load: dict) -> dict[str, Any] | None:
     """What made `backend` the seed's: its modelled loop of expert GEMMs at decode ("modelled_us",
     from its GEMM times, the layer model's basis), and where the MoE sweep timed that loop itself
-    ("measured_us", "measured_fmt": its fastest format; the paths table shows the measurement, so
+    ("measured_us", "measured_fmt": in the modelled format where it was timed in it, else its
+    fastest; "shown_us", "shown_fmt": its fastest format, the time the paths table shows, so
     without it a reader finds a faster-looking loop there). None without a backend or a model."""
     if gemm is None or backend is None:
         return None
@@ -299,9 +300,15 @@ def seed_loop(gemm: gemm_analysis.GemmResults | None, paths: pd.DataFrame, backe
     measured = paths[(paths["source"] == "MoE sweep") & (paths["path"] == f"loop-{backend}")] \
         if len(paths) else paths
     fastest = measured.loc[measured["layer_us"].idxmin()] if len(measured) else None
+    # the model against the measurement in one format: the formats' times differ by more than
+    # the model's error
+    same = measured[measured["fmt"] == loop["fmt"]] if len(measured) else measured
+    like = same.loc[same["layer_us"].idxmin()] if len(same) else fastest
     return {"modelled_us": float(loop["layer_us"]), "modelled_fmt": loop["fmt"],
-            "measured_us": float(fastest["layer_us"]) if fastest is not None else None,
-            "measured_fmt": str(fastest["fmt"]) if fastest is not None else None}
+            "measured_us": float(like["layer_us"]) if like is not None else None,
+            "measured_fmt": str(like["fmt"]) if like is not None else None,
+            "shown_us": float(fastest["layer_us"]) if fastest is not None else None,
+            "shown_fmt": str(fastest["fmt"]) if fastest is not None else None}
 
 
 def layer_backend(gemm: gemm_analysis.GemmResults | None, model: presets.ModelPreset,

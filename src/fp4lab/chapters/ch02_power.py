@@ -154,9 +154,9 @@ def findings(power: analysis.RunPower, at_decode: dict | None = None, own: dict 
     if points:
         if at_decode is not None:
             seed = SEED_POWER["watts"] / SEED_POWER["tdp_w"]
-            lines.append(f"At decode sizes (M = {text.join(at_decode['m_values'])} on the expert shapes, "
-                         f"{text.md(at_decode['backend'])}: the single expert GEMMs chapter 04's loop model reads) "
-                         f"the GPU draws "
+            lines.append(f"At decode sizes (M = {text.join(at_decode['m_values'])} on the expert shapes), one "
+                         f"{text.md(at_decode['backend'])} GEMM at a time, replayed on its own (the single expert "
+                         f"GEMMs chapter 04's loop model reads), the GPU draws "
                          f"{text.sig(at_decode['avg_power_w'])} W (median of {at_decode['points']} windows)"
                          f"{_of_limit(at_decode['avg_power_w'], power.power_limit_w)}; the seed's GPUs drew "
                          f"{SEED_POWER['watts']} W of {SEED_POWER['tdp_w']} W ({text.pct(100 * seed)}) at decode.")

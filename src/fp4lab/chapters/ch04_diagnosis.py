@@ -351,7 +351,9 @@ def seed_why(loop: dict | None) -> str:
            "fastest of the backends that ran every M")
     if loop["measured_us"] is not None:
         why += (f"; the MoE sweep timed that loop itself, launches between its GEMMs included, at "
-                f"{text.us(loop['measured_us'])} ({loop['measured_fmt']}), the time the paths below show")
+                f"{text.us(loop['measured_us'])} ({loop['measured_fmt']})")
+        why += (", the time the paths below show" if loop["shown_fmt"] == loop["measured_fmt"] else
+                f", and at {text.us(loop['shown_us'])} in {loop['shown_fmt']}, the time the paths below show")
     return why
 
 

@@ -1,4 +1,4 @@
-"""Chapter 05's figure: how each point's time moved between two runs."""
+"""Chapter 06's figure: how each point's time moved between two runs."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ from fp4lab.plots.common import backend_palette, figure_legend, log_axis, new_fi
 
 def time_ratios(ratios: pd.DataFrame, threshold: float | None):
     """Time now / time then per point against M, one colour per backend; above the dashed line a
-    point is slower than the threshold (filled: also beyond the measurement spread)."""
+    point is slower than the threshold (filled: moved beyond the measurement spread, slower or
+    faster; hollow: within it)."""
     fig, axes = new_figure(height_in=3.6)
     ax = axes[0, 0]
     colours = backend_palette(sorted(ratios["backend"].unique()))
     for backend, rows in ratios.groupby("backend"):
-        beyond = rows[rows["beyond_spread"]]
-        within = rows[~rows["beyond_spread"]]
+        moved = rows["beyond_spread"] | rows["faster_beyond_spread"]
+        beyond, within = rows[moved], rows[~moved]
         ax.scatter(beyond["m"], beyond["time_ratio"], s=22, color=colours[backend], label=backend)
         ax.scatter(within["m"], within["time_ratio"], s=22, facecolors="none", edgecolors=colours[backend])
     ax.axhline(1.0, color="0.4", lw=1)
@@ -24,5 +25,5 @@ def time_ratios(ratios: pd.DataFrame, threshold: float | None):
     ax.set(xlabel="M (tokens)", ylabel="time now / time then")
     log_axis(ax)
     tokens_axis(ax)
-    figure_legend(fig, axes, title="filled: slower beyond the p20-p80 spread; hollow: within it", columns=4)
+    figure_legend(fig, axes, title="filled: moved beyond the p20-p80 spread (slower or faster); hollow: within it", columns=4)
     return fig
