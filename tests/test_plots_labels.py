@@ -132,3 +132,15 @@ def test_the_history_figure_fills_a_point_that_moved_beyond_the_spread_either_wa
     assert sorted(x for x, _ in filled.get_offsets()) == [1, 256]
     assert [x for x, _ in hollow.get_offsets()] == [16]
     assert not hollow.get_facecolors()[:, 3].any()          # no fill: facecolors "none"
+
+
+def test_the_power_figure_draws_each_format_as_its_own_line():
+    """An M's NVFP4 and MXFP4 points joined by one line drew vertical jumps in chapter 02."""
+    from fp4lab.plots import power
+
+    points = pd.DataFrame({"backend": ["b"] * 4, "n": [64] * 4, "k": [64] * 4, "m": [1, 1, 16, 16],
+                           "fmt": ["nvfp4", "mxfp4"] * 2, "avg_power_w": [100.0, 300.0, 120.0, 320.0],
+                           "tflops_per_w": [0.1, 0.2, 0.3, 0.4]})
+    power_ax = power.per_point(points, 700.0).axes[0]
+    drawn = [line for line in power_ax.get_lines() if line.get_marker() == "o"]
+    assert sorted(tuple(line.get_ydata()) for line in drawn) == [(100.0, 120.0), (300.0, 320.0)]

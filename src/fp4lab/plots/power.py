@@ -113,7 +113,9 @@ def per_point(points: pd.DataFrame, limit_w: float | None):
     colours = backend_palette(sorted(points["backend"].unique()))
     largest_first = points.assign(size=points["n"] * points["k"]).sort_values("size", ascending=False, kind="stable")
     styles = {shape: SHAPE_STYLES[i % len(SHAPE_STYLES)] for i, shape in enumerate(largest_first["shape"].unique())}
-    for (backend, shape), rows in points.sort_values("m").groupby(["backend", "shape"]):
+    # one line per format as well: joining an M's NVFP4 and MXFP4 points drew vertical jumps
+    lines = ["backend", "shape"] + (["fmt"] if "fmt" in points else [])
+    for (backend, shape, *_), rows in points.sort_values("m").groupby(lines, dropna=False):
         for ax, column in ((power_ax, "avg_power_w"), (efficiency_ax, "tflops_per_w")):
             ax.plot(rows["m"], rows[column], styles[shape], marker="o", ms=3, color=colours[backend])
     if limit_w:
