@@ -4,6 +4,8 @@ the commit recorded is the one named, not a stray .git's."""
 
 from __future__ import annotations
 
+import pytest
+
 from fp4lab import report
 from fp4lab.results import REFERENCE_ROOT, REPO_ROOT, RunDir, latest_gpu_run
 
@@ -205,3 +207,16 @@ def test_a_change_of_time_writes_a_shared_unit_once():
     assert text.us_change(1740.0, 1210.0) == "1.74 → 1.21 ms"
     assert text.us_change(1740.0, 980.0) == "1.74 ms → 980 us"
     assert text.us_change(float("nan"), 980.0) == f"{text.MISSING} → 980 us"
+
+
+def test_chapter_00_states_what_fp4_saves_a_weight_read_per_format():
+    """Chapter 00 said "about 3.6x fewer bytes" and chapter 01 "up to ~3.5x faster" for one ratio:
+    it is computed from the formats, 2 B against 0.5625 (NVFP4) or 0.53125 (MXFP4) a weight."""
+    from fp4lab.analysis import environment
+    from fp4lab.analysis.run import view
+    from fp4lab.chapters import ch00_environment
+
+    assert environment.fp4_bytes_saving("nvfp4") == pytest.approx(2 / 0.5625, rel=1e-6)
+    assert environment.fp4_bytes_saving("mxfp4") == pytest.approx(2 / 0.53125, rel=1e-6)
+    said = ch00_environment.fp4_paragraph(view(latest_gpu_run(REFERENCE_ROOT)))
+    assert "3.6x fewer bytes to read than bf16 in NVFP4, 3.8x in MXFP4" in said

@@ -69,8 +69,9 @@ def fp4_paragraph(run_view) -> str:
         return (f"{device} has FP4 tensor cores: it multiplies {text.join(native)} operands directly, "
                 "so FP4 pays twice, in bytes read and in arithmetic rate.")
     return (f"{device} has no FP4 tensor cores. Here FP4 means weight-only kernels: the weights are "
-            "stored in FP4 (about 3.6x fewer bytes to read than bf16) and decoded to bf16 in registers "
-            "before the tensor cores multiply. The FP4 tensor-core backends say why they cannot run.")
+            f"stored in FP4 ({env.fp4_bytes_saving('nvfp4'):.1f}x fewer bytes to read than bf16 in NVFP4, "
+            f"{env.fp4_bytes_saving('mxfp4'):.1f}x in MXFP4, scales included) and decoded to bf16 in "
+            "registers before the tensor cores multiply. The FP4 tensor-core backends say why they cannot run.")
 
 
 def findings(context: Context) -> list[str]:
