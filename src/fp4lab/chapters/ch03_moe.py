@@ -279,9 +279,32 @@ def _utilization(page, results: analysis.MoeResults, config: MoeSweep, target: f
         return
     layer = layer_model.layer_table(results.model, curves, config.batch_sizes, config.ep_degrees,
                                     config.routing, min(config.steps, 16), config.seed, peak_tflops=peak)
+    needed = layer_model.concurrency_for_utilization(layer, target)
+    page.prose("utilization", utilization_sentence(layer, needed, target))
     page.figure("utilization", figures.utilization(layer, target), results.caption(
         f"predicted by the layer model; % of the spec bf16 peak ({peak:g} TFLOP/s)"))
-    page.html("utilization", html_table(layer_model.concurrency_for_utilization(layer, target), NEEDED))
+    page.html("utilization", html_table(needed, NEEDED))
+
+
+def utilization_sentence(layer: pd.DataFrame, needed: pd.DataFrame, target: float) -> str:
+    """What the utilization figure says, and why its EP curves can coincide: the model splits B
+    over the ranks (the routing table's convention), which leaves the tokens per expert as they are."""
+    reached = needed[needed["batch_needed"].notna()]
+    best = needed.loc[needed["best_utilization"].idxmax()]
+    if len(reached):
+        first = reached.loc[reached["batch_needed"].idxmin()]
+        said = (f"The layer model predicts the busiest rank's grouped bf16 call reaches {text.pct(100 * target, 0)} "
+                f"of the bf16 peak from B={int(first['batch_needed'])} (EP={int(first['ep'])})")
+    else:
+        said = (f"No batch swept reaches {text.pct(100 * target, 0)} of the bf16 peak in the layer model's "
+                f"prediction (the busiest rank's grouped bf16 call): at best {text.pct(100 * best['best_utilization'])} "
+                f"(EP={int(best['ep'])})")
+    spread = layer.groupby("batch")["grouped_utilization"].agg(lambda u: u.max() - u.min())
+    if layer["ep"].nunique() > 1 and float(spread.max()) < 0.02:
+        said += (". Here B is the step's tokens split over the ranks, as in the routing table: that leaves the "
+                 "tokens per expert as they are, so the EP curves coincide; expert parallelism raises them only "
+                 "when each GPU brings its own B, as measured above")
+    return said + "."
 
 
 def routing_findings(model, decode_batch: int, config: MoeSweep) -> list[str]:
