@@ -493,3 +493,13 @@ def test_chapter_03_says_what_its_utilization_figure_shows_and_why_its_ep_curves
     said = page_text(ch03_moe.build(str(reference_copy), "none", "full", "cpu"), "utilization").replace("\\", "")
     assert "No batch swept reaches 50% of the bf16 peak" in said and "at best 20%" in said
     assert "so the EP curves coincide" in said and "each GPU brings its own B" in said
+
+
+def test_chapter_03_leads_the_run_shown_beside_into_its_own_table():
+    """Its table has this run's columns: a newcomer read it as this run's, with another method on top."""
+    from fp4lab.results import REFERENCE_ROOT, latest_gpu_run
+
+    page = ch03_moe.build(str(latest_gpu_run(REFERENCE_ROOT)), "", "full", "cpu")
+    lead = page_text(page, "reference").replace("\\", "")
+    assert lead.startswith("The same layer in the run shown beside, `20261202T1849Z-h200-full` (NVIDIA H200, "
+                           "2026-12-02): fastest there humming-moe-indexed at 2.21 ms.")

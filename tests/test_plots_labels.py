@@ -144,3 +144,20 @@ def test_the_power_figure_draws_each_format_as_its_own_line():
     power_ax = power.per_point(points, 700.0).axes[0]
     drawn = [line for line in power_ax.get_lines() if line.get_marker() == "o"]
     assert sorted(tuple(line.get_ydata()) for line in drawn) == [(100.0, 120.0), (300.0, 320.0)]
+
+
+def test_a_legend_of_long_labels_takes_fewer_columns_and_stays_inside_the_figure():
+    """Chapter 03's anatomy legend, three columns of long labels, widened its saved figure to
+    1121 px, and the page shrank it (legend text ~7 px): the legend now drops columns to fit."""
+    import io
+
+    from PIL import Image
+
+    fig, axes = common.new_figure()
+    for i in range(5):
+        axes[0, 0].plot([0, 1], [i, i], label=f"a long label number {i} that says what the build leaves out")
+    common.figure_legend(fig, axes, columns=3)
+    assert fig.legends[0]._ncols < 3 and len(fig.legends) == 1
+    saved = io.BytesIO()
+    fig.savefig(saved, format="png", bbox_inches="tight")
+    assert Image.open(saved).size[0] <= common.PAGE_WIDTH_IN * common.DPI + 20

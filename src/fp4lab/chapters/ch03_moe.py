@@ -129,6 +129,11 @@ def fill(context: Context, config: MoeSweep, results: analysis.MoeResults, targe
         reference = analysis.moe_results(context.reference.run, config.preset)
         ref_at = decorated(reference, decode_batch, config.routing)
         if len(ref_at):
+            # the same columns as this run's table above: without a lead line the two read as one
+            fastest = ref_at.loc[ref_at["layer_us"].idxmin()]
+            page.prose("reference", f"The same layer in the run shown beside, {text.code(reference.view.run_id)} "
+                                    f"({text.md(reference.view.device)}, {text.md(reference.view.created[:10])}): "
+                                    f"fastest there {text.md(fastest['method'])} at {text.us(fastest['layer_us'])}.")
             page.html("reference", html_table(ref_at, LAYERS, caption=reference.caption(
                 f"the run shown beside at B={int(ref_at['batch'].iloc[0])}")))
     page.bullets("findings", routing_findings(model, decode_batch, config) + measured_findings(results, at))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import seaborn as sns
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 PAGE_WIDTH_IN = 8.0
@@ -141,7 +142,9 @@ def style_handles(styles: dict[str, str]) -> list:
 
 
 def figure_legend(fig, axes, title: str | None = None, columns: int = 3, extra: list | None = None) -> None:
-    """One legend for the whole figure, below the panels, covering every line drawn."""
+    """One legend for the whole figure, below the panels, covering every line drawn; in at most
+    `columns` columns, fewer where long labels would make it wider than the figure (a saved
+    figure then grows to hold it, and the page shrinks it, text and all)."""
     handles, labels = {}, []
     for handle in extra or []:
         handles[handle.get_label()] = handle
@@ -151,6 +154,12 @@ def figure_legend(fig, axes, title: str | None = None, columns: int = 3, extra: 
             if label not in handles and not label.startswith("_"):
                 handles[label] = handle
                 labels.append(label)
-    if handles:
-        fig.legend([handles[label] for label in labels], labels, loc="outside lower center",
-                   ncols=min(columns, len(labels)), title=title, frameon=False)
+    if not handles:
+        return
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    for ncols in range(min(columns, len(labels)), 0, -1):
+        legend = fig.legend([handles[label] for label in labels], labels, loc="outside lower center",
+                            ncols=ncols, title=title, frameon=False)
+        if ncols == 1 or legend.get_window_extent(renderer).width <= fig.bbox.width:
+            return
+        legend.remove()
