@@ -65,6 +65,8 @@ def test_the_front_page_links_the_verdict_to_the_diagnosis_chapter_it_came_from(
         {"04": "chapters/04_diagnosis"}
     page = book.front_page(run, {**as_reference, "profile": "smoke"}, leading)
     assert "{doc}`chapter 04, the diagnosis <chapters/reference/04_diagnosis>`" in page
+    # the run table's pages are this CPU run's, not the diagnosis's evidence: it says so
+    assert "measure no GPU: the diagnosis above reads the reference run" in page
     # the facts' chapter references are links too, to the section of the same part's page they cite
     assert ("in [chapter 01](chapters/reference/01_fp4_gemm_sweep.ipynb"
             "#where-the-kernels-cycles-go-hardware-counters)):") in page

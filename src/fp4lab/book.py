@@ -365,8 +365,12 @@ def run_summary(run: RunDir, report: dict[str, Any]) -> list[str]:
     kind = "GPU run" if report.get("gpu") else "CPU smoke run (a check of the pipeline)"
     lines += [f"Run {text.code(run.run_id)}: {kind}, profile {text.md(report.get('profile'))}, started "
               f"{text.md(report.get('started'))}; reference run "
-              f"{text.code(Path(report['reference_dir']).name) if report.get('reference_dir') else 'none'}.", "",
-              "| chapter | status | seconds |", "|---|---|---:|"]
+              f"{text.code(Path(report['reference_dir']).name) if report.get('reference_dir') else 'none'}.", ""]
+    if not report.get("gpu") and report.get("reference_dir"):
+        # the table below is the only chapter list in the page's body: say whose its pages are
+        lines += ["Its chapters below check the pipeline on this machine and measure no GPU: the diagnosis above "
+                  "reads the reference run, whose chapters are the sidebar's first part.", ""]
+    lines += ["| chapter | status | seconds |", "|---|---|---:|"]
     for c in chapters:
         mark = "ok" if c["status"] == "ok" else "**failed**"
         lines.append(f"| {{doc}}`{text.md(c['title'])} <chapters/{c['chapter']}>` | {mark} | {c['seconds']:.1f} |")
