@@ -551,7 +551,7 @@ def test_the_kernel_time_sentence_says_what_the_diagnosed_calls_own_builds_measu
     assert d.chosen_anatomy["load"] == 1250.0 and d.chosen_anatomy["fmt"] == d.chosen["fmt"]
     # the parts add up to the whole the worker timed: 1.25 + 0.15 + 0.40 = 1.80 ms
     # and the time above the loads there (550 us), which the layer table's time above the floor is not
-    assert (f"took 1.80 ms (the layer table: {text.us(d.chosen['layer_us'])}): its loads alone take 1.25 ms (the "
+    assert (f"took 1.80 ms ({text.us(d.chosen['layer_us'])} in the table of methods): its loads alone take 1.25 ms (the "
             "weights at 80% of the copy bandwidth), and the decode adds +150 us and the MMAs +400 us on top "
             "(550 us in all), the part of their work the loads do not hide") in sentence
     assert "did not time them without the weights' read" in sentence and "copy bandwidth would" not in sentence
