@@ -161,3 +161,11 @@ def test_a_legend_of_long_labels_takes_fewer_columns_and_stays_inside_the_figure
     saved = io.BytesIO()
     fig.savefig(saved, format="png", bbox_inches="tight")
     assert Image.open(saved).size[0] <= common.PAGE_WIDTH_IN * common.DPI + 20
+
+
+def test_a_legend_label_holding_mathtext_is_measured_as_text():
+    """Fitting the legend lays its labels out: a backend named `$\\frac{...}$` must not parse."""
+    fig, axes = common.new_figure()
+    axes[0, 0].plot([0, 1], [0, 1], label="$\\frac{<svg onload=alert(1)>}$ #26")
+    common.figure_legend(fig, axes)
+    assert fig.legends[0].get_texts()[0].get_text().startswith("$\\frac{")

@@ -224,10 +224,14 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
             seed = html_table(d.seed, seed_columns(dtype), caption=d.gemm.caption(
                 f"The seed's table, measured here: {d.seed_backend}; {seed_note(dtype)}"))
             lines += ["```{raw} html", f'<div class="fp4lab-seed">{seed}</div>', "```", ""]
-        pages = diagnosed_pages(run, report, leading)
+        pages, headings = diagnosed_pages(run, report, leading), page_headings(run, report, leading)
+
+        def on_page(*sections):
+            return tuple(s for s in sections if s[1] in headings.get(s[0], ()))
+
         facts = [link_chapters(line, pages, sections) for line, sections in (
-            (words.kernel_time_sentence(d), (FUSED_ANATOMY_SECTION, GEMM_ANATOMY_SECTION)),
-            (words.fp4_sentence(d), ()), (counters_sentence(d), (COUNTERS_SECTION,))) if line]
+            (words.kernel_time_sentence(d), on_page(FUSED_ANATOMY_SECTION, GEMM_ANATOMY_SECTION)),
+            (words.fp4_sentence(d), ()), (counters_sentence(d), on_page(COUNTERS_SECTION))) if line]
         evidence = pages.get("04")
         if evidence:
             facts.append(f"The evidence, every path, floor and lever: {{doc}}`chapter 04, the diagnosis <{evidence}>`.")
@@ -275,6 +279,27 @@ def diagnosed_pages(run: RunDir, report: dict[str, Any], leading: RunDir) -> dic
         notebooks = sorted((leading.path / "notebooks").glob("[0-9][0-9]_*.ipynb"))
         return {nb.stem[:2]: f"chapters/reference/{nb.stem}" for nb in notebooks if nb.is_file()}
     return {}
+
+
+def page_headings(run: RunDir, report: dict[str, Any], leading: RunDir) -> dict[str, set[str]]:
+    """The "## " headings of the pages `diagnosed_pages` names, by chapter number: a front-page
+    link lands on a section only where its page has it (a chapter that failed early has not)."""
+    if leading.path.resolve() == run.path.resolve():
+        notebooks = [Path(c["notebook"]) for c in report.get("chapters", []) if c.get("notebook")]
+    elif report.get("reference_dir") and Path(report["reference_dir"]).resolve() == leading.path.resolve():
+        notebooks = sorted((leading.path / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    else:
+        return {}
+    found = {}
+    for notebook in notebooks:
+        try:
+            cells = json.loads(notebook.read_text()).get("cells", [])
+        except (OSError, ValueError):
+            continue
+        found[notebook.stem[:2]] = {line[3:].strip() for cell in cells if cell.get("cell_type") == "markdown"
+                                    for line in "".join(cell.get("source", "")).splitlines()
+                                    if line.startswith("## ")}
+    return found
 
 
 CHAPTER_MENTION = re.compile(r"\bchapter (\d\d)\b")

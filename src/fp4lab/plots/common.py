@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import matplotlib
 import seaborn as sns
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -158,8 +159,10 @@ def figure_legend(fig, axes, title: str | None = None, columns: int = 3, extra: 
         return
     renderer = FigureCanvasAgg(fig).get_renderer()
     for ncols in range(min(columns, len(labels)), 0, -1):
-        legend = fig.legend([handles[label] for label in labels], labels, loc="outside lower center",
-                            ncols=ncols, title=title, frameon=False)
-        if ncols == 1 or legend.get_window_extent(renderer).width <= fig.bbox.width:
-            return
+        # labels are data, as the page draws them (chapters.page.png): a `$` is no mathtext
+        with matplotlib.rc_context({"text.parse_math": False}):
+            legend = fig.legend([handles[label] for label in labels], labels, loc="outside lower center",
+                                ncols=ncols, title=title, frameon=False)
+            if ncols == 1 or legend.get_window_extent(renderer).width <= fig.bbox.width:
+                return
         legend.remove()
