@@ -110,7 +110,9 @@ def fill(context: Context, config: MoeSweep, results: analysis.MoeResults, targe
     compared = analysis.model_vs_measured(results)
     if len(compared):
         page.figure("model", figures.model_vs_measured(compared), results.caption(
-            "layer model (from one expert's dense curve) against each measured point"))
+            "layer model (from one expert's dense curve) against the measurement: each bar the mean signed "
+            "error of a method's points at that batch (EP degrees, formats), so errors of opposite sign "
+            "offset there; the table below, the mean |error| over every point"))
         page.html("model", html_table(analysis.model_error(compared), ERRORS))
     _utilization(page, results, config, target)
     others = analysis.other_presets(context.run, config.preset)
