@@ -70,4 +70,3 @@ def fp4_bytes_saving(fmt: str = "nvfp4", n: int = 8192, k: int = 8192) -> float:
     """How many times fewer bytes an [N, K] weight takes in FP4 (`fmt`, scales included) than in
     bf16: what weight-only FP4 saves a weight read (3.56x for NVFP4, 3.76x for MXFP4)."""
     return roofline.operand_bytes(n, k, "bf16", None) / roofline.operand_bytes(n, k, "fp4", fmt)
-

@@ -304,8 +304,8 @@ def utilization_sentence(layer: pd.DataFrame, needed: pd.DataFrame, target: floa
                 f"of the bf16 peak from B={int(first['batch_needed'])} (EP={int(first['ep'])})")
     else:
         said = (f"No batch swept reaches {text.pct(100 * target, 0)} of the bf16 peak in the layer model's "
-                f"prediction (the busiest rank's grouped bf16 call): at best {text.pct(100 * best['best_utilization'])} "
-                f"(EP={int(best['ep'])})")
+                f"prediction (the busiest rank's grouped bf16 call): at best "
+                f"{text.pct(100 * best['best_utilization'])} (EP={int(best['ep'])})")
     spread = layer.groupby("batch")["grouped_utilization"].agg(lambda u: u.max() - u.min())
     if layer["ep"].nunique() > 1 and float(spread.max()) < 0.02:
         said += (". Here B is the step's tokens split over the ranks, as in the routing table: that leaves the "

@@ -118,9 +118,10 @@ def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
                 "(what such time is made of: chapter 01, the anatomy of fp4lab's own kernels and the hardware "
                 "counters of the kernels profiled).")
     # the builds' increments are what the loads did not hide, not the decode's and MMAs' whole work
-    dissected = (f". The call dissected in a worker process of its own (chapter 03) took {text.us(a['full'])} "
-                 f"({text.us(path['layer_us'])} in the table of methods): its loads alone take {text.us(a['load'])} (the weights at "
-                 f"{text.pct(a['load_rate_pct'])} of the copy bandwidth), and the decode adds "
+    dissected = (f". The call dissected in a worker process of its own (chapter 03) took "
+                 f"{text.us(a['full'])} ({text.us(path['layer_us'])} in the table of methods): its loads alone "
+                 f"take {text.us(a['load'])} (the weights at {text.pct(a['load_rate_pct'])} of the copy "
+                 f"bandwidth), and the decode adds "
                  f"{text.signed_us(a['decode_added_us'])} and the MMAs {text.signed_us(a['mma_added_us'])} on top "
                  f"({text.us(a['above_load_us'])} in all), the part of their work the loads do not hide")
     math = decode.math_alone(a)

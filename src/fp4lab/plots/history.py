@@ -25,5 +25,6 @@ def time_ratios(ratios: pd.DataFrame, threshold: float | None):
     ax.set(xlabel="M (tokens)", ylabel="time now / time then")
     log_axis(ax)
     tokens_axis(ax)
-    figure_legend(fig, axes, title="filled: moved beyond the p20-p80 spread (slower or faster); hollow: within it", columns=4)
+    figure_legend(fig, axes, columns=4,
+                  title="filled: moved beyond the p20-p80 spread (slower or faster); hollow: within it")
     return fig
