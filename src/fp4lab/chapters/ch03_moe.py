@@ -176,12 +176,12 @@ def overlap_findings(row, elsewhere: dict | None = None) -> list[str]:
     math alone (the compute build) is shorter; where it is about as long or longer, no overlap takes
     the call below the math, so the SMs' own work bounds it as much as the weight stream. Without
     a compute build, the loads-only time, on that condition."""
-    added = row["full"] - row["load"]
     if row["load_share"] >= 90:
         return ["The call is its loads: decode and MMAs hide under them, so what is left is reading the "
                 "weights faster."]
     # the increments are the part the loads did not hide, not the decode's and MMAs' whole work
-    said = f"Decode and MMAs add {text.us(added)} to the loads alone: the part of their work the loads do not hide."
+    said = (f"Decode and MMAs add {text.us(row['above_load_us'])} to the loads alone: the part of their work the "
+            "loads do not hide.")
     if text.is_missing(row["compute"]) and elsewhere is not None:
         return [said + f" This run timed the call without the weights' read only in "
                        f"{text.md(elsewhere['fmt'])} (its line below): {text.us(elsewhere['compute'])}, "
