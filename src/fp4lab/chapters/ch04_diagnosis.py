@@ -239,6 +239,12 @@ def lever_lines(d: decode.Diagnosis, top: int | None = None, from_path: bool | N
             for r in rows.itertuples(index=False)]
 
 
+def path_levers_header(d: decode.Diagnosis) -> str:
+    """What the levers on the diagnosed path are: some replace its kernel or its batch, so they are
+    faster than the path at its batch, not the path made faster (the glance and the findings)."""
+    return f"faster than {d.chosen['path']} at B={d.config.decode_batch}, largest gain first"
+
+
 def findings(d: decode.Diagnosis) -> list[str]:
     lines = [verdict_sentence(d)]
     if d.smoke:
@@ -249,8 +255,10 @@ def findings(d: decode.Diagnosis) -> list[str]:
         lines.append(f"The diagnosed path is {text.md(d.chosen['path'])} because {text.md(d.chosen_reason)}.")
     # one lever a line (run into one sentence they made a paragraph of 130 words); the path's own
     # first, as on the front page, then what it gains over other baselines
-    for lead, on_path in (("What would make it faster, largest gain first:", True),
-                          ("Against other baselines:", False)):
+    # a lever on the path implies a diagnosed path (decode.levers)
+    on_path_lead = text.md(path_levers_header(d)) + ":" if d.chosen is not None else ""
+    on_path_lead = on_path_lead[:1].upper() + on_path_lead[1:]
+    for lead, on_path in ((on_path_lead, True), ("Against other baselines:", False)):
         levers = lever_lines(d, from_path=on_path)
         if levers:
             lines.append(lead + "".join(f"\n  - {line}" for line in levers))
@@ -442,8 +450,7 @@ def glance_html(d: decode.Diagnosis) -> str:
     on_path = levers[levers["from_path"].astype(bool)]
     header = "largest levers"
     if d.chosen is not None and len(on_path):
-        # some replace the kernel or the batch: "faster" than the diagnosed path, not the path made faster
-        levers, header = on_path, f"faster than {d.chosen['path']} at B={d.config.decode_batch}, largest gain first"
+        levers, header = on_path, path_levers_header(d)
     levers = levers.sort_values("gain", ascending=False, kind="stable").head(GLANCE_LEVERS)
     levers = levers.assign(change=[f"{text.us_change(r.now_us, r.with_us)} ({r.kind})"
                                    for r in levers.itertuples()])
