@@ -89,15 +89,6 @@ def buffer_variants(preset: CudaMoeConfig) -> list[CudaMoeConfig]:
             dataclasses.replace(preset, chunk=wider, buffers=3)]
 
 
-# No CTA barrier in the k loop (`--grid staging`): call 125's Nsight source page put both top
-# stalls at waits for weight copies, a warp's own (the ring's) and the slowest warp's (the chunk
-# barrier after it); call 124 showed that dropping one barrier of two moves the wait to the other.
-# Bulk copies counted on each buffer's mbarrier let a warp wait for the chunk's bytes alone; with
-# three buffers the warp that refills a buffer is two chunks behind the fastest. Each build dissected.
-def staging_variants(preset: CudaMoeConfig) -> list[CudaMoeConfig]:
-    return [dataclasses.replace(preset, staging="bulk"), dataclasses.replace(preset, staging="bulk", buffers=3)]
-
-
 LARGE_PAIRS = 32         # mean pairs an expert over which the first point's grid is LARGE_GRID
 ANATOMY = ("load", "decode", "mma", "compute")   # MOE_STAGES timed beside the fastest builds
 SMOKE_POINTS = (("glm-5", 16),)
@@ -187,8 +178,6 @@ def first_point_builds(preset: CudaMoeConfig, mean_pairs: float, grid_name: str 
         grid = MORE_WARPS_GRID
     elif grid_name == "buffers":
         grid = buffer_variants(preset)
-    elif grid_name == "staging":
-        grid = staging_variants(preset)
     else:
         grid = LARGE_GRID + GRID[:1] if mean_pairs > LARGE_PAIRS else GRID
     return [preset] + [config for config in grid if config != preset]
@@ -214,9 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--formats", default="nvfp4,mxfp4")
     parser.add_argument("--points", default=",".join(f"{m}:{b}" for m, b in POINTS),
                         help="model:batch,... (the first is where every build and the anatomy run)")
-    parser.add_argument("--grid", default="default", choices=("default", "more-warps", "buffers", "staging"),
-                        help="more-warps: MORE_WARPS_GRID at the first point; buffers, staging: the "
-                             "preset's buffer_variants, staging_variants; each with every build dissected")
+    parser.add_argument("--grid", default="default", choices=("default", "more-warps", "buffers"),
+                        help="more-warps: MORE_WARPS_GRID at the first point; buffers: the preset's "
+                             "buffer_variants; either with every build dissected")
     parser.add_argument("--smoke", action="store_true", help="the scaled CPU stand-in")
     args = parser.parse_args(argv)
     points = SMOKE_POINTS if args.smoke else parse_points(args.points)     # before any GPU work

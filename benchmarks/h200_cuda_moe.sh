@@ -12,7 +12,7 @@
 #   (<commit> spelled out: the device's copy of the tree may answer `git rev-parse` with an older one)
 #   PROBE_POINTS=glm-5:512 (the probe's --points) narrows the probe to those points
 #   PROBE_BUDGET_S=380 gives the probe that many seconds (240 when not set)
-#   PROBE_GRID=buffers or staging (the probe's --grid) times that grid at the first point, every build dissected
+#   PROBE_GRID=buffers (the probe's --grid) times that grid at the first point, every build dissected
 #   FMTS=nvfp4 narrows the sweep part to that format's rows (the others kept as they are)
 #   GPU_TESTS=0 leaves out the GPU tests (for a commit whose builds an earlier call gated; the sweep
 #   still gates every point before it times it)

@@ -1,5 +1,5 @@
 """Compile every `cuda-w4a16-moe` build a device call will run (the presets and the probe's
-`GRID`, `LARGE_GRID`, `MORE_WARPS_GRID` and the presets' `buffer_variants` and `staging_variants`, both formats, both
+`GRID`, `LARGE_GRID`, `MORE_WARPS_GRID` and the presets' `buffer_variants`, both formats, both
 launches, every anatomy stage) through a given NVRTC, here, without a GPU: what `torch.cuda._compile_kernel` does there, so that a front-end error or a
 wgmma serialization warning costs seconds instead of a device call. Give it the NVRTC of the
 device's CUDA (13.0 for torch 2.11+cu130; 13.5 accepted what 13.0 refused, call 101):
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cuda_moe_probe import GRID, LARGE_GRID, MORE_WARPS_GRID, buffer_variants, staging_variants  # noqa: E402
+from cuda_moe_probe import GRID, LARGE_GRID, MORE_WARPS_GRID, buffer_variants  # noqa: E402
 
 from fp4lab.backends.moe.cuda_fused import MOE_PRESETS, MOE_STAGES, CudaMoeConfig, build  # noqa: E402
 
@@ -31,7 +31,7 @@ WGMMA_SERIALIZED = "C751"     # ptxas "Potential Performance Loss: wgmma ... ser
 def builds() -> list[CudaMoeConfig]:
     """The presets of both formats and the probe's grids, once each, presets first."""
     presets = [config for entries in MOE_PRESETS.values() for _, config in entries]
-    variants = [v for preset in presets for v in buffer_variants(preset) + staging_variants(preset)]
+    variants = [v for preset in presets for v in buffer_variants(preset)]
     return list(dict.fromkeys(presets + list(GRID) + list(LARGE_GRID) + list(MORE_WARPS_GRID) + variants))
 
 

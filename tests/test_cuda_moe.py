@@ -110,24 +110,7 @@ def test_three_staged_buffers_take_a_third_more_staging_and_build_with_one_barri
     with pytest.raises(ValueError, match="buffers must be one of"):
         CudaMoeConfig(buffers=4)
     source, _ = build(three, "nvfp4", gate_up=True)
-    assert "#elif BUFFERS == 2\n            __syncthreads();" in source
-
-
-def test_bulk_staging_builds_without_a_cta_barrier_in_the_k_loop():
-    preset = CudaMoeConfig(warps=8, row_tiles=2, chunk=4, depth=2, weights="shared", min_ctas=3)
-    bulk = CudaMoeConfig(warps=8, row_tiles=2, chunk=4, depth=2, weights="shared", min_ctas=3,
-                         staging="bulk")
-    assert bulk.label() == "cuda w8 r2 m32 c4 tma d2 smem b3 pdl-all"
-    assert bulk.shared_bytes == preset.shared_bytes           # its mbarriers are static
-    source, options = build(bulk, "nvfp4", gate_up=True)
-    assert "-DSTAGING_BULK=1" in options and "-DSTAGING_BULK=0" in build(preset, "nvfp4", True)[1]
-    # the chunk's wait is its buffer's mbarrier phase; the CTA barriers are compiled out
-    assert "#if STAGING_BULK\n            wait_barrier(" in source
-    assert "#if !STAGING_BULK\n            __syncthreads();" in source
-    for bad, match in ((dict(staging="tma"), "staging must be one of"),
-                       (dict(staging="bulk", mma="async", warps=8), "async build stages")):
-        with pytest.raises(ValueError, match=match):
-            CudaMoeConfig(**bad)
+    assert "#if BUFFERS == 2\n            __syncthreads();" in source
 
 
 @pytest.mark.parametrize("ntiles", [2, 4, 8])
@@ -297,15 +280,6 @@ THREE_BUFFER_BUILDS = [CudaMoeConfig(warps=4, ntiles=4, chunk=2, depth=2, min_ct
                                      min_ctas=None, overlap="off", buffers=3),
                        CudaMoeConfig(warps=8, ntiles=4, chunk=2, depth=2, min_ctas=2, overlap="all",
                                      mma="async", buffers=3)]
-# bulk copies on mbarriers, no CTA barrier in the k loop, over 4-8 chunks so that each buffer is
-# refilled by the warp that leaves it last: two and three buffers, weights in the ring or in
-# registers, one warp's copies of a 64-pair item (two rows a lane)
-BULK_BUILDS = [CudaMoeConfig(warps=4, ntiles=4, chunk=2, depth=2, min_ctas=2, overlap="all",
-                             weights="shared", staging="bulk"),
-               CudaMoeConfig(warps=4, row_tiles=2, ntiles=4, chunk=1, depth=1, min_ctas=None,
-                             overlap="off", buffers=3, staging="bulk"),
-               CudaMoeConfig(warps=8, ntiles=8, chunk=2, depth=2, min_ctas=None, overlap="tail",
-                             weights="shared", buffers=3, staging="bulk")]
 SMALL_BUILDS = [CudaMoeConfig(warps=4, ntiles=2, chunk=4, depth=2, min_ctas=None, overlap="off"),
                 CudaMoeConfig(warps=4, ntiles=4, chunk=4, depth=4, min_ctas=2, overlap="tail"),
                 CudaMoeConfig(warps=2, ntiles=8, chunk=2, depth=1, min_ctas=None, overlap="all"),
@@ -316,8 +290,7 @@ SMALL_BUILDS = [CudaMoeConfig(warps=4, ntiles=2, chunk=4, depth=2, min_ctas=None
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-@pytest.mark.parametrize("config", SMALL_BUILDS + ASYNC_BUILDS + RING_BUILDS + THREE_BUFFER_BUILDS
-                         + BULK_BUILDS,
+@pytest.mark.parametrize("config", SMALL_BUILDS + ASYNC_BUILDS + RING_BUILDS + THREE_BUFFER_BUILDS,
                          ids=lambda c: c.label())
 def test_fused_moe_passes_the_gate(fmt, config):
     """A busy expert over several work items (40 pairs against items of 16-64), idle experts,
@@ -349,7 +322,7 @@ def test_the_presets_pass_the_gate_at_the_models_shapes(fmt, model, batch):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("config", [SMALL_BUILDS[1], ASYNC_BUILDS[1], RING_BUILDS[2], BULK_BUILDS[0]],
+@pytest.mark.parametrize("config", [SMALL_BUILDS[1], ASYNC_BUILDS[1], RING_BUILDS[2]],
                          ids=lambda c: c.label())
 def test_the_call_replays_in_a_cuda_graph(config):
     problem = base.make_layer_problem(skewed_ids(24, 8, 2, busy=0), 8, 512, 256, "nvfp4", "cuda")
@@ -371,7 +344,7 @@ def test_the_call_replays_in_a_cuda_graph(config):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("config", [SMALL_BUILDS[1], ASYNC_BUILDS[1], RING_BUILDS[2], BULK_BUILDS[0]],
+@pytest.mark.parametrize("config", [SMALL_BUILDS[1], ASYNC_BUILDS[1], RING_BUILDS[2]],
                          ids=lambda c: c.label())
 @pytest.mark.parametrize("stage", ["load", "decode", "mma", "compute"])
 def test_the_anatomy_stages_run_beside_a_gated_build(stage, config):

@@ -390,10 +390,6 @@ def test_the_moe_probe_times_the_presets_first_then_sync_and_async_builds():
     assert variants[0] == preset and len(set(variants)) == 4
     assert [(c.chunk, c.buffers) for c in variants] == [(4, 2), (4, 3), (8, 2), (8, 3)]
     assert all(dataclasses.replace(c, chunk=4, buffers=2) == preset for c in variants)
-    # --grid staging: the preset, then it with bulk copies on mbarriers, with two and three buffers
-    variants = probe.first_point_builds(preset, 16.0, "staging")
-    assert [(c.staging, c.buffers) for c in variants] == [("threads", 2), ("bulk", 2), ("bulk", 3)]
-    assert all(dataclasses.replace(c, staging="threads", buffers=2) == preset for c in variants)
 
 
 def test_the_moe_probe_goes_on_when_its_budget_ends_inside_a_point(monkeypatch, capsys):
@@ -465,7 +461,7 @@ def test_the_nvrtc_check_compiles_the_presets_and_the_probe_grid_and_says_when_i
     presets = [config for entries in MOE_PRESETS.values() for _, config in entries]
     assert builds[:len(set(presets))] == list(dict.fromkeys(presets))
     probe = load("cuda_moe_probe")
-    variants = {v for preset in presets for v in probe.buffer_variants(preset) + probe.staging_variants(preset)}
+    variants = {v for preset in presets for v in probe.buffer_variants(preset)}
     assert set(builds) == (set(presets) | set(probe.GRID) | set(probe.LARGE_GRID) | set(probe.MORE_WARPS_GRID)
                            | variants)
     assert len(set(builds)) == len(builds)

@@ -59,13 +59,6 @@
 // flight cost no register, so depth is bound by shared memory, not by the register cap (NVFP4's
 // 8-byte scales spill at DEPTH 4 in registers). The copies are cp.async groups, one a k-group, in
 // the same count as the activations' (`wait_for_group`); empty groups keep the count uniform.
-// STAGING_BULK (sm_90; CudaMoeConfig.staging "bulk"): no CTA barrier in the k loop. A chunk's
-// rows are copied by one warp as bulk copies (cp.async.bulk, one a row), which count their bytes
-// on the buffer's mbarrier; each warp waits on that mbarrier alone, so a warp waits for the
-// chunk's bytes, not for the slowest warp to reach the chunk (call 125: the two barriers a chunk
-// were where the warps waited for each other's weights). A buffer is refilled by the warp that
-// leaves it last (a count of the warps done with it, in shared memory), with chunk c + BUFFERS:
-// no warp waits for a buffer to be free. The weight ring's cp.async groups then count k-groups only.
 
 #ifndef ROW_TILES
 #define ROW_TILES 1                  // row tiles (16 weight rows) a warp
@@ -86,9 +79,6 @@
 #define STREAMS_WEIGHTS (STAGE != STAGE_COMPUTE)
 #ifndef WEIGHT_RING
 #define WEIGHT_RING 0
-#endif
-#ifndef STAGING_BULK
-#define STAGING_BULK 0
 #endif
 #define RING_SLOT_BYTES (512 + 64)   // a warp's codes of one row tile and k-group, then its scales
                                      // (NVFP4's 64 bytes; MXFP4 fills 32)
@@ -138,59 +128,9 @@ __device__ __forceinline__ Scales read_scales(u32 slot, unsigned g) {
 // empty past K). Committed after k-group j: the DEPTH - 1 k-groups behind it, and, in a chunk's
 // first DEPTH steps, the next chunk's activations (at chunk 0 chunk 0's too)
 __device__ __forceinline__ void wait_for_group(int c, int jj) {
-#if STAGING_BULK
-    wait_copy_groups<DEPTH - 1>();               // the activations are not cp.async groups
-#else
     if (jj >= DEPTH) wait_copy_groups<DEPTH - 1>();
     else if (c > 0) wait_copy_groups<DEPTH>();
     else wait_copy_groups<DEPTH + 1>();
-#endif
-}
-#endif
-
-// the copies (generic proxy) made visible to wgmma's reads, and the warps' reads of a buffer
-// ordered before the bulk copies that refill it (async proxy)
-__device__ __forceinline__ void publish_to_async_proxy() {
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
-#if STAGING_BULK
-// an mbarrier (8 bytes of shared memory at `bar`) expecting `count` arrivals a phase
-__device__ __forceinline__ void init_barrier(u32 bar, u32 count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
-}
-
-// the initialized barriers made visible to the bulk copies' completions (async proxy)
-__device__ __forceinline__ void publish_barriers() {
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-
-// this phase's one arrival, and the `bytes` its copies will complete before the phase ends
-__device__ __forceinline__ void arrive_expecting(u32 bar, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes)
-                 : "memory");
-}
-
-// `bytes` (a multiple of 16) global -> shared by the copy engine, counted on `bar`'s phase
-__device__ __forceinline__ void copy_bulk(u32 shared, const void* global, u32 bytes, u32 bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 :: "r"(shared), "l"(global), "r"(bytes), "r"(bar) : "memory");
-}
-
-// until `bar`'s phase of this parity has completed (its copies then visible to this thread)
-__device__ __forceinline__ void wait_barrier(u32 bar, u32 parity) {
-    asm volatile("{\n\t.reg .pred done;\n\tWAIT:\n\t"
-                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
-                 "@!done bra WAIT;\n\t}" :: "r"(bar), "r"(parity) : "memory");
-}
-
-// lane 0's count of one more warp done with a buffer, released (the warp's reads of it, which
-// __syncwarp ordered before lane 0's) and acquired (the other warps', for the last one's refill)
-__device__ __forceinline__ u32 count_done(u32* done) {
-    u32 before;
-    asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;" : "=r"(before)
-                 : "r"(shared_address(done)) : "memory");
-    return before;
 }
 #endif
 
@@ -248,6 +188,11 @@ __device__ __forceinline__ void hold_accumulators(Accumulators (&acc)[ROW_TILES]
             for (int e = 0; e < 4; ++e) hold(acc[r][0][nt][e]);
 }
 
+// the cp.async copies (generic proxy) made visible to wgmma's reads (async proxy)
+__device__ __forceinline__ void publish_to_async_proxy() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
 // one k16 step: each row tile's fragments, as the warpgroup's 64-row A, times the item's
 // `width` (Width<n8>) n8 tiles of staged pairs at descriptor `b`, into chain 0; one commit group
 template <typename W>
@@ -278,10 +223,6 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
              int N, int K, int top_k) {
     extern __shared__ __align__(16) unsigned char staged[];   // [BUFFERS][ROWS][ROW_BYTES], the rings
     __shared__ int source_row[ROWS];                          // the rows of `a` the item reads
-#if STAGING_BULK
-    __shared__ __align__(8) unsigned long long full[BUFFERS]; // a buffer's chunk landed (mbarrier)
-    __shared__ u32 done[BUFFERS];                             // warps done with a buffer, ever
-#endif
     const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned g = lane >> 2, t = lane & 3;
     const int item = blockIdx.y;
@@ -349,33 +290,10 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
         source_row[i] = start + r;                            // the pair's sorted position
 #endif
     }
-#if STAGING_BULK
-    if (threadIdx.x == 0) {
-        for (int b = 0; b < BUFFERS; ++b) {
-            init_barrier(shared_address(&full[b]), 1);        // the copying warp's arrival
-            done[b] = 0;
-        }
-        publish_barriers();
-    }
-#endif
     __syncthreads();
 
     const unsigned vectors = CHUNK_K / 8;                     // 16-byte copies a row of a chunk
     const int active_n8 = (rows + 7) / 8;                     // n8 tiles with real rows
-#if STAGING_BULK
-    // chunk c of the item's rows into buffer c % BUFFERS by the calling warp (all of it): one bulk
-    // copy a row, their bytes counted on the buffer's mbarrier (rows past the item not copied, as
-    // below)
-    const u32 full_base = shared_address(full);
-    auto stage = [&](int c) {
-        const u32 buffer = stage_base + (c % BUFFERS) * BUFFER_BYTES;
-        const u32 bar = full_base + (c % BUFFERS) * 8;
-        if (lane == 0) arrive_expecting(bar, rows * CHUNK_K * 2);
-        __syncwarp();
-        for (int r = lane; r < rows; r += 32)
-            copy_bulk(buffer + r * ROW_BYTES, a + (long)source_row[r] * K + c * CHUNK_K, CHUNK_K * 2, bar);
-    };
-#else
     // chunk c of the item's rows into buffer c % BUFFERS, one cp.async group
     auto stage = [&](int c) {
         const u32 buffer = stage_base + (c % BUFFERS) * BUFFER_BYTES;
@@ -403,7 +321,6 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
 #endif
         commit_copies();
     };
-#endif
 
 #if !MMA_ASYNC
     // this lane's ldmatrix rows (as the dense kernel's NTILES >= 2): for pair tile p, k 0-7 and
@@ -428,19 +345,12 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
 #endif
 
     const int chunks = groups / CHUNK;
-#if STAGING_BULK
-    if (warp == 0)                                            // every buffer's first chunk
-        for (int c = 0; c < BUFFERS && c < chunks; ++c) stage(c);
-#else
     stage(0);
-#endif
     // the k loop, compiled once a width of the item (n8 tiles of pairs; `with_width`): the async
     // build's wgmma names its N, the sync build's MMAs and ldmatrix reads are the item's and no more
     auto k_loop = [&]([[maybe_unused]] auto width) {
         for (int c = 0; c < chunks; ++c) {
-#if STAGING_BULK
-            wait_barrier(full_base + (c % BUFFERS) * 8, (c / BUFFERS) & 1);   // chunk c landed
-#elif WEIGHT_RING
+#if WEIGHT_RING
             // chunk c's copies landed: after them, chunk c - 1's CHUNK k-groups and chunk c + 1
             if (c + 1 < chunks) stage(c + 1);                     // its buffer is free (BUFFERS)
             else commit_copies();                                 // an empty group: same count
@@ -457,9 +367,7 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
 #if MMA_ASYNC
             publish_to_async_proxy();
 #endif
-#if !STAGING_BULK
             __syncthreads();                                      // every thread's copies visible
-#endif
 #if MMA_ASYNC
             [[maybe_unused]] const u32 buffer = (c % BUFFERS) * BUFFER_BYTES;   // wgmma's B descriptors
 #endif
@@ -569,17 +477,7 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
             for (int p = 0; p < PAIRS; ++p)                       // chunk c + 1's buffer
                 b_base[p] += c % BUFFERS == BUFFERS - 1 ? -(BUFFERS - 1) * BUFFER_BYTES : BUFFER_BYTES;
 #endif
-#if STAGING_BULK
-            // the warp that leaves buffer c % BUFFERS last refills it with chunk c + BUFFERS
-            __syncwarp();
-            u32 before = 0;
-            if (lane == 0) before = count_done(&done[c % BUFFERS]);
-            before = __shfl_sync(0xffffffffu, before, 0);
-            if (before == (unsigned)(c / BUFFERS + 1) * WARPS - 1 && c + BUFFERS < chunks) {
-                publish_to_async_proxy();
-                stage(c + BUFFERS);
-            }
-#elif BUFFERS == 2
+#if BUFFERS == 2
             __syncthreads();                                      // buffer c % 2 free: chunk c + 2
 #endif
         }

@@ -53,11 +53,6 @@ MMA_DEPTH_CHOICES = (1, 2, 3)
 # in the warp's ring in shared memory by cp.async (none; RING_SLOT_BYTES a row tile and k-group)
 WEIGHT_CHOICES = ("registers", "shared")
 RING_SLOT_BYTES = 512 + 64           # the kernel's: 32 lanes x 16 code bytes, NVFP4's 64 of scales
-# how a chunk of activations reaches shared memory: every thread's cp.async copies, then a CTA
-# barrier (two a chunk with two buffers); or one warp's bulk copies (a row each) counted on the
-# buffer's mbarrier, which each warp waits on alone, and the buffer refilled by the warp that
-# leaves it last: no CTA barrier in the k loop (the kernel's STAGING_BULK; mma.sync builds)
-STAGING_CHOICES = ("threads", "bulk")
 ASYNC_CAPABILITY = (9, 0)
 
 
@@ -72,8 +67,7 @@ class CudaMoeConfig:
     `overlap` how down (and gate_up, after routing) overlap the launch before them
     (`cuda_w4a16.OVERLAP_CHOICES`), `mma` how the warps multiply (MMA_CHOICES; "async" needs
     whole warpgroups: warps a multiple of 4), `mma_depth` the async build's wgmma steps in flight,
-    `weights` where the k-groups in flight wait (WEIGHT_CHOICES), `staging` how the activations'
-    chunks are copied and waited for (STAGING_CHOICES)."""
+    `weights` where the k-groups in flight wait (WEIGHT_CHOICES)."""
 
     warps: int = 16
     row_tiles: int = 1
@@ -86,7 +80,6 @@ class CudaMoeConfig:
     mma_depth: int = 1
     weights: str = "registers"
     buffers: int = 2
-    staging: str = "threads"
 
     def __post_init__(self):
         for name, choices in (("warps", WARP_CHOICES), ("row_tiles", ROW_TILE_CHOICES),
@@ -116,12 +109,6 @@ class CudaMoeConfig:
         if self.weights not in WEIGHT_CHOICES:
             raise ValueError(f"CudaMoeConfig.weights must be one of {WEIGHT_CHOICES}, "
                              f"got {self.weights!r}")
-        if self.staging not in STAGING_CHOICES:
-            raise ValueError(f"CudaMoeConfig.staging must be one of {STAGING_CHOICES}, "
-                             f"got {self.staging!r}")
-        if self.staging == "bulk" and self.mma != "sync":
-            raise ValueError("CudaMoeConfig.staging 'bulk' copies rows as ldmatrix reads them; the "
-                             "async build stages wgmma's core matrices (staging 'threads')")
         if self.mma_depth > 1 and self.mma != "async":
             raise ValueError(f"CudaMoeConfig.mma_depth {self.mma_depth}: only the async build "
                              f"keeps MMAs in flight (mma.sync waits for its own)")
@@ -168,8 +155,7 @@ class CudaMoeConfig:
         wgmma = "" if self.mma != "async" else " wg" if self.mma_depth == 1 else f" wg{self.mma_depth}"
         ring = " smem" if self.weights == "shared" else ""
         buffers = f"x{self.buffers}" if self.buffers != 2 else ""
-        bulk = " tma" if self.staging == "bulk" else ""
-        label = f"cuda w{self.warps}{tiles}{wgmma} m{self.rows} c{self.chunk}{buffers}{bulk} d{self.depth}{ring}"
+        label = f"cuda w{self.warps}{tiles}{wgmma} m{self.rows} c{self.chunk}{buffers} d{self.depth}{ring}"
         if self.min_ctas is not None:
             label += f" b{self.min_ctas}"
         return label if self.overlap == "off" else f"{label} pdl-{self.overlap}"
@@ -356,7 +342,6 @@ def build(config: CudaMoeConfig, fmt: str, gate_up: bool, stage: str = "full"):
                f"-DNVFP4={int(fmt == 'nvfp4')}", f"-DMIN_CTAS={config.min_ctas or 0}",
                f"-DOVERLAP_ALL={int(config.overlap == 'all')}",
                f"-DWEIGHT_RING={int(config.weights == 'shared')}", f"-DBUFFERS={config.buffers}",
-               f"-DSTAGING_BULK={int(config.staging == 'bulk')}",
                "-std=c++17", "-default-device"]
     if asynchronous:
         options += ["-DMMA_ASYNC=1", f"-DMMA_DEPTH={config.mma_depth}"]
