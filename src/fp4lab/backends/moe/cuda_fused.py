@@ -207,7 +207,10 @@ class CudaMoeConfig:
 # 20261206T0515Z-h100-cuda-moe-clocks/call109).
 # Two staged buffers everywhere: three (one CTA barrier a chunk instead of two) ran the 32-pair
 # preset 0.8-1.2% faster on the H100 with its math alone unchanged (call 124, results/measurements/
-# 20261206T1630Z-h100-cuda-moe-buffers), within one run's spread.
+# 20261206T1630Z-h100-cuda-moe-buffers), within one run's spread. No CTA barrier at all (a chunk's
+# rows by one warp's bulk copies on the buffer's mbarrier, refilled by the warp that leaves it
+# last) was 2-3% slower, its loads alone and its math alone slower too (H100, call 126,
+# results/measurements/20261206T2158Z-h100-cuda-moe-staging; the code stays at a9cacff).
 MOE_PRESETS: dict[str, tuple[tuple[float | None, CudaMoeConfig], ...]] = {
     fmt: ((2.0, CudaMoeConfig(ntiles=2, depth=2)),
           (32.0, CudaMoeConfig(warps=8, row_tiles=2, ntiles=4, chunk=4, depth=2, weights="shared",
