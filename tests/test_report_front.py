@@ -51,7 +51,7 @@ def test_a_newer_gpu_run_without_its_moe_sweep_does_not_lead(tmp_path):
     assert latest_gpu_run(tmp_path, prefer=None).name == "partial"
 
 
-def test_the_front_page_links_the_verdict_to_the_diagnosis_chapter_it_came_from(tmp_path):
+def test_the_front_page_links_the_verdict_to_the_diagnosis_chapter_it_came_from(tmp_path, monkeypatch):
     from fp4lab import book
 
     run = RunDir.create(tmp_path, "cpu-run")
@@ -73,15 +73,31 @@ def test_the_front_page_links_the_verdict_to_the_diagnosis_chapter_it_came_from(
     assert "(chapter 03)" not in page
     assert ("([chapter 03](chapters/reference/03_moe_expert_scatter.ipynb"
             "#where-fp4labs-fused-kernels-time-goes))") in page
-    # the counters are other kernels' until the diagnosed one is profiled on this GPU: it says so
+    # the diagnosed kernel's own counters on this GPU, in its diagnosed format, after the others'
     from fp4lab import text
-    from fp4lab.analysis import counters
+    from fp4lab.analysis import counters, decode
     on_h200 = [counters.read_counters(f) for f in counters.find_profiles("")]
     on_h200 = [p for p in on_h200 if p.device == "NVIDIA H200"]
-    assert not counters.profiled(on_h200, "cuda-w4a16-moe") and counters.profiled(on_h200, "cuda-w4a16")
-    assert (f"The diagnosed path's kernel, {text.md('cuda-w4a16-moe')}, is not among them: no Nsight Compute "
-            "profile of it on NVIDIA H200 is committed, so what bounds it comes from its own dissection above, "
-            "not from these counters.") in page
+    assert counters.profiled(on_h200, "cuda-w4a16-moe") and counters.profiled(on_h200, "cuda-w4a16")
+    d = decode.diagnose(leading.path, decode.DiagnosisConfig.from_profile("full"))
+    own = counters.kernel_sentence(on_h200, "cuda-w4a16-moe", d.chosen["fmt"], "It",
+                                   counters.break_even(on_h200, d.gemm.bandwidth_tbps)[0])
+    assert own.startswith(f"It, profiled ({d.chosen['fmt']} glm\\-5 B=512: gate\\_up ")
+    assert "instructions per weight, under the 4.43 above, on 66-67% of its cycles" in own
+    assert own.endswith("its warps' largest stalls are not selected (2.23 cycles per instruction issued) and "
+                        "math pipe throttle (1.94): warps that could issue wait for the schedulers and the math "
+                        "pipe, not for their loads.")
+    assert (f"The diagnosed path's kernel, {text.md('cuda-w4a16-moe')}, profiled (") in page
+    assert "is not among them" not in page
+    # without a profile of it on this GPU (the H200's of the dense kernel alone), the page says so
+    dense_only = [counters.read_counters(REPO_ROOT / "results" / "measurements" / "20261203T1320Z-h200-ncu-cuda")]
+    assert counters.kernel_sentence(dense_only, "cuda-w4a16-moe") is None
+    monkeypatch.setattr(counters, "find_profiles",
+                        lambda choice="": [REPO_ROOT / "results" / "measurements" / "20261203T1320Z-h200-ncu-cuda"])
+    assert book.counters_sentence(d).endswith(
+        f"The diagnosed path's kernel, {text.md('cuda-w4a16-moe')}, is not among them: no Nsight Compute "
+        "profile of it on NVIDIA H200 is committed, so what bounds it comes from its own dissection above, "
+        "not from these counters.")
     h100 = counters.read_counters(REPO_ROOT / "results" / "measurements" / "20261206T1527Z-h100-ncu-cuda")
     assert counters.profiled([h100], "cuda-w4a16-moe")
     assert book.link_chapters("see chapter 07 and chapter 01", {"01": "chapters/01_x"}) == \
@@ -194,12 +210,13 @@ def test_the_front_page_says_why_from_the_profiles_of_its_gpu(tmp_path):
                            leading)
     line, = [line for line in page.splitlines() if line.startswith("- Why, counted by Nsight Compute")]
     assert ("`20261202T0215Z-h200-ncu`, `20261202T0230Z-h200-ncu-humming` and "
-            "`20261203T1320Z-h200-ncu-cuda`") in line
+            "`20261206T2231Z-h200-ncu-cuda`") in line
     assert ("(fp4lab's Triton kernels, humming and fp4lab's CUDA kernels) run 2.5-5.0 instructions per "
             "weight") in line
     assert ("the copy bandwidth measured in the diagnosed run `20261203T1155Z-h200-full` (4.24 TB/s)" in line
             and "At 4.43 instructions" in line)
     assert "their instructions bound them" in line and "waits on its global loads" in line
+    assert "The diagnosed path's kernel, cuda\\-w4a16\\-moe, profiled (nvfp4 glm\\-5 B=512: " in line
 
 
 def test_a_change_of_time_writes_a_shared_unit_once():

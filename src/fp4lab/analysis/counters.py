@@ -273,6 +273,57 @@ def instruction_bound(profiles: list[Counters], bandwidth_tbps: float | None = N
     return head + "."
 
 
+# stalls of warps that could issue but wait for a scheduler's slot or a busy pipe: a launch whose
+# largest stalls are these is held back by its instructions, not by its loads
+ISSUE_STALLS = ("not selected", "selected", "math pipe throttle", "dispatch stall", "mio throttle")
+
+
+def _stall_pairs(stalls: str) -> list[tuple[str, str]]:
+    """'not selected 2.23, math pipe throttle 1.94' -> [('not selected', '2.23'), ...]"""
+    return [(reason, cycles) for reason, _, cycles in
+            (part.strip().rpartition(" ") for part in str(stalls).split(",")) if reason]
+
+
+def _span(values, format_one) -> str:
+    low, high = format_one(min(values)), format_one(max(values))
+    return low if low == high else f"{low.removesuffix('%')}-{high}"
+
+
+def kernel_sentence(profiles: list[Counters], kernel: str, fmt: str | None = None,
+                    subject: str | None = None, even: float | None = None) -> str | None:
+    """What the profiled launches of `kernel` (a backend or MoE method; those in `fmt` where any
+    is) do with their cycles, as one sentence: where they were profiled, their instructions per
+    weight (against `even`, `break_even`'s threshold, stated before this sentence, where given),
+    their issue share and DRAM's, and the two largest stalls of the longest launch; None when no
+    profile holds it. `subject` names the kernel (its name by default)."""
+    rows = [r for p in profiles for r in p.table.itertuples()
+            if r.weights and str(r.launch).split(" ")[0] == kernel]
+    rows = [r for r in rows if fmt and f" {fmt} " in f" {r.launch} "] or rows
+    if not rows:
+        return None
+    words = [str(r.launch).split(" ")[1:] for r in rows]          # after the kernel's name
+    common = 0
+    while all(len(w) > common + 1 and w[common] == words[0][common] for w in words):
+        common += 1
+    launches = ", ".join(f"{text.md(' '.join(w[common:]))} {text.us(r.us)}" for w, r in zip(words, rows))
+    where = f"{text.md(' '.join(words[0][:common]))}: {launches}" if common else launches
+    per_weight = [r.instr_per_weight for r in rows]
+    line = (f"{subject or text.md(kernel)}, profiled ({where}), issues "
+            f"{_span(per_weight, lambda v: f'{v:.1f}')} instructions per weight")
+    if even is not None:
+        line += f", {'under' if max(per_weight) < even else 'over'} the {even:.2f} above,"
+    line += (f" on {_span([r.issue_pct for r in rows], text.pct)} of its cycles, with DRAM "
+             f"{_span([r.dram_pct for r in rows], text.pct)} busy")
+    stalls = _stall_pairs(max(rows, key=lambda r: r.us).stalls)[:2]
+    if stalls:
+        named = [f"{reason} ({cycles} cycles per instruction issued)" if i == 0 else f"{reason} ({cycles})"
+                 for i, (reason, cycles) in enumerate(stalls)]
+        line += f"; its warps' largest stalls are {text.join(named)}"
+        if all(reason in ISSUE_STALLS for reason, _ in stalls):
+            line += ": warps that could issue wait for the schedulers and the math pipe, not for their loads"
+    return line + "."
+
+
 def shown_rows(profile: Counters) -> pd.DataFrame:
     """The profile's rows a page shows: every launch that reads weights (the GEMMs and the
     anatomy's load and stream variants), then the launches that read none (routing, torch
