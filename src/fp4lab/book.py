@@ -258,17 +258,19 @@ def counters_sentence(d) -> str | None:
     if not bound:
         return None
     named = text.join(text.code(p.run_id) for p in profiles)
-    own = ""
-    if d.chosen is not None:
-        subject = f"The diagnosed path's kernel, {text.md(d.chosen['path'])}"
-        even = counters.break_even(profiles, d.gemm.bandwidth_tbps)
-        own = counters.kernel_sentence(profiles, d.chosen["path"], d.chosen.get("fmt"), subject,
-                                       even[0] if even else None)
-        if own is None:
-            own = (f"{subject}, is not among them: no Nsight Compute profile of it on {text.md(d.view.device)} "
-                   "is committed" + (", so what bounds it comes from its own dissection above, not from these "
-                                     "counters." if d.chosen_anatomy is not None else "."))
-    return f"Why, counted by Nsight Compute (profiles {named}, in chapter 01): {bound}" + (f" {own}" if own else "")
+    lead = f"Why, counted by Nsight Compute (profiles {named}, in chapter 01): "
+    if d.chosen is None:
+        return lead + bound
+    # the diagnosed kernel's own counters first, then every profiled GEMM's; without a profile of
+    # it, the others' counters say so after them
+    subject = f"The diagnosed path's kernel, {text.md(d.chosen['path'])}"
+    own = counters.kernel_sentence(profiles, d.chosen["path"], d.chosen.get("fmt"), subject)
+    if own is not None:
+        return f"{lead}{own} {bound}"
+    return (f"{lead}{bound} {subject}, is not among them: no Nsight Compute profile of it on "
+            f"{text.md(d.view.device)} is committed"
+            + (", so what bounds it comes from its own dissection above, not from these counters."
+               if d.chosen_anatomy is not None else "."))
 
 
 def diagnosed_pages(run: RunDir, report: dict[str, Any], leading: RunDir) -> dict[str, str]:

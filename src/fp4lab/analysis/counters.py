@@ -224,12 +224,6 @@ def _gemm_rows(profiles: list[Counters]) -> list[tuple[Counters, Any]]:
             if r.weights and "load" not in r.launch and "stream" not in r.launch]
 
 
-def profiled(profiles: list[Counters], kernel: str) -> bool:
-    """Whether any of `profiles` holds a launch of `kernel` (a backend or MoE method: each launch's
-    label starts with it)."""
-    return any(str(r.launch).split(" ")[0] == kernel for p in profiles for r in p.table.itertuples())
-
-
 def instruction_bound(profiles: list[Counters], bandwidth_tbps: float | None = None,
                       measured_in: str = "this run") -> str | None:
     """Over every GEMM launch profiled: their instructions per weight against `break_even`, which
@@ -290,12 +284,11 @@ def _span(values, format_one) -> str:
 
 
 def kernel_sentence(profiles: list[Counters], kernel: str, fmt: str | None = None,
-                    subject: str | None = None, even: float | None = None) -> str | None:
+                    subject: str | None = None) -> str | None:
     """What the profiled launches of `kernel` (a backend or MoE method; those in `fmt` where any
     is) do with their cycles, as one sentence: where they were profiled, their instructions per
-    weight (against `even`, `break_even`'s threshold, stated before this sentence, where given),
-    their issue share and DRAM's, and the two largest stalls of the longest launch; None when no
-    profile holds it. `subject` names the kernel (its name by default)."""
+    weight, their issue share and DRAM's, and the two largest stalls of the longest launch; None
+    when no profile holds it. `subject` names the kernel (its name by default)."""
     rows = [r for p in profiles for r in p.table.itertuples()
             if r.weights and str(r.launch).split(" ")[0] == kernel]
     rows = [r for r in rows if fmt and f" {fmt} " in f" {r.launch} "] or rows
@@ -307,13 +300,10 @@ def kernel_sentence(profiles: list[Counters], kernel: str, fmt: str | None = Non
         common += 1
     launches = ", ".join(f"{text.md(' '.join(w[common:]))} {text.us(r.us)}" for w, r in zip(words, rows))
     where = f"{text.md(' '.join(words[0][:common]))}: {launches}" if common else launches
-    per_weight = [r.instr_per_weight for r in rows]
     line = (f"{subject or text.md(kernel)}, profiled ({where}), issues "
-            f"{_span(per_weight, lambda v: f'{v:.1f}')} instructions per weight")
-    if even is not None:
-        line += f", {'under' if max(per_weight) < even else 'over'} the {even:.2f} above,"
-    line += (f" on {_span([r.issue_pct for r in rows], text.pct)} of its cycles, with DRAM "
-             f"{_span([r.dram_pct for r in rows], text.pct)} busy")
+            f"{_span([r.instr_per_weight for r in rows], lambda v: f'{v:.1f}')} instructions per weight on "
+            f"{_span([r.issue_pct for r in rows], text.pct)} of its cycles, with DRAM "
+            f"{_span([r.dram_pct for r in rows], text.pct)} busy")
     stalls = _stall_pairs(max(rows, key=lambda r: r.us).stalls)[:2]
     if stalls:
         named = [f"{reason} ({cycles} cycles per instruction issued)" if i == 0 else f"{reason} ({cycles})"
