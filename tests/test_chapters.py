@@ -97,6 +97,8 @@ def test_chapter_04_sets_every_timing_of_the_diagnosed_call_side_by_side(referen
     assert [text.us(us) for us in times["us"]] == ["1.76 ms", "1.89 ms", "1.97 ms", "1.97 ms", "2.22 ms"]
     for shown in ("1.76 ms", "1.89 ms", "1.97 ms", "2.22 ms"):
         assert shown in table
+    # the MXFP4 burst ran already under the power cap: its row says at what clock
+    assert "its SM clock read 1815 MHz" in table and "its SM clock read 1980 MHz" in table
 
 
 def test_chapter_04_says_which_points_never_reached_the_gate(reference_copy):

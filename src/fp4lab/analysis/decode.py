@@ -452,9 +452,13 @@ def call_times(paths: pd.DataFrame, anatomy: pd.DataFrame, chosen: dict | None,
     own = paths[(paths["source"] == "MoE sweep") & (paths["path"] == chosen["path"])]
     for r in own.itertuples(index=False):
         diagnosed = r.fmt == chosen.get("fmt")
+        # the clock the timer read around its burst: a burst already under the power cap is slower
+        how = "the MoE sweep's timer: a burst of graph replays, L2 flushed before each, in the sweep's worker"
+        clock = float(getattr(r, "sm_clock_mhz", None) or np.nan)
+        if np.isfinite(clock):
+            how += f"; its SM clock read {clock:.0f} MHz"
         rows.append({"timing": "layer table" + (" (the verdict's)" if diagnosed else ""), "fmt": r.fmt,
-                     "us": r.layer_us, "how": "the MoE sweep's timer: a burst of graph replays, L2 flushed "
-                                              "before each, in the sweep's worker"})
+                     "us": r.layer_us, "how": how})
     for r in anatomy[(anatomy["method"] == chosen["path"]) & (anatomy["batch"] == chosen["batch"])
                      ].itertuples(index=False):
         rows.append({"timing": "dissecting worker", "fmt": r.fmt, "us": r.full,
