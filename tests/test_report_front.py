@@ -73,7 +73,7 @@ def test_the_front_page_links_the_verdict_to_the_diagnosis_chapter_it_came_from(
     assert "(chapter 03)" not in page
     assert ("([chapter 03](chapters/reference/03_moe_expert_scatter.ipynb"
             "#where-fp4labs-fused-kernels-time-goes))") in page
-    # the diagnosed kernel's own counters on this GPU, in its diagnosed format, after the others'
+    # the diagnosed kernel's own counters on this GPU, in its diagnosed format, before the others'
     from fp4lab import text
     from fp4lab.analysis import counters, decode
     on_h200 = [counters.read_counters(f) for f in counters.find_profiles("")]

@@ -65,7 +65,7 @@ class Counters:
         return first["sms"] * SCHEDULERS_PER_SM * first["clock_khz"] * 1e-6
 
     def caption(self, what: str) -> str:
-        return (f"{what}; Nsight Compute profile {self.run_id} ({self.device}, fp4lab {self.commit}): "
+        return (f"{what}; Nsight Compute profile {self.run_id} ({self.device}, fp4lab {text.short_sha(self.commit)}): "
                 "one launch each, unlocked clocks, cold caches, so its times sit above the timer's medians")
 
 
@@ -269,7 +269,7 @@ def instruction_bound(profiles: list[Counters], bandwidth_tbps: float | None = N
 
 # stalls of warps that could issue but wait for a scheduler's slot or a busy pipe: a launch whose
 # largest stalls are these is held back by its instructions, not by its loads
-ISSUE_STALLS = ("not selected", "selected", "math pipe throttle", "dispatch stall", "mio throttle")
+ISSUE_STALLS = ("not selected", "selected", "math pipe throttle", "dispatch stall")
 
 
 def _stall_pairs(stalls: str) -> list[tuple[str, str]]:
