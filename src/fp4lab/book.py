@@ -125,7 +125,7 @@ def stage(run: RunDir, chapters: list[dict[str, Any]], reference: RunDir | None,
     references = []
     if reference is not None:
         (staged / "chapters" / "reference").mkdir()
-        for executed in sorted((reference.path / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        for executed in _chapter_notebooks(reference):
             if not executed.is_file():
                 continue
             hide_code(executed, staged / "chapters" / "reference" / executed.name)
@@ -273,27 +273,42 @@ def counters_sentence(d) -> str | None:
                if d.chosen_anatomy is not None else "."))
 
 
-def diagnosed_pages(run: RunDir, report: dict[str, Any], leading: RunDir) -> dict[str, str]:
-    """The book's pages of the diagnosed run's chapters by number ("04":
-    "chapters/reference/04_diagnosis"): this run's part, the reference part's, or none (a GPU run
-    on record that this book does not show)."""
+def diagnosed_part(run: RunDir, report: dict[str, Any], leading: RunDir) -> str | None:
+    """Which part of the book shows the diagnosed run: "run" (this run's chapters), "reference"
+    (the reference part), or None (a GPU run on record that this book does not show)."""
     if leading.path.resolve() == run.path.resolve():
-        stems = [c["chapter"] for c in report.get("chapters", []) if c.get("chapter")]
-        return {stem[:2]: f"chapters/{stem}" for stem in stems}
+        return "run"
     reference = report.get("reference_dir")
     if reference and Path(reference).resolve() == leading.path.resolve():
-        notebooks = sorted((leading.path / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-        return {nb.stem[:2]: f"chapters/reference/{nb.stem}" for nb in notebooks if nb.is_file()}
+        return "reference"
+    return None
+
+
+def _chapter_notebooks(run: RunDir) -> list[Path]:
+    """A run folder's executed chapter notebooks ("04_diagnosis.ipynb", ...), in chapter order."""
+    return sorted((run.path / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def diagnosed_pages(run: RunDir, report: dict[str, Any], leading: RunDir) -> dict[str, str]:
+    """The book's pages of the diagnosed run's chapters by number ("04":
+    "chapters/reference/04_diagnosis"), in the part `diagnosed_part` names; none without one."""
+    part = diagnosed_part(run, report, leading)
+    if part == "run":
+        stems = [c["chapter"] for c in report.get("chapters", []) if c.get("chapter")]
+        return {stem[:2]: f"chapters/{stem}" for stem in stems}
+    if part == "reference":
+        return {nb.stem[:2]: f"chapters/reference/{nb.stem}" for nb in _chapter_notebooks(leading) if nb.is_file()}
     return {}
 
 
 def page_headings(run: RunDir, report: dict[str, Any], leading: RunDir) -> dict[str, set[str]]:
     """The "## " headings of the pages `diagnosed_pages` names, by chapter number: a front-page
     link lands on a section only where its page has it (a chapter that failed early has not)."""
-    if leading.path.resolve() == run.path.resolve():
+    part = diagnosed_part(run, report, leading)
+    if part == "run":
         notebooks = [Path(c["notebook"]) for c in report.get("chapters", []) if c.get("notebook")]
-    elif report.get("reference_dir") and Path(report["reference_dir"]).resolve() == leading.path.resolve():
-        notebooks = sorted((leading.path / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    elif part == "reference":
+        notebooks = _chapter_notebooks(leading)
     else:
         return {}
     found = {}

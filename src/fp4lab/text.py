@@ -160,6 +160,11 @@ def short_sha(value):
     return found.group(1) + (found.group(2) or "") if found else value
 
 
+def upper_first(value: str) -> str:
+    """'faster than x' -> 'Faster than x': a phrase made a sentence's start (the rest untouched)."""
+    return value[:1].upper() + value[1:]
+
+
 def join(items, last: str = "and") -> str:
     """'a', 'a and b', 'a, b and c'."""
     items = [str(item) for item in items]

@@ -224,6 +224,12 @@ def _gemm_rows(profiles: list[Counters]) -> list[tuple[Counters, Any]]:
             if r.weights and "load" not in r.launch and "stream" not in r.launch]
 
 
+def _stall_pairs(stalls: str) -> list[tuple[str, str]]:
+    """'not selected 2.23, math pipe throttle 1.94' -> [('not selected', '2.23'), ...]"""
+    return [(reason, cycles) for reason, _, cycles in
+            (part.strip().rpartition(" ") for part in str(stalls).split(",")) if reason]
+
+
 def instruction_bound(profiles: list[Counters], bandwidth_tbps: float | None = None,
                       measured_in: str = "this run") -> str | None:
     """Over every GEMM launch profiled: their instructions per weight against `break_even`, which
@@ -256,8 +262,7 @@ def instruction_bound(profiles: list[Counters], bandwidth_tbps: float | None = N
                  "them (fewer instructions per weight, or FP4 tensor cores (sm_100) that take the codes as "
                  "they are, would make them faster).")
     lean_profile, lean = min(under, key=lambda pr: pr[1].instr_per_weight)
-    stall = lean.stalls.split(",")[0].strip()
-    reason, _, cycles = stall.rpartition(" ")
+    reason, cycles = (_stall_pairs(lean.stalls) or [("", "")])[0]
     head += (f" The leanest, {text.md(lean.launch)} ({kind_name(lean_profile)}), issues "
              f"{lean.instr_per_weight:.1f} instructions per weight, on {text.pct(lean.issue_pct)} of its cycles")
     if reason:
@@ -270,12 +275,6 @@ def instruction_bound(profiles: list[Counters], bandwidth_tbps: float | None = N
 # stalls of warps that could issue but wait for a scheduler's slot or a busy pipe: a launch whose
 # largest stalls are these is held back by its instructions, not by its loads
 ISSUE_STALLS = ("not selected", "selected", "math pipe throttle", "dispatch stall")
-
-
-def _stall_pairs(stalls: str) -> list[tuple[str, str]]:
-    """'not selected 2.23, math pipe throttle 1.94' -> [('not selected', '2.23'), ...]"""
-    return [(reason, cycles) for reason, _, cycles in
-            (part.strip().rpartition(" ") for part in str(stalls).split(",")) if reason]
 
 
 def _span(values, format_one) -> str:
@@ -360,7 +359,7 @@ def _profile_lines(profile: Counters, even: float | None) -> list[str]:
         glue = table[table["kernel"] == "torch"]
         extra = (f"; the torch kernels between its GEMMs take {text.us(glue['us'].sum())}" if len(glue) else "")
         name = profile.profiled
-        what = MOE_NAMES.get(name, f"{name[:1].upper()}{name[1:]}'s MoE GEMMs")
+        what = MOE_NAMES.get(name, f"{text.upper_first(name)}'s MoE GEMMs")
         lines.append(f"{what}: {parts}{extra}.")
     return lines
 

@@ -227,8 +227,9 @@ def fused_anatomy(results: MoeResults) -> pd.DataFrame:
     copy bandwidth, the rate the loads-only build reads them at (% of the copy bandwidth), the whole
     call's time above its loads alone, what the decode and the MMAs (with the epilogue) add to the
     build before them, the share of the whole call the loads alone take; where the run timed it,
-    the call's work without the weights' read (`compute`), its ratio to the loads alone, whether it is about as long or longer
-    (`math_bound`: then no overlap takes the call below it) and the longer of the two (the least
+    the call's work without the weights' read (`compute`), its ratio to the loads alone, whether
+    it is about as long or longer (`math_bound`: then no overlap takes the call below it) and the
+    longer of the two (the least
     the call could take were the two wholly overlapped; NaN without a compute build); and the moe
     table's time of the same call at the same point (EP 1; timed in the sweep's own worker, NaN
     where it has none) with how far apart the two are (%)."""

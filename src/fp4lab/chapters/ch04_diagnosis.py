@@ -256,8 +256,7 @@ def findings(d: decode.Diagnosis) -> list[str]:
     # one lever a line (run into one sentence they made a paragraph of 130 words); the path's own
     # first, as on the front page, then what it gains over other baselines
     # a lever on the path implies a diagnosed path (decode.levers)
-    on_path_lead = text.md(path_levers_header(d)) + ":" if d.chosen is not None else ""
-    on_path_lead = on_path_lead[:1].upper() + on_path_lead[1:]
+    on_path_lead = text.upper_first(text.md(path_levers_header(d))) + ":" if d.chosen is not None else ""
     for lead, on_path in ((on_path_lead, True), ("Against other baselines:", False)):
         levers = lever_lines(d, from_path=on_path)
         if levers:

@@ -108,7 +108,7 @@ def fill(context: Context, study: analysis.LayoutStudy) -> None:
                               f"{failed['error'].dropna().iloc[0] if failed['error'].notna().any() else failed['status'].iloc[0]}",
                   "warning")
     if study.why_not:
-        page.note("layouts", study.why_not[0].upper() + study.why_not[1:] + ".", "note", "No layout to rank")
+        page.note("layouts", text.upper_first(study.why_not) + ".", "note", "No layout to rank")
     elif len(study.layouts):
         page.figure("layouts", figures.layout_steps(study.layouts, study.decode_batch), source.caption(
             f"{study.model.name}, {study.backend} GEMM times, measured comm, {study.layouts['routing'].iloc[0]} routing; "
@@ -167,5 +167,5 @@ def findings(study: analysis.LayoutStudy) -> list[str]:
     elif study.fastest.get("sentence"):
         lines.append("No layout could be timed: " + text.md(study.fastest["sentence"]) + ".")
     elif study.why_not:
-        lines.append(text.md(study.why_not[0].upper() + study.why_not[1:]) + ".")
+        lines.append(text.md(text.upper_first(study.why_not)) + ".")
     return lines
