@@ -10,6 +10,12 @@ fastest build of each kind
 call stopped after each launch (routing, gate_up, down), so the summary gives each launch's time.
 
     PYTHONPATH=src python3 benchmarks/cuda_moe_probe.py --out $OUT/moe [--budget-s 380]
+        [--baseline-kernel old.cu]
+
+`--baseline-kernel` also times the first point's preset built from another kernel file (an earlier
+commit's `git show <sha>:src/fp4lab/backends/cuda_moe_kernel.cu`), gated and dissected like the
+preset and before it, so that a change to the kernel's code is measured against the code it
+replaces in the same call (labelled "<build> @<file stem>").
 
 Writes measurements.jsonl (one row per method, build and point, as it happens; the ceilings first)
 and prints one fixed-width line per row. `--smoke` runs the same steps on the scaled CPU stand-in
@@ -19,6 +25,7 @@ of GLM-5 (every step an "unavailable" row there: the kernel needs a GPU).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 from pathlib import Path
@@ -29,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import h200_kernels as kernels  # noqa: E402  (Run, the ceilings, the models' weights)
 
 from fp4lab import bench  # noqa: E402
-from fp4lab.backends.moe import base as moe_base, get as get_moe  # noqa: E402
+from fp4lab.backends.moe import base as moe_base, cuda_fused, get as get_moe  # noqa: E402
 from fp4lab.backends.moe.cuda_fused import CHUNK_CHOICES, CudaMoeConfig, choose_moe_config  # noqa: E402
 from fp4lab.backends.moe.triton_fused import CALL_PARTS  # noqa: E402
 from fp4lab.moe import routing  # noqa: E402
@@ -129,6 +136,28 @@ def line(row: dict | None) -> str:
     return f"{what:24s} {label:42s} {row['status']}: {row.get('message', '')[:80]}"
 
 
+@contextlib.contextmanager
+def kernel_source_from(path: Path):
+    """cuda-w4a16-moe built from another kernel file while inside: every build compiled anew from
+    it, and anew from the package's own after."""
+    saved = cuda_fused.KERNEL_SOURCE
+    cuda_fused.KERNEL_SOURCE = path
+    cuda_fused.compiled.cache_clear()
+    try:
+        yield
+    finally:
+        cuda_fused.KERNEL_SOURCE = saved
+        cuda_fused.compiled.cache_clear()
+
+
+def dissect(run: kernels.Run, problem, what: dict, build: CudaMoeConfig, label: str) -> None:
+    """The anatomy stages of one build, one row each."""
+    for stage in (s for s in ANATOMY if not build.stage_reason(s)):
+        row = run.step("moe_part", {**what, "label": f"{label} stage {stage}"},
+                       lambda s=stage: layer_row(run, problem, "cuda-w4a16-moe", build, stage=s))
+        print(line(row), flush=True)
+
+
 def fastest_of_each_kind(timed: list[tuple[float, CudaMoeConfig]]) -> list[CudaMoeConfig]:
     """The fastest timed build of each way to multiply (sync, async) and to hold the weights in
     flight (registers, shared), fastest first: the anatomy of each says what its MMAs add to its
@@ -140,7 +169,7 @@ def fastest_of_each_kind(timed: list[tuple[float, CudaMoeConfig]]) -> list[CudaM
 
 
 def probe_point(run: kernels.Run, model, batch: int, fmt: str, weights, configs,
-                anatomy: bool, dissect_every: bool = False) -> list[dict]:
+                anatomy: bool, dissect_every: bool = False, baseline: Path | None = None) -> list[dict]:
     what = {"model": model.key, "batch": batch, "fmt": fmt}
     ids = routing.sample_expert_ids("uniform", model.experts, model.top_k, batch, 1)[0]
     problem = moe_base.make_layer_problem(ids, model.experts, model.hidden, model.moe_intermediate,
@@ -149,6 +178,14 @@ def probe_point(run: kernels.Run, model, batch: int, fmt: str, weights, configs,
     for method in PEERS:
         row = run.step("moe", {**what, "label": method}, lambda m=method: layer_row(run, problem, m))
         print(line(row), flush=True)
+    if baseline is not None and configs:
+        label = f"{configs[0].label()} @{baseline.stem}"
+        with kernel_source_from(baseline):
+            row = run.step("moe", {**what, "label": label},
+                           lambda: layer_row(run, problem, "cuda-w4a16-moe", configs[0]))
+            print(line(row), flush=True)
+            if anatomy:
+                dissect(run, problem, what, configs[0], label)
     for config in configs:
         row = run.step("moe", {**what, "label": config.label()},
                        lambda c=config: layer_row(run, problem, "cuda-w4a16-moe", c))
@@ -159,11 +196,7 @@ def probe_point(run: kernels.Run, model, batch: int, fmt: str, weights, configs,
         best = min(timed, key=lambda pair: pair[0])[1]
         dissected = [config for _, config in timed] if dissect_every else fastest_of_each_kind(timed)
         for build in dissected if anatomy else ():
-            for stage in (s for s in ANATOMY if not build.stage_reason(s)):
-                row = run.step("moe_part", {**what, "label": f"{build.label()} stage {stage}"},
-                               lambda s=stage, b=build: layer_row(run, problem, "cuda-w4a16-moe",
-                                                                  b, stage=s))
-                print(line(row), flush=True)
+            dissect(run, problem, what, build, build.label())
         for until in CALL_PARTS[:-1]:
             row = run.step("moe_part", {**what, "label": f"{best.label()} until {until}"},
                            lambda u=until: layer_row(run, problem, "cuda-w4a16-moe", best, u))
@@ -174,7 +207,9 @@ def probe_point(run: kernels.Run, model, batch: int, fmt: str, weights, configs,
 def first_point_builds(preset: CudaMoeConfig, mean_pairs: float, grid_name: str = "default") -> list[CudaMoeConfig]:
     """The builds timed at the first point: the preset, then the grid for its pairs an expert
     (or the named one)."""
-    if grid_name == "more-warps":
+    if grid_name == "preset":
+        grid = []
+    elif grid_name == "more-warps":
         grid = MORE_WARPS_GRID
     elif grid_name == "buffers":
         grid = buffer_variants(preset)
@@ -203,12 +238,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--formats", default="nvfp4,mxfp4")
     parser.add_argument("--points", default=",".join(f"{m}:{b}" for m, b in POINTS),
                         help="model:batch,... (the first is where every build and the anatomy run)")
-    parser.add_argument("--grid", default="default", choices=("default", "more-warps", "buffers"),
-                        help="more-warps: MORE_WARPS_GRID at the first point; buffers: the preset's "
-                             "buffer_variants; either with every build dissected")
+    parser.add_argument("--grid", default="default",
+                        choices=("default", "preset", "more-warps", "buffers"),
+                        help="preset: the preset alone at the first point; more-warps: "
+                             "MORE_WARPS_GRID there; buffers: the preset's buffer_variants; each "
+                             "with every build dissected")
+    parser.add_argument("--baseline-kernel", type=Path,
+                        help="a kernel file whose build of the first point's preset is timed and "
+                             "dissected before it (an earlier commit's cuda_moe_kernel.cu)")
     parser.add_argument("--smoke", action="store_true", help="the scaled CPU stand-in")
     args = parser.parse_args(argv)
     points = SMOKE_POINTS if args.smoke else parse_points(args.points)     # before any GPU work
+    if args.baseline_kernel is not None and not args.baseline_kernel.is_file():
+        raise SystemExit(f"--baseline-kernel: no file {args.baseline_kernel}")
     args.out.mkdir(parents=True, exist_ok=True)
     device = "cpu" if args.smoke else "cuda"
     plan = dataclasses.replace(kernels.MOE, moe_scaled=args.smoke, step_limit_s=90.0)
@@ -232,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
             configs = first_point_builds(preset, pairs / model.experts, args.grid) if index == 0 \
                 else [preset] + [c for c in ranked[:3] if c != preset]
             found = probe_point(run, model, batch, fmt, weights_for[model.key], configs,
-                                anatomy=index == 0, dissect_every=args.grid != "default")
+                                anatomy=index == 0, dissect_every=args.grid != "default",
+                                baseline=args.baseline_kernel if index == 0 else None)
             ranked = ranked or found
     return 0
 

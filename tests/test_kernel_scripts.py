@@ -390,6 +390,26 @@ def test_the_moe_probe_times_the_presets_first_then_sync_and_async_builds():
     assert variants[0] == preset and len(set(variants)) == 4
     assert [(c.chunk, c.buffers) for c in variants] == [(4, 2), (4, 3), (8, 2), (8, 3)]
     assert all(dataclasses.replace(c, chunk=4, buffers=2) == preset for c in variants)
+    assert probe.first_point_builds(preset, 16.0, "preset") == [preset]     # --grid preset
+
+
+def test_the_moe_probe_builds_a_baseline_kernel_file_only_inside_its_block(tmp_path):
+    """--baseline-kernel: inside `kernel_source_from` every build is another file's text (the
+    compiled builds dropped on the way in and out); the package's own file after; a missing file
+    is refused before any GPU work."""
+    from fp4lab.backends.moe import cuda_fused
+
+    probe = load("cuda_moe_probe")
+    old = tmp_path / "old_kernel.cu"
+    old.write_text("// an earlier kernel\n")
+    config = cuda_fused.CudaMoeConfig()
+    own, _ = cuda_fused.build(config, "nvfp4", True)
+    with probe.kernel_source_from(old):
+        source, _ = cuda_fused.build(config, "nvfp4", True)
+        assert source.endswith("// an earlier kernel\n") and cuda_fused.compiled.cache_info().currsize == 0
+    assert cuda_fused.build(config, "nvfp4", True)[0] == own
+    with pytest.raises(SystemExit, match="no file"):
+        probe.main(["--out", str(tmp_path / "out"), "--baseline-kernel", str(tmp_path / "none.cu")])
 
 
 def test_the_moe_probe_goes_on_when_its_budget_ends_inside_a_point(monkeypatch, capsys):
