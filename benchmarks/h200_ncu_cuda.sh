@@ -2,7 +2,7 @@
 # Nsight Compute over cuda-w4a16's presets (benchmarks/ncu_profile.py --cuda), written straight into
 # the tree's results/measurements/$NCU_ID as a complete profile folder (raw.csv, launches.json,
 # run.json), so that a `make report` later in the same device call executes chapter 01 against the
-# profile of the builds it measures; the folder is copied to $OUT to be committed.
+# profile of the builds it measures; the folder comes back as $OUT/$NCU_ID.tar.gz to be committed.
 #   FP4LAB_GIT_SHA=<sha> NCU_ID=<utc>-h200-ncu-cuda NCU_WHAT="device call N ..." bash benchmarks/h200_ncu_cuda.sh
 set -u
 : "${FP4LAB_GIT_SHA:?the commit (the tree travels without .git)}" "${NCU_ID:?the folder name}"
@@ -38,5 +38,7 @@ info = {"run_id": run_id, "created": f"{run_id[:4]}-{run_id[4:6]}-{run_id[6:8]}T
         "wall_s": float(os.environ["NCU_WALL"])}
 open(os.path.join(folder, "run.json"), "w").write(json.dumps(info, indent=2) + "\n")
 EOF
-cp -r "$folder" "$OUT/"
+# one file: a call brings back at most 8 from $OUT, and a sweep in the same call writes six (call 127
+# lost the folder when it travelled as three)
+tar -C "$(dirname "$folder")" -czf "$OUT/$NCU_ID.tar.gz" "$NCU_ID"
 exit "$status"
