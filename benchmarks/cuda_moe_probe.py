@@ -10,12 +10,12 @@ fastest build of each kind
 call stopped after each launch (routing, gate_up, down), so the summary gives each launch's time.
 
     PYTHONPATH=src python3 benchmarks/cuda_moe_probe.py --out $OUT/moe [--budget-s 380]
-        [--baseline-kernel old.cu]
+        [--baseline-kernel old.cu ...]
 
-`--baseline-kernel` also times the first point's preset built from another kernel file (an earlier
-commit's `git show <sha>:src/fp4lab/backends/cuda_moe_kernel.cu`), gated and dissected like the
-preset and before it, so that a change to the kernel's code is measured against the code it
-replaces in the same call (labelled "<build> @<file stem>").
+`--baseline-kernel` (repeatable) also times the first point's preset built from another kernel
+file (an earlier commit's `git show <sha>:src/fp4lab/backends/cuda_moe_kernel.cu`, or a variant
+to try), gated and dissected like the preset and before it, so that a change to the kernel's code
+is measured against the code it replaces in the same call (labelled "<build> @<file stem>").
 
 Writes measurements.jsonl (one row per method, build and point, as it happens; the ceilings first)
 and prints one fixed-width line per row. `--smoke` runs the same steps on the scaled CPU stand-in
@@ -169,7 +169,7 @@ def fastest_of_each_kind(timed: list[tuple[float, CudaMoeConfig]]) -> list[CudaM
 
 
 def probe_point(run: kernels.Run, model, batch: int, fmt: str, weights, configs,
-                anatomy: bool, dissect_every: bool = False, baseline: Path | None = None) -> list[dict]:
+                anatomy: bool, dissect_every: bool = False, baselines: tuple[Path, ...] = ()) -> list[dict]:
     what = {"model": model.key, "batch": batch, "fmt": fmt}
     ids = routing.sample_expert_ids("uniform", model.experts, model.top_k, batch, 1)[0]
     problem = moe_base.make_layer_problem(ids, model.experts, model.hidden, model.moe_intermediate,
@@ -178,7 +178,7 @@ def probe_point(run: kernels.Run, model, batch: int, fmt: str, weights, configs,
     for method in PEERS:
         row = run.step("moe", {**what, "label": method}, lambda m=method: layer_row(run, problem, m))
         print(line(row), flush=True)
-    if baseline is not None and configs:
+    for baseline in baselines if configs else ():
         label = f"{configs[0].label()} @{baseline.stem}"
         with kernel_source_from(baseline):
             row = run.step("moe", {**what, "label": label},
@@ -243,14 +243,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="preset: the preset alone at the first point; more-warps: "
                              "MORE_WARPS_GRID there; buffers: the preset's buffer_variants; each "
                              "with every build dissected")
-    parser.add_argument("--baseline-kernel", type=Path,
+    parser.add_argument("--baseline-kernel", type=Path, action="append", default=[],
                         help="a kernel file whose build of the first point's preset is timed and "
-                             "dissected before it (an earlier commit's cuda_moe_kernel.cu)")
+                             "dissected before it (an earlier commit's cuda_moe_kernel.cu); "
+                             "repeatable")
     parser.add_argument("--smoke", action="store_true", help="the scaled CPU stand-in")
     args = parser.parse_args(argv)
     points = SMOKE_POINTS if args.smoke else parse_points(args.points)     # before any GPU work
-    if args.baseline_kernel is not None and not args.baseline_kernel.is_file():
-        raise SystemExit(f"--baseline-kernel: no file {args.baseline_kernel}")
+    for path in args.baseline_kernel:
+        if not path.is_file():
+            raise SystemExit(f"--baseline-kernel: no file {path}")
     args.out.mkdir(parents=True, exist_ok=True)
     device = "cpu" if args.smoke else "cuda"
     plan = dataclasses.replace(kernels.MOE, moe_scaled=args.smoke, step_limit_s=90.0)
@@ -275,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                 else [preset] + [c for c in ranked[:3] if c != preset]
             found = probe_point(run, model, batch, fmt, weights_for[model.key], configs,
                                 anatomy=index == 0, dissect_every=args.grid != "default",
-                                baseline=args.baseline_kernel if index == 0 else None)
+                                baselines=tuple(args.baseline_kernel) if index == 0 else ())
             ranked = ranked or found
     return 0
 

@@ -13,9 +13,10 @@
 #   PROBE_POINTS=glm-5:512 (the probe's --points) narrows the probe to those points
 #   PROBE_BUDGET_S=380 gives the probe that many seconds (240 when not set)
 #   PROBE_GRID=buffers (the probe's --grid) times that grid at the first point, every build dissected
-#   PROBE_BASELINE=old.cu (the probe's --baseline-kernel) times the first point's preset built from
-#   that kernel file too, before the current one (write it with git show <sha>:src/fp4lab/backends/
-#   cuda_moe_kernel.cu into the tree before the call: the device's copy has no history)
+#   PROBE_BASELINE="old.cu ..." (the probe's --baseline-kernel, each file) times the first point's
+#   preset built from those kernel files too, before the current one (write them with git show
+#   <sha>:src/fp4lab/backends/cuda_moe_kernel.cu into the tree before the call: the device's copy
+#   has no history)
 #   FMTS=nvfp4 narrows the sweep part to that format's rows (the others kept as they are)
 #   GPU_TESTS=0 leaves out the GPU tests (for a commit whose builds an earlier call gated; the sweep
 #   still gates every point before it times it)
@@ -40,7 +41,7 @@ if [ $PART != sweep ]; then
     PYTHONPATH=src:/tmp/site timeout -k 5 $(( ${PROBE_BUDGET_S:-240} + 20 )) python3 \
         benchmarks/cuda_moe_probe.py --out $OUT/probe --budget-s ${PROBE_BUDGET_S:-240} \
         ${PROBE_POINTS:+--points $PROBE_POINTS} ${PROBE_GRID:+--grid $PROBE_GRID} \
-        ${PROBE_BASELINE:+--baseline-kernel $PROBE_BASELINE} > $OUT/probe/probe.log 2>&1
+        $(for f in ${PROBE_BASELINE:-}; do echo --baseline-kernel $f; done) > $OUT/probe/probe.log 2>&1
     echo "probe: exit $? after $(( $(date +%s) - s )) s"; grep -v Warning $OUT/probe/probe.log | tail -70
 fi
 [ $PART != probe ] || exit 0
