@@ -529,6 +529,9 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
         }
     };
     with_width(active_n8, k_loop);
+#if WEIGHT_RING
+    wait_copy_groups<0>();      // the ring's zero-filled copies past K land before the CTA may exit
+#endif
 #if MMA_ASYNC && MULTIPLIES
     hold_accumulators(acc);
 #endif
