@@ -514,3 +514,27 @@ def test_the_moe_ncu_script_labels_each_launch_and_summarizes_ncus_rows(tmp_path
     assert first.index("long_scoreboard") < first.index("math_pipe_throttle")
     assert second.index("math_pipe_throttle") < second.index("long_scoreboard")
     assert "not joined" in script.summary(script.ncu_rows(raw), ["only one"])
+
+
+def test_the_candidate_kernel_patches_still_apply_to_the_package(tmp_path):
+    """benchmarks/candidates/ holds kernel changes built offline and not yet gated on a GPU,
+    applied on the device before a probe (NOTES): the first applies to the package's files as
+    they are, the second to the first's kernel, so a later change to the package cannot leave
+    them stale unnoticed."""
+    import shutil
+
+    if shutil.which("git") is None or shutil.which("patch") is None:
+        pytest.skip("needs git and patch")
+    root = os.path.join(os.path.dirname(__file__), "..")
+    first = os.path.join(BENCH, "candidates", "moe_kloop_addressing.patch")
+    second = os.path.join(BENCH, "candidates", "moe_decode_imad_hi.patch")
+    kernel = "src/fp4lab/backends/cuda_moe_kernel.cu"
+    for path in (kernel, "src/fp4lab/backends/moe/cuda_fused.py", "tests/test_cuda_moe.py"):
+        os.makedirs(tmp_path / os.path.dirname(path), exist_ok=True)
+        shutil.copy(os.path.join(root, path), tmp_path / path)
+    done = subprocess.run(["git", "apply", first], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "copy_async_if" in (tmp_path / kernel).read_text()
+    done = subprocess.run(["patch", "--dry-run", str(tmp_path / kernel), second],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
