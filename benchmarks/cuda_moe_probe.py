@@ -25,7 +25,6 @@ of GLM-5 (every step an "unavailable" row there: the kernel needs a GPU).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import sys
 from pathlib import Path
@@ -34,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import h200_kernels as kernels  # noqa: E402  (Run, the ceilings, the models' weights)
+import tune_w4a16 as tune  # noqa: E402  (kernel_source_from)
 
 from fp4lab import bench  # noqa: E402
 from fp4lab.backends.moe import base as moe_base, cuda_fused, get as get_moe  # noqa: E402
@@ -136,20 +136,6 @@ def line(row: dict | None) -> str:
     return f"{what:24s} {label:42s} {row['status']}: {row.get('message', '')[:80]}"
 
 
-@contextlib.contextmanager
-def kernel_source_from(path: Path):
-    """cuda-w4a16-moe built from another kernel file while inside: every build compiled anew from
-    it, and anew from the package's own after."""
-    saved = cuda_fused.KERNEL_SOURCE
-    cuda_fused.KERNEL_SOURCE = path
-    cuda_fused.compiled.cache_clear()
-    try:
-        yield
-    finally:
-        cuda_fused.KERNEL_SOURCE = saved
-        cuda_fused.compiled.cache_clear()
-
-
 def dissect(run: kernels.Run, problem, what: dict, build: CudaMoeConfig, label: str) -> None:
     """The anatomy stages of one build, one row each."""
     for stage in (s for s in ANATOMY if not build.stage_reason(s)):
@@ -180,7 +166,7 @@ def probe_point(run: kernels.Run, model, batch: int, fmt: str, weights, configs,
         print(line(row), flush=True)
     for baseline in baselines if configs else ():
         label = f"{configs[0].label()} @{baseline.stem}"
-        with kernel_source_from(baseline):
+        with tune.kernel_source_from(cuda_fused, baseline):
             row = run.step("moe", {**what, "label": label},
                            lambda: layer_row(run, problem, "cuda-w4a16-moe", configs[0]))
             print(line(row), flush=True)
@@ -250,9 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="the scaled CPU stand-in")
     args = parser.parse_args(argv)
     points = SMOKE_POINTS if args.smoke else parse_points(args.points)     # before any GPU work
-    for path in args.baseline_kernel:
-        if not path.is_file():
-            raise SystemExit(f"--baseline-kernel: no file {path}")
+    baselines = tune.baseline_kernels(args.baseline_kernel)
     args.out.mkdir(parents=True, exist_ok=True)
     device = "cpu" if args.smoke else "cuda"
     plan = dataclasses.replace(kernels.MOE, moe_scaled=args.smoke, step_limit_s=90.0)
@@ -277,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                 else [preset] + [c for c in ranked[:3] if c != preset]
             found = probe_point(run, model, batch, fmt, weights_for[model.key], configs,
                                 anatomy=index == 0, dissect_every=args.grid != "default",
-                                baselines=tuple(args.baseline_kernel) if index == 0 else ())
+                                baselines=baselines if index == 0 else ())
             ranked = ranked or found
     return 0
 

@@ -9,6 +9,11 @@ streaming read of the same bytes.
 
     PYTHONPATH=src python3 benchmarks/cuda_probe.py --out $OUT/cuda
 
+`--preset-only` times the preset build alone at each point (with the peers and the anatomy);
+`--baseline-kernel FILE` (repeatable) times the preset built from another kernel file too, gated,
+with its split-K-free "mma" stage, before the package's (labelled "<build> @<file stem>"): a
+change to the kernel's code measured against the code it replaces in the same call.
+
 Writes measurements.jsonl (one row per variant and point) and presets.json (the fastest gated
 build per point), and prints one fixed-width line per row.
 """
@@ -78,9 +83,11 @@ def parse_builds(text: str) -> tuple[tuple, ...]:
 def builds_at(m: int, n: int, k: int, every_twin: bool = False,
               grid: tuple[CudaTileConfig, ...] | None = None) -> list[CudaTileConfig]:
     """The builds timed at a point: GRID (WIDE_GRID over M = 16; with `grid`, the point's preset
-    build then those), and after each build whose grid has fewer CTAs than SMs (`every_twin`:
-    any grid) its twin with all of a column's splits in one cluster (the `clustered` presets'
-    rule; 2 to 16 splits)."""
+    build then those; an empty `grid`, the preset alone), and after each build whose grid has
+    fewer CTAs than SMs (`every_twin`: any grid) its twin with all of a column's splits in one
+    cluster (the `clustered` presets' rule; 2 to 16 splits)."""
+    if grid == ():
+        return [choose_config(m, n, k)]
     builds = []
     chosen = (dict.fromkeys([choose_config(m, n, k), *grid]) if grid
               else GRID if m <= 16 else WIDE_GRID)
@@ -127,6 +134,16 @@ def anatomy_row(stage: str, config: CudaTileConfig, a, w, device: str, timer) ->
     return tune.gate_and_time(prepare, lambda p: made["variant"].check(), timer, device)
 
 
+def baseline_rows(baseline: Path, config: CudaTileConfig, point: tune.Point, a, w, device: str,
+                  timer) -> list[tuple[str, dict]]:
+    """The preset build from another kernel file: the GEMM, then its "mma" stage (the GEMM
+    without the split-K reduction), each gated, labelled "<build> @<file stem>"."""
+    label = f"{config.label()} @{baseline.stem}"
+    with tune.kernel_source_from(cuda_w4a16, baseline):
+        return [(label, cuda_row(config, point, a, w, device, timer)),
+                (f"anatomy mma @{baseline.stem}", anatomy_row("mma", config, a, w, device, timer))]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for measurements.jsonl")
@@ -141,10 +158,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every-twin", action="store_true",
                         help="time every build's cluster twin, not only where its grid is under "
                              "one CTA an SM (at M = 64 the split-K reduction costs 12 us of 55: call 78)")
+    parser.add_argument("--preset-only", action="store_true",
+                        help="time each point's preset build alone, not the grid")
+    parser.add_argument("--baseline-kernel", type=Path, action="append", default=[],
+                        help="a kernel file whose build of each point's preset is timed before "
+                             "it (an earlier commit's cuda_w4a16_kernel.cu); repeatable")
     args = parser.parse_args(argv)
+    if args.preset_only and args.builds:
+        raise SystemExit("cuda_probe: --preset-only and --builds exclude each other")
+    baselines = tune.baseline_kernels(args.baseline_kernel)
     fmts, shapes, m_values = (tune.parse_formats(args.formats), tune.parse_shapes(args.shapes),
                               tune.parse_m(args.m))
-    grid = grid_of(parse_builds(args.builds)) if args.builds else None
+    grid = grid_of(parse_builds(args.builds)) if args.builds else (() if args.preset_only else None)
     device = tune.script_device("cuda_probe", smoke=False)
     if device is None:
         return 2
@@ -162,8 +187,11 @@ def main(argv: list[str] | None = None) -> int:
                     point = tune.Point(fmt, n, k, m)
                     a, w = tune.operands(point, device, weights)
                     pick = choose_config(m, n, k)
-                    variants = [(c.label(), "cuda-w4a16", lambda c=c: cuda_row(c, point, a, w, device, timer),
-                                 c) for c in builds_at(m, n, k, args.every_twin, grid)]
+                    variants = [(label, "cuda-w4a16-baseline", lambda done=done: done, None)
+                                for baseline in baselines
+                                for label, done in baseline_rows(baseline, pick, point, a, w, device, timer)]
+                    variants += [(c.label(), "cuda-w4a16", lambda c=c: cuda_row(c, point, a, w, device, timer),
+                                  c) for c in builds_at(m, n, k, args.every_twin, grid)]
                     variants += [(name, name, lambda name=name: peer_row(name, point, a, w, device, timer),
                                   None) for name in PEERS if not args.no_peers]
                     variants += [(f"anatomy {stage}", "cuda-w4a16-anatomy",

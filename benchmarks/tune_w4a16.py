@@ -17,6 +17,7 @@ On a CPU, for a logic check only: TRITON_INTERPRET=1 ... --device cpu --shapes 4
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -37,6 +38,30 @@ DEFAULT_M = "1,4,16,64,256"
 DEFAULT_FORMATS = "nvfp4,mxfp4"
 SEED = 0
 CTAS_PER_SM_CHOICES = (1, 2, 4)     # whole waves of CTAs: 1, 2 or 4 per SM
+
+
+@contextlib.contextmanager
+def kernel_source_from(module, path: Path):
+    """A CUDA backend `module` (cuda_w4a16, moe.cuda_fused) built from another kernel file while
+    inside: its KERNEL_SOURCE swapped and every build compiled anew from it, and anew from the
+    package's own file after (a probe's --baseline-kernel: the code a change replaces, timed in
+    the same call)."""
+    saved = module.KERNEL_SOURCE
+    module.KERNEL_SOURCE = path
+    module.compiled.cache_clear()
+    try:
+        yield
+    finally:
+        module.KERNEL_SOURCE = saved
+        module.compiled.cache_clear()
+
+
+def baseline_kernels(paths: list[Path]) -> tuple[Path, ...]:
+    """--baseline-kernel's files, each checked before any GPU work."""
+    for path in paths:
+        if not path.is_file():
+            raise SystemExit(f"--baseline-kernel: no file {path}")
+    return tuple(paths)
 
 
 def script_device(script: str, smoke: bool) -> str | None:

@@ -10,8 +10,8 @@ from fp4lab.backends import moe
 from fp4lab.backends.cuda_w4a16 import WEIGHT_BIAS, emulate
 from fp4lab.backends.moe import base
 from fp4lab.backends.moe.cuda_fused import (
-    KERNEL_SOURCE, MOE_PRESETS, CudaMoeConfig, CudaW4A16Moe, build, choose_moe_config,
-    expert_operands, interleave_gate_up, wgmma_source, width_source,
+    ACTIVATION_BYTES_LIMIT, KERNEL_SOURCE, MOE_PRESETS, CudaMoeConfig, CudaW4A16Moe,
+    activation_bytes_reason, build, choose_moe_config, expert_operands, interleave_gate_up, wgmma_source, width_source,
 )
 from fp4lab.formats import dequantize
 from fp4lab.moe import presets as model_presets
@@ -39,6 +39,16 @@ def test_prepare_on_the_cpu_says_why_before_any_work(fmt):
         moe.get("cuda-w4a16-moe").prepare(problem, until="everything")
     with pytest.raises(ValueError, match="stage must be one of"):
         moe.get("cuda-w4a16-moe").prepare(problem, stage="epilogue")
+
+
+def test_activations_past_32_bit_row_offsets_are_refused_by_name():
+    """The kernel finds an item's rows by 32-bit byte offsets: GLM-5's largest batches fit, a
+    layer whose x or intermediate would not is refused, naming which."""
+    glm = model_presets.get("glm-5")
+    assert activation_bytes_reason(16384, 8, glm.hidden, glm.moe_intermediate) is None
+    tokens = ACTIVATION_BYTES_LIMIT // (2 * glm.hidden) + 1
+    assert "x [" in activation_bytes_reason(tokens, 1, glm.hidden, 16)
+    assert "the intermediate [" in activation_bytes_reason(tokens // 8, 16, 16, glm.hidden)
 
 
 @pytest.mark.parametrize("field,value", [("warps", 1), ("warps", 32), ("ntiles", 1),

@@ -19,10 +19,13 @@
 // The activation rows (gathered by token for gate_up, the item's own rows of the intermediate for
 // down) are staged in shared memory by cp.async, CHUNK k-groups at a time, in BUFFERS buffers: the
 // next chunk is copied while the warps multiply this one, and every warp of the CTA reads them
-// (ldmatrix), so each weight row tile costs 1/WARPS of a staging. Two buffers take two CTA
-// barriers a chunk (its copies visible; its buffer free again); with three the first alone does
-// both, since a thread that passed chunk c's barrier refills chunk c - 2's buffer, which every
-// warp left before arriving there (CudaMoeConfig.buffers: one wait for the slowest warp a chunk).
+// (ldmatrix), so each weight row tile costs 1/WARPS of a staging. A thread's copies of a chunk
+// are unrolled for the item's width, each at a constant offset from the thread's own base (the
+// item's rows found by 32-bit byte offsets: cuda_fused.activation_bytes_reason). Two buffers
+// take two CTA barriers a chunk (its copies visible; its buffer free again); with three the
+// first alone does both, since a thread that passed chunk c's barrier refills chunk c - 2's
+// buffer, which every warp left before arriving there (CudaMoeConfig.buffers: one wait for the
+// slowest warp a chunk).
 //   - gate_up: prepare interleaves each expert's rows so that row tile r holds gate rows 8r..8r+7
 //     (the MMA's rows g) over up rows 8r..8r+7 (rows g+8): a lane's c0/c1 and c2/c3 are gate and
 //     up of one intermediate column, so the SiLU-and-multiply is done in registers and act [P, I]
@@ -59,6 +62,9 @@
 // flight cost no register, so depth is bound by shared memory, not by the register cap (NVFP4's
 // 8-byte scales spill at DEPTH 4 in registers). The copies are cp.async groups, one a k-group, in
 // the same count as the activations' (`wait_for_group`); empty groups keep the count uniform.
+// Within an unrolled chunk every ring copy's source is one base plus a constant, and a k-group
+// past K is zero-filled rather than branched around: with the activations' unrolled copies, the
+// 32-pair preset's k loop went from 843 to 709 instructions a chunk at 16 pairs (NVRTC 13.0).
 
 #ifndef ROW_TILES
 #define ROW_TILES 1                  // row tiles (16 weight rows) a warp
@@ -67,6 +73,8 @@
 #define PAIRS (NTILES / 2)           // ldmatrix.x4 reads a k16 step, 16 pairs each
 #define CHUNK_K (64 * CHUNK)         // k a staged chunk
 #define ROW_BYTES (2 * CHUNK_K + 16) // a staged row, +16 B: conflict-free ldmatrix
+#define VECTORS (CHUNK_K / 8)        // 16-byte copies a staged row of a chunk
+#define THREADS (WARPS * 32)
 #define BUFFER_BYTES (ROWS * ROW_BYTES)
 #ifndef BUFFERS
 #define BUFFERS 2                    // staged chunks' buffers: 2, or 3 (one barrier a chunk)
@@ -95,42 +103,46 @@ __device__ __forceinline__ void opaque(Scales& v) {
 #endif
 
 #if WEIGHT_RING
-// this thread's copies of one row tile's k-group into ring slot `slot` (codes: each lane its own
-// 16 bytes; scales: the first lanes 16 bytes each of the tile's 8 x SCALE_BYTES)
-__device__ __forceinline__ void fill_slot(u32 slot, const u32x4* codes, const unsigned char* scales,
-                                          unsigned lane) {
-    copy_async(slot + lane * 16, codes);
-    if (lane < 8 * SCALE_BYTES / 16) copy_async(slot + 512 + lane * 16, scales + lane * 16);
+#define SCALE_LANES (8 * SCALE_BYTES / 16)   // lanes that copy a slot's scales, 16 bytes each
+
+// cp.async of 16 bytes that reads its source only if `copy`, else zero-fills them (src-size 0):
+// a k-group past K costs the ring no branch
+__device__ __forceinline__ void copy_async_if(u32 shared, const void* global, bool copy) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :: "r"(shared), "l"(global), "r"(copy ? 16 : 0) : "memory");
 }
 
-__device__ __forceinline__ u32x4 read_codes(u32 slot, unsigned lane) {
+// a lane's 16 code bytes of a slot, at `at` (the slot plus the lane's offset)
+__device__ __forceinline__ u32x4 read_codes(u32 at) {
     u32x4 v;
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(slot + lane * 16) : "memory");
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(at) : "memory");
     return v;
 }
 
-__device__ __forceinline__ Scales read_scales(u32 slot, unsigned g) {
+// row pair g's scales of a slot, at `at` (the slot plus 512 + g * SCALE_BYTES)
+__device__ __forceinline__ Scales read_scales(u32 at) {
     Scales v;
 #if NVFP4
-    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.word[0]), "=r"(v.word[1])
-        : "r"(slot + 512 + g * SCALE_BYTES) : "memory");
-#else
-    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v.word[0]) : "r"(slot + 512 + g * SCALE_BYTES)
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.word[0]), "=r"(v.word[1]) : "r"(at)
         : "memory");
+#else
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v.word[0]) : "r"(at) : "memory");
 #endif
     return v;
 }
 
-// this thread's copies of k-group j landed, at step jj of chunk c. Its cp.async groups in commit
-// order: the ring's first DEPTH k-groups, chunk 0's activations, then at each chunk c the next
-// chunk's activations (empty after the last) followed by one k-group a step (group j + DEPTH,
-// empty past K). Committed after k-group j: the DEPTH - 1 k-groups behind it, and, in a chunk's
-// first DEPTH steps, the next chunk's activations (at chunk 0 chunk 0's too)
-__device__ __forceinline__ void wait_for_group(int c, int jj) {
+// this thread's copies of k-group j landed, at step jj of a chunk (a constant in the unrolled
+// chunk: no branch). Its cp.async groups in commit order: the ring's first DEPTH k-groups, chunk
+// 0's activations, CHUNK empty groups, then at each chunk c the next chunk's activations (empty
+// after the last) followed by one k-group a step (group j + DEPTH, zero-filled past K).
+// Committed after k-group j: the DEPTH - 1 k-groups behind it and, in a chunk's first DEPTH
+// steps, the next chunk's activations; at chunk 0 also empty groups and chunk 0's activations,
+// older than the DEPTH newest and seen landed by the chunk's wait (the empties make that wait
+// CHUNK + 1 at every chunk)
+__device__ __forceinline__ void wait_for_group(int jj) {
     if (jj >= DEPTH) wait_copy_groups<DEPTH - 1>();
-    else if (c > 0) wait_copy_groups<DEPTH>();
-    else wait_copy_groups<DEPTH + 1>();
+    else wait_copy_groups<DEPTH>();
 }
 #endif
 
@@ -222,7 +234,7 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
              unsigned short* __restrict__ out,         // gate_up: act [P, N/2]; down: y [P, N]
              int N, int K, int top_k) {
     extern __shared__ __align__(16) unsigned char staged[];   // [BUFFERS][ROWS][ROW_BYTES], the rings
-    __shared__ int source_row[ROWS];                          // the rows of `a` the item reads
+    __shared__ unsigned source_offset[ROWS];                  // the item's rows' bytes into `a`
     const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned g = lane >> 2, t = lane & 3;
     const int item = blockIdx.y;
@@ -244,21 +256,36 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
     const u32 stage_base = shared_address(staged);
 #if WEIGHT_RING
     // the warp's ring [DEPTH][ROW_TILES] slots, after the activation buffers: group j in
-    // slot j % DEPTH
+    // slot j % DEPTH. A lane copies and reads its own 16 code bytes of a slot (ring_lane); a
+    // scale lane copies 16 bytes of the scales, and every lane reads its row pair g's (ring_g)
     const u32 ring = stage_base + BUFFERS * BUFFER_BYTES + warp * DEPTH * ROW_TILES * RING_SLOT_BYTES;
-    const unsigned char* tile_scales = (const unsigned char*)(s + group0 * 8);  // all 8 g's
-    auto fill = [&](int j, int slot, bool in_k) {             // k-group j's copies, one group
-        if (in_k && STREAMS_WEIGHTS) {
+    const u32 ring_lane = ring + lane * 16, ring_g = ring + 512 + g * SCALE_BYTES;
+    const bool scale_lane = lane < SCALE_LANES;
+    // this lane's sources for k-group j of the warp's row tile r: lane_codes + (r groups + j) 512
+    // bytes, lane_scales + (r groups + j) 8 SCALE_BYTES
+    const unsigned char* lane_codes = (const unsigned char*)(w + group0 * 32) + lane * 16;
+    const unsigned char* lane_scales = (const unsigned char*)(s + group0 * 8) + lane * 16;
+    const long codes_a_tile = (long)groups * 512, scales_a_tile = (long)groups * 8 * SCALE_BYTES;
+    // k-group first + jj's copies into ring slot `slot`, one group, zero-filled past K (in_k
+    // false): `first` is the chunk's first k-group to fetch, so that within an unrolled chunk
+    // every copy's source is one base plus a constant and no copy is behind a branch
+    auto fill = [&](int first, int jj, int slot, bool in_k) {
+        if (STREAMS_WEIGHTS) {
+            const unsigned char* codes = lane_codes + (long)first * 512;
+            const unsigned char* scales = lane_scales + (long)first * 8 * SCALE_BYTES;
 #pragma unroll
-            for (int r = 0; r < ROW_TILES; ++r)
-                fill_slot(ring + (slot * ROW_TILES + r) * RING_SLOT_BYTES,
-                          wp + (r * groups + j) * 32,
-                          tile_scales + (long)(r * groups + j) * 8 * SCALE_BYTES, lane);
+            for (int r = 0; r < ROW_TILES; ++r) {
+                const u32 slot_at = (slot * ROW_TILES + r) * RING_SLOT_BYTES;
+                copy_async_if(ring_lane + slot_at, codes + r * codes_a_tile + jj * 512, in_k);
+                if (scale_lane)
+                    copy_async_if(ring_lane + slot_at + 512,
+                                  scales + r * scales_a_tile + jj * 8 * SCALE_BYTES, in_k);
+            }
         }
         commit_copies();
     };
 #pragma unroll
-    for (int j = 0; j < DEPTH; ++j) fill(j, j, true);     // DEPTH <= CHUNK <= groups
+    for (int j = 0; j < DEPTH; ++j) fill(0, j, j, true);  // DEPTH <= CHUNK <= groups
 #else
     u32x4 codes[DEPTH][ROW_TILES];                            // a ring: group j in slot j % DEPTH
     Scales scales[DEPTH][ROW_TILES];
@@ -282,41 +309,56 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
 #endif
 #endif
 
-    for (int i = threadIdx.x; i < ROWS; i += WARPS * 32) {
+    for (int i = threadIdx.x; i < ROWS; i += THREADS) {
         const int r = i < rows ? i : rows - 1;                // rows past the item repeat its last
 #if GATE_UP
-        source_row[i] = sorted_pairs[start + r] / top_k;      // the pair's token
+        source_offset[i] = (unsigned)(sorted_pairs[start + r] / top_k) * K * 2;   // its token
 #else
-        source_row[i] = start + r;                            // the pair's sorted position
+        source_offset[i] = (unsigned)(start + r) * K * 2;     // the pair's sorted position
 #endif
     }
     __syncthreads();
 
-    const unsigned vectors = CHUNK_K / 8;                     // 16-byte copies a row of a chunk
     const int active_n8 = (rows + 7) / 8;                     // n8 tiles with real rows
-    // chunk c of the item's rows into buffer c % BUFFERS, one cp.async group
-    auto stage = [&](int c) {
-        const u32 buffer = stage_base + (c % BUFFERS) * BUFFER_BYTES;
+#if !MMA_ASYNC
+    // this thread's copies of a chunk (its rows' VECTORS 16-byte pieces, THREADS at a time: copy
+    // n is piece threadIdx.x + n THREADS): row first_row + n THREADS / VECTORS, piece
+    // first_vector + n THREADS % VECTORS (both powers of two), so that every copy's addresses are
+    // a base plus a constant
+    const unsigned first_row = threadIdx.x / VECTORS, first_vector = threadIdx.x % VECTORS;
+    const u32 staged_at = stage_base + first_row * ROW_BYTES + first_vector * 16;
+    const unsigned char* a_at = (const unsigned char*)a + first_vector * 16;
+#endif
+    // chunk c of the item's rows (the k loop's `width` n8 tiles of pairs) into buffer c % BUFFERS,
+    // one cp.async group
+    auto stage = [&](int c, [[maybe_unused]] auto width) {
 #if MMA_ASYNC
+        const u32 buffer = stage_base + (c % BUFFERS) * BUFFER_BYTES;
+        const unsigned vectors = VECTORS;
         // the item's rows, k-slice by k-slice; a warp's copy is 8 rows x 4 consecutive vectors:
         // whole 32-byte sectors of each row read (a sector a thread, as a row apart, read twice
         // as many), each quarter-warp's 8 rows one slice's 128 contiguous bytes (no bank
         // conflict). Rows of the last n8 tile past the item are not copied: what they hold
         // reaches only the output columns of pairs the epilogue drops.
         const unsigned quads = vectors / 4;
-        for (unsigned i = threadIdx.x; i < 32 * active_n8 * quads; i += WARPS * 32) {
+        for (unsigned i = threadIdx.x; i < 32 * active_n8 * quads; i += THREADS) {
             const unsigned block = i / 32;                    // (n8 tile, 4 vectors) of the chunk
             const unsigned row = 8 * (block % active_n8) + (i & 7);
             const unsigned v = 4 * (block / active_n8) + ((i >> 3) & 3);
             if (row < (unsigned)rows)
                 copy_async(buffer + v * SLICE_BYTES + row * 16,
-                           a + (long)source_row[row] * K + c * CHUNK_K + v * 8);
+                           (const unsigned char*)(a + c * CHUNK_K + v * 8) + source_offset[row]);
         }
 #else
-        for (unsigned i = threadIdx.x; i < (unsigned)rows * vectors; i += WARPS * 32) {
-            const unsigned row = i / vectors, v = i % vectors;
-            copy_async(buffer + row * ROW_BYTES + v * 16,
-                       a + (long)source_row[row] * K + c * CHUNK_K + v * 8);
+        const u32 buffer = staged_at + (c % BUFFERS) * BUFFER_BYTES;
+        const unsigned char* chunk_at = a_at + c * CHUNK_K * 2;
+        constexpr int copies = (8 * decltype(width)::value * VECTORS + THREADS - 1) / THREADS;
+#pragma unroll
+        for (int n = 0; n < copies; ++n) {
+            const unsigned row = first_row + n * THREADS / VECTORS, v = n * THREADS % VECTORS;
+            if (row < (unsigned)rows)                         // rows past the item: not copied
+                copy_async(buffer + (n * THREADS / VECTORS) * ROW_BYTES + v * 16,
+                           chunk_at + source_offset[row] + v * 16);
         }
 #endif
         commit_copies();
@@ -345,20 +387,24 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
 #endif
 
     const int chunks = groups / CHUNK;
-    stage(0);
     // the k loop, compiled once a width of the item (n8 tiles of pairs; `with_width`): the async
-    // build's wgmma names its N, the sync build's MMAs and ldmatrix reads are the item's and no more
-    auto k_loop = [&]([[maybe_unused]] auto width) {
+    // build's wgmma names its N, the sync build's MMAs, ldmatrix reads and staging copies are the
+    // item's and no more
+    auto k_loop = [&](auto width) {
+        stage(0, width);
+#if WEIGHT_RING
+#pragma unroll
+        for (int i = 0; i < CHUNK; ++i) commit_copies();          // empty: see wait_for_group
+#endif
         for (int c = 0; c < chunks; ++c) {
 #if WEIGHT_RING
             // chunk c's copies landed: after them, chunk c - 1's CHUNK k-groups and chunk c + 1
-            if (c + 1 < chunks) stage(c + 1);                     // its buffer is free (BUFFERS)
+            if (c + 1 < chunks) stage(c + 1, width);              // its buffer is free (BUFFERS)
             else commit_copies();                                 // an empty group: same count
-            if (c > 0) wait_copy_groups<CHUNK + 1>();
-            else wait_copy_groups<1>();
+            wait_copy_groups<CHUNK + 1>();                        // (CHUNK empties at chunk 0)
 #else
             if (c + 1 < chunks) {
-                stage(c + 1);                                     // its buffer is free (BUFFERS)
+                stage(c + 1, width);                              // its buffer is free (BUFFERS)
                 wait_copy_groups<1>();                            // chunk c's copies landed
             } else {
                 wait_copy_groups<0>();
@@ -376,22 +422,22 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
                 const int slot = jj % DEPTH;                      // CHUNK % DEPTH == 0: a constant
                 u32 words[ROW_TILES][4];
                 Scales group_scales[ROW_TILES];
-                const int next = c * CHUNK + jj + DEPTH;          // keeps DEPTH groups in flight
+                [[maybe_unused]] const int next = c * CHUNK + jj + DEPTH;  // DEPTH groups in flight
                 // next < groups, a constant in a chunk's first CHUNK - DEPTH steps: their loads are
                 // not predicated, so no register of the ring is copied to keep its old value
                 const bool next_in_k = jj + DEPTH < CHUNK || c + 1 < chunks;
 #if WEIGHT_RING
-                wait_for_group(c, jj);
+                wait_for_group(jj);
                 __syncwarp();                                     // the scale lanes' copies too
 #pragma unroll
                 for (int r = 0; r < ROW_TILES; ++r) {
-                    const u32 at = ring + (slot * ROW_TILES + r) * RING_SLOT_BYTES;
-                    const u32x4 v = read_codes(at, lane);
+                    const u32 slot_at = (slot * ROW_TILES + r) * RING_SLOT_BYTES;
+                    const u32x4 v = read_codes(ring_lane + slot_at);
                     words[r][0] = v.x; words[r][1] = v.y; words[r][2] = v.z; words[r][3] = v.w;
-                    group_scales[r] = read_scales(at, g);
+                    group_scales[r] = read_scales(ring_g + slot_at);
                 }
                 __syncwarp();                                     // every lane read the slot
-                fill(next, slot, next_in_k);
+                fill(c * CHUNK + DEPTH, jj, slot, next_in_k);
 #else
 #pragma unroll
                 for (int r = 0; r < ROW_TILES; ++r) {
@@ -483,6 +529,9 @@ fp4_moe_gemm(const u32x4* __restrict__ w,              // [E, N/16, K/64, 32 lan
         }
     };
     with_width(active_n8, k_loop);
+#if WEIGHT_RING
+    wait_copy_groups<0>();      // the ring's zero-filled copies past K land before the CTA may exit
+#endif
 #if MMA_ASYNC && MULTIPLIES
     hold_accumulators(acc);
 #endif

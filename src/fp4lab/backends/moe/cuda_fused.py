@@ -220,6 +220,21 @@ MOE_PRESETS: dict[str, tuple[tuple[float | None, CudaMoeConfig], ...]] = {
 }
 
 
+# the kernel finds an item's activation rows by 32-bit byte offsets into x (gate_up) and into the
+# intermediate (down)
+ACTIVATION_BYTES_LIMIT = 2 ** 32
+
+
+def activation_bytes_reason(tokens: int, top_k: int, hidden: int, inter: int) -> str | None:
+    """Why a layer's activations are too large for the kernel's 32-bit row offsets; None when
+    they fit."""
+    for what, rows, width in (("x", tokens, hidden), ("the intermediate", tokens * top_k, inter)):
+        if rows * width * 2 >= ACTIVATION_BYTES_LIMIT:
+            return (f"{what} [{rows}, {width}] in bf16 is {rows * width * 2} bytes; the kernel "
+                    f"addresses its rows by 32-bit byte offsets (under {ACTIVATION_BYTES_LIMIT})")
+    return None
+
+
 def choose_moe_config(pairs: int, experts: int, fmt: str) -> CudaMoeConfig:
     if fmt not in MOE_PRESETS:
         raise ValueError(f"cuda-w4a16-moe has presets for {sorted(MOE_PRESETS)}, not {fmt!r}")
@@ -427,6 +442,9 @@ class CudaW4A16Moe(MoeMethod):
                 raise ValueError(f"{self.name} {config.label()}: {reason}")
         if config.stage_reason(stage):
             raise ValueError(f"{self.name} {config.label()}: {config.stage_reason(stage)}")
+        too_large = activation_bytes_reason(tokens, top_k, hidden, inter)
+        if too_large:
+            raise ValueError(f"{self.name}: {too_large}")
         if problem.device == "cpu":
             raise MethodUnavailable(f"{self.name}: runs only on a CUDA GPU; the CPU was asked for")
         device = problem.x.device
