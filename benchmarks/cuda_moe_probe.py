@@ -15,7 +15,9 @@ call stopped after each launch (routing, gate_up, down), so the summary gives ea
 `--baseline-kernel` (repeatable) also times the first point's preset built from another kernel
 file (an earlier commit's `git show <sha>:src/fp4lab/backends/cuda_moe_kernel.cu`, or a variant
 to try), gated and dissected like the preset and before it, so that a change to the kernel's code
-is measured against the code it replaces in the same call (labelled "<build> @<file stem>").
+is measured against the code it replaces in the same call (labelled "<build> @<file stem>"); after
+the preset, the two builds timed in turn, four rounds (`tune.alternate`), give the ratio of their
+times with the clock's drift cancelled ("<build> vs @<file stem>").
 
 Writes measurements.jsonl (one row per method, build and point, as it happens; the ceilings first)
 and prints one fixed-width line per row. `--smoke` runs the same steps on the scaled CPU stand-in
@@ -136,6 +138,24 @@ def line(row: dict | None) -> str:
     return f"{what:24s} {label:42s} {row['status']}: {row.get('message', '')[:80]}"
 
 
+def alternated_row(run: kernels.Run, problem, config: CudaMoeConfig, baseline: Path) -> dict:
+    """The build from `baseline` and from the package's kernel file, both gated, then timed in
+    turn (tune.alternate): `ratio`, the package's time over the baseline's, drift cancelled."""
+    method = get_moe("cuda-w4a16-moe")
+    with tune.kernel_source_from(cuda_fused, baseline):
+        old = method.prepare(problem, config=config)
+    new = method.prepare(problem, config=config)
+    for call in (old, new):
+        gate = moe_base.check_call(call, problem)
+        if not gate.ok:
+            return {"status": gate.status, "rel_err": gate.rel_err, "message": gate.message}
+    result = tune.alternate({"baseline": (old.make_call, old.args, old.out),
+                             "current": (new.make_call, new.args, new.out)}, run.timer, run.device)
+    return {"status": "ok", "config": dataclasses.asdict(config), **result,
+            "message": f"current / baseline {result['ratio']['current']:.3f} "
+                       f"(median of {result['rounds']} alternated rounds)"}
+
+
 def dissect(run: kernels.Run, problem, what: dict, build: CudaMoeConfig, label: str) -> None:
     """The anatomy stages of one build, one row each."""
     for stage in (s for s in ANATOMY if not build.stage_reason(s)):
@@ -178,6 +198,10 @@ def probe_point(run: kernels.Run, model, batch: int, fmt: str, weights, configs,
         print(line(row), flush=True)
         if row is not None and "median_us" in row:
             timed.append((row["median_us"], config))
+    for baseline in baselines if configs else ():
+        row = run.step("moe_alternated", {**what, "label": f"{configs[0].label()} vs @{baseline.stem}"},
+                       lambda b=baseline: alternated_row(run, problem, configs[0], b))
+        print(line(row), flush=True)
     if timed:
         best = min(timed, key=lambda pair: pair[0])[1]
         dissected = [config for _, config in timed] if dissect_every else fastest_of_each_kind(timed)

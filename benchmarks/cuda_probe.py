@@ -11,8 +11,10 @@ streaming read of the same bytes.
 
 `--preset-only` times the preset build alone at each point (with the peers and the anatomy);
 `--baseline-kernel FILE` (repeatable) times the preset built from another kernel file too, gated,
-with its split-K-free "mma" stage, before the package's (labelled "<build> @<file stem>"): a
-change to the kernel's code measured against the code it replaces in the same call.
+with its split-K-free "mma" stage, before the package's (labelled "<build> @<file stem>"), then
+both timed in turn, four rounds, for the ratio of their times with the clock's drift cancelled
+("<build> vs @<file stem>"): a change to the kernel's code measured against the code it replaces
+in the same call.
 
 Writes measurements.jsonl (one row per variant and point) and presets.json (the fastest gated
 build per point), and prints one fixed-width line per row.
@@ -137,11 +139,36 @@ def anatomy_row(stage: str, config: CudaTileConfig, a, w, device: str, timer) ->
 def baseline_rows(baseline: Path, config: CudaTileConfig, point: tune.Point, a, w, device: str,
                   timer) -> list[tuple[str, dict]]:
     """The preset build from another kernel file: the GEMM, then its "mma" stage (the GEMM
-    without the split-K reduction), each gated, labelled "<build> @<file stem>"."""
+    without the split-K reduction), each gated, labelled "<build> @<file stem>"; then that GEMM
+    and the package's timed in turn ("<build> vs @<file stem>": their ratio, drift cancelled)."""
     label = f"{config.label()} @{baseline.stem}"
     with tune.kernel_source_from(cuda_w4a16, baseline):
-        return [(label, cuda_row(config, point, a, w, device, timer)),
+        rows = [(label, cuda_row(config, point, a, w, device, timer)),
                 (f"anatomy mma @{baseline.stem}", anatomy_row("mma", config, a, w, device, timer))]
+    return rows + [(f"{config.label()} vs @{baseline.stem}",
+                    alternated_row(baseline, config, point, a, w, device, timer))]
+
+
+def alternated_row(baseline: Path, config: CudaTileConfig, point: tune.Point, a, w, device: str,
+                   timer) -> dict:
+    """The build from `baseline` and from the package's kernel file, both gated, then timed in
+    turn (tune.alternate): `ratio`, the package's time over the baseline's."""
+    backend, tolerance = get("cuda-w4a16"), correctness.TOLERANCE[point.fmt]
+    try:
+        with tune.kernel_source_from(cuda_w4a16, baseline):
+            old = backend.prepare(a, w, device, config=config)
+        new = backend.prepare(a, w, device, config=config)
+        for prepared in (old, new):
+            gate = correctness.check_backend(prepared, tolerance)
+            if not gate.ok:
+                return {"status": gate.status, "rel_err": gate.rel_err, "message": gate.message}
+        result = tune.alternate({"baseline": (old.make_call, old.args, old.out),
+                                 "current": (new.make_call, new.args, new.out)}, timer, device)
+    except Exception as exc:  # noqa: BLE001 - a build that cannot compile or run is a result
+        return {"status": "error", "message": tune.first_line(exc)}
+    return {"status": "ok", **result,
+            "message": f"current / baseline {result['ratio']['current']:.3f} "
+                       f"(median of {result['rounds']} alternated rounds)"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ DEFAULT_M = "1,4,16,64,256"
 DEFAULT_FORMATS = "nvfp4,mxfp4"
 SEED = 0
 CTAS_PER_SM_CHOICES = (1, 2, 4)     # whole waves of CTAs: 1, 2 or 4 per SM
+AB_ROUNDS = 4                       # rounds of `alternate`: A B A B A B A B
 
 
 @contextlib.contextmanager
@@ -232,6 +234,25 @@ def gate_and_time(prepare, check, timer: bench.TimerConfig, device: str) -> dict
     except Exception as exc:  # noqa: BLE001
         return {**row, "status": "error", "message": "timing: " + first_line(exc)}
     return {**row, **timing_fields(timing)}
+
+
+def alternate(calls: dict[str, tuple], timer: bench.TimerConfig, device: str,
+              rounds: int = AB_ROUNDS) -> dict:
+    """Prepared calls (label -> (make_call, args, out)) timed in turn, `rounds` times over
+    (A B A B ...), so that a drift of the clock (power, heat) falls on each alike: per label the
+    rounds' medians (`round_us`), and for each label after the first the median over rounds of
+    its time over the first's in the same round (`ratio`; call 128's single medians of a 2 ms
+    MoE call A then B differed by as much as the change being measured)."""
+    if rounds < 1 or len(calls) < 2:
+        raise ValueError(f"alternate needs 2+ calls and 1+ rounds, got {len(calls)} and {rounds}")
+    round_us: dict[str, list[float]] = {label: [] for label in calls}
+    for _ in range(rounds):
+        for label, (make_call, args, out) in calls.items():
+            round_us[label].append(bench.time_call(make_call, args, out, timer, device).median_us)
+    first = next(iter(calls))
+    ratio = {label: statistics.median(t / f for t, f in zip(times, round_us[first]))
+             for label, times in round_us.items() if label != first}
+    return {"rounds": rounds, "round_us": round_us, "ratio": ratio}
 
 
 def operands(point: Point, device: str, weights_cache: dict):

@@ -413,6 +413,109 @@ def test_the_moe_probe_builds_a_baseline_kernel_file_only_inside_its_block(tmp_p
         probe.main(["--out", str(tmp_path / "out"), "--baseline-kernel", str(tmp_path / "none.cu")])
 
 
+def scripted_timer(monkeypatch, medians: dict[str, list[float]]) -> list[str]:
+    """bench.time_call answering each call's next scripted median; returns the labels in the
+    order the calls were timed (a call's `args` is its label)."""
+    from fp4lab import bench
+
+    order, left = [], {label: list(times) for label, times in medians.items()}
+
+    def time_call(make_call, args, out, config=None, device="auto"):
+        order.append(args)
+        median = left[args].pop(0)
+        return bench.summarize([median], graph=False, cold_l2=False, sm_clock_mhz=None)
+
+    monkeypatch.setattr(bench, "time_call", time_call)
+    return order
+
+
+def test_alternate_times_the_calls_in_turn_and_its_ratio_cancels_a_drift(monkeypatch, tune):
+    """A clock that drifts 30% over the rounds moves both calls alike: the per-round ratio is the
+    change (0.95), where one median each, A then B at the ends, would read 1.235."""
+    order = scripted_timer(monkeypatch, {"old": [100.0, 110.0, 120.0, 130.0],
+                                         "new": [95.0, 104.5, 114.0, 123.5]})
+    calls = {"old": (None, "old", None), "new": (None, "new", None)}
+    result = tune.alternate(calls, timer=None, device="cpu", rounds=4)
+    assert order == ["old", "new"] * 4
+    assert result["round_us"] == {"old": [100.0, 110.0, 120.0, 130.0], "new": [95.0, 104.5, 114.0, 123.5]}
+    assert result["ratio"] == {"new": pytest.approx(0.95)} and result["rounds"] == 4
+    with pytest.raises(ValueError, match="2\\+ calls and 1\\+ rounds"):
+        tune.alternate({"old": calls["old"]}, None, "cpu")
+    with pytest.raises(ValueError, match="got 2 and 0"):
+        tune.alternate(calls, None, "cpu", rounds=0)
+
+
+def test_the_moe_probe_alternates_the_baseline_build_with_the_packages_after_gating_both(
+        monkeypatch, tmp_path, tune):
+    """--baseline-kernel's alternated row: the baseline call prepared inside its kernel file, the
+    package's outside, both gated before either is timed; a gate that fails stops the row."""
+    from fp4lab.backends.moe import cuda_fused
+
+    probe = load("cuda_moe_probe")
+    old_file = tmp_path / "old_kernel.cu"
+    old_file.write_text("// an earlier kernel\n")
+    prepared_from, gated = [], []
+
+    class Call:
+        def __init__(self, source):
+            self.make_call, self.args, self.out = None, source, None
+
+    class Method:
+        def prepare(self, problem, config=None):
+            prepared_from.append(cuda_fused.KERNEL_SOURCE)
+            return Call(cuda_fused.KERNEL_SOURCE.name)
+
+    class Gate:
+        def __init__(self, ok):
+            self.ok, self.status, self.rel_err = ok, "ok" if ok else "wrong", 0.5
+            self.message = "fine" if ok else "rel_err 5e-01 > tol"
+
+    monkeypatch.setattr(probe, "get_moe", lambda name: Method())
+    monkeypatch.setattr(probe.moe_base, "check_call", lambda call, problem: gated.append(call.args) or Gate(True))
+    package = cuda_fused.KERNEL_SOURCE.name
+    order = scripted_timer(monkeypatch, {"old_kernel.cu": [200.0] * 4, package: [190.0] * 4})
+    run = type("Run", (), {"timer": None, "device": "cpu"})()
+    row = probe.alternated_row(run, problem=None, config=cuda_fused.CudaMoeConfig(), baseline=old_file)
+    assert [path.name for path in prepared_from] == ["old_kernel.cu", package]
+    assert gated == ["old_kernel.cu", package] and order == ["old_kernel.cu", package] * 4
+    assert row["status"] == "ok" and row["ratio"] == {"current": pytest.approx(0.95)}
+    assert "current / baseline 0.950 (median of 4 alternated rounds)" == row["message"]
+    monkeypatch.setattr(probe.moe_base, "check_call", lambda call, problem: Gate(call.args == package))
+    failed = probe.alternated_row(run, problem=None, config=cuda_fused.CudaMoeConfig(), baseline=old_file)
+    assert failed["status"] == "wrong" and "round_us" not in failed
+
+
+def test_the_dense_probe_alternates_its_baseline_and_says_why_when_a_build_fails(monkeypatch,
+                                                                                 tmp_path, tune):
+    """cuda_probe's alternated row: gated calls timed in turn, the ratio in its message; a build
+    that cannot compile is an error row naming why, not a crash of the probe."""
+    from fp4lab import correctness
+    from fp4lab.backends import cuda_w4a16
+
+    probe = load("cuda_probe")
+    old_file = tmp_path / "old_kernel.cu"
+    old_file.write_text("// an earlier kernel\n")
+    package = cuda_w4a16.KERNEL_SOURCE.name
+
+    class Backend:
+        def prepare(self, a, w, device, config=None):
+            if cuda_w4a16.KERNEL_SOURCE.read_text().startswith("// broken"):
+                raise RuntimeError("NVRTC: error: expected a ;")
+            source = cuda_w4a16.KERNEL_SOURCE.name
+            return type("Prepared", (), {"make_call": None, "args": source, "out": None})()
+
+    passed = type("Gate", (), {"ok": True})()
+    monkeypatch.setattr(probe, "get", lambda name: Backend())
+    monkeypatch.setattr(correctness, "check_backend", lambda prepared, tolerance: passed)
+    scripted_timer(monkeypatch, {"old_kernel.cu": [10.0] * 4, package: [11.0] * 4})
+    point, config = tune.Point("nvfp4", 8192, 8192, 16), cuda_w4a16.choose_config(16, 8192, 8192)
+    row = probe.alternated_row(old_file, config, point, None, None, "cpu", None)
+    assert row["status"] == "ok" and row["ratio"] == {"current": pytest.approx(1.1)}
+    old_file.write_text("// broken kernel\n")
+    row = probe.alternated_row(old_file, config, point, None, None, "cpu", None)
+    assert row == {"status": "error", "message": "RuntimeError: NVRTC: error: expected a ;"}
+
+
 def test_the_moe_probe_goes_on_when_its_budget_ends_inside_a_point(monkeypatch, capsys):
     """A step the deadline leaves out is None: the point says so and ranks no build (call 107
     stopped with a TypeError there)."""
