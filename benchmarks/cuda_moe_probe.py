@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import h200_kernels as kernels  # noqa: E402  (Run, the ceilings, the models' weights)
-import tune_w4a16 as tune  # noqa: E402  (kernel_source_from)
+import tune_w4a16 as tune  # noqa: E402  (kernel_source_from, alternate)
 
 from fp4lab import bench  # noqa: E402
 from fp4lab.backends.moe import base as moe_base, cuda_fused, get as get_moe  # noqa: E402

@@ -14,7 +14,8 @@
 #   PROBE_BUDGET_S=380 gives the probe that many seconds (240 when not set)
 #   PROBE_GRID=buffers (the probe's --grid) times that grid at the first point, every build dissected
 #   PROBE_BASELINE="old.cu ..." (the probe's --baseline-kernel, each file) times the first point's
-#   preset built from those kernel files too, before the current one (write them with git show
+#   preset built from those kernel files too, before the current one, then each in turn with the
+#   current one for the ratio of their times (write them with git show
 #   <sha>:src/fp4lab/backends/cuda_moe_kernel.cu into the tree before the call: the device's copy
 #   has no history)
 #   FMTS=nvfp4 narrows the sweep part to that format's rows (the others kept as they are)
