@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import h200_kernels as kernels  # noqa: E402  (Run, the ceilings, the models' weights)
-import tune_w4a16 as tune  # noqa: E402  (kernel_source_from, alternate)
+import tune_w4a16 as tune  # noqa: E402  (kernel_source_from, alternated_row)
 
 from fp4lab import bench  # noqa: E402
 from fp4lab.backends.moe import base as moe_base, cuda_fused, get as get_moe  # noqa: E402
@@ -140,20 +140,11 @@ def line(row: dict | None) -> str:
 
 def alternated_row(run: kernels.Run, problem, config: CudaMoeConfig, baseline: Path) -> dict:
     """The build from `baseline` and from the package's kernel file, both gated, then timed in
-    turn (tune.alternate): `ratio`, the package's time over the baseline's, drift cancelled."""
+    turn (tune.alternated_row)."""
     method = get_moe("cuda-w4a16-moe")
-    with tune.kernel_source_from(cuda_fused, baseline):
-        old = method.prepare(problem, config=config)
-    new = method.prepare(problem, config=config)
-    for call in (old, new):
-        gate = moe_base.check_call(call, problem)
-        if not gate.ok:
-            return {"status": gate.status, "rel_err": gate.rel_err, "message": gate.message}
-    result = tune.alternate({"baseline": (old.make_call, old.args, old.out),
-                             "current": (new.make_call, new.args, new.out)}, run.timer, run.device)
-    return {"status": "ok", "config": dataclasses.asdict(config), **result,
-            "message": f"current / baseline {result['ratio']['current']:.3f} "
-                       f"(median of {result['rounds']} alternated rounds)"}
+    row = tune.alternated_row(cuda_fused, baseline, lambda: method.prepare(problem, config=config),
+                              lambda call: moe_base.check_call(call, problem), run.timer, run.device)
+    return {**row, "config": dataclasses.asdict(config)}
 
 
 def dissect(run: kernels.Run, problem, what: dict, build: CudaMoeConfig, label: str) -> None:

@@ -152,23 +152,12 @@ def baseline_rows(baseline: Path, config: CudaTileConfig, point: tune.Point, a, 
 def alternated_row(baseline: Path, config: CudaTileConfig, point: tune.Point, a, w, device: str,
                    timer) -> dict:
     """The build from `baseline` and from the package's kernel file, both gated, then timed in
-    turn (tune.alternate): `ratio`, the package's time over the baseline's."""
+    turn (tune.alternated_row)."""
     backend, tolerance = get("cuda-w4a16"), correctness.TOLERANCE[point.fmt]
-    try:
-        with tune.kernel_source_from(cuda_w4a16, baseline):
-            old = backend.prepare(a, w, device, config=config)
-        new = backend.prepare(a, w, device, config=config)
-        for prepared in (old, new):
-            gate = correctness.check_backend(prepared, tolerance)
-            if not gate.ok:
-                return {"status": gate.status, "rel_err": gate.rel_err, "message": gate.message}
-        result = tune.alternate({"baseline": (old.make_call, old.args, old.out),
-                                 "current": (new.make_call, new.args, new.out)}, timer, device)
-    except Exception as exc:  # noqa: BLE001 - a build that cannot compile or run is a result
-        return {"status": "error", "message": tune.first_line(exc)}
-    return {"status": "ok", **result,
-            "message": f"current / baseline {result['ratio']['current']:.3f} "
-                       f"(median of {result['rounds']} alternated rounds)"}
+    return tune.alternated_row(cuda_w4a16, baseline,
+                               lambda: backend.prepare(a, w, device, config=config),
+                               lambda prepared: correctness.check_backend(prepared, tolerance),
+                               timer, device)
 
 
 def main(argv: list[str] | None = None) -> int:

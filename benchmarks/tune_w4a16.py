@@ -255,6 +255,29 @@ def alternate(calls: dict[str, tuple], timer: bench.TimerConfig, device: str,
     return {"rounds": rounds, "round_us": round_us, "ratio": ratio}
 
 
+def alternated_row(module, baseline: Path, prepare, check, timer: bench.TimerConfig,
+                   device: str) -> dict:
+    """`prepare()` built from `baseline` (inside kernel_source_from(module, ...)) and from the
+    package's kernel file, both passing `check(prepared)` before either is timed, then timed in
+    turn (`alternate`): `ratio`, the package's time over the baseline's, drift cancelled; a row
+    whatever happens (a build that cannot compile or run is an error row naming why)."""
+    try:
+        with kernel_source_from(module, baseline):
+            old = prepare()
+        new = prepare()
+        for prepared in (old, new):
+            gate = check(prepared)
+            if not gate.ok:
+                return {"status": gate.status, "rel_err": gate.rel_err, "message": gate.message}
+        result = alternate({"baseline": (old.make_call, old.args, old.out),
+                            "current": (new.make_call, new.args, new.out)}, timer, device)
+    except Exception as exc:  # noqa: BLE001 - a build that cannot compile or run is a result
+        return {"status": "error", "message": first_line(exc)}
+    return {"status": "ok", **result,
+            "message": f"current / baseline {result['ratio']['current']:.3f} "
+                       f"(median of {result['rounds']} alternated rounds)"}
+
+
 def operands(point: Point, device: str, weights_cache: dict):
     """Activations [M, K] bf16 and FP4 weights [N, K] (quantized once per shape and format)."""
     gen = torch.Generator(device=device).manual_seed(SEED + point.m)
