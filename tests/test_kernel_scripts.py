@@ -395,9 +395,8 @@ def test_the_moe_probe_times_the_presets_first_then_sync_and_async_builds():
 
 
 def test_the_moe_probe_builds_a_baseline_kernel_file_only_inside_its_block(tmp_path, tune):
-    """--baseline-kernel: inside `kernel_source_from` every build is another file's text (the
-    compiled builds dropped on the way in and out); the package's own file after; a missing file
-    is refused before any GPU work."""
+    """--baseline-kernel: inside `kernel_source_from` every build is another file's text; the
+    package's own file after; a missing file is refused before any GPU work."""
     from fp4lab.backends.moe import cuda_fused
 
     probe = load("cuda_moe_probe")
@@ -407,10 +406,42 @@ def test_the_moe_probe_builds_a_baseline_kernel_file_only_inside_its_block(tmp_p
     own, _ = cuda_fused.build(config, "nvfp4", True)
     with tune.kernel_source_from(cuda_fused, old):
         source, _ = cuda_fused.build(config, "nvfp4", True)
-        assert source.endswith("// an earlier kernel\n") and cuda_fused.compiled.cache_info().currsize == 0
+        assert source.endswith("// an earlier kernel\n")
     assert cuda_fused.build(config, "nvfp4", True)[0] == own
     with pytest.raises(SystemExit, match="no file"):
         probe.main(["--out", str(tmp_path / "out"), "--baseline-kernel", str(tmp_path / "none.cu")])
+
+
+@pytest.mark.parametrize("backend", ["dense", "moe"])
+def test_a_baseline_kernel_file_swapped_in_twice_compiles_each_file_once(
+        backend, tmp_path, monkeypatch, tune):
+    """A probe with --baseline-kernel enters `kernel_source_from` once for the baseline's timed
+    row and again for the alternated one: the builds are cached by kernel file, so each file's
+    build compiles once, and each call gets its own file's build (a fake NVRTC that returns the
+    source it was given)."""
+    from fp4lab.backends import cuda_w4a16
+    from fp4lab.backends.moe import cuda_fused
+
+    sources = []
+    monkeypatch.setattr(torch.cuda, "_compile_kernel",
+                        lambda source, name, **options: sources.append(source) or source,
+                        raising=False)
+    if backend == "dense":
+        module, build = cuda_w4a16, lambda: cuda_w4a16.compiled(
+            cuda_w4a16.CudaTileConfig(), "nvfp4", 2, (9, 0))
+    else:
+        module, build = cuda_fused, lambda: cuda_fused.compiled(
+            cuda_fused.CudaMoeConfig(), "nvfp4", True, (9, 0))
+    module._compiled.cache_clear()
+    old = tmp_path / "old_kernel.cu"
+    old.write_text("// an earlier kernel\n")
+    own = build()
+    for _ in range(2):
+        with tune.kernel_source_from(module, old):
+            assert build().endswith("// an earlier kernel\n")
+        assert build() == own
+    assert len(sources) == 2
+    module._compiled.cache_clear()
 
 
 def scripted_timer(monkeypatch, medians: dict[str, list[float]]) -> list[str]:

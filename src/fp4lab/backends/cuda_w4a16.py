@@ -426,17 +426,23 @@ def kernel_source(path: Path, prelude: str = "") -> str:
     return COMMON_SOURCE.read_text() + "\n" + (prelude + "\n" if prelude else "") + path.read_text()
 
 
-@functools.lru_cache(maxsize=None)
 def compiled(config: CudaTileConfig, fmt: str, tiles: int, capability: tuple[int, int],
              stage: str = "full"):
-    """The kernel built for one configuration and anatomy stage (NVRTC, once per process)."""
+    """The kernel built for one configuration and anatomy stage from KERNEL_SOURCE (NVRTC, once
+    per process and kernel file: a probe's baseline file swapped in and out compiles each once)."""
+    return _compiled(KERNEL_SOURCE, config, fmt, tiles, capability, stage)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(kernel_file: Path, config: CudaTileConfig, fmt: str, tiles: int,
+              capability: tuple[int, int], stage: str):
     options = [f"-DGROUPS={config.groups}", f"-DDEPTH={config.depth}", f"-DWARPS={config.warps}",
                f"-DKWARPS={config.kwarps}", f"-DNTILES={tiles}",
                f"-DNVFP4={int(fmt == 'nvfp4')}", f"-DOVERLAP_ALL={int(config.overlap == 'all')}",
                f"-DMIN_CTAS={config.min_ctas or 0}", f"-DCLUSTER={config.cluster}",
                f"-DSTAGE={list(ANATOMY_STAGES).index(stage)}",
                "-std=c++17"]
-    return torch.cuda._compile_kernel(kernel_source(KERNEL_SOURCE), KERNEL_NAME,
+    return torch.cuda._compile_kernel(kernel_source(kernel_file), KERNEL_NAME,
                                       compute_capability=f"{capability[0]}{capability[1]}",
                                       nvcc_options=options)
 

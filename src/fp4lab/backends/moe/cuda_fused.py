@@ -350,9 +350,11 @@ def generated_source(ntiles: int, asynchronous: bool) -> str:
     return width_source(ntiles) + ("\n" + wgmma_source(ntiles) if asynchronous else "")
 
 
-def build(config: CudaMoeConfig, fmt: str, gate_up: bool, stage: str = "full"):
-    """(source, NVRTC options) of one launch's build. `-default-device`: NVRTC 13.0 takes the k
-    loop's generic lambda for a host function without it (call 101); 13.5 does not."""
+def build(config: CudaMoeConfig, fmt: str, gate_up: bool, stage: str = "full",
+          kernel_file: Path | None = None):
+    """(source, NVRTC options) of one launch's build from `kernel_file` (KERNEL_SOURCE when not
+    given). `-default-device`: NVRTC 13.0 takes the k loop's generic lambda for a host function
+    without it (call 101); 13.5 does not."""
     asynchronous = config.mma == "async"
     options = [f"-DGATE_UP={int(gate_up)}", f"-DWARPS={config.warps}",
                f"-DROW_TILES={config.row_tiles}", f"-DSTAGE={MOE_STAGES[stage]}",
@@ -363,14 +365,21 @@ def build(config: CudaMoeConfig, fmt: str, gate_up: bool, stage: str = "full"):
                "-std=c++17", "-default-device"]
     if asynchronous:
         options += ["-DMMA_ASYNC=1", f"-DMMA_DEPTH={config.mma_depth}"]
-    return kernel_source(KERNEL_SOURCE, generated_source(config.ntiles, asynchronous)), options
+    return (kernel_source(kernel_file or KERNEL_SOURCE, generated_source(config.ntiles, asynchronous)),
+            options)
+
+
+def compiled(config: CudaMoeConfig, fmt: str, gate_up: bool, capability: tuple[int, int],
+             stage: str = "full"):
+    """One launch's build from KERNEL_SOURCE (NVRTC, once per process and kernel file: a probe's
+    baseline file swapped in and out compiles each once); the async build for sm_90a."""
+    return _compiled(KERNEL_SOURCE, config, fmt, gate_up, capability, stage)
 
 
 @functools.lru_cache(maxsize=None)
-def compiled(config: CudaMoeConfig, fmt: str, gate_up: bool, capability: tuple[int, int],
-             stage: str = "full"):
-    """One launch's build (NVRTC, once per process); the async build for sm_90a."""
-    source, options = build(config, fmt, gate_up, stage)
+def _compiled(kernel_file: Path, config: CudaMoeConfig, fmt: str, gate_up: bool,
+              capability: tuple[int, int], stage: str):
+    source, options = build(config, fmt, gate_up, stage, kernel_file)
     return torch.cuda._compile_kernel(source, KERNEL_NAME,
                                       compute_capability=f"{capability[0]}{capability[1]}"
                                       + ("a" if config.mma == "async" else ""),
