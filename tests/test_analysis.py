@@ -551,21 +551,26 @@ def test_the_kernel_time_sentence_says_what_the_diagnosed_calls_own_builds_measu
     assert d.chosen_anatomy["load"] == 1250.0 and d.chosen_anatomy["fmt"] == d.chosen["fmt"]
     # the parts add up to the whole the worker timed: 1.25 + 0.15 + 0.40 = 1.80 ms
     # and the time above the loads there (550 us), which the layer table's time above the floor is not
-    assert (f"took 1.80 ms ({text.us(d.chosen['layer_us'])} in the table of methods): its loads alone take 1.25 ms (the "
-            "weights at 80% of the copy bandwidth), and the decode adds +150 us and the MMAs +400 us on top "
-            "(550 us in all), the part of their work the loads do not hide") in sentence
+    assert (f"where it took 1.80 ms against {text.us(d.chosen['layer_us'])} in the table of methods: its loads alone "
+            "take 1.25 ms (the weights at 80% of the copy bandwidth), and the decode adds +150 us and the MMAs +400 us "
+            "on top, 550 us above its loads alone: the part of their work the loads do not hide") in sentence
+    # without its math alone, the verdict can say only where the fix is
+    assert "What would fix it is in the kernel, not HBM: at that floor it would be" in words.verdict_sentence(d)
     assert "did not time them without the weights' read" in sentence and "copy bandwidth would" not in sentence
     bound_lever = d.levers[d.levers["kind"] == "bound"].iloc[0]      # no math build: the plain bound
     assert bound_lever["lever"] == "cuda-w4a16-moe at its weight-read floor" and bound_lever["basis"] == decode.BOUND
     d, sentence = diagnosed(tmp_path / "bound", {**builds, "compute": 1400.0})
     assert "they alone take 1.40 ms, 1.1x the loads" in sentence
-    assert "could not go below 1.40 ms" in sentence and "fewer instructions a weight" in sentence
+    assert "could not go below 1.40 ms" in sentence
+    # the prescription is the verdict's, stated once
+    assert "fewer instructions a weight" in words.verdict_sentence(d) and "fewer instructions" not in sentence
     # the floor lever then says what reaching it needs, and why: overlap alone cannot
     bound_lever = d.levers[d.levers["kind"] == "bound"].iloc[0]
     assert bound_lever["lever"] == "cuda-w4a16-moe at its weight-read floor (needs fewer instructions a weight)"
     assert bound_lever["basis"] == decode.BOUND + "; its math alone (no weight read) takes 1.40 ms, 1.1x its loads alone"
     d, sentence = diagnosed(tmp_path / "hidden", {**builds, "compute": 900.0})
     assert "hidden under the loads, the layer would take about the loads' 1.25 ms" in sentence
+    assert "What would fix it: **its decode and MMAs hidden under its loads**" in words.verdict_sentence(d)
     assert d.levers[d.levers["kind"] == "bound"].iloc[0]["lever"] == "cuda-w4a16-moe at its weight-read floor"
     d, sentence = diagnosed(tmp_path / "bare", {})
     assert d.chosen_anatomy is None and "chapter 01, the anatomy of fp4lab's own kernels" in sentence
@@ -591,7 +596,8 @@ def test_a_dissected_path_without_its_own_math_build_cites_the_other_formats(tmp
     sentence = words.kernel_time_sentence(d)
     assert ("Timed without the weights' read (NVFP4 weights only), the decode and MMAs alone take 1.40 ms, 1.1x "
             "the NVFP4 loads alone (1.25 ms)") in sentence
-    assert "fewer instructions a weight" in sentence and "did not time them" not in sentence
+    assert "could not go much below its math" in sentence and "did not time them" not in sentence
+    assert "fewer instructions a weight" in words.verdict_sentence(d)
     table = moe.fused_anatomy(moe.moe_results(run, "glm-5"))
     assert moe.math_in_other_format(table, table[table["fmt"] == "nvfp4"].iloc[0]) is None   # has its own
     lead = " ".join(ch03_moe.fused_anatomy_findings(table, 512))

@@ -162,6 +162,9 @@ def test_the_front_page_shows_the_verdicts_numbers_and_its_three_largest_levers(
         assert text.html(lever.lever) in glance and text.ratio(lever.gain) in glance
     for lever in shown[~shown["from_path"]].itertuples():
         assert text.html(lever.lever) not in glance
+    # the verdict's own lever, the path at its weight-read floor, is shown too, after the larger ones
+    floor = on_path[on_path["kind"] == "bound"].iloc[0]
+    assert glance.index(text.html(floor["lever"])) > positions[-1]
     assert f"{text.sig(d.load['busiest_m'])} busiest" in glance
     # the diagnosed path's own window is power-capped (call 122): the verdict states its watts and
     # clock, so the glance does not repeat them

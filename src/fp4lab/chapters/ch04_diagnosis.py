@@ -88,7 +88,25 @@ def verdict_sentence(d: decode.Diagnosis) -> str:
     if not v.get("reliable", True):
         tail += (" That floor is longer than the layer itself: the ceilings do not describe this device, "
                  "so the verdict is unreliable.")
-    return head + tail + power_cap_clause(d.chosen_power)
+    return head + tail + fix_clause(d) + power_cap_clause(d.chosen_power)
+
+
+def fix_clause(d: decode.Diagnosis) -> str:
+    """For a kernel-limited verdict, what would fix it, from the diagnosed call's own dissection
+    where the run has one (`decode.math_alone`): the verdict box answers "what would fix it" too."""
+    v = d.verdict
+    if not v["kernel_limited"] or not v.get("reliable", True):
+        return ""
+    gain = f"at that floor it would be {text.ratio(1 / v['explained'])} faster"
+    math = decode.math_alone(d.chosen_anatomy)
+    if math is None:
+        return f" What would fix it is in the kernel, not HBM: {gain}."
+    if math["math_bound"]:
+        return (f" What would fix it: **fewer instructions a weight** (or FP4 tensor cores that take the codes as "
+                f"they are), not a faster weight stream; its decode and MMAs alone take as long as its loads, so "
+                f"hiding them cannot get there ({gain}).")
+    return (f" What would fix it: **its decode and MMAs hidden under its loads**, which alone take longer than "
+            f"they do ({gain}).")
 
 
 def power_cap_clause(own: dict | None) -> str:
@@ -110,20 +128,21 @@ def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
     v, path = d.verdict, d.chosen
     if d.smoke or v is None or path is None or not v["kernel_limited"]:
         return None
-    head = (f"Above its weight-read floor, {text.us(path['layer_us'] - v['floor_us'])} of the layer is the "
-            "kernel's own time, not HBM")
+    head = (f"Above its weight-read floor, {text.us(path['layer_us'] - v['floor_us'])} "
+            f"({text.pct(100 * (1 - v['explained']))}) of the layer is the kernel's own time, not HBM")
     a = d.chosen_anatomy
     if a is None:
         return (head + f": at its weight-read floor the layer would run {text.ratio(1 / v['explained'])} faster "
                 "(what such time is made of: chapter 01, the anatomy of fp4lab's own kernels and the hardware "
                 "counters of the kernels profiled).")
     # the builds' increments are what the loads did not hide, not the decode's and MMAs' whole work
-    dissected = (f". The call dissected in a worker process of its own (chapter 03) took "
-                 f"{text.us(a['full'])} ({text.us(path['layer_us'])} in the table of methods): its loads alone "
-                 f"take {text.us(a['load'])} (the weights at {text.pct(a['load_rate_pct'])} of the copy "
-                 f"bandwidth), and the decode adds "
-                 f"{text.signed_us(a['decode_added_us'])} and the MMAs {text.signed_us(a['mma_added_us'])} on top "
-                 f"({text.us(a['above_load_us'])} in all), the part of their work the loads do not hide")
+    # two timings of one call in two processes: the dissection's own whole, so its parts add up
+    dissected = (f". Where that time goes, from the same call dissected in a worker process of its own "
+                 f"(chapter 03), where it took {text.us(a['full'])} against {text.us(path['layer_us'])} in the "
+                 f"table of methods: its loads alone take {text.us(a['load'])} (the weights at "
+                 f"{text.pct(a['load_rate_pct'])} of the copy bandwidth), and the decode adds "
+                 f"{text.signed_us(a['decode_added_us'])} and the MMAs {text.signed_us(a['mma_added_us'])} on top, "
+                 f"{text.us(a['above_load_us'])} above its loads alone: the part of their work the loads do not hide")
     math = decode.math_alone(a)
     if math is None:
         return (head + dissected + ". Wholly hidden under the loads they would take the layer toward its "
@@ -134,16 +153,14 @@ def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
         return (head + dissected + f". Timed without the weights' read ({fmt} weights only), the decode and "
                 f"MMAs alone take {text.us(math['compute_us'])}, {text.ratio(math['math_to_load'])} the {fmt} "
                 f"loads alone ({text.us(math['load_us'])})"
-                + (": even wholly hidden under the loads the call could not go much below its math, so fewer "
-                   "instructions a weight (or FP4 tensor cores) is what would fix it, not a faster weight stream."
+                + (": even wholly hidden under the loads the call could not go much below its math."
                    if math["math_bound"] else
                    ": hidden under the loads, the call would take about its loads-only time."))
     alone = (f". Without the weights' read they alone take {text.us(math['compute_us'])}, "
              f"{text.ratio(math['math_to_load'])} the loads")
     if math["math_bound"]:
         return (head + dissected + alone + f": even wholly hidden, the layer could not go below "
-                f"{text.us(a['overlapped_us'])}, so what would fix it is fewer instructions a weight (or FP4 "
-                "tensor cores that take the codes as they are), not a faster weight stream.")
+                f"{text.us(a['overlapped_us'])}.")
     return (head + dissected + alone + f": hidden under the loads, the layer would take about the loads' "
             f"{text.us(math['load_us'])}.")
 
@@ -412,7 +429,7 @@ def verdict_box(d: decode.Diagnosis) -> str:
     return note_html(verdict_sentence(d), "smoke" if d.smoke else "note", title, markdown=True)
 
 
-GLANCE_LEVERS = 3      # the levers the verdict shows under its numbers: on the diagnosed path first
+GLANCE_LEVERS = 3      # the largest levers the verdict shows under its numbers, and its own floor's
 
 
 def glance_html(d: decode.Diagnosis) -> str:
@@ -450,7 +467,10 @@ def glance_html(d: decode.Diagnosis) -> str:
     header = "largest levers"
     if d.chosen is not None and len(on_path):
         levers, header = on_path, path_levers_header(d)
-    levers = levers.sort_values("gain", ascending=False, kind="stable").head(GLANCE_LEVERS)
+    ranked = levers.sort_values("gain", ascending=False, kind="stable")
+    # the verdict's own lever (the path at its floor) is shown even when others are larger
+    own = ranked["from_path"].astype(bool) & (ranked["kind"] == "bound")
+    levers = ranked[ranked.index.isin(ranked.index[:GLANCE_LEVERS]) | own]
     levers = levers.assign(change=[f"{text.us_change(r.now_us, r.with_us)} ({r.kind})"
                                    for r in levers.itertuples()])
     lever_table = html_table(levers, [Col("lever", header),
