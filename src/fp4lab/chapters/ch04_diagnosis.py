@@ -456,7 +456,7 @@ def glance_html(d: decode.Diagnosis) -> str:
     others = [(dtype, d.fp4[dtype]) for dtype in ("bf16", "fp8") if best is not None and d.fp4.get(dtype)]
     if others:
         # at the decode batch: a lever at another batch may favour another dtype (fp8 at 2048)
-        facts[f"best FP4 vs {' / '.join(dtype for dtype, _ in others)}"] = (
+        facts[f"best FP4 path vs the fastest {' / '.join(dtype for dtype, _ in others)} path"] = (
             " / ".join(text.as_fast(best["layer_us"], other["layer_us"]).removesuffix(" as fast as")
                        for _, other in others) + " as fast")
     numbers = ('<p class="fp4lab-facts" style="margin:0.4em 0;font-size:0.9em">'
