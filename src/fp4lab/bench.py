@@ -34,7 +34,7 @@ WARMUP_COPY_BYTES = 256 * 2**20
 # Clock readings that differ by less than this are "steady".
 STEADY_CLOCK_TOLERANCE = 0.01
 STEADY_CLOCK_READINGS = 3
-# L2 size when the device properties do not say (H200: 60 MB, from /work/shared/H200.md).
+# L2 size when the device properties do not say (H200: 60 MB, as torch reads it there).
 DEFAULT_L2_BYTES = 60 * 2**20
 
 

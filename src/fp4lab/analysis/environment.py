@@ -19,6 +19,10 @@ UNITS = {"memory_gb": "memory (GiB)", "l2_mb": "L2 (MB)", "max_sm_clock_mhz": "m
          "sm_count": "SMs", "cpu_count": "CPU cores", "torch_threads": "torch threads",
          "compute_capability": "compute capability", "pci_bus_id": "PCI bus id",
          "spec": "spec sheet entry", "cuda": "CUDA (torch build)"}
+# the spec sheet's figures (hardware.FIGURES) as its sources state them: memory in GB, not GiB
+SHEET_FIGURES = {"compute_capability": "compute capability", "sm_count": "SMs", "memory_gb": "memory (GB)",
+                 "memory_bw_tbps": "memory bandwidth (TB/s)", "power_w": "power (W)",
+                 "smem_per_block_kb": "shared memory a block (KB)", "l2_mb": "L2 (MB)"}
 
 
 def device_rows(run_view: RunView) -> list[tuple[str, Any]]:
@@ -53,7 +57,7 @@ def sheet_table() -> pd.DataFrame:
 
 def spec_rows(spec: hardware.GpuSpec) -> pd.DataFrame:
     """One GPU's figures with the source of each."""
-    rows = [{"figure": name.replace("_", " "), "value": getattr(spec, name), "source": spec.sources[name]}
+    rows = [{"figure": SHEET_FIGURES[name], "value": getattr(spec, name), "source": spec.sources[name]}
             for name in hardware.FIGURES]
     rows += [{"figure": f"{dtype} dense TFLOP/s", "value": spec.peak_tflops[dtype], "source": spec.sources[dtype]}
              for dtype in hardware.PEAK_KEYS]
