@@ -9,7 +9,12 @@ streaming read of the same bytes.
 
     PYTHONPATH=src python3 benchmarks/cuda_probe.py --out $OUT/cuda
 
-`--preset-only` times the preset build alone at each point (with the peers and the anatomy);
+Over M = 8, wherever the splits add into the workspace, each build is timed with both split-K
+reductions (`CudaTileConfig.reduce`: one atomic a sum, or one 16-byte vector reduction a lane's
+four sums of an n8 tile).
+
+`--preset-only` times the preset build alone at each point, and its reduction twin (with the
+peers and the anatomy);
 `--baseline-kernel FILE` (repeatable) times the preset built from another kernel file too, gated,
 with its split-K-free "mma" stage, before the package's (labelled "<build> @<file stem>"), then
 both timed in turn, four rounds, for the ratio of their times with the clock's drift cancelled
@@ -34,7 +39,8 @@ import tune_w4a16 as tune  # noqa: E402  (beside this script)
 from fp4lab import correctness  # noqa: E402
 from fp4lab.backends import get  # noqa: E402
 from fp4lab.backends import cuda_w4a16, triton_w4a16  # noqa: E402
-from fp4lab.backends.cuda_w4a16 import CudaTileConfig, Preset, choose_config  # noqa: E402
+from fp4lab.backends.cuda_w4a16 import (REDUCE_CHOICES, CudaTileConfig, Preset, choose_config,  # noqa: E402
+                                        n_tiles)
 
 SHAPES = ((8192, 8192), (4096, 6144), (6144, 2048))
 M_VALUES = (1, 4, 16)
@@ -82,23 +88,33 @@ def parse_builds(text: str) -> tuple[tuple, ...]:
     return tuple(builds)
 
 
+def reduce_twin(config: CudaTileConfig, m: int, k: int) -> CudaTileConfig | None:
+    """The build with the other split-K reduction (REDUCE_CHOICES), where the two differ: over
+    M = 8 (two or more n8 tiles) with splits that add into the workspace."""
+    if n_tiles(m) < 2 or config.splits(k) <= config.cluster:
+        return None
+    other = next(r for r in REDUCE_CHOICES if r != config.reduce)
+    return dataclasses.replace(config, reduce=other)
+
+
 def builds_at(m: int, n: int, k: int, every_twin: bool = False,
               grid: tuple[CudaTileConfig, ...] | None = None) -> list[CudaTileConfig]:
     """The builds timed at a point: GRID (WIDE_GRID over M = 16; with `grid`, the point's preset
-    build then those; an empty `grid`, the preset alone), and after each build whose grid has
-    fewer CTAs than SMs (`every_twin`: any grid) its twin with all of a column's splits in one
-    cluster (the `clustered` presets' rule; 2 to 16 splits)."""
-    if grid == ():
-        return [choose_config(m, n, k)]
-    builds = []
-    chosen = (dict.fromkeys([choose_config(m, n, k), *grid]) if grid
+    build then those; an empty `grid`, the preset alone), after each build whose grid has fewer
+    CTAs than SMs (`every_twin`: any grid) its twin with all of a column's splits in one cluster
+    (the `clustered` presets' rule; 2 to 16 splits), and after each of those its twin with the
+    other split-K reduction where the two differ (`reduce_twin`)."""
+    chosen = ([choose_config(m, n, k)] if grid == ()
+              else dict.fromkeys([choose_config(m, n, k), *grid]) if grid
               else GRID if m <= 16 else WIDE_GRID)
+    builds = []
     for config in chosen:
         builds.append(config)
         clustered = Preset(m, None, config, clustered=True)
-        if clustered.holds(m, n, k, 10**6 if every_twin else SMS):
+        if grid != () and clustered.holds(m, n, k, 10**6 if every_twin else SMS):
             builds.append(clustered.build(n, k))
-    return list(dict.fromkeys(builds))
+    twins = [reduce_twin(config, m, k) for config in builds]
+    return list(dict.fromkeys(build for pair in zip(builds, twins) for build in pair if build is not None))
 
 PEERS = ("triton-w4a16", "torch-bf16", "humming-w4a16")
 

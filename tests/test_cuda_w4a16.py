@@ -72,6 +72,10 @@ def test_configs_are_validated_and_say_what_a_point_needs():
     assert cuda.CudaTileConfig(groups=32, depth=4).label() == "cuda g32 d4 w4 k1"
     assert cuda.CudaTileConfig(groups=16, depth=4, overlap="all").label() == "cuda g16 d4 w4 k1 pdl-all"
     assert config.launch == "plain" and cuda.CudaTileConfig(overlap="tail").launch == "pdl-tail"
+    with pytest.raises(ValueError, match="reduce must be one of .'scalar', 'vector'., got 'v4'"):
+        cuda.CudaTileConfig(reduce="v4")
+    assert cuda.CudaTileConfig(groups=8, warps=16, min_ctas=2, overlap="all",
+                               reduce="vector").label() == "cuda g8 d8 w16 k1 b2 v4 pdl-all"
     with pytest.raises(ValueError, match="overlap must be one of .'off', 'tail', 'all'."):
         cuda.CudaTileConfig(overlap="yes")
     with pytest.raises(ValueError, match="kwarps .4. must divide warps .2."):
@@ -117,6 +121,19 @@ def test_up_to_eight_activation_tiles_and_static_shared_memory():
     assert teams.reason(32, 6144, 2048) is None
     # staged activations grow with M: 64 rows of 512 k and the padding
     assert cuda.CudaTileConfig(groups=8, warps=8).shared_bytes(64) == 64 * (2 * 512 + 16)
+
+
+def test_the_split_k_workspace_holds_every_lanes_sums_in_fragment_order_over_m_8():
+    """A "vector" build at M > 8 adds a lane's four sums of an n8 tile with one 16-byte reduction
+    at ((row tile * NTILES + n8 tile) * 32 + lane) * 4: the workspace holds every tile's 8 rows,
+    those past M too; at M <= 8, and in a "scalar" build, it is the output's M x N."""
+    vector, scalar = cuda.CudaTileConfig(reduce="vector"), cuda.CudaTileConfig()
+    assert [cuda.workspace_floats(vector, m, 4096) for m in (1, 8)] == [4096, 8 * 4096]
+    for m in (9, 16, 17, 33, 64):
+        tiles = cuda.n_tiles(m)
+        last_lane_of_last_tile = ((4096 // 16 - 1) * tiles + tiles - 1) * 32 + 31
+        assert cuda.workspace_floats(vector, m, 4096) == (last_lane_of_last_tile + 1) * 4 >= m * 4096
+        assert cuda.workspace_floats(scalar, m, 4096) == m * 4096
 
 
 def test_cluster_configs_are_validated_and_size_their_shared_partials():
@@ -266,7 +283,11 @@ GPU_CONFIGS = [cuda.CudaTileConfig(groups=2, warps=2), cuda.CudaTileConfig(group
                cuda.CudaTileConfig(groups=2, warps=2, cluster=8),
                cuda.CudaTileConfig(groups=2, warps=4, depth=1, cluster=2),
                cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2, cluster=4, overlap="tail"),
-               cuda.CudaTileConfig(groups=1, warps=1, cluster=16, overlap="all")]
+               cuda.CudaTileConfig(groups=1, warps=1, cluster=16, overlap="all"),
+               # the vector reduction: across CTAs (with teams), from clusters into the workspace
+               cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2, reduce="vector"),
+               cuda.CudaTileConfig(groups=4, warps=4, overlap="tail", reduce="vector"),
+               cuda.CudaTileConfig(groups=2, warps=4, depth=1, cluster=2, reduce="vector")]
 
 
 def seeded_operands(fmt: str, m: int, n: int, k: int):
@@ -304,7 +325,9 @@ WIDE_CONFIGS = [cuda.CudaTileConfig(groups=4, warps=4),
                 cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2),
                 cuda.CudaTileConfig(groups=2, warps=8, depth=1, kwarps=8),
                 cuda.CudaTileConfig(groups=2, warps=4, depth=1, cluster=2),
-                cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2, cluster=4, overlap="all")]
+                cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2, cluster=4, overlap="all"),
+                cuda.CudaTileConfig(groups=4, warps=4, depth=2, overlap="tail", reduce="vector"),
+                cuda.CudaTileConfig(groups=2, warps=4, depth=1, cluster=2, reduce="vector")]
 
 
 @pytest.mark.cuda

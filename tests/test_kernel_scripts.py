@@ -4,7 +4,6 @@ write, bad input, and one whole --smoke run of the device script on the CPU (TRI
 the same phases, gates and files on tiny shapes)."""
 
 import dataclasses
-import glob
 import importlib.util
 import json
 import os
@@ -199,6 +198,25 @@ def test_cuda_probe_grid_is_every_valid_build_and_without_a_gpu_it_says_so(tmp_p
                               str(tmp_path)], capture_output=True, text=True, timeout=120,
                              env={**os.environ, "PYTHONPATH": os.path.join(BENCH, "..", "src")})
         assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
+
+
+def test_cuda_probe_times_each_build_with_both_split_k_reductions_where_they_differ():
+    """Over M = 8, each build whose splits add into the workspace is followed by its twin with the
+    vector reduction; at M <= 8 (one n8 tile), without split-K, or where a cluster covers K, the
+    two are one code, so no twin. --preset-only: the preset and its twin."""
+    from fp4lab.backends.cuda_w4a16 import choose_config as cuda_choose
+
+    probe = load("cuda_probe")
+    builds = probe.builds_at(16, 8192, 8192)
+    scalar = [c for c in builds if c.reduce == "scalar"]
+    assert [c for c in builds if c.reduce == "vector"] == [dataclasses.replace(c, reduce="vector") for c in scalar]
+    assert all(builds[builds.index(c) + 1] == dataclasses.replace(c, reduce="vector") for c in scalar)
+    assert {c.reduce for c in probe.builds_at(8, 8192, 8192)} == {"scalar"}
+    preset = cuda_choose(16, 4096, 6144)
+    assert probe.builds_at(16, 4096, 6144, grid=()) == [preset, dataclasses.replace(preset, reduce="vector")]
+    assert probe.builds_at(16, 6144, 2048, grid=()) == [cuda_choose(16, 6144, 2048)]      # one split
+    assert probe.builds_at(4, 4096, 6144, grid=()) == [cuda_choose(4, 4096, 6144)]
+    assert all(c.reduce == "scalar" for c in probe.builds_at(16, 6144, 2048) if c.cluster > 1)
 
 
 def test_cuda_probe_builds_option_times_the_preset_then_the_listed_builds():
@@ -649,20 +667,3 @@ def test_the_moe_ncu_script_labels_each_launch_and_summarizes_ncus_rows(tmp_path
     assert first.index("long_scoreboard") < first.index("math_pipe_throttle")
     assert second.index("math_pipe_throttle") < second.index("long_scoreboard")
     assert "not joined" in script.summary(script.ncu_rows(raw), ["only one"])
-
-
-def test_the_candidate_kernel_patches_still_apply_to_the_package(tmp_path):
-    """benchmarks/candidates/ holds kernel changes measured but not adopted (or not yet gated),
-    applied on the device before a probe (NOTES): each applies to the package's files as they
-    are, so a later change to the package cannot leave one stale unnoticed."""
-    import shutil
-
-    if shutil.which("git") is None:
-        pytest.skip("needs git")
-    root = os.path.join(os.path.dirname(__file__), "..")
-    patches = sorted(glob.glob(os.path.join(BENCH, "candidates", "*.patch")))
-    assert patches, "benchmarks/candidates/ holds no patch: drop this test with the folder"
-    for patch in patches:
-        done = subprocess.run(["git", "apply", "--check", patch], cwd=root, capture_output=True,
-                              text=True)
-        assert done.returncode == 0, (patch, done.stderr)

@@ -47,6 +47,9 @@ WARP_CHOICES = (1, 2, 4, 8, 16)
 # epilogue overlaps that launch); "all" as soon as every CTA has started (the next kernel's weight
 # loads run in the CTA slots this one frees)
 OVERLAP_CHOICES = ("off", "tail", "all")
+# how a split adds its partial tiles into the split-K workspace at M > 8: one atomic a sum
+# ("scalar"), or one 16-byte vector reduction a lane's four sums of an n8 tile ("vector", sm_90)
+REDUCE_CHOICES = ("scalar", "vector")
 MAX_CLUSTER = 16              # CTAs a cluster on sm_90 (over 8: the non-portable attribute)
 REGISTERS_PER_SM = 64 * 1024  # sm_90 (and sm_80-sm_89): what `min_ctas` divides
 MAX_THREADS_PER_SM = 2048
@@ -91,7 +94,10 @@ class CudaTileConfig:
     own choice, which is fewer registers than even `min_ctas=1` allows (52 against 77 for g16 d4
     w16 NVFP4, the H200 probe of call 56), so the cap can buy registers as well as warps.
     `cluster` CTAs of consecutive splits form a thread-block cluster and add their partial tiles
-    in distributed shared memory (1: every split adds into the float32 workspace)."""
+    in distributed shared memory (1: every split adds into the float32 workspace). `reduce` is how
+    a split adds into the workspace at M > 8: "scalar", one atomic a sum, into the output's
+    layout; "vector", a lane's four sums of an n8 tile with one 16-byte reduction, into the
+    fragments' order (REDUCE_CHOICES; at M <= 8 both are the scalar code)."""
 
     groups: int = 8
     warps: int = 4
@@ -100,6 +106,7 @@ class CudaTileConfig:
     overlap: str = "off"
     min_ctas: int | None = None
     cluster: int = 1
+    reduce: str = "scalar"
 
     def __post_init__(self):
         if self.depth is None:
@@ -109,6 +116,8 @@ class CudaTileConfig:
             if getattr(self, name) not in choices:
                 raise ValueError(f"CudaTileConfig.{name} must be one of {choices}, "
                                  f"got {getattr(self, name)!r}")
+        if self.reduce not in REDUCE_CHOICES:
+            raise ValueError(f"CudaTileConfig.reduce must be one of {REDUCE_CHOICES}, got {self.reduce!r}")
         if self.overlap not in OVERLAP_CHOICES:
             raise ValueError(f"CudaTileConfig.overlap must be one of {OVERLAP_CHOICES}, "
                              f"got {self.overlap!r}")
@@ -176,6 +185,8 @@ class CudaTileConfig:
             label += f" b{self.min_ctas}"
         if self.cluster > 1:
             label += f" c{self.cluster}"
+        if self.reduce == "vector":
+            label += " v4"
         return label if self.overlap == "off" else f"{label} {self.launch}"
 
     def reason(self, m: int, n: int, k: int) -> str | None:
@@ -203,6 +214,14 @@ def n_tiles(m: int) -> int:
     """n8 MMA tiles of activation rows a build holds: the fewest of N_TILE_CHOICES covering M
     (1 up to M = 8, 2 up to 16, 4 up to 32, 8 up to 64)."""
     return next(tiles for tiles in N_TILE_CHOICES if 8 * tiles >= m)
+
+
+def workspace_floats(config: "CudaTileConfig", m: int, n: int) -> int:
+    """Floats of the split-K workspace at M x N: the output's M x N, or in a "vector" build at
+    M > 8, where the kernel adds a lane's four sums of a tile with one vector reduction, every n8
+    tile's 8 rows of it."""
+    tiles = n_tiles(m)
+    return m * n if tiles == 1 or config.reduce == "scalar" else 8 * tiles * n
 
 
 def point_reason(m: int, n: int, k: int) -> str | None:
@@ -441,6 +460,7 @@ def _compiled(kernel_file: Path, config: CudaTileConfig, fmt: str, tiles: int,
                f"-DNVFP4={int(fmt == 'nvfp4')}", f"-DOVERLAP_ALL={int(config.overlap == 'all')}",
                f"-DMIN_CTAS={config.min_ctas or 0}", f"-DCLUSTER={config.cluster}",
                f"-DSTAGE={list(ANATOMY_STAGES).index(stage)}",
+               f"-DVECTOR_REDUCE={int(config.reduce == 'vector')}",
                "-std=c++17"]
     return torch.cuda._compile_kernel(kernel_source(kernel_file), KERNEL_NAME,
                                       compute_capability=f"{capability[0]}{capability[1]}",
@@ -503,9 +523,10 @@ def _prepare(backend: CudaW4A16, a, w, device, config: CudaTileConfig | None, st
         out = torch.empty(grid[1], m, n, dtype=torch.float32, device=device)        # [splits, M, N]
     else:
         out = torch.empty(grid[0] * grid[1] * config.warps, dtype=torch.int32, device=device)
-    # the full kernel's split-K sums ([M, N], zero between calls) and per column counters; the
-    # stages write `out` where the full kernel adds into the workspace, and no output (`unused`)
-    workspace = torch.zeros(m, n, dtype=torch.float32, device=device)
+    # the full kernel's split-K sums (zero between calls; [M, N], or in a "vector" build at M > 8 the
+    # fragment order's [N/16, n8 tiles, 32 lanes, 4] with the rows past M) and per column counters; the stages
+    # write `out` where the full kernel adds into the workspace, and no output (`unused`)
+    workspace = torch.zeros(workspace_floats(config, m, n), dtype=torch.float32, device=device)
     counts = torch.zeros(grid[0], dtype=torch.int32, device=device)
     unused = torch.empty(0, dtype=torch.bfloat16, device=device)
     shared = config.shared_bytes(m)
