@@ -179,7 +179,14 @@ def test_the_preset_rule_is_the_probes_winners_and_fits_any_point():
     assert small_team.grid(4096, 6144) == (128, 3, 1)
     assert cuda.choose_config(4, 4096, 6144) == cuda.choose_config(8, 4096, 6144) == \
         dataclasses.replace(small_clustered.config, cluster=6)
-    assert cuda.choose_config(16, 4096, 6144) == narrow
+    # over M = 8 with at most 16 CTA columns, the split-K's vector reduction (call 132): 4096x6144
+    # (16 columns), not 8192x4096 (32) nor the g16 build's 8192x8192; at M <= 8 it is one code
+    assert narrow.reduce == "scalar" and cuda.PRESETS[7].vector_columns == 16
+    assert cuda.choose_config(16, 4096, 6144) == cuda.choose_config(12, 4096, 6144) == \
+        dataclasses.replace(narrow, reduce="vector")
+    assert cuda.choose_config(16, 8192, 4096) == narrow and narrow.grid(8192, 4096)[0] == 32
+    assert cuda.choose_config(16, 8192, 8192).reduce == "scalar"
+    assert cuda.PRESETS[7].build(6144, 4096, m=8) == narrow
     assert narrow.grid(4096, 6144) == (16, 12, 1)
     # on a GPU with fewer SMs the same grid counts as full: no cluster
     assert cuda.choose_config(1, 4096, 6144, sms=78) == full_early

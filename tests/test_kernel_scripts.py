@@ -202,7 +202,7 @@ def test_cuda_probe_grid_is_every_valid_build_and_without_a_gpu_it_says_so(tmp_p
 
 def test_cuda_probe_times_each_build_with_both_split_k_reductions_where_they_differ():
     """Over M = 8, each build whose splits add into the workspace is followed by its twin with the
-    vector reduction; at M <= 8 (one n8 tile), without split-K, or where a cluster covers K, the
+    other reduction; at M <= 8 (one n8 tile), without split-K, or where a cluster covers K, the
     two are one code, so no twin. --preset-only: the preset and its twin."""
     from fp4lab.backends.cuda_w4a16 import choose_config as cuda_choose
 
@@ -212,8 +212,9 @@ def test_cuda_probe_times_each_build_with_both_split_k_reductions_where_they_dif
     assert [c for c in builds if c.reduce == "vector"] == [dataclasses.replace(c, reduce="vector") for c in scalar]
     assert all(builds[builds.index(c) + 1] == dataclasses.replace(c, reduce="vector") for c in scalar)
     assert {c.reduce for c in probe.builds_at(8, 8192, 8192)} == {"scalar"}
-    preset = cuda_choose(16, 4096, 6144)
-    assert probe.builds_at(16, 4096, 6144, grid=()) == [preset, dataclasses.replace(preset, reduce="vector")]
+    preset = cuda_choose(16, 4096, 6144)                       # the vector preset: its twin is scalar
+    assert probe.builds_at(16, 4096, 6144, grid=()) == [preset, dataclasses.replace(preset, reduce="scalar")]
+    assert preset.reduce == "vector"
     assert probe.builds_at(16, 6144, 2048, grid=()) == [cuda_choose(16, 6144, 2048)]      # one split
     assert probe.builds_at(4, 4096, 6144, grid=()) == [cuda_choose(4, 4096, 6144)]
     assert all(c.reduce == "scalar" for c in probe.builds_at(16, 6144, 2048) if c.cluster > 1)

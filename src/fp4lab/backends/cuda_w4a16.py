@@ -240,20 +240,26 @@ class Preset:
     `clustered` preset reduces all of a column's splits in one thread-block cluster (2 to
     MAX_CLUSTER of them) and holds only where its grid has fewer CTAs than the GPU has SMs: every
     cluster then runs at once (on the H200, clusters of 8 two-a-SM CTAs fit 240 CTAs, not 256:
-    a second wave, 8192x8192 M=1 15.5 us against 10.9, call 64)."""
+    a second wave, 8192x8192 M=1 15.5 us against 10.9, call 64). Over M = 8, where its splits add
+    into the workspace and its grid has at most `vector_columns` CTA columns, the build adds them
+    with the vector reduction (`CudaTileConfig.reduce`; 0: never)."""
 
     max_m: int
     max_k: int | None
     config: CudaTileConfig
     one_cta_per_sm: bool = False
     clustered: bool = False
+    vector_columns: int = 0
 
-    def build(self, n: int, k: int) -> CudaTileConfig:
-        """The config at an N x K point it holds: a clustered preset's cluster is the point's
-        splits."""
-        if not self.clustered:
-            return self.config
-        return dataclasses.replace(self.config, cluster=self.config.splits(k))
+    def build(self, n: int, k: int, m: int = 1) -> CudaTileConfig:
+        """The config at an M x N x K point it holds: a clustered preset's cluster is the point's
+        splits; the vector reduction where `vector_columns` says."""
+        if self.clustered:
+            return dataclasses.replace(self.config, cluster=self.config.splits(k))
+        columns, splits, _ = self.config.grid(n, k)
+        if n_tiles(m) >= 2 and splits > 1 and columns <= self.vector_columns:
+            return dataclasses.replace(self.config, reduce="vector")
+        return self.config
 
     def holds(self, m: int, n: int, k: int, sms: int) -> bool:
         columns, splits, _ = self.config.grid(n, k)
@@ -294,6 +300,11 @@ class Preset:
 #     (call 64, results/measurements/20261203T1410Z-h200-cuda-cluster-probe: 6144x2048 NVFP4 M=16
 #     7.08 us against 7.60; 4096x6144 NVFP4 M=4 6.87 against 7.23, M=1 6.59 against 6.68; on the
 #     full grids every cluster build was slower, 8192x8192 M=16 17.26 us with pairs against 16.33);
+#   - over M = 8 with 8 k-groups a warp and at most 16 CTA columns (N <= 4096), the split-K's
+#     vector reduction (H100, call 132, results/measurements/20261207T0556Z-h100-dense-reduce-twins,
+#     M = 12 and 16, both formats: 2048x8192 3-9% faster, 4096x4096 2-5%, 4096x6144 0-5%; with 32
+#     columns 8192x4096 level to 12% slower, and every g16 grid level to 19% slower: 8192x8192,
+#     14336x4096, 4096x14336). Not yet probed on the H200;
 #   - over M = 16 (measured at M = 64 only, calls 75-78, results/measurements/20261203T1913Z-h200-
 #     cuda-wide-probe): 8-warp CTAs of 8 k-groups, two an SM (~102 registers), launched "all"
 #     (8192x8192 55.3 us, 4096x6144 31.3; humming 28.2 and 15.7: these points stay slower than the
@@ -315,7 +326,8 @@ PRESETS = (Preset(16, 2048, CudaTileConfig(groups=8, depth=4, warps=16, kwarps=4
                   clustered=True),
            Preset(16, None, CudaTileConfig(groups=16, depth=4, warps=16, min_ctas=2, overlap="tail"),
                   one_cta_per_sm=True),
-           Preset(16, None, CudaTileConfig(groups=8, depth=4, warps=16, min_ctas=2, overlap="all")),
+           Preset(16, None, CudaTileConfig(groups=8, depth=4, warps=16, min_ctas=2, overlap="all"),
+                  vector_columns=16),
            Preset(64, 2048, CudaTileConfig(groups=8, depth=4, warps=16, kwarps=2, min_ctas=1,
                                            overlap="tail"), clustered=True),
            Preset(64, None, CudaTileConfig(groups=8, depth=4, warps=8, min_ctas=2, overlap="all")))
@@ -327,7 +339,7 @@ def choose_config(m: int, n: int, k: int, sms: int = 132) -> CudaTileConfig:
     4) that divide K/64, launched plainly, which runs any point point_reason admits."""
     for preset in PRESETS:
         if preset.holds(m, n, k, sms):
-            return preset.build(n, k)
+            return preset.build(n, k, m)
     groups = max(g for g in GROUP_CHOICES if g <= 4 and (k // K_GROUP) % g == 0)
     return CudaTileConfig(groups=groups, warps=1)
 
