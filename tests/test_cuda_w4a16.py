@@ -197,7 +197,11 @@ def test_the_preset_rule_is_the_probes_winners_and_fits_any_point():
     # K = 2048 teams of 2 warps with both splits in one cluster (6144x2048: 96 CTAs)
     wide, wide_short = cuda.PRESETS[-1], cuda.PRESETS[-2]
     for m in (17, 33, 64):
-        assert cuda.choose_config(m, 8192, 8192) == cuda.choose_config(m, 4096, 6144) == wide.config
+        # over M = 32 with the vector reduction (call 133), up to 64 CTA columns (8192x8192's)
+        reduce = "vector" if m > 32 else "scalar"
+        assert cuda.choose_config(m, 8192, 8192) == cuda.choose_config(m, 4096, 6144) == \
+            dataclasses.replace(wide.config, reduce=reduce)
+        assert cuda.choose_config(m, 16384, 8192) == wide.config                  # 128 columns
         assert cuda.choose_config(m, 6144, 2048) == dataclasses.replace(wide_short.config, cluster=2)
     assert wide.config.label() == "cuda g8 d4 w8 k1 b2 pdl-all" and wide_short.clustered
     assert wide_short.config.label() == "cuda g8 d4 w16 k2 b1 pdl-tail"

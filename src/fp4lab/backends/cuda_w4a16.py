@@ -240,9 +240,10 @@ class Preset:
     `clustered` preset reduces all of a column's splits in one thread-block cluster (2 to
     MAX_CLUSTER of them) and holds only where its grid has fewer CTAs than the GPU has SMs: every
     cluster then runs at once (on the H200, clusters of 8 two-a-SM CTAs fit 240 CTAs, not 256:
-    a second wave, 8192x8192 M=1 15.5 us against 10.9, call 64). Over M = 8, where its splits add
-    into the workspace and its grid has at most `vector_columns` CTA columns, the build adds them
-    with the vector reduction (`CudaTileConfig.reduce`; 0: never)."""
+    a second wave, 8192x8192 M=1 15.5 us against 10.9, call 64). Over M = `vector_over_m` (8 at
+    least: one n8 tile is the scalar code), where its splits add into the workspace and its grid
+    has at most `vector_columns` CTA columns, the build adds them with the vector reduction
+    (`CudaTileConfig.reduce`; 0 columns: never)."""
 
     max_m: int
     max_k: int | None
@@ -250,14 +251,15 @@ class Preset:
     one_cta_per_sm: bool = False
     clustered: bool = False
     vector_columns: int = 0
+    vector_over_m: int = 8
 
     def build(self, n: int, k: int, m: int = 1) -> CudaTileConfig:
         """The config at an M x N x K point it holds: a clustered preset's cluster is the point's
-        splits; the vector reduction where `vector_columns` says."""
+        splits; the vector reduction where `vector_columns` and `vector_over_m` say."""
         if self.clustered:
             return dataclasses.replace(self.config, cluster=self.config.splits(k))
         columns, splits, _ = self.config.grid(n, k)
-        if n_tiles(m) >= 2 and splits > 1 and columns <= self.vector_columns:
+        if m > max(self.vector_over_m, 8) and splits > 1 and columns <= self.vector_columns:
             return dataclasses.replace(self.config, reduce="vector")
         return self.config
 
@@ -304,7 +306,10 @@ class Preset:
 #     vector reduction (H100, call 132, results/measurements/20261207T0556Z-h100-dense-reduce-twins,
 #     M = 12 and 16, both formats: 2048x8192 3-9% faster, 4096x4096 2-5%, 4096x6144 0-5%; with 32
 #     columns 8192x4096 level to 12% slower, and every g16 grid level to 19% slower: 8192x8192,
-#     14336x4096, 4096x14336). Not yet probed on the H200;
+#     14336x4096, 4096x14336); and over M = 32 with the 8-warp build below (call 133,
+#     results/measurements/20261207T0627Z-h100-dense-reduce-twins-wide, M = 64: 4096x6144,
+#     2048x8192, 4096x4096 and 8192x8192 (64 columns) 10-20% faster in both formats; at M = 32
+#     NVFP4 mixed, 4096x6144 and 8192x8192 3-6% slower). Not yet probed on the H200;
 #   - over M = 16 (measured at M = 64 only, calls 75-78, results/measurements/20261203T1913Z-h200-
 #     cuda-wide-probe): 8-warp CTAs of 8 k-groups, two an SM (~102 registers), launched "all"
 #     (8192x8192 55.3 us, 4096x6144 31.3; humming 28.2 and 15.7: these points stay slower than the
@@ -330,7 +335,8 @@ PRESETS = (Preset(16, 2048, CudaTileConfig(groups=8, depth=4, warps=16, kwarps=4
                   vector_columns=16),
            Preset(64, 2048, CudaTileConfig(groups=8, depth=4, warps=16, kwarps=2, min_ctas=1,
                                            overlap="tail"), clustered=True),
-           Preset(64, None, CudaTileConfig(groups=8, depth=4, warps=8, min_ctas=2, overlap="all")))
+           Preset(64, None, CudaTileConfig(groups=8, depth=4, warps=8, min_ctas=2, overlap="all"),
+                  vector_columns=64, vector_over_m=32))
 
 
 def choose_config(m: int, n: int, k: int, sms: int = 132) -> CudaTileConfig:

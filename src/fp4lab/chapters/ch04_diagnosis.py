@@ -6,6 +6,8 @@ from fp4lab.analysis.decode.
 
 from __future__ import annotations
 
+import pandas as pd
+
 from fp4lab import text
 from fp4lab.analysis import decode
 from fp4lab.analysis import gemm as gemm_analysis
@@ -429,7 +431,7 @@ def verdict_box(d: decode.Diagnosis) -> str:
     return note_html(verdict_sentence(d), "smoke" if d.smoke else "note", title, markdown=True)
 
 
-GLANCE_LEVERS = 3      # the largest levers the verdict shows under its numbers, and its own floor's
+GLANCE_LEVERS = 3      # the levers the verdict shows under its numbers: the largest, and its own floor's
 
 
 def glance_html(d: decode.Diagnosis) -> str:
@@ -468,9 +470,13 @@ def glance_html(d: decode.Diagnosis) -> str:
     if d.chosen is not None and len(on_path):
         levers, header = on_path, path_levers_header(d)
     ranked = levers.sort_values("gain", ascending=False, kind="stable")
-    # the verdict's own lever (the path at its floor) is shown even when others are larger
-    own = ranked["from_path"].astype(bool) & (ranked["kind"] == "bound")
-    levers = ranked[ranked.index.isin(ranked.index[:GLANCE_LEVERS]) | own]
+    # the verdict's own lever (the path at its floor) is shown even when others are larger: it
+    # takes the last row (the seed's table stays above the fold)
+    own = ranked[ranked["from_path"].astype(bool) & (ranked["kind"] == "bound")]
+    top = ranked.head(GLANCE_LEVERS)
+    if len(own) and own.index[0] not in top.index:
+        top = pd.concat([top.head(GLANCE_LEVERS - 1), own.head(1)])
+    levers = top
     levers = levers.assign(change=[f"{text.us_change(r.now_us, r.with_us)} ({r.kind})"
                                    for r in levers.itertuples()])
     lever_table = html_table(levers, [Col("lever", header),
