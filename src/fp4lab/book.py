@@ -212,9 +212,9 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
         config = decode.DiagnosisConfig.from_profile(report.get("profile") or "full")
         d = decode.diagnose(leading, config)
         if not local_is_gpu:
-            lines += [f"**The newest GPU run on record: {text.code(leading.run_id)}, {text.md(d.view.device)}, "
-                      f"{text.md(d.view.created[:10])}.** This machine's run is a CPU smoke run: a check of the "
-                      "pipeline, not a GPU measurement.", ""]
+            # one line: the seed's table below the verdict stays above the fold
+            lines += [f"**Newest GPU run: {text.code(leading.run_id)}** ({text.md(d.view.device)}); this machine "
+                      "ran a CPU smoke run.", ""]
         lines += ["```{raw} html", words.verdict_box(d), "```", ""]
         if not d.smoke:
             lines += ["```{raw} html", words.glance_html(d), "```", ""]

@@ -82,7 +82,7 @@ def verdict_sentence(d: decode.Diagnosis) -> str:
                "launch": f"launching its {int(path['kernels'])} expert-GEMM kernels at the measured launch floor",
                "compute": f"the arithmetic at the {text.md(path['math_dtype'])} peak"}[v["floor"]]
     if v["kernel_limited"]:     # the largest floor, yet under KERNEL_GAP of the layer
-        tail = (f"; {meaning} takes {text.us(v['floor_us'])}: its largest floor, but only "
+        tail = (f"; {meaning} takes {text.us(v['floor_us'])}: its largest floor, only "
                 f"{text.pct(100 * v['explained'])} of the layer.")
     else:
         tail = (f"; {meaning} takes {text.us(v['floor_us'])}, {text.pct(100 * v['explained'])} of the layer, "
@@ -99,16 +99,16 @@ def fix_clause(d: decode.Diagnosis) -> str:
     v = d.verdict
     if not v["kernel_limited"] or not v.get("reliable", True):
         return ""
-    gain = f"at that floor it would be {text.ratio(1 / v['explained'])} faster"
     math = decode.math_alone(d.chosen_anatomy)
     if math is None:
-        return f" What would fix it is in the kernel, not HBM: {gain}."
+        return (" The fix is in the kernel, not HBM: at that floor it would be "
+                f"{text.ratio(1 / v['explained'])} faster.")
+    # the gain is the glance's floor lever, so the box names only the fix (the seed's table below
+    # stays above the fold)
     if math["math_bound"]:
-        return (f" What would fix it: **fewer instructions a weight** (or FP4 tensor cores that take the codes as "
-                f"they are), not a faster weight stream; its decode and MMAs alone take as long as its loads, so "
-                f"hiding them cannot get there ({gain}).")
-    return (f" What would fix it: **its decode and MMAs hidden under its loads**, which alone take longer than "
-            f"they do ({gain}).")
+        return (" The fix: **fewer instructions a weight** (or FP4 tensor cores), not faster loads: its "
+                "decode and MMAs alone take as long as its loads.")
+    return " The fix: **its decode and MMAs hidden under its loads**, which alone take longer."
 
 
 def power_cap_clause(own: dict | None) -> str:
@@ -120,7 +120,7 @@ def power_cap_clause(own: dict | None) -> str:
     slower = own["window_over_timed"]
     # both times, the build's own: the timed one may be another format's than the verdict's
     return (f" Replayed back to back {which} is also **power-capped** ({text.sig(own['avg_power_w'])} W of "
-            f"{text.sig(own['power_limit_w'])} W): a call takes {text.us(own['window_us_per_call'])} there against "
+            f"{text.sig(own['power_limit_w'])} W): {text.us(own['window_us_per_call'])} a call vs "
             f"{text.us(own['timed_us'])} timed ({'+' if slower >= 0 else '-'}{text.pct(100 * abs(slower))}).")
 
 
@@ -458,7 +458,7 @@ def glance_html(d: decode.Diagnosis) -> str:
     others = [(dtype, d.fp4[dtype]) for dtype in ("bf16", "fp8") if best is not None and d.fp4.get(dtype)]
     if others:
         # at the decode batch: a lever at another batch may favour another dtype (fp8 at 2048)
-        facts[f"best FP4 path vs the fastest {' / '.join(dtype for dtype, _ in others)} path"] = (
+        facts[f"best FP4 vs best {' / '.join(dtype for dtype, _ in others)} path"] = (
             " / ".join(text.as_fast(best["layer_us"], other["layer_us"]).removesuffix(" as fast as")
                        for _, other in others) + " as fast")
     numbers = ('<p class="fp4lab-facts" style="margin:0.4em 0;font-size:0.9em">'
