@@ -485,9 +485,12 @@ def findings(results: analysis.GemmResults, reference: analysis.GemmResults | No
                      f"{small['n']}x{small['k']} {text.md(small['fmt'])}: {text.sig(small['tbps'])} TB/s "
                      f"({text.pct(small[f'pct_bandwidth_{basis}'])} of the {basis} bandwidth), "
                      f"{text.sig(small['tflops'])} TFLOP/s.")
+        # a device without a spec sheet entry (a CPU) has no spec peak: its share is not stated
+        spec = ("" if text.is_missing(best["pct_peak_spec"]) else
+                f"{text.pct(best['pct_peak_spec'])} of the spec {text.md(best['math_dtype'])} peak and ")
         lines.append(f"The fastest point is {text.md(best['backend'])} at M={best['m']} on {best['n']}x{best['k']}: "
-                     f"{text.sig(best['tflops'], 4)} TFLOP/s, {text.pct(best['pct_peak_spec'])} of the spec "
-                     f"{text.md(best['math_dtype'])} peak and {text.pct(best['pct_peak_measured'])} of the measured one.")
+                     f"{text.sig(best['tflops'], 4)} TFLOP/s, {spec}"
+                     f"{text.pct(best['pct_peak_measured'])} of the measured {text.md(best['math_dtype'])} peak.")
     fastest = analysis.fastest_fp4(results)
     if len(fastest):
         small = fastest[fastest["m"] == fastest["m"].min()]

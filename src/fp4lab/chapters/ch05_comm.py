@@ -84,7 +84,7 @@ def measure_comm(context: Context, nproc: int, routing: str, timeout_s: float) -
         result = launch.launch(nproc, worker_args, run.path, timeout_s=timeout_s, capture=True)
     if not result.ok:
         context.page.note("measured", f"The comm run failed: {result.message}", "warning")
-    return f"{nproc} rank(s): {result.status}, {result.rows} rows"
+    return f"{text.count(nproc, 'rank')}: {result.status}, {text.count(result.rows, 'row')}"
 
 
 def fill(context: Context, study: analysis.LayoutStudy) -> None:
@@ -98,7 +98,7 @@ def fill(context: Context, study: analysis.LayoutStudy) -> None:
     ok = study.ok
     if len(ok):
         page.figure("measured", figures.comm_times(ok), source.caption(
-            f"{ok['backend'].iloc[0]} over {study.gpus} rank(s){where}; slowest rank's median per call"))
+            f"{ok['backend'].iloc[0]} over {text.count(study.gpus, 'rank')}{where}; slowest rank's median per call"))
         at = analysis.at_decode(study, study.decode_batch)
         page.html("measured", html_table(at, AT_DECODE, caption=source.caption(
             f"at {int(at['tokens'].iloc[0])} tokens, the measured count nearest the decode batch {study.decode_batch}")))
@@ -157,7 +157,7 @@ def findings(study: analysis.LayoutStudy) -> list[str]:
                         "single kernel)." if (smallest["calls_per_sample"] or 1) > 1 else "."))
     elif smallest:
         lines.append(f"On {device} the cheapest collective measured is {text.md(smallest['op'])} at "
-                     f"{smallest['world_size']} rank(s), {smallest['tokens']} tokens: {text.us(smallest['us'])} "
+                     f"{text.count(int(smallest['world_size']), 'rank')}, {text.count(int(smallest['tokens']), 'token')}: {text.us(smallest['us'])} "
                      f"({text.md(smallest['backend'])}); every layer of a spread step pays at least one such call.")
     if study.fastest.get("layout"):
         lines.append(text.md(study.fastest["sentence"]) + ".")
