@@ -39,8 +39,7 @@ import tune_w4a16 as tune  # noqa: E402  (beside this script)
 from fp4lab import correctness  # noqa: E402
 from fp4lab.backends import get  # noqa: E402
 from fp4lab.backends import cuda_w4a16, triton_w4a16  # noqa: E402
-from fp4lab.backends.cuda_w4a16 import (REDUCE_CHOICES, CudaTileConfig, Preset, choose_config,  # noqa: E402
-                                        n_tiles)
+from fp4lab.backends.cuda_w4a16 import REDUCE_CHOICES, CudaTileConfig, Preset, choose_config  # noqa: E402
 
 SHAPES = ((8192, 8192), (4096, 6144), (6144, 2048))
 M_VALUES = (1, 4, 16)
@@ -89,9 +88,9 @@ def parse_builds(text: str) -> tuple[tuple, ...]:
 
 
 def reduce_twin(config: CudaTileConfig, m: int, k: int) -> CudaTileConfig | None:
-    """The build with the other split-K reduction (REDUCE_CHOICES), where the two differ: over
-    M = 8 (two or more n8 tiles) with splits that add into the workspace."""
-    if n_tiles(m) < 2 or config.splits(k) <= config.cluster:
+    """The build with the other split-K reduction (REDUCE_CHOICES), where the two differ
+    (`CudaTileConfig.reduce_matters`)."""
+    if not config.reduce_matters(m, k):
         return None
     other = next(r for r in REDUCE_CHOICES if r != config.reduce)
     return dataclasses.replace(config, reduce=other)

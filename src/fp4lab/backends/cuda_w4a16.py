@@ -189,6 +189,12 @@ class CudaTileConfig:
             label += " v4"
         return label if self.overlap == "off" else f"{label} {self.launch}"
 
+    def reduce_matters(self, m: int, k: int) -> bool:
+        """Whether `reduce` changes this build's code at an M x K point: over M = 8 (two or more n8
+        tiles; with one both are the scalar code) where its splits add into the workspace (more
+        splits than a cluster adds in shared memory)."""
+        return n_tiles(m) >= 2 and self.splits(k) > self.cluster
+
     def reason(self, m: int, n: int, k: int) -> str | None:
         """Why this build cannot run an M x N x K point (None when it can)."""
         if n % (ROW_TILE * self.tiles):
@@ -240,9 +246,9 @@ class Preset:
     `clustered` preset reduces all of a column's splits in one thread-block cluster (2 to
     MAX_CLUSTER of them) and holds only where its grid has fewer CTAs than the GPU has SMs: every
     cluster then runs at once (on the H200, clusters of 8 two-a-SM CTAs fit 240 CTAs, not 256:
-    a second wave, 8192x8192 M=1 15.5 us against 10.9, call 64). Over M = `vector_over_m` (8 at
-    least: one n8 tile is the scalar code), where its splits add into the workspace and its grid
-    has at most `vector_columns` CTA columns, the build adds them with the vector reduction
+    a second wave, 8192x8192 M=1 15.5 us against 10.9, call 64). Over M = `vector_over_m`, where
+    the reduction changes the build's code (`CudaTileConfig.reduce_matters`) and its grid has at
+    most `vector_columns` CTA columns, the build adds its splits with the vector reduction
     (`CudaTileConfig.reduce`; 0 columns: never)."""
 
     max_m: int
@@ -258,8 +264,8 @@ class Preset:
         splits; the vector reduction where `vector_columns` and `vector_over_m` say."""
         if self.clustered:
             return dataclasses.replace(self.config, cluster=self.config.splits(k))
-        columns, splits, _ = self.config.grid(n, k)
-        if m > max(self.vector_over_m, 8) and splits > 1 and columns <= self.vector_columns:
+        columns = self.config.grid(n, k)[0]
+        if m > self.vector_over_m and self.config.reduce_matters(m, k) and columns <= self.vector_columns:
             return dataclasses.replace(self.config, reduce="vector")
         return self.config
 

@@ -473,10 +473,9 @@ def glance_html(d: decode.Diagnosis) -> str:
     # the verdict's own lever (the path at its floor) is shown even when others are larger: it
     # takes the last row (the seed's table stays above the fold)
     own = ranked[ranked["from_path"].astype(bool) & (ranked["kind"] == "bound")]
-    top = ranked.head(GLANCE_LEVERS)
-    if len(own) and own.index[0] not in top.index:
-        top = pd.concat([top.head(GLANCE_LEVERS - 1), own.head(1)])
-    levers = top
+    levers = ranked.head(GLANCE_LEVERS)
+    if len(own) and own.index[0] not in levers.index:
+        levers = pd.concat([levers.head(GLANCE_LEVERS - 1), own.head(1)])
     levers = levers.assign(change=[f"{text.us_change(r.now_us, r.with_us)} ({r.kind})"
                                    for r in levers.itertuples()])
     lever_table = html_table(levers, [Col("lever", header),
