@@ -69,13 +69,22 @@ def hide_unused(axes, used: int) -> None:
         ax.set_visible(False)
 
 
+def plain_number(value: float) -> str:
+    """A tick label without an exponent: 0.4, 30, 2000, 10k, 1M (matplotlib's `g` puts 1e+06
+    beside 100000 on one axis, which reads as two scales)."""
+    for threshold, scale, suffix in ((1e9, 1e9, "G"), (1e6, 1e6, "M"), (1e4, 1e3, "k")):
+        if abs(value) >= threshold:
+            return f"{value / scale:g}{suffix}"
+    return f"{value:g}"
+
+
 def tokens_axis(ax) -> None:
     """A log2 axis of token counts labelled 1, 2, 4, ... (not 2^n)."""
     from matplotlib.ticker import FuncFormatter, LogLocator
 
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(LogLocator(base=2))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}" if value < 1e5 else f"{value:.0e}"))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: plain_number(value)))
 
 
 def log_axis(*axes, which: str = "y") -> None:
@@ -85,7 +94,7 @@ def log_axis(*axes, which: str = "y") -> None:
 
     class PlainLogFormatter(LogFormatter):
         def __call__(self, value, pos=None):   # the base class decides which ticks get a label
-            return f"{value:g}" if super().__call__(value, pos) else ""
+            return plain_number(value) if super().__call__(value, pos) else ""
 
     for ax in axes:
         getattr(ax, f"set_{which}scale")("log")
@@ -115,7 +124,7 @@ def widen_to_labels(ax, which: str = "y") -> None:
     if math.log10(high / low) <= 2:   # matplotlib stops labelling minor ticks past one decade
         def label(value, _pos) -> str:
             mantissa = round(value / 10.0 ** math.floor(math.log10(value)), 6)
-            return f"{value:g}" if mantissa in LABELLED_STEPS[1:-1] else ""
+            return plain_number(value) if mantissa in LABELLED_STEPS[1:-1] else ""
         getattr(ax, f"{which}axis").set_minor_formatter(FuncFormatter(label))
 
 
