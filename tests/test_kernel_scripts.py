@@ -668,3 +668,45 @@ def test_the_moe_ncu_script_labels_each_launch_and_summarizes_ncus_rows(tmp_path
     assert first.index("long_scoreboard") < first.index("math_pipe_throttle")
     assert second.index("math_pipe_throttle") < second.index("long_scoreboard")
     assert "not joined" in script.summary(script.ncu_rows(raw), ["only one"])
+
+
+# -- benchmarks/triton_sass.py: whether the tensor-core presets keep their wgmma in flight ---------
+
+SASS_SERIALIZED = """
+        /*1c60*/                   HGMMA.64x128x16.F32.BF16 R24, R88, gdesc[UR12], R24, gsb0 ;
+        /*1cf0*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*1ed0*/                   HGMMA.64x128x16.F32.BF16 R24, R88, gdesc[UR12], R24, gsb0 ;
+        /*1f40*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+"""
+SASS_IN_FLIGHT = """
+        /*1c60*/                   HGMMA.64x16x16.F32.BF16 R24, R88, gdesc[UR12], R24 ;
+        /*1c70*/                   HGMMA.64x16x16.F32.BF16 R24, R92, gdesc[UR14], R24 ;
+        /*1c80*/                   HGMMA.64x16x16.F32.BF16 R24, R96, gdesc[UR16], R24, gsb0 ;
+        /*1cf0*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;
+        /*1d00*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+"""
+
+
+def test_the_sass_reader_counts_each_wgmma_waited_for_before_the_next():
+    sass = load("triton_sass")
+    assert sass.waited_wgmma(SASS_SERIALIZED) == (2, 2)
+    assert sass.waited_wgmma(SASS_IN_FLIGHT) == (3, 1)   # one full wait, after the last
+
+
+def test_the_sass_reader_names_a_point_it_cannot_parse():
+    sass = load("triton_sass")
+    assert sass.parse_points("nvfp4:8192x8192:64, mxfp4:4096x6144:256") == [
+        ("nvfp4", 8192, 8192, 64), ("mxfp4", 4096, 6144, 256)]
+    with pytest.raises(ValueError, match="'fp8:8192x8192:64'"):
+        sass.parse_points("nvfp4:8192x8192:64,fp8:8192x8192:64")
+
+
+def test_the_sass_reader_compiles_a_preset_for_sm90_without_a_gpu(capsys):
+    """The M = 16 preset built as the backend launches it, by the installed Triton's own ptxas:
+    its wgmma are found (how many are waited for is what the script reports, per compiler)."""
+    sass = load("triton_sass")
+    assert sass.main(["--points", "nvfp4:8192x8192:16"]) == 0
+    line = capsys.readouterr().out.splitlines()[-1].split()
+    assert line[:3] == ["nvfp4", "8192x8192", "16"] and "swap" in line
+    issued, waited = int(line[-2]), int(line[-1])
+    assert issued > 0 and 0 <= waited <= issued
