@@ -135,16 +135,21 @@ def test_the_history_figure_fills_a_point_that_moved_beyond_the_spread_either_wa
     assert not hollow.get_facecolors()[:, 3].any()          # no fill: facecolors "none"
 
 
-def test_the_power_figure_draws_each_format_as_its_own_line():
-    """An M's NVFP4 and MXFP4 points joined by one line drew vertical jumps in chapter 02."""
+def test_the_power_figure_draws_one_line_a_backend_its_median_shaded_over_its_range():
+    """Chapter 02 drew a line for each backend x shape x format (some forty crossing lines): now
+    a backend's median over its shapes and formats at each M, over a band of their range (so an
+    M's NVFP4 and MXFP4 points draw no vertical jump either)."""
     from fp4lab.plots import power
 
-    points = pd.DataFrame({"backend": ["b"] * 4, "n": [64] * 4, "k": [64] * 4, "m": [1, 1, 16, 16],
-                           "fmt": ["nvfp4", "mxfp4"] * 2, "avg_power_w": [100.0, 300.0, 120.0, 320.0],
-                           "tflops_per_w": [0.1, 0.2, 0.3, 0.4]})
+    points = pd.DataFrame({"backend": ["b"] * 6, "n": [64, 64, 128] * 2, "k": [64] * 6, "m": [1, 1, 1, 16, 16, 16],
+                           "fmt": ["nvfp4", "mxfp4", "nvfp4"] * 2,
+                           "avg_power_w": [100.0, 300.0, 200.0, 120.0, 320.0, 220.0],
+                           "tflops_per_w": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]})
     power_ax = power.per_point(points, 700.0).axes[0]
     drawn = [line for line in power_ax.get_lines() if line.get_marker() == "o"]
-    assert sorted(tuple(line.get_ydata()) for line in drawn) == [(100.0, 120.0), (300.0, 320.0)]
+    assert [tuple(line.get_ydata()) for line in drawn] == [(200.0, 220.0)]
+    band = power_ax.collections[0].get_paths()[0].vertices[:, 1]
+    assert band.min() == 100.0 and band.max() == 320.0
 
 
 def test_a_legend_of_long_labels_takes_fewer_columns_and_stays_inside_the_figure():
@@ -170,3 +175,16 @@ def test_a_legend_label_holding_mathtext_is_measured_as_text():
     axes[0, 0].plot([0, 1], [0, 1], label="$\\frac{<svg onload=alert(1)>}$ #26")
     common.figure_legend(fig, axes)
     assert fig.legends[0].get_texts()[0].get_text().startswith("$\\frac{")
+
+
+@pytest.mark.parametrize("errors, lowest, highest", [
+    ([-2.5, 1.7, 9.6, -5.3], -25.0, 25.0),    # all inside the band: room above and below it
+    ([-2.5, 40.0], -46.0, 46.0),              # a bar past the band: the axis holds it
+])
+def test_the_models_band_reads_as_a_band_and_every_bar_fits(errors, lowest, highest):
+    from fp4lab.plots import moe
+
+    compared = pd.DataFrame({"method": ["grouped-bf16", "loop-bf16"] * (len(errors) // 2),
+                             "batch": [64, 64, 512, 512][:len(errors)], "error_pct": errors})
+    fig = moe.model_vs_measured(compared)
+    assert fig.axes[0].get_ylim() == pytest.approx((lowest, highest))

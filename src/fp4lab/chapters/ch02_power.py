@@ -92,7 +92,9 @@ def fill(context: Context, sampled: str) -> None:
                         power.caption("clocks-event reasons; grey: idle or none, red: throttling"))
     if len(power.points):
         page.figure("points", figures.per_point(power.points, power.power_limit_w),
-                    power.caption("one energy window (aligned to the NVML energy counter) per point"))
+                    power.caption("one energy window (aligned to the NVML energy counter) per point; "
+                                  "a line is the backend's median over the swept shapes and formats "
+                                  "at each M, the band their range"))
         per_gpu = gemm_analysis.gpu_spread(power.gemm)
         if len(per_gpu) > 1:
             page.html("points", html_table(per_gpu, PER_GPU, caption=power.caption("per GPU at decode M")))

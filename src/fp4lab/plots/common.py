@@ -70,11 +70,15 @@ def hide_unused(axes, used: int) -> None:
 
 
 def plain_number(value: float) -> str:
-    """A tick label without an exponent: 0.4, 30, 2000, 10k, 1M (matplotlib's `g` puts 1e+06
-    beside 100000 on one axis, which reads as two scales)."""
+    """A tick label without an exponent: 0.4, 30, 2000, 10k, 2.5M (matplotlib's `g` puts 1e+06
+    beside 100000 on one axis, which reads as two scales); a count that is not round in its unit
+    stays whole (16384, not 16.384k)."""
     for threshold, scale, suffix in ((1e9, 1e9, "G"), (1e6, 1e6, "M"), (1e4, 1e3, "k")):
         if abs(value) >= threshold:
-            return f"{value / scale:g}{suffix}"
+            scaled = value / scale
+            if scaled == round(scaled, 1) or abs(value) >= 1e6:
+                return f"{scaled:.3g}{suffix}"
+            break
     return f"{value:g}"
 
 

@@ -69,7 +69,12 @@ def model_vs_measured(compared: pd.DataFrame):
         means = rows.groupby("batch")["error_pct"].mean().reindex(batches)
         ax.bar(np.arange(len(batches)) + (offset - (len(colours) - 1) / 2) * width, means, width,
                color=colours[method], label=method)
-    ax.axhspan(-15, 15, color="0.92", zorder=0, label="within 15%")
+    band = 15.0
+    ax.axhspan(-band, band, color="0.92", zorder=0, label=f"within {band:.0f}%")
+    # symmetric, with room outside the band, so that it reads as a band and not as the background
+    largest = float(np.nanmax(np.abs(compared["error_pct"]))) if compared["error_pct"].notna().any() else 0.0
+    limit = max(band * 5 / 3, 1.15 * largest)
+    ax.set_ylim(-limit, limit)
     ax.set_xticks(np.arange(len(batches)), [str(int(b)) for b in batches])
     ax.set(xlabel="decode batch B", ylabel="(model - measured) / measured (%)")
     figure_legend(fig, axes, columns=4)

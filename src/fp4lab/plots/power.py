@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from fp4lab.plots.common import (backend_palette, colour_handles, figure_legend, log_axis, new_figure, palette,
-                                 style_handles, tokens_axis)
+                                 tokens_axis)
 from fp4lab.schema import TELEMETRY_SESSION_GAP_S
 
 
@@ -101,23 +101,18 @@ def timeline(telemetry: pd.DataFrame, points: pd.DataFrame, limit_w: float | Non
     return fig
 
 
-SHAPE_STYLES = ("-", "--", ":", "-.")     # line style: the weight shape (colour: the backend)
-
-
 def per_point(points: pd.DataFrame, limit_w: float | None):
-    """Power in each point's energy window and TFLOPS/W against M: colour the backend, line style
-    the weight shape (one colour per backend x shape made 18 near-identical hues)."""
+    """Power in each point's energy window and TFLOPS/W against M, one line a backend: its median
+    over the swept shapes and formats at each M, shaded over their range (a line for each backend
+    x shape x format drew some forty crossing lines in chapter 02)."""
     fig, axes = new_figure(1, 2, height_in=4.2, sharex=True)
     power_ax, efficiency_ax = axes[0]
-    points = points.assign(shape=points["n"].astype(int).astype(str) + "x" + points["k"].astype(int).astype(str))
     colours = backend_palette(sorted(points["backend"].unique()))
-    largest_first = points.assign(size=points["n"] * points["k"]).sort_values("size", ascending=False, kind="stable")
-    styles = {shape: SHAPE_STYLES[i % len(SHAPE_STYLES)] for i, shape in enumerate(largest_first["shape"].unique())}
-    # one line per format as well: joining an M's NVFP4 and MXFP4 points drew vertical jumps
-    lines = ["backend", "shape"] + (["fmt"] if "fmt" in points else [])
-    for (backend, shape, *_), rows in points.sort_values("m").groupby(lines, dropna=False):
-        for ax, column in ((power_ax, "avg_power_w"), (efficiency_ax, "tflops_per_w")):
-            ax.plot(rows["m"], rows[column], styles[shape], marker="o", ms=3, color=colours[backend])
+    for ax, column in ((power_ax, "avg_power_w"), (efficiency_ax, "tflops_per_w")):
+        spread = points.groupby(["backend", "m"])[column].agg(["median", "min", "max"]).reset_index()
+        for backend, rows in spread.groupby("backend"):
+            ax.fill_between(rows["m"], rows["min"], rows["max"], color=colours[backend], alpha=0.12, lw=0)
+            ax.plot(rows["m"], rows["median"], "-o", ms=3, color=colours[backend])
     if limit_w:
         power_ax.axhline(limit_w, color="firebrick", ls="--", lw=1.2, label=f"limit {limit_w:.0f} W")
         power_ax.set_ylim(0, 1.12 * max(limit_w, points["avg_power_w"].max()))
@@ -127,7 +122,7 @@ def per_point(points: pd.DataFrame, limit_w: float | None):
     power_ax.set(ylabel="average power in the window (W)")
     efficiency_ax.set(ylabel="TFLOPS per watt")
     log_axis(efficiency_ax)
-    figure_legend(fig, axes, columns=3, extra=colour_handles(colours) + style_handles(styles))
+    figure_legend(fig, axes, columns=4, extra=colour_handles(colours))
     return fig
 
 
