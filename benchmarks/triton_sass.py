@@ -9,12 +9,16 @@ Why: with the decoded weights as wgmma's register operand (`swap_ab`), a wgmma m
 warpgroup decodes the next k16 step only if ptxas gives each step its own A registers; where it
 reuses one set, every HGMMA is followed by a wait for it, and decode and tensor cores take turns.
 Prints one fixed-width line a point: its preset, the HGMMA count, how many of them are waited for
-before the next one issues, and the Triton and ptxas that compiled it.
+before the next one issues, and the Triton and ptxas that compiled it. `--out DIR` also writes
+DIR/sass.jsonl (a row a point) and DIR/run.json (the compiler, the machine, FP4LAB_GIT_SHA), the
+folder `fp4lab.analysis.sass` reads for chapter 01 (the run's builds joined by their labels).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -108,10 +112,32 @@ def waited_wgmma(sass: str) -> tuple[int, int]:
     return issued, waited
 
 
+def machine() -> str:
+    """The GPU's name where nvidia-smi answers (the compile needs none), else the processor's."""
+    try:
+        names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=30).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        names = []
+    return names[0].strip() if names and names[0].strip() else f"no GPU ({os.uname().machine})"
+
+
+def write_folder(out: Path, rows: list[dict], triton_version: str, argv: list[str]) -> None:
+    """sass.jsonl and run.json under `out` (created)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sass.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    info = {"run_id": out.name, "read": "triton-sass", "what": __doc__.split("\n\n")[0].replace("\n", " "),
+            "provenance": {"machine": machine(), "triton": triton_version, "target": "sm_90",
+                           "fp4lab_git_sha": os.environ.get("FP4LAB_GIT_SHA", "unknown"),
+                           "command": " ".join(["python3", "benchmarks/triton_sass.py", *argv])}}
+    (out / "run.json").write_text(json.dumps(info, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--points", default="nvfp4:8192x8192:64,nvfp4:4096x6144:64,nvfp4:8192x8192:256",
                         help="fmt:NxK:M, comma-separated")
+    parser.add_argument("--out", type=Path, help="folder for sass.jsonl and run.json")
     args = parser.parse_args(argv)
     try:
         points = parse_points(args.points)
@@ -121,10 +147,15 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"Triton {triton.__version__}; SASS by {cuobjdump()}")
     print(f"{'fmt':6} {'N x K':>10} {'M':>4} {'preset':42} {'HGMMA':>5} {'waited':>6}")
+    rows = []
     for fmt, n, k, m in points:
         config, compiled = compile_preset(fmt, n, k, m)
         issued, waited = waited_wgmma(sass_of(compiled.asm["cubin"]))
         print(f"{fmt:6} {f'{n}x{k}':>10} {m:>4} {config.label():42} {issued:>5} {waited:>6}")
+        rows.append({"fmt": fmt, "n": n, "k": k, "m": m, "build": config.label(), "hgmma": issued,
+                     "waited": waited})
+    if args.out:
+        write_folder(args.out, rows, triton.__version__, sys.argv[1:] if argv is None else argv)
     return 0
 
 

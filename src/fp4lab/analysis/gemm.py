@@ -354,13 +354,13 @@ def own_against_peers(results: GemmResults) -> pd.DataFrame:
         mine, theirs = own.loc[own["median_us"].idxmin()], peers.loc[peers["median_us"].idxmin()]
         mma_floor = roofline.gemm_flops(int(m), int(n), int(k)) / (peak * 1e6)
         rows.append({"fmt": fmt, "n": int(n), "k": int(k), "m": int(m),
-                     "own": mine["backend"], "own_us": float(mine["median_us"]),
+                     "own": mine["backend"], "own_build": mine.get("config"), "own_us": float(mine["median_us"]),
                      "peer": theirs["backend"], "peer_us": float(theirs["median_us"]),
                      "speedup": float(theirs["median_us"]) / float(mine["median_us"]),
                      "read_floor_us": float(mine["fp4_floor_us"]), "mma_floor_us": mma_floor,
                      "own_pct_mma": 100 * mma_floor / float(mine["median_us"]),
                      "peer_pct_mma": 100 * mma_floor / float(theirs["median_us"])})
-    columns = ["fmt", "n", "k", "m", "own", "own_us", "peer", "peer_us", "speedup", "read_floor_us",
+    columns = ["fmt", "n", "k", "m", "own", "own_build", "own_us", "peer", "peer_us", "speedup", "read_floor_us",
                "mma_floor_us", "own_pct_mma", "peer_pct_mma"]
     return pd.DataFrame(rows, columns=columns)
 

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from fp4lab import params, profiles, text
-from fp4lab.analysis import counters as kernel_counters, gemm as analysis
+from fp4lab.analysis import counters as kernel_counters, gemm as analysis, sass
 from fp4lab.chapters.context import Context, open_context, parameters_block, resolve_parameters
 from fp4lab.plots import gemm as figures
 from fp4lab.plots.tables import Col, html_table
@@ -183,7 +183,11 @@ def _peers(page, results) -> None:
     page.html("peers", html_table(shown, PEERS, caption=results.caption(
         f"medians per M over formats and shapes (a name's count: the points where it is the fastest); peers: "
         f"{', '.join(analysis.PEERS)}; floors at the measured bf16 peak and copy bandwidth")))
-    page.bullets("peers", peer_findings(per_m))
+    read_folder = sass.find_sass_read()
+    read = sass.read_sass(read_folder) if read_folder else None
+    run_triton = ((results.view.info.get("provenance") or {}).get("versions") or {}).get("triton")
+    compiled = sass.serialized_sentence(sass.serialized_per_m(table, read), read, run_triton) if read else None
+    page.bullets("peers", peer_findings(per_m) + ([compiled] if compiled else []))
 
 
 def most_often(name: str, count: int, points: int) -> str:
