@@ -111,4 +111,5 @@ def serialized_sentence(per_m: pd.DataFrame, read: SassRead, run_triton: str | N
             f"but in the builds this run timed ({text.join(part(r) for r in per_m.itertuples())}) "
             f"each of their {counts} wgmma instructions is waited for before the next one issues "
             f"({read.source(run_triton)}): ptxas serializes them, so within a warpgroup the decode and the tensor cores "
-            "take turns instead of overlapping.")
+            "take turns instead of overlapping. What would fix it: a kernel that gives each k16 step's decoded "
+            "fragments their own registers, so that a wgmma runs while the next step decodes.")
