@@ -6,6 +6,8 @@ from fp4lab.analysis.decode.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 
 from fp4lab import text
@@ -400,7 +402,11 @@ def elsewhere(page, d: decode.Diagnosis) -> None:
                f"({projected['launch_source'].iloc[0]})")
     # the GPU and its arch in one column: ten columns overflowed the page's width
     shown = projected.assign(gpu_arch=projected["name"] + " (" + projected["arch"] + ")")
-    page.html("elsewhere", html_table(shown, PROJECTION, caption=caption))
+    columns = PROJECTION
+    if len(check):   # the header names the ratio it applies ("as far from its floor as here" wrapped to 4 lines)
+        columns = [dataclasses.replace(c, header=f"at {text.ratio(1 / check.iloc[0])} its floor, as here")
+                   if c.source == "at_measured_ratio_us" else c for c in PROJECTION]
+    page.html("elsewhere", html_table(shown, columns, caption=caption))
     if len(check):
         measured = projected[projected["measured_us"].notna()].iloc[0]
         v = d.verdict or {}

@@ -97,8 +97,12 @@ def fill(context: Context, study: analysis.LayoutStudy) -> None:
     where = f" (the run shown beside, {source.run_id})" if study.from_reference else ""
     ok = study.ok
     if len(ok):
+        # at one rank an all-to-all moves nothing between GPUs: each is a copy of its buffer, and
+        # their lines lie on one another
+        one_rank = "; at one rank every all-to-all is a local copy, so their lines coincide" if study.gpus == 1 else ""
         page.figure("measured", figures.comm_times(ok), source.caption(
-            f"{ok['backend'].iloc[0]} over {text.count(study.gpus, 'rank')}{where}; slowest rank's median per call"))
+            f"{ok['backend'].iloc[0]} over {text.count(study.gpus, 'rank')}{where}; slowest rank's median per call"
+            f"{one_rank}"))
         at = analysis.at_decode(study, study.decode_batch)
         page.html("measured", html_table(at, AT_DECODE, caption=source.caption(
             f"at {int(at['tokens'].iloc[0])} tokens, the measured count nearest the decode batch {study.decode_batch}")))
