@@ -195,15 +195,17 @@ def test_the_preset_rule_is_the_probes_winners_and_fits_any_point():
     assert cuda.choose_config(16, 256, 1024).cluster == 2
     # over M = 16 (calls 75-78, measured at M = 64): 8-warp CTAs of 8 k-groups, two an SM; at
     # K = 2048 teams of 2 warps with both splits in one cluster (6144x2048: 96 CTAs)
-    wide, wide_short = cuda.PRESETS[-1], cuda.PRESETS[-2]
-    for m in (17, 33, 64):
-        # over M = 32 with the vector reduction (call 133), up to 64 CTA columns (8192x8192's)
-        reduce = "vector" if m > 32 else "scalar"
+    wide, capped, wide_short = cuda.PRESETS[-1], cuda.PRESETS[-2], cuda.PRESETS[-3]
+    for m in (17, 32, 33, 64):
+        # the vector reduction up to 64 CTA columns (8192x8192's): at M = 17-32 in the build capped
+        # for three CTAs an SM (call 138), over M = 32 two an SM (call 133)
+        preset = capped if m <= 32 else wide
         assert cuda.choose_config(m, 8192, 8192) == cuda.choose_config(m, 4096, 6144) == \
-            dataclasses.replace(wide.config, reduce=reduce)
-        assert cuda.choose_config(m, 16384, 8192) == wide.config                  # 128 columns
+            dataclasses.replace(preset.config, reduce="vector")
+        assert cuda.choose_config(m, 16384, 8192) == preset.config                # 128 columns
         assert cuda.choose_config(m, 6144, 2048) == dataclasses.replace(wide_short.config, cluster=2)
     assert wide.config.label() == "cuda g8 d4 w8 k1 b2 pdl-all" and wide_short.clustered
+    assert capped.config.label() == "cuda g8 d4 w8 k1 b3 pdl-all" and capped.config.register_cap == 80
     assert wide_short.config.label() == "cuda g8 d4 w16 k2 b1 pdl-tail"
     for m, n, k in ((1, 48, 128), (4, 112, 64 * 7), (16, 16, 64), (1, 256, 64 * 17 * 16),
                     (64, 16, 64), (40, 128, 2048), (64, 8192, 512)):
@@ -338,7 +340,9 @@ WIDE_CONFIGS = [cuda.CudaTileConfig(groups=4, warps=4),
                 cuda.CudaTileConfig(groups=2, warps=4, depth=1, cluster=2),
                 cuda.CudaTileConfig(groups=2, warps=8, depth=2, kwarps=2, cluster=4, overlap="all"),
                 cuda.CudaTileConfig(groups=4, warps=4, depth=2, overlap="tail", reduce="vector"),
-                cuda.CudaTileConfig(groups=2, warps=4, depth=1, cluster=2, reduce="vector")]
+                cuda.CudaTileConfig(groups=2, warps=4, depth=1, cluster=2, reduce="vector"),
+                # the M = 17-32 preset's shape: 8 warps under the register cap of three CTAs an SM
+                cuda.CudaTileConfig(groups=2, warps=8, depth=2, min_ctas=3, reduce="vector")]
 
 
 @pytest.mark.cuda

@@ -315,7 +315,12 @@ class Preset:
 #     14336x4096, 4096x14336); and over M = 32 with the 8-warp build below (call 133,
 #     results/measurements/20261207T0627Z-h100-dense-reduce-twins-wide, M = 64: 4096x6144,
 #     2048x8192, 4096x4096 and 8192x8192 (64 columns) 10-20% faster in both formats; at M = 32
-#     NVFP4 mixed, 4096x6144 and 8192x8192 3-6% slower). Not yet probed on the H200;
+#     NVFP4 mixed, 4096x6144 and 8192x8192 3-6% slower, where the vector build's 82 registers fit
+#     two CTAs an SM against three: with a register cap for three (`min_ctas=3`, 76-80 registers,
+#     no spill) the vector build at M = 32 is 5-20% faster than the preset in both formats at all
+#     four shapes (call 138, results/measurements/20261207T0844Z-h100-dense-m32-vector-cap:
+#     8192x8192 NVFP4 30.61 -> 28.03 us, 2048x8192 14.60 -> 11.67), so M = 17-32 takes it). Not yet
+#     probed on the H200;
 #   - over M = 16 (measured at M = 64 only, calls 75-78, results/measurements/20261203T1913Z-h200-
 #     cuda-wide-probe): 8-warp CTAs of 8 k-groups, two an SM (~102 registers), launched "all"
 #     (8192x8192 55.3 us, 4096x6144 31.3; humming 28.2 and 15.7: these points stay slower than the
@@ -341,6 +346,8 @@ PRESETS = (Preset(16, 2048, CudaTileConfig(groups=8, depth=4, warps=16, kwarps=4
                   vector_columns=16),
            Preset(64, 2048, CudaTileConfig(groups=8, depth=4, warps=16, kwarps=2, min_ctas=1,
                                            overlap="tail"), clustered=True),
+           Preset(32, None, CudaTileConfig(groups=8, depth=4, warps=8, min_ctas=3, overlap="all"),
+                  vector_columns=64, vector_over_m=16),
            Preset(64, None, CudaTileConfig(groups=8, depth=4, warps=8, min_ctas=2, overlap="all"),
                   vector_columns=64, vector_over_m=32))
 
