@@ -196,12 +196,13 @@ def test_the_preset_rule_is_the_probes_winners_and_fits_any_point():
     # over M = 16 (calls 75-78, measured at M = 64): 8-warp CTAs of 8 k-groups, two an SM; at
     # K = 2048 teams of 2 warps with both splits in one cluster (6144x2048: 96 CTAs)
     wide, capped, wide_short = cuda.PRESETS[-1], cuda.PRESETS[-2], cuda.PRESETS[-3]
-    for m in (17, 32, 33, 64):
-        # the vector reduction up to 64 CTA columns (8192x8192's): at M = 17-32 in the build capped
-        # for three CTAs an SM (call 138), over M = 32 two an SM (call 133)
+    for m in (17, 24, 25, 32, 33, 64):
+        # the vector reduction up to 64 CTA columns (8192x8192's) where a lane holds four n8 tiles
+        # or more: at M = 25-32 in the build capped for three CTAs an SM (calls 138-139; M = 17-24
+        # take the cap with the scalar reduction), over M = 32 two an SM (call 133)
         preset = capped if m <= 32 else wide
         assert cuda.choose_config(m, 8192, 8192) == cuda.choose_config(m, 4096, 6144) == \
-            dataclasses.replace(preset.config, reduce="vector")
+            dataclasses.replace(preset.config, reduce="vector" if m > 24 else "scalar")
         assert cuda.choose_config(m, 16384, 8192) == preset.config                # 128 columns
         assert cuda.choose_config(m, 6144, 2048) == dataclasses.replace(wide_short.config, cluster=2)
     assert wide.config.label() == "cuda g8 d4 w8 k1 b2 pdl-all" and wide_short.clustered

@@ -319,8 +319,10 @@ class Preset:
 #     two CTAs an SM against three: with a register cap for three (`min_ctas=3`, 76-80 registers,
 #     no spill) the vector build at M = 32 is 5-20% faster than the preset in both formats at all
 #     four shapes (call 138, results/measurements/20261207T0844Z-h100-dense-m32-vector-cap:
-#     8192x8192 NVFP4 30.61 -> 28.03 us, 2048x8192 14.60 -> 11.67), so M = 17-32 takes it). Not yet
-#     probed on the H200;
+#     8192x8192 NVFP4 30.61 -> 28.03 us, 2048x8192 14.60 -> 11.67), so M = 17-32 takes the cap,
+#     and the vector reduction where a lane holds four n8 tiles (M = 25-32: 3-20% faster than the
+#     scalar twin at M = 32, call 139, results/measurements/20261207T0852Z-h100-dense-m17-32-preset;
+#     at M = 24, three tiles, 6% slower to 7% faster, so scalar). Not yet probed on the H200;
 #   - over M = 16 (measured at M = 64 only, calls 75-78, results/measurements/20261203T1913Z-h200-
 #     cuda-wide-probe): 8-warp CTAs of 8 k-groups, two an SM (~102 registers), launched "all"
 #     (8192x8192 55.3 us, 4096x6144 31.3; humming 28.2 and 15.7: these points stay slower than the
@@ -347,7 +349,7 @@ PRESETS = (Preset(16, 2048, CudaTileConfig(groups=8, depth=4, warps=16, kwarps=4
            Preset(64, 2048, CudaTileConfig(groups=8, depth=4, warps=16, kwarps=2, min_ctas=1,
                                            overlap="tail"), clustered=True),
            Preset(32, None, CudaTileConfig(groups=8, depth=4, warps=8, min_ctas=3, overlap="all"),
-                  vector_columns=64, vector_over_m=16),
+                  vector_columns=64, vector_over_m=24),
            Preset(64, None, CudaTileConfig(groups=8, depth=4, warps=8, min_ctas=2, overlap="all"),
                   vector_columns=64, vector_over_m=32))
 
