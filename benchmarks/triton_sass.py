@@ -9,7 +9,7 @@ Why: with the decoded weights as wgmma's register operand (`swap_ab`), a wgmma m
 warpgroup decodes the next k16 step only if ptxas gives each step its own A registers; where it
 reuses one set, every HGMMA is followed by a wait for it, and decode and tensor cores take turns.
 Prints one fixed-width line a point: its preset, the HGMMA count, how many of them are waited for
-before the next one issues, and the Triton and ptxas that compiled it. `--out DIR` also writes
+before the next one issues, after the Triton version that compiled them. `--out DIR` also writes
 DIR/sass.jsonl (a row a point) and DIR/run.json (the compiler, the machine, FP4LAB_GIT_SHA), the
 folder `fp4lab.analysis.sass` reads for chapter 01 (the run's builds joined by their labels).
 """
