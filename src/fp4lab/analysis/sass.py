@@ -34,10 +34,11 @@ class SassRead:
     machine: str
 
     def source(self, run_triton: str | None = None) -> str:
-        """Where the claim comes from; says so where the run's Triton was another version."""
-        other = f"; this run's Triton was {run_triton}" if run_triton and run_triton != self.triton else ""
-        return (f"the SASS of the same builds for sm_90, every Hopper GPU's code, compiled by Triton "
-                f"{self.triton} on {self.machine}, read {self.run_id}{other}")
+        """Where the claim comes from, and whether the run used the same Triton."""
+        same = ("the version this run used" if run_triton == self.triton
+                else f"this run used {run_triton}" if run_triton else "this run's version unknown")
+        return (f"the sm_90 SASS of the same builds, compiled by Triton {self.triton}, {same}, on "
+                f"{self.machine}; read {self.run_id}")
 
 
 def find_sass_read(root: Path = MEASUREMENTS_ROOT) -> Path | None:
@@ -104,12 +105,12 @@ def serialized_sentence(per_m: pd.DataFrame, read: SassRead, run_triton: str | N
         return f"{row.serialized or row.points} of the {row.points}{read_of} at M = {row.m}"
 
     if not per_m["serialized"].any():
-        return (f"{text.code(KERNEL)} keeps its wgmma in flight in the builds this run timed "
-                f"({text.join(part(r) for r in per_m.itertuples())}; {counts} wgmma instructions "
-                f"each; {read.source(run_triton)}).")
-    return (f"{text.code(KERNEL)} already issues wgmma with its decoded weights as the register operand, "
-            f"but in the builds this run timed ({text.join(part(r) for r in per_m.itertuples())}) "
-            f"each of their {counts} wgmma instructions is waited for before the next one issues "
-            f"({read.source(run_triton)}): ptxas serializes them, so within a warpgroup the decode and the tensor cores "
-            "take turns instead of overlapping. What would fix it: a kernel that gives each k16 step's decoded "
+        return (f"{text.code(KERNEL)} keeps its wgmma (Hopper's asynchronous tensor-core MMA) in flight in "
+                f"the builds this run timed ({text.join(part(r) for r in per_m.itertuples())}; {counts} wgmma "
+                f"instructions each; source: {read.source(run_triton)}).")
+    return (f"In the builds this run timed ({text.join(part(r) for r in per_m.itertuples())}), "
+            f"{text.code(KERNEL)} waits for each of its {counts} wgmma instructions (Hopper's asynchronous "
+            "tensor-core MMA, fed the decoded weights from registers) before it issues the next, so its decode "
+            "and its MMAs take turns instead of overlapping: ptxas serializes them (source: "
+            f"{read.source(run_triton)}). What would fix it: a kernel that gives each k16 step's decoded "
             "fragments their own registers, so that a wgmma runs while the next step decodes.")

@@ -94,7 +94,8 @@ def fill(context: Context, sampled: str) -> None:
         page.figure("points", figures.per_point(power.points, power.power_limit_w),
                     power.caption("one energy window (aligned to the NVML energy counter) per point; "
                                   "a line is the backend's median over the swept shapes and formats "
-                                  "at each M, the band their range"))
+                                  "at each M, the band their range; a window shorter than the ~1 s over "
+                                  "which the limit is enforced can have a mean above the limit"))
         per_gpu = gemm_analysis.gpu_spread(power.gemm)
         if len(per_gpu) > 1:
             page.html("points", html_table(per_gpu, PER_GPU, caption=power.caption("per GPU at decode M")))

@@ -404,7 +404,7 @@ def elsewhere(page, d: decode.Diagnosis) -> None:
     shown = projected.assign(gpu_arch=projected["name"] + " (" + projected["arch"] + ")")
     columns = PROJECTION
     if len(check):   # the header names the ratio it applies ("as far from its floor as here" wrapped to 4 lines)
-        columns = [dataclasses.replace(c, header=f"at {text.ratio(1 / check.iloc[0])} its floor, as here")
+        columns = [dataclasses.replace(c, header=f"at {text.ratio(1 / check.iloc[0], 3)} its spec floor, as here")
                    if c.source == "at_measured_ratio_us" else c for c in PROJECTION]
     page.html("elsewhere", html_table(shown, columns, caption=caption))
     if len(check):

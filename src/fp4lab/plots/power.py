@@ -119,7 +119,7 @@ def per_point(points: pd.DataFrame, limit_w: float | None):
     for ax in (power_ax, efficiency_ax):
         tokens_axis(ax)
         ax.set_xlabel("M (tokens)")
-    power_ax.set(ylabel="average power in the window (W)")
+    power_ax.set(ylabel="mean power in the point's window (W)")
     efficiency_ax.set(ylabel="TFLOPS per watt")
     log_axis(efficiency_ax)
     figure_legend(fig, axes, columns=4, extra=colour_handles(colours))
