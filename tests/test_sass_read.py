@@ -73,3 +73,15 @@ def test_builds_that_keep_their_wgmma_in_flight_are_said_to(tmp_path):
     assert per_m["timed"].tolist() == [1]
     assert sass.serialized_sentence(per_m, read).startswith("`triton-w4a16` keeps its wgmma (Hopper")
     assert sass.serialized_sentence(per_m.iloc[0:0], read) is None
+
+
+def test_the_chapter_sentence_comes_from_the_newest_read_and_names_the_runs_triton(tmp_path):
+    class View:   # what compiled_finding reads of a RunView
+        def versions(self):
+            return {"triton": "3.5.0"}
+
+    timed = pd.DataFrame([own(64, TMA_64)])
+    assert sass.compiled_finding(timed, View(), root=tmp_path) is None            # no read yet
+    write_read(tmp_path / "20261207T0820Z-h100-triton-sass", [row(64, TMA_64, 16, 16)])
+    sentence = sass.compiled_finding(timed, View(), root=tmp_path)
+    assert "(all 1 at M = 64)" in sentence and "this run used 3.5.0" in sentence

@@ -73,12 +73,12 @@ def read_sass(folder) -> SassRead:
                     machine=str(provenance.get("machine", "an unknown machine")))
 
 
-def serialized_per_m(own: pd.DataFrame, read: SassRead | None) -> pd.DataFrame:
+def serialized_per_m(own: pd.DataFrame, read: SassRead) -> pd.DataFrame:
     """Per M, the points where fp4lab's fastest own kernel is KERNEL (`timed`), those whose very
     build (`own_against_peers`' own_build) the read compiled (`points`), how many of those wait
     for every wgmma before the next issues, and their wgmma counts."""
     columns = ["m", "timed", "points", "serialized", "hgmma_min", "hgmma_max"]
-    if read is None or not len(own):
+    if not len(own):
         return pd.DataFrame(columns=columns)
     mine = own[own["own"] == KERNEL].rename(columns={"own_build": "build"})
     joined = mine.merge(read.table, on=["fmt", "n", "k", "m", "build"])
@@ -114,3 +114,14 @@ def serialized_sentence(per_m: pd.DataFrame, read: SassRead, run_triton: str | N
             "and its MMAs take turns instead of overlapping: ptxas serializes them (source: "
             f"{read.source(run_triton)}). What would fix it: a kernel that gives each k16 step's decoded "
             "fragments their own registers, so that a wgmma runs while the next step decodes.")
+
+
+def compiled_finding(own: pd.DataFrame, run_view, root: Path = MEASUREMENTS_ROOT) -> str | None:
+    """Chapter 01's sentence from the newest read under `root` about the builds a run timed
+    (`own_against_peers`' rows; `run_view` the run's RunView, whose Triton the sentence names),
+    or None where no read holds one of them."""
+    folder = find_sass_read(root)
+    if folder is None:
+        return None
+    read = read_sass(folder)
+    return serialized_sentence(serialized_per_m(own, read), read, run_view.versions().get("triton"))

@@ -183,10 +183,7 @@ def _peers(page, results) -> None:
     page.html("peers", html_table(shown, PEERS, caption=results.caption(
         f"medians per M over formats and shapes (a name's count: the points where it is the fastest); peers: "
         f"{', '.join(analysis.PEERS)}; floors at the measured bf16 peak and copy bandwidth")))
-    read_folder = sass.find_sass_read()
-    read = sass.read_sass(read_folder) if read_folder else None
-    run_triton = ((results.view.info.get("provenance") or {}).get("versions") or {}).get("triton")
-    compiled = sass.serialized_sentence(sass.serialized_per_m(table, read), read, run_triton) if read else None
+    compiled = sass.compiled_finding(table, results.view)
     page.bullets("peers", peer_findings(per_m) + ([compiled] if compiled else []))
 
 
