@@ -40,7 +40,7 @@ from cuda_probe import PEERS, peer_row  # noqa: E402
 from fp4lab import correctness  # noqa: E402
 from fp4lab.backends.base import prepared_from  # noqa: E402
 from fp4lab.backends.moe.cuda_fused import CudaMoeConfig, expert_launch, lay_out_experts  # noqa: E402
-from fp4lab.formats import QuantizedTensor  # noqa: E402
+from fp4lab.formats import QuantizedTensor, dequantize  # noqa: E402
 
 SHAPES = "8192x8192,4096x6144,6144x2048"
 M_VALUES = "64,128,256"
@@ -109,8 +109,8 @@ def moe_prepared(config: CudaMoeConfig, splits: int, point: tune.Point, a, w, de
         launch(a_arg, ops, partials, tables, route_w)
         return torch.sum(partials.view(splits, point.m, point.n), dim=0, out=out_arg)
 
-    return prepared_from(gemm, (a_split,), partials if kernel_only else out, a, w,
-                         {"build": built, "splits": splits})
+    return prepared_from(gemm, (a_split,), partials if kernel_only else out, a.float(),
+                         dequantize(w).float(), {"build": built, "splits": splits})
 
 
 def moe_rows(config: CudaMoeConfig, splits: int, point: tune.Point, a, w, device, timer):
