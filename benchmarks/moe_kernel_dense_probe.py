@@ -135,11 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--formats", default="nvfp4")
     parser.add_argument("--shapes", default=SHAPES, help="N x K points, comma-separated")
     parser.add_argument("--m", default=M_VALUES, help="M values, comma-separated")
+    parser.add_argument("--splits", default=",".join(map(str, SPLITS)),
+                        help="K-slice experts (emulated split-K), comma-separated")
+    parser.add_argument("--builds", help="indices into BUILDS, comma-separated (default: all)")
     parser.add_argument("--no-peers", action="store_true", help="leave the peers out")
     args = parser.parse_args(argv)
-    fmts, shapes, m_values = (tune.parse_formats(args.formats), tune.parse_shapes(args.shapes),
-                              tune.parse_m(args.m))
-    device = tune.script_device("moe_kernel_dense_probe", smoke=False)
+XX, smoke=False)
     if device is None:
         return 2
     out = Path(args.out)
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                                 for name in peers if not (name == "cuda-w4a16" and m > 64)]
                     variants += [(f"{c.label()} s{s}", "cuda-moe-as-dense",
                                   lambda c=c, s=s: moe_rows(c, s, point, a, w, device, timer))
-                                 for c in BUILDS for s in SPLITS]
+                                 for c in builds for s in splits]
                     for _, backend, run in variants:
                         for label, row in run():
                             row = {"fmt": fmt, "n": n, "k": k, "m": m, "variant": label,
