@@ -140,7 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--builds", help="indices into BUILDS, comma-separated (default: all)")
     parser.add_argument("--no-peers", action="store_true", help="leave the peers out")
     args = parser.parse_args(argv)
-XX, smoke=False)
+    fmts, shapes, m_values = (tune.parse_formats(args.formats), tune.parse_shapes(args.shapes),
+                              tune.parse_m(args.m))
+    splits = tuple(int(s) for s in args.splits.split(","))
+    builds = [BUILDS[int(i)] for i in args.builds.split(",")] if args.builds else BUILDS
+    device = tune.script_device("moe_kernel_dense_probe", smoke=False)
     if device is None:
         return 2
     out = Path(args.out)
