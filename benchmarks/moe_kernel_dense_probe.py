@@ -21,13 +21,18 @@ fp4lab's dense kernels (`cuda_probe.PEERS`, and `cuda-w4a16` where M <= 64), sam
     PYTHONPATH=src python3 benchmarks/moe_kernel_dense_probe.py --out $OUT/moe-dense
 
 Writes measurements.jsonl (one row per variant and point) and prints one fixed-width line per row.
+`--sass-only` instead compiles each build here with nvcc (no GPU; the NVRTC options the backend
+passes, sm_90a for the wgmma builds) and writes builds_sass.jsonl: its wgmma (HGMMA) count and how
+many of them are waited for in full before the next issues (`triton_sass.waited_wgmma`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
+import tempfile
 import types
 from pathlib import Path
 
@@ -39,7 +44,7 @@ from cuda_probe import PEERS, peer_row  # noqa: E402
 
 from fp4lab import correctness  # noqa: E402
 from fp4lab.backends.base import prepared_from  # noqa: E402
-from fp4lab.backends.moe.cuda_fused import CudaMoeConfig, expert_launch, lay_out_experts  # noqa: E402
+from fp4lab.backends.moe.cuda_fused import CudaMoeConfig, build, expert_launch, lay_out_experts  # noqa: E402
 from fp4lab.formats import QuantizedTensor, dequantize  # noqa: E402
 
 SHAPES = "8192x8192,4096x6144,6144x2048"
@@ -129,6 +134,25 @@ def moe_rows(config: CudaMoeConfig, splits: int, point: tune.Point, a, w, device
     return rows
 
 
+def build_sass(config: CudaMoeConfig, fmt: str) -> dict:
+    """The down launch's build compiled by nvcc for sm_90(a), its wgmma read from the SASS."""
+    from triton_sass import waited_wgmma
+
+    source, options = build(config, fmt, gate_up=False)
+    arch = "sm_90a" if config.mma == "async" else "sm_90"
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "k.cu").write_text(source)
+        flags = [o for o in options if o != "-default-device"]   # NVRTC's alone
+        subprocess.run(["nvcc", f"-arch={arch}", "-cubin", *flags, "-o", f"{folder}/k.cubin",
+                        f"{folder}/k.cu"], check=True, capture_output=True, text=True)
+        sass = subprocess.run(["cuobjdump", "-sass", f"{folder}/k.cubin"], check=True,
+                              capture_output=True, text=True).stdout
+    version = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.split("\n")[-2]
+    hgmma, waited = waited_wgmma(sass)
+    return {"fmt": fmt, "build": config.label(), "arch": arch, "hgmma": hgmma, "waited": waited,
+            "mma_depth": config.mma_depth if config.mma == "async" else None, "nvcc": version.strip()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for measurements.jsonl")
@@ -139,11 +163,21 @@ def main(argv: list[str] | None = None) -> int:
                         help="K-slice experts (emulated split-K), comma-separated")
     parser.add_argument("--builds", help="indices into BUILDS, comma-separated (default: all)")
     parser.add_argument("--no-peers", action="store_true", help="leave the peers out")
+    parser.add_argument("--sass-only", action="store_true",
+                        help="compile the builds with nvcc here and read their wgmma (no GPU)")
     args = parser.parse_args(argv)
     fmts, shapes, m_values = (tune.parse_formats(args.formats), tune.parse_shapes(args.shapes),
                               tune.parse_m(args.m))
     splits = tuple(int(s) for s in args.splits.split(","))
     builds = [BUILDS[int(i)] for i in args.builds.split(",")] if args.builds else BUILDS
+    if args.sass_only:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        rows = [build_sass(c, fmt) for fmt in fmts for c in builds]
+        (out / "builds_sass.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        for row in rows:
+            print(f"{row['fmt']:<5} {row['build']:<40} {row['arch']:<7} HGMMA {row['hgmma']:>4} waited {row['waited']:>4}")
+        return 0
     device = tune.script_device("moe_kernel_dense_probe", smoke=False)
     if device is None:
         return 2

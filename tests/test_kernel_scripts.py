@@ -710,3 +710,46 @@ def test_the_sass_reader_compiles_a_preset_for_sm90_without_a_gpu(capsys):
     assert line[:3] == ["nvfp4", "8192x8192", "16"] and "swap" in line
     issued, waited = int(line[-2]), int(line[-1])
     assert issued > 0 and 0 <= waited <= issued
+
+
+# -- benchmarks/moe_kernel_dense_probe.py: the fused MoE kernel as a dense GEMM -------------------
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_the_k_slice_experts_hold_the_weights_bytes_in_order(fmt):
+    """The emulated split-K: expert s is W's s-th K slice, with W's own scales and global scale,
+    so the summed partials are W's product exactly as the gate's reference computes it."""
+    from fp4lab import formats
+    from fp4lab.backends.moe.base import _expert
+
+    probe = load("moe_kernel_dense_probe")
+    w = formats.quantize(torch.randn(32, 512), fmt)
+    stacked = probe.split_weights(w, 4)
+    assert stacked.shape == (4, 32, 128)
+    parts = [formats.dequantize(_expert(stacked, s)) for s in range(4)]
+    assert torch.equal(torch.cat(parts, dim=1), formats.dequantize(w))
+
+
+def test_the_dense_work_items_cover_every_token_of_every_split_once():
+    probe = load("moe_kernel_dense_probe")
+    tables = probe.work_tables(130, 2, "cpu")          # 64 + 64 + 2 tokens a split
+    assert tables.work_expert.tolist() == [0, 0, 0, 1, 1, 1]
+    assert tables.work_start.tolist() == [0, 64, 128, 130, 194, 258]
+    assert tables.work_rows.tolist() == [64, 64, 2, 64, 64, 2]
+    assert tables.sorted_pairs.tolist() == list(range(260))
+
+
+def test_the_dense_probe_without_a_gpu_says_so(tmp_path):
+    done = run_interpreted("moe_kernel_dense_probe", "--out", str(tmp_path), "--m", "64")
+    assert done.returncode == 2 and "needs a CUDA GPU" in done.stderr
+
+
+# -- benchmarks/humming_sass.py: humming's tensor-core instructions --------------------------------
+
+def test_the_humming_reader_splits_a_listing_by_function():
+    reader = load("humming_sass")
+    listing = ("\n\tcode for sm_90\n\t\tFunction : _Z7hummingI64\n" + SASS_SERIALIZED
+               + "\t\tFunction : _Z7hummingI16\n        /*0100*/  HMMA.16816.F32.BF16 R4, R8, R12, R4 ;\n")
+    found = dict(reader.functions(listing))
+    assert list(found) == ["_Z7hummingI64", "_Z7hummingI16"]
+    assert reader.waited_wgmma(found["_Z7hummingI64"]) == (2, 2)
+    assert len(reader.HMMA.findall(found["_Z7hummingI16"])) == 1

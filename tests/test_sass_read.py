@@ -32,6 +32,8 @@ def test_the_newest_read_is_found_and_other_folders_are_not(tmp_path):
     write_read(tmp_path / "20261207T0810Z-h100-triton-sass", [row(64, TMA_64, 16, 16)])
     newest = write_read(tmp_path / "20261208T0100Z-h200-triton-sass", [row(64, TMA_64, 16, 0)])
     (tmp_path / "20261209T0000Z-h200-probe").mkdir()                   # a probe folder: no sass.jsonl
+    write_read(tmp_path / "20261209T0100Z-h100-humming-sass", [row(64, "humming", 56, 28)],
+               read="humming-sass")                                     # another kernel's read
     assert sass.find_sass_read(tmp_path) == newest
     assert sass.find_sass_read(tmp_path / "absent") is None
 
@@ -85,3 +87,72 @@ def test_the_chapter_sentence_comes_from_the_newest_read_and_names_the_runs_trit
     write_read(tmp_path / "20261207T0820Z-h100-triton-sass", [row(64, TMA_64, 16, 16)])
     sentence = sass.compiled_finding(timed, View(), root=tmp_path)
     assert "(all 1 at M = 64)" in sentence and "this run used 3.5.0" in sentence
+
+
+# -- the in-flight trial --------------------------------------------------------------------------
+
+SYNC, WGMMA = "cuda w8 r2 m64 c4 d2 smem b2 pdl-all", "cuda w8 wg2 m64 c4 d2 smem pdl-all"
+
+
+def trial_row(variant, us, backend="cuda-moe-as-dense", m=64, n=8192, k=8192, fmt="nvfp4", status="ok"):
+    return {"fmt": fmt, "n": n, "k": k, "m": m, "variant": variant, "backend": backend,
+            "status": status, "median_us": us if status == "ok" else None}
+
+
+def write_trial(folder, rows, builds=((WGMMA, 128, 8), (SYNC, 0, 0))):
+    (folder / "call1").mkdir(parents=True)
+    (folder / "call1" / "measurements.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "builds_sass.jsonl").write_text("".join(
+        json.dumps({"fmt": "nvfp4", "build": b, "hgmma": h, "waited": w}) + "\n" for b, h, w in builds))
+    (folder / "run.json").write_text(json.dumps({"run_id": folder.name, "read": sass.TRIAL_KIND,
+                                                 "provenance": {"machine": "NVIDIA H100 80GB HBM3 (700 W)"}}))
+    return folder
+
+
+TRIAL = [trial_row(f"{WGMMA} s1", 90.0), trial_row(f"{WGMMA} s4 +sum", 50.0),
+         trial_row(f"{WGMMA} s4 kernel", 37.7), trial_row(f"{SYNC} s4 kernel", 33.6),
+         trial_row(f"{SYNC} s8 kernel", 20.0, status="wrong_result"),
+         trial_row("humming-w4a16", 28.6, backend="humming-w4a16"),
+         trial_row("triton-w4a16", 10.0, backend="triton-w4a16"),        # fp4lab's own: not a peer
+         trial_row("torch-bf16", 47.0, backend="torch-bf16"),
+         trial_row(f"{WGMMA} s1", 10.0, m=256)]
+
+
+def test_the_trial_takes_each_kinds_fastest_unreduced_gated_time_and_the_fastest_peer(tmp_path):
+    trial = sass.read_in_flight_trial(write_trial(tmp_path / "t", TRIAL))
+    at = trial.per_point.set_index("m").loc[64]
+    assert (at["wgmma_us"], at["sync_us"], at["peer"], at["peer_us"]) == (37.7, 33.6, "humming-w4a16", 28.6)
+    assert 256 not in trial.per_point["m"].tolist()           # no sync build or peer timed there
+    assert (trial.waited, trial.issued, trial.machine) == ((8, 8), (128, 128), "NVIDIA H100 80GB HBM3")
+    sentence = sass.in_flight_sentence(trial)
+    assert sentence.startswith("Keeping them in flight does not close the gap by itself")
+    assert "(8 of its 128 wgmma waited for" in sentence and "took 37.7 us as a dense GEMM at M = 64" in sentence
+    assert "33.6 us for its mma.sync build and 28.6 us for the fastest peer" in sentence
+    assert sass.in_flight_sentence(trial, m=16) is None
+
+
+def test_a_trial_that_beats_the_peer_says_where(tmp_path):
+    trial = sass.read_in_flight_trial(write_trial(tmp_path / "t", TRIAL[:4] + [
+        trial_row("humming-w4a16", 40.0, backend="humming-w4a16")]))
+    assert sass.in_flight_sentence(trial).startswith("Keeping them in flight closes the gap at 1 of 1 points")
+
+
+def test_a_trial_without_its_sass_read_says_why(tmp_path):
+    folder = write_trial(tmp_path / "t", TRIAL)
+    (folder / "builds_sass.jsonl").unlink()
+    with pytest.raises(sass.SassReadError, match="builds_sass.jsonl"):
+        sass.read_in_flight_trial(folder)
+
+
+def test_the_chapter_follows_a_serialized_read_with_the_trial_and_a_kept_one_without(tmp_path):
+    class View:
+        def versions(self):
+            return {"triton": "3.6.0"}
+
+    write_read(tmp_path / "20261207T0820Z-h100-triton-sass",
+               [row(64, TMA_64, 16, 16), row(16, "dot m16n64k256 s2 w4 st3 swap ptx", 16, 2)])
+    write_trial(tmp_path / "20261207T0937Z-h100-moe-kernel-as-dense", TRIAL)
+    serialized = sass.compiled_finding(pd.DataFrame([own(64, TMA_64)]), View(), root=tmp_path)
+    assert "ptxas serializes them" in serialized and "Keeping them in flight does not close" in serialized
+    kept = sass.compiled_finding(pd.DataFrame([own(16, "dot m16n64k256 s2 w4 st3 swap ptx")]), View(), root=tmp_path)
+    assert "keeps its wgmma" in kept and "Keeping them" not in kept

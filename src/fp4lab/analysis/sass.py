@@ -4,6 +4,10 @@ and the machine) joined with the builds a run timed, by their labels, so a sente
 build's code is only ever said of the build the run measured.
 
 A read is its own measurement (what the compiler emitted, no timing): every sentence names it.
+
+And what keeping them in flight buys: a committed trial (`benchmarks/moe_kernel_dense_probe.py`,
+run.json "read": TRIAL_KIND) that ran the fused MoE's CUDA kernel, whose wgmma builds do keep
+theirs in flight (builds_sass.jsonl), as a dense GEMM beside its mma.sync builds and the peers.
 """
 
 from __future__ import annotations
@@ -15,10 +19,14 @@ from pathlib import Path
 import pandas as pd
 
 from fp4lab import text
+from fp4lab.analysis.gemm import PEERS
 from fp4lab.results import MEASUREMENTS_ROOT
 
 KERNEL = "triton-w4a16"        # the backend whose builds the read compiles
 READ_KIND = "triton-sass"      # run.json's "read" of such a folder
+TRIAL_KIND = "moe-kernel-as-dense"   # run.json's "read" of the in-flight trial's folder
+TRIAL_BACKEND = "cuda-moe-as-dense"  # its rows' backend
+TRIAL_M = 64                   # the M the trial's sentence speaks of (the issue's first "level" M)
 COLUMNS = ("fmt", "n", "k", "m", "build", "hgmma", "waited")
 
 
@@ -41,15 +49,29 @@ class SassRead:
                 f"{self.machine}; read {self.run_id}")
 
 
-def find_sass_read(root: Path = MEASUREMENTS_ROOT) -> Path | None:
-    """The newest folder under `root` (run ids start with their UTC time) holding a SASS read."""
+def find_read(root: Path, kind: str, data: str) -> Path | None:
+    """The newest folder under `root` (run ids start with their UTC time) whose run.json says
+    "read": `kind` and that holds the file `data`."""
     if not Path(root).is_dir():
         return None
     found = None
     for folder in sorted(Path(root).glob("*")):
-        if (folder / "sass.jsonl").is_file() and (folder / "run.json").is_file():
+        if (folder / data).is_file() and _read_kind(folder) == kind:
             found = folder
     return found
+
+
+def _read_kind(folder: Path) -> str | None:
+    try:
+        info = json.loads((folder / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return info.get("read") if isinstance(info, dict) else None
+
+
+def find_sass_read(root: Path = MEASUREMENTS_ROOT) -> Path | None:
+    """The newest folder under `root` holding a SASS read of KERNEL's builds."""
+    return find_read(root, READ_KIND, "sass.jsonl")
 
 
 def read_sass(folder) -> SassRead:
@@ -112,16 +134,96 @@ def serialized_sentence(per_m: pd.DataFrame, read: SassRead, run_triton: str | N
             f"{text.code(KERNEL)} waits for each of its {counts} wgmma instructions (Hopper's asynchronous "
             "tensor-core MMA, fed the decoded weights from registers) before it issues the next, so its decode "
             "and its MMAs take turns instead of overlapping: ptxas serializes them (source: "
-            f"{read.source(run_triton)}). What would fix it: a kernel that gives each k16 step's decoded "
-            "fragments their own registers, so that a wgmma runs while the next step decodes.")
+            f"{read.source(run_triton)}).")
+
+
+# -- what keeping them in flight buys ---------------------------------------------------------------
+
+@dataclass
+class InFlightTrial:
+    per_point: pd.DataFrame   # fmt, n, k, m, wgmma_us, sync_us, peer_us, peer: fastest of each
+    waited: tuple[int, int]   # the wgmma builds' SASS: fewest and most HGMMA waited for in full
+    issued: tuple[int, int]   # ... and their HGMMA counts
+    machine: str
+    run_id: str
+
+
+def read_in_flight_trial(folder) -> InFlightTrial:
+    """The trial in `folder`: per point, the fastest time of its wgmma builds and of its
+    mma.sync builds before any split-K reduction (one split, or a launch of several alone), and
+    the fastest peer (PEERS) on the same GPU; SassReadError where a file is missing or unreadable."""
+    folder = Path(folder)
+    try:
+        info = json.loads((folder / "run.json").read_text())
+        rows = [json.loads(line) for path in sorted(folder.glob("*/measurements.jsonl"))
+                for line in path.read_text().splitlines() if line.strip()]
+        builds = pd.DataFrame([json.loads(line) for line in
+                               (folder / "builds_sass.jsonl").read_text().splitlines() if line.strip()])
+    except (OSError, ValueError) as exc:
+        raise SassReadError(f"trial {folder}: {exc}") from exc
+    frame = pd.DataFrame(rows)
+    if not len(frame) or "median_us" not in frame or "hgmma" not in builds:
+        raise SassReadError(f"trial {folder}: no timed rows or no HGMMA counts")
+    ok = frame[(frame["status"] == "ok") & frame["median_us"].notna()]
+    trial = ok[ok["backend"] == TRIAL_BACKEND]
+    unreduced = trial[trial["variant"].str.endswith((" kernel", " s1"))]
+    wgmma = unreduced["variant"].str.contains(r" wg\d? ")
+    keys = ["fmt", "n", "k", "m"]
+    peers = ok[ok["backend"].isin(PEERS)]
+    fastest_peer = peers.loc[peers.groupby(keys)["median_us"].idxmin(), keys + ["backend", "median_us"]]
+    per_point = (unreduced[wgmma].groupby(keys)["median_us"].min().rename("wgmma_us").to_frame()
+                 .join(unreduced[~wgmma].groupby(keys)["median_us"].min().rename("sync_us"), how="inner")
+                 .join(fastest_peer.set_index(keys).rename(columns={"median_us": "peer_us", "backend": "peer"}),
+                       how="inner").reset_index())
+    async_builds = builds[builds["hgmma"] > 0]
+    provenance = info.get("provenance") or {}
+    return InFlightTrial(per_point=per_point,
+                         waited=(int(async_builds["waited"].min()), int(async_builds["waited"].max())),
+                         issued=(int(async_builds["hgmma"].min()), int(async_builds["hgmma"].max())),
+                         machine=str(provenance.get("machine", "an unknown machine")).split(" (")[0],
+                         run_id=str(info.get("run_id", folder.name)))
+
+
+def _span(values) -> str:
+    """'11.9-28.6 us', or one time where both ends read the same."""
+    low, high = float(min(values)), float(max(values))
+    return text.us(low) if text.sig(low) == text.sig(high) else f"{text.sig(low)}-{text.us(high)}"
+
+
+def _count_span(counts: tuple[int, int]) -> str:
+    return f"{counts[0]}" if counts[0] == counts[1] else f"{counts[0]}-{counts[1]}"
+
+
+def in_flight_sentence(trial: InFlightTrial, m: int = TRIAL_M) -> str | None:
+    """What the trial says at M = `m`: at how many points a kernel that keeps its wgmma in flight
+    beat the fastest peer, beside its own mma.sync build; None where it timed no point at `m`."""
+    at = trial.per_point[trial.per_point["m"] == m]
+    if not len(at):
+        return None
+    beat = int((at["wgmma_us"] <= at["peer_us"]).sum())
+    verdict = ("Keeping them in flight does not close the gap by itself" if beat == 0
+               else f"Keeping them in flight closes the gap at {beat} of {len(at)} points")
+    return (f"{verdict}: fp4lab's fused MoE kernel, whose wgmma build decodes the next k16 step while "
+            f"its wgmma run ({_count_span(trial.waited)} of its {_count_span(trial.issued)} wgmma waited "
+            f"for, at the ends of its staged chunks), took {_span(at['wgmma_us'])} as a dense GEMM at "
+            f"M = {m} before any split-K reduction ({len(at)} points), against {_span(at['sync_us'])} for "
+            f"its mma.sync build and {_span(at['peer_us'])} for the fastest peer on the same GPU (source: "
+            f"{trial.run_id}, {trial.machine}).")
 
 
 def compiled_finding(own: pd.DataFrame, run_view, root: Path = MEASUREMENTS_ROOT) -> str | None:
     """Chapter 01's sentence from the newest read under `root` about the builds a run timed
     (`own_against_peers`' rows; `run_view` the run's RunView, whose Triton the sentence names),
-    or None where no read holds one of them."""
+    followed, where it finds them serialized, by what the newest in-flight trial says; None where
+    no read holds one of them."""
     folder = find_sass_read(root)
     if folder is None:
         return None
     read = read_sass(folder)
-    return serialized_sentence(serialized_per_m(own, read), read, run_view.versions().get("triton"))
+    per_m = serialized_per_m(own, read)
+    sentence = serialized_sentence(per_m, read, run_view.versions().get("triton"))
+    trial = find_read(root, TRIAL_KIND, "builds_sass.jsonl")
+    if sentence is None or not per_m["serialized"].any() or trial is None:
+        return sentence
+    followed = in_flight_sentence(read_in_flight_trial(trial))
+    return f"{sentence} {followed}" if followed else sentence
