@@ -184,8 +184,8 @@ def test_a_path_far_above_its_memory_floor_is_called_kernel_limited_with_a_bound
     d = decode.diagnose(run_with(tmp_path, glm5_gemm_rows("torch-bf16", slow)), decode.DiagnosisConfig(steps=8))
     assert d.verdict["floor"] == "memory" and d.verdict["explained"] < decode.KERNEL_GAP and d.verdict["kernel_limited"]
     sentence = words.verdict_sentence(d)
-    assert "**kernel-limited above its memory floor**: its fastest measured path" in sentence
-    assert (f"TB/s takes {text.us(d.verdict['floor_us'])}: its largest floor, only "
+    assert "**kernel-limited above its memory floor**. Its fastest measured path" in sentence
+    assert (f"TB/s would take {text.us(d.verdict['floor_us'])}, its largest floor and only "
             f"{text.pct(100 * d.verdict['explained'])} of the layer.") in sentence
     assert "**memory-bound**" not in sentence and "hardware counters" in words.kernel_time_sentence(d)
     assert d.chosen_anatomy is None
@@ -551,11 +551,11 @@ def test_the_kernel_time_sentence_says_what_the_diagnosed_calls_own_builds_measu
     assert d.chosen_anatomy["load"] == 1250.0 and d.chosen_anatomy["fmt"] == d.chosen["fmt"]
     # the parts add up to the whole the worker timed: 1.25 + 0.15 + 0.40 = 1.80 ms
     # and the time above the loads there (550 us), which the layer table's time above the floor is not
-    assert (f"where it took 1.80 ms against {text.us(d.chosen['layer_us'])} in the table of methods: its loads alone "
+    assert (f"took 1.80 ms there ({text.us(d.chosen['layer_us'])} in the table of methods), of which its loads alone "
             "take 1.25 ms (the weights at 80% of the copy bandwidth), and the decode adds +150 us and the MMAs +400 us "
-            "on top, 550 us above its loads alone: the part of their work the loads do not hide") in sentence
+            "that the loads do not hide") in sentence
     # without its math alone, the verdict can say only where the fix is
-    assert "The fix is in the kernel, not HBM: at that floor it would be" in words.verdict_sentence(d)
+    assert "The fix is in the kernel, not HBM: at that floor the layer would run" in words.verdict_sentence(d)
     assert "did not time them without the weights' read" in sentence and "copy bandwidth would" not in sentence
     bound_lever = d.levers[d.levers["kind"] == "bound"].iloc[0]      # no math build: the plain bound
     assert bound_lever["lever"] == "cuda-w4a16-moe at its weight-read floor" and bound_lever["basis"] == decode.BOUND
@@ -570,7 +570,7 @@ def test_the_kernel_time_sentence_says_what_the_diagnosed_calls_own_builds_measu
     assert bound_lever["basis"] == decode.BOUND + "; its math alone (no weight read) takes 1.40 ms, 1.1x its loads alone"
     d, sentence = diagnosed(tmp_path / "hidden", {**builds, "compute": 900.0})
     assert "hidden under the loads, the layer would take about the loads' 1.25 ms" in sentence
-    assert "The fix: **its decode and MMAs hidden under its loads**" in words.verdict_sentence(d)
+    assert "The fix is **its decode and MMAs hidden under its loads**" in words.verdict_sentence(d)
     assert d.levers[d.levers["kind"] == "bound"].iloc[0]["lever"] == "cuda-w4a16-moe at its weight-read floor"
     d, sentence = diagnosed(tmp_path / "bare", {})
     assert d.chosen_anatomy is None and "chapter 01, the anatomy of fp4lab's own kernels" in sentence

@@ -712,7 +712,9 @@ def _call_words(layer_us: float) -> str:
 def _break_even_words(now_us: float, with_us: float, batch: int) -> str:
     """An EP lever measured without its all-to-alls: the communication a layer it can afford, the
     time per token it saves over the B tokens each GPU brings."""
-    return f"pays while its all-to-alls take under {text.us((now_us - with_us) * batch)} a layer"
+    saved = now_us - with_us
+    return (f"pays while its all-to-alls take under {text.us(saved * batch)} a layer: the "
+            f"{text.us(saved)} a token it saves x {batch} tokens")
 
 
 def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurrency: pd.DataFrame,
@@ -723,7 +725,8 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
     """Each measured way to a faster layer, with its gain (time now / time with it), largest first;
     `from_path` says whether "now" is the diagnosed path itself (a lever on it) or another baseline
     (the fastest bf16 path, a modelled loop); `kind` is how its numbers were got in one word
-    (measured, modelled or bound; `basis` says it in full)."""
+    (measured, modelled or bound; `basis` says it in full); `per` whether its times are a call's
+    or a token's (the levers over batch and EP are per token: a call of theirs holds more tokens)."""
     rows = []
     if chosen is not None and len(d_paths):
         # against the fastest bf16 path, the baseline fp4_lever states too: one number for
@@ -761,7 +764,8 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
                          "gain": now["us_per_token"] / best["us_per_token"],
                          "basis": concurrency_basis, "now_us": now["us_per_token"],
                          "with_us": best["us_per_token"], "from_path": concurrency_basis == MEASURED_BATCHES,
-                         "kind": "measured" if concurrency_basis == MEASURED_BATCHES else "modelled"})
+                         "kind": "measured" if concurrency_basis == MEASURED_BATCHES else "modelled",
+                         "per": "token"})
     if len(ep) > 1:
         first, last = ep.iloc[0], ep.iloc[-1]
         with_comm = bool(ep["comm_us"].notna().all())
@@ -779,7 +783,7 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
                                f"{degree}x the tokens; "
                                + ("measured all-to-all included" if with_comm else "communication not included")),
                      "now_us": first[column], "with_us": last[column], "from_path": on_path,
-                     "kind": "measured" if on_path else "modelled"})
+                     "kind": "measured" if on_path else "modelled", "per": "token"})
     if ep_fastest is not None:
         through = ep_fastest["method"] + (f" ({ep_fastest['fmt']})" if ep_fastest["fmt"] else "")
         degree = ep_fastest["ep"]
@@ -794,7 +798,7 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
                                   else "communication not included")),
                      "now_us": ep_fastest["now_us"], "with_us": ep_fastest["with_us"],
                      "from_path": chosen is not None and ep_fastest["alone_method"] == chosen["path"],
-                     "kind": "measured"})
+                     "kind": "measured", "per": "token"})
     if batch_fastest is not None:
         through = batch_fastest["method"] + (f" ({batch_fastest['fmt']})" if batch_fastest["fmt"] else "")
         held = (f"; its {batch_fastest['weight_dtype']} weights take {batch_fastest['bytes_over_fp4']:.1f}x "
@@ -806,13 +810,15 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
                      "basis": (f"measured (MoE sweep: the lowest time per token of every method and batch, against "
                                f"{chosen['path']} at B={batch_fastest['path_batch']}){held}"),
                      "now_us": batch_fastest["now_us"], "with_us": batch_fastest["with_us"],
-                     "from_path": True, "kind": "measured"})
+                     "from_path": True, "kind": "measured", "per": "token"})
     if len(graphs):
         rows.append({"lever": "CUDA-graph replay instead of eager launches",
                      "gain": float(graphs["speedup"].median()), "basis": "measured (GEMM sweep, median)",
                      "now_us": float(graphs["eager_us"].median()), "with_us": float(graphs["graph_us"].median()),
                      "from_path": False, "kind": "measured"})
-    frame = pd.DataFrame(rows, columns=["lever", "gain", "basis", "now_us", "with_us", "from_path", "kind"])
+    # `per`: what now_us and with_us time, a "call" of the layer (or the GEMM) or a "token" of it
+    rows = [{"per": "call", **row} for row in rows]
+    frame = pd.DataFrame(rows, columns=["lever", "gain", "basis", "now_us", "with_us", "per", "from_path", "kind"])
     return frame.sort_values("gain", ascending=False).reset_index(drop=True)
 
 

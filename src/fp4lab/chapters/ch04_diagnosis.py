@@ -24,7 +24,7 @@ PATHS = [Col("path", "path"), Col("source", "measured by"), Col("weight_dtype", 
          Col("memory_floor_us", "weight-read floor", "us"), Col("compute_floor_us", "compute floor", "us"),
          Col("note", "how")]
 LEVERS = [Col("lever", "lever"), Col("gain", "gain (time now / with it)", "ratio"),
-          Col("now_us", "now", "us"), Col("with_us", "with it", "us"), Col("basis", "basis")]
+          Col("now_us", "now", "us"), Col("with_us", "with it", "us"), Col("per", "a"), Col("basis", "basis")]
 GATE = [Col("backend", "backend"), Col("fmt", "format"), Col("points_failed", "points failed", "int"),
         Col("points_total", "of", "int"), Col("worst_rel_err", "worst relative error", "sig2"),
         Col("example_error", "the gate's message")]
@@ -71,7 +71,8 @@ def verdict_sentence(d: decode.Diagnosis) -> str:
     path, v = d.chosen, d.verdict
     # far above its memory floor, the bold words must not read as "HBM is the limit"
     regime = "**kernel-limited above its memory floor**" if v["kernel_limited"] else f"**{v['verdict']}**"
-    head = (f"On {text.md(d.view.device)}, {layer_words(d)} is {regime}: its fastest measured "
+    # short sentences: the box is read in seconds, so no clause hangs off another's colon
+    head = (f"On {text.md(d.view.device)}, {layer_words(d)} is {regime}. Its fastest measured "
             f"path, {text.md(path['path'])}, takes {text.us(path['layer_us'])}")
     if v["verdict"] == "power-bound":
         p = d.decode_power
@@ -84,7 +85,7 @@ def verdict_sentence(d: decode.Diagnosis) -> str:
                "launch": f"launching its {int(path['kernels'])} expert-GEMM kernels at the measured launch floor",
                "compute": f"the arithmetic at the {text.md(path['math_dtype'])} peak"}[v["floor"]]
     if v["kernel_limited"]:     # the largest floor, yet under KERNEL_GAP of the layer
-        tail = (f"; {meaning} takes {text.us(v['floor_us'])}: its largest floor, only "
+        tail = (f"; {meaning} would take {text.us(v['floor_us'])}, its largest floor and only "
                 f"{text.pct(100 * v['explained'])} of the layer.")
     else:
         tail = (f"; {meaning} takes {text.us(v['floor_us'])}, {text.pct(100 * v['explained'])} of the layer, "
@@ -103,14 +104,14 @@ def fix_clause(d: decode.Diagnosis) -> str:
         return ""
     math = decode.math_alone(d.chosen_anatomy)
     if math is None:
-        return (" The fix is in the kernel, not HBM: at that floor it would be "
+        return (" The fix is in the kernel, not HBM: at that floor the layer would run "
                 f"{text.ratio(1 / v['explained'])} faster.")
     # the gain is the glance's floor lever, so the box names only the fix (the seed's table below
     # stays above the fold)
     if math["math_bound"]:
-        return (" The fix: **fewer instructions a weight** (or FP4 tensor cores), not faster loads: its "
-                "decode and MMAs alone take as long as its loads.")
-    return " The fix: **its decode and MMAs hidden under its loads**, which alone take longer."
+        return (" The fix is **fewer instructions a weight** (or FP4 tensor cores), not faster loads, since "
+                "its decode and MMAs alone take as long as its loads.")
+    return " The fix is **its decode and MMAs hidden under its loads**, which alone take longer."
 
 
 def power_cap_clause(own: dict | None) -> str:
@@ -121,9 +122,10 @@ def power_cap_clause(own: dict | None) -> str:
     which = (f"its {text.md((own['fmt'] or '').upper())} build" if own.get("other_format") else "it")
     slower = own["window_over_timed"]
     # both times, the build's own: the timed one may be another format's than the verdict's
-    return (f" Replayed back to back {which} is also **power-capped** ({text.sig(own['avg_power_w'])} W of "
-            f"{text.sig(own['power_limit_w'])} W): {text.us(own['window_us_per_call'])} a call vs "
-            f"{text.us(own['timed_us'])} timed ({'+' if slower >= 0 else '-'}{text.pct(100 * abs(slower))}).")
+    return (f" Replayed back to back {which} is also **power-capped** at {text.sig(own['avg_power_w'])} W of "
+            f"{text.sig(own['power_limit_w'])} W, where a call takes {text.us(own['window_us_per_call'])} "
+            f"instead of the {text.us(own['timed_us'])} timed ({'+' if slower >= 0 else '-'}"
+            f"{text.pct(100 * abs(slower))}).")
 
 
 def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
@@ -141,12 +143,12 @@ def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
                 "counters of the kernels profiled).")
     # the builds' increments are what the loads did not hide, not the decode's and MMAs' whole work
     # two timings of one call in two processes: the dissection's own whole, so its parts add up
-    dissected = (f". Where that time goes, from the same call dissected in a worker process of its own "
-                 f"(chapter 03), where it took {text.us(a['full'])} against {text.us(path['layer_us'])} in the "
-                 f"table of methods: its loads alone take {text.us(a['load'])} (the weights at "
-                 f"{text.pct(a['load_rate_pct'])} of the copy bandwidth), and the decode adds "
-                 f"{text.signed_us(a['decode_added_us'])} and the MMAs {text.signed_us(a['mma_added_us'])} on top, "
-                 f"{text.us(a['above_load_us'])} above its loads alone: the part of their work the loads do not hide")
+    # one frame for the dissection's numbers: its own worker's whole and parts, not a second "above"
+    dissected = (f". Where that time goes: the same call, dissected in a worker process of its own (chapter "
+                 f"03), took {text.us(a['full'])} there ({text.us(path['layer_us'])} in the table of methods), of "
+                 f"which its loads alone take {text.us(a['load'])} (the weights at {text.pct(a['load_rate_pct'])} "
+                 f"of the copy bandwidth), and the decode adds {text.signed_us(a['decode_added_us'])} and the "
+                 f"MMAs {text.signed_us(a['mma_added_us'])} that the loads do not hide")
     math = decode.math_alone(a)
     if math is None:
         return (head + dissected + ". Wholly hidden under the loads they would take the layer toward its "
@@ -256,8 +258,8 @@ def lever_lines(d: decode.Diagnosis, top: int | None = None, from_path: bool | N
     if from_path is not None:
         levers = levers[levers["from_path"] == from_path]
     rows = levers.head(top) if top else levers
-    return [f"{text.md(r.lever)}: {text.ratio(r.gain)} ({text.us(r.now_us)} → {text.us(r.with_us)}; {text.md(r.basis)})"
-            for r in rows.itertuples(index=False)]
+    return [f"{text.md(r.lever)}: {text.ratio(r.gain)} ({text.us(r.now_us)} → {text.us(r.with_us)} a {r.per}; "
+            f"{text.md(r.basis)})" for r in rows.itertuples(index=False)]
 
 
 def path_levers_header(d: decode.Diagnosis) -> str:
@@ -482,7 +484,8 @@ def glance_html(d: decode.Diagnosis) -> str:
     levers = ranked.head(GLANCE_LEVERS)
     if len(own) and own.index[0] not in levers.index:
         levers = pd.concat([levers.head(GLANCE_LEVERS - 1), own.head(1)])
-    levers = levers.assign(change=[f"{text.us_change(r.now_us, r.with_us)} ({r.kind})"
+    # a token's time or a call's: the batch and EP levers trade a longer call for more tokens
+    levers = levers.assign(change=[f"{text.us_change(r.now_us, r.with_us)} a {r.per} ({r.kind})"
                                    for r in levers.itertuples()])
     lever_table = html_table(levers, [Col("lever", header),
                                       Col("gain", "gain", "ratio"), Col("change", "now → with it (basis)")],
