@@ -185,8 +185,8 @@ def test_a_path_far_above_its_memory_floor_is_called_kernel_limited_with_a_bound
     assert d.verdict["floor"] == "memory" and d.verdict["explained"] < decode.KERNEL_GAP and d.verdict["kernel_limited"]
     sentence = words.verdict_sentence(d)
     assert "**kernel-limited above its memory floor**. Its fastest measured path" in sentence
-    assert (f"TB/s would take {text.us(d.verdict['floor_us'])}, its largest floor and only "
-            f"{text.pct(100 * d.verdict['explained'])} of the layer.") in sentence
+    assert (f"TB/s, its largest floor, takes {text.us(d.verdict['floor_us'])} "
+            f"({text.pct(100 * d.verdict['explained'])} of the layer).") in sentence
     assert "**memory-bound**" not in sentence and "hardware counters" in words.kernel_time_sentence(d)
     assert d.chosen_anatomy is None
     bound = d.levers[d.levers["basis"] == decode.BOUND].iloc[0]
@@ -394,7 +394,7 @@ def test_a_faster_method_at_another_batch_is_a_lever_with_its_memory_cost():
     # and how long each call then takes: the per-token gain lengthens the step
     call = text.us(float(best["layer_us"]))
     lever = d.levers[d.levers["lever"] == f"batch {int(best['batch'])} through {best['method']} "
-                     f"(per token; a call takes {call}; {ratio:.1f}x the memory)"]
+                     f"(a call takes {call}; {ratio:.1f}x the memory)"]
     assert len(lever) == 1 and lever["from_path"].iloc[0] and lever["kind"].iloc[0] == "measured"
     assert lever["with_us"].iloc[0] == pytest.approx(per_token.min())
     assert lever["now_us"].iloc[0] == pytest.approx(d.chosen["layer_us"] / d.chosen["batch"])

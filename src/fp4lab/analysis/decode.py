@@ -711,10 +711,10 @@ def _call_words(layer_us: float) -> str:
 
 def _break_even_words(now_us: float, with_us: float, batch: int) -> str:
     """An EP lever measured without its all-to-alls: the communication a layer it can afford, the
-    time per token it saves over the B tokens each GPU brings."""
+    time per token it saves times the B tokens each GPU brings (the glance shows the product's
+    factors, so the budget is not a number from nowhere)."""
     saved = now_us - with_us
-    return (f"pays while its all-to-alls take under {text.us(saved * batch)} a layer: the "
-            f"{text.us(saved)} a token it saves x {batch} tokens")
+    return f"pays while all-to-alls take under {text.us(saved * batch)} = {text.us(saved)} x {batch}"
 
 
 def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurrency: pd.DataFrame,
@@ -759,7 +759,7 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
         best = concurrency.iloc[concurrency["us_per_token"].argmin()]
         if best["batch"] != now["batch"]:
             whose = chosen["path"] if concurrency_basis == MEASURED_BATCHES and chosen else f"a loop of {backend} GEMMs"
-            rows.append({"lever": f"batch {int(best['batch'])} instead of {int(now['batch'])} (per token, {whose}; "
+            rows.append({"lever": f"batch {int(best['batch'])} instead of {int(now['batch'])} ({whose}; "
                                   f"{_call_words(best['layer_us'])})",
                          "gain": now["us_per_token"] / best["us_per_token"],
                          "basis": concurrency_basis, "now_us": now["us_per_token"],
@@ -774,7 +774,7 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
         on_path = ep_basis == MEASURED_BATCHES and chosen is not None
         whose = chosen["path"] if on_path else f"a {backend} GEMM loop"
         how = ("measured (MoE sweep: the busiest rank's layer)" if on_path else MODELLED)
-        rows.append({"lever": f"expert parallelism EP={degree} (per token, {whose}"
+        rows.append({"lever": f"expert parallelism EP={degree} ({whose}"
                               + (", all-to-all included)" if with_comm else
                                  "; " + _break_even_words(first[column], last[column], batch) + ")"),
                      "gain": first[column] / last[column],
@@ -787,9 +787,9 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
     if ep_fastest is not None:
         through = ep_fastest["method"] + (f" ({ep_fastest['fmt']})" if ep_fastest["fmt"] else "")
         degree = ep_fastest["ep"]
-        comm_words = (", all-to-all included" if ep_fastest["with_comm"] else
-                      "; " + _break_even_words(ep_fastest["now_us"], ep_fastest["with_us"], batch))
-        rows.append({"lever": f"expert parallelism EP={degree} through {through} (per token{comm_words})",
+        comm_words = ("all-to-all included" if ep_fastest["with_comm"] else
+                      _break_even_words(ep_fastest["now_us"], ep_fastest["with_us"], batch))
+        rows.append({"lever": f"expert parallelism EP={degree} through {through} ({comm_words})",
                      "gain": ep_fastest["now_us"] / ep_fastest["with_us"],
                      "basis": (f"measured (MoE sweep: the fastest method on the busiest rank, against "
                                f"{ep_fastest['alone_method']} alone on one GPU): {degree} GPUs each bring "
@@ -805,7 +805,7 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
                 "the FP4 weights' memory" if batch_fastest["bytes_over_fp4"] > 1 + SAME_SPEED_WITHIN else "")
         cost = (f"; {batch_fastest['bytes_over_fp4']:.1f}x the memory" if held else "")
         call = _call_words(batch_fastest["with_us"] * batch_fastest["batch"])
-        rows.append({"lever": f"batch {batch_fastest['batch']} through {through} (per token; {call}{cost})",
+        rows.append({"lever": f"batch {batch_fastest['batch']} through {through} ({call}{cost})",
                      "gain": batch_fastest["now_us"] / batch_fastest["with_us"],
                      "basis": (f"measured (MoE sweep: the lowest time per token of every method and batch, against "
                                f"{chosen['path']} at B={batch_fastest['path_batch']}){held}"),

@@ -85,8 +85,8 @@ def verdict_sentence(d: decode.Diagnosis) -> str:
                "launch": f"launching its {int(path['kernels'])} expert-GEMM kernels at the measured launch floor",
                "compute": f"the arithmetic at the {text.md(path['math_dtype'])} peak"}[v["floor"]]
     if v["kernel_limited"]:     # the largest floor, yet under KERNEL_GAP of the layer
-        tail = (f"; {meaning} would take {text.us(v['floor_us'])}, its largest floor and only "
-                f"{text.pct(100 * v['explained'])} of the layer.")
+        tail = (f"; {meaning}, its largest floor, takes {text.us(v['floor_us'])} "
+                f"({text.pct(100 * v['explained'])} of the layer).")
     else:
         tail = (f"; {meaning} takes {text.us(v['floor_us'])}, {text.pct(100 * v['explained'])} of the layer, "
                 "and the rest is kernel time above every floor.")
@@ -109,7 +109,7 @@ def fix_clause(d: decode.Diagnosis) -> str:
     # the gain is the glance's floor lever, so the box names only the fix (the seed's table below
     # stays above the fold)
     if math["math_bound"]:
-        return (" The fix is **fewer instructions a weight** (or FP4 tensor cores), not faster loads, since "
+        return (" The fix is **fewer instructions a weight** (or FP4 tensor cores), not faster loads: "
                 "its decode and MMAs alone take as long as its loads.")
     return " The fix is **its decode and MMAs hidden under its loads**, which alone take longer."
 
@@ -122,10 +122,10 @@ def power_cap_clause(own: dict | None) -> str:
     which = (f"its {text.md((own['fmt'] or '').upper())} build" if own.get("other_format") else "it")
     slower = own["window_over_timed"]
     # both times, the build's own: the timed one may be another format's than the verdict's
-    return (f" Replayed back to back {which} is also **power-capped** at {text.sig(own['avg_power_w'])} W of "
-            f"{text.sig(own['power_limit_w'])} W, where a call takes {text.us(own['window_us_per_call'])} "
-            f"instead of the {text.us(own['timed_us'])} timed ({'+' if slower >= 0 else '-'}"
-            f"{text.pct(100 * abs(slower))}).")
+    # the timed time is the verdict's own, said just before: only the sustained one is new here
+    return (f" Replayed back to back {which} is also **power-capped** ({text.sig(own['avg_power_w'])} W of "
+            f"{text.sig(own['power_limit_w'])} W), at {text.us(own['window_us_per_call'])} a call "
+            f"({'+' if slower >= 0 else '-'}{text.pct(100 * abs(slower))}).")
 
 
 def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
