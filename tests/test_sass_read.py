@@ -57,7 +57,8 @@ def test_a_read_is_said_only_of_the_build_the_run_timed(tmp_path):
                                          "hgmma_min": 16, "hgmma_max": 16}]
     sentence = sass.serialized_sentence(per_m, read, run_triton="3.6.0")
     assert "(1 of the 1 read, of 2 at M = 64)" in sentence and "16 wgmma instructions" in sentence
-    assert "ptxas serializes them" in sentence and "Triton 3.6.0, the version this run used," in sentence
+    assert "take turns instead of overlapping" in sentence
+    assert "recompiled by Triton 3.6.0 (the version this run used)" in sentence
 
 
 def test_the_sentence_says_all_where_every_timed_build_was_read_and_names_another_triton(tmp_path):
@@ -125,16 +126,17 @@ def test_the_trial_takes_each_kinds_fastest_unreduced_gated_time_and_the_fastest
     assert 256 not in trial.per_point["m"].tolist()           # no sync build or peer timed there
     assert (trial.waited, trial.issued, trial.machine) == ((8, 8), (128, 128), "NVIDIA H100 80GB HBM3")
     sentence = sass.in_flight_sentence(trial)
-    assert sentence.startswith("Keeping them in flight does not close the gap by itself")
-    assert "(8 of its 128 wgmma waited for" in sentence and "took 37.7 us as a dense GEMM at M = 64" in sentence
-    assert "33.6 us for its mma.sync build and 28.6 us for the fastest peer" in sentence
+    assert sentence.startswith("Keeping them in flight did not help in fp4lab's own trial")
+    assert "dense GEMM at M = 64 on NVIDIA H100 80GB HBM3 (1 point, before" in sentence
+    assert f"took {37.7 / 33.6:.2f}x the time of its own mma.sync build" in sentence
+    assert "(8 of its 128 waited for" in sentence and f"and {37.7 / 28.6:.2f}x the fastest peer's" in sentence
     assert sass.in_flight_sentence(trial, m=16) is None
 
 
-def test_a_trial_that_beats_the_peer_says_where(tmp_path):
+def test_a_trial_faster_than_the_peer_says_by_how_much(tmp_path):
     trial = sass.read_in_flight_trial(write_trial(tmp_path / "t", TRIAL[:4] + [
         trial_row("humming-w4a16", 40.0, backend="humming-w4a16")]))
-    assert sass.in_flight_sentence(trial).startswith("Keeping them in flight closes the gap at 1 of 1 points")
+    assert f"{37.7 / 40.0:.3f}x the fastest peer's" in sass.in_flight_sentence(trial)
 
 
 def test_a_trial_without_its_sass_read_says_why(tmp_path):
@@ -153,6 +155,14 @@ def test_the_chapter_follows_a_serialized_read_with_the_trial_and_a_kept_one_wit
                [row(64, TMA_64, 16, 16), row(16, "dot m16n64k256 s2 w4 st3 swap ptx", 16, 2)])
     write_trial(tmp_path / "20261207T0937Z-h100-moe-kernel-as-dense", TRIAL)
     serialized = sass.compiled_finding(pd.DataFrame([own(64, TMA_64)]), View(), root=tmp_path)
-    assert "ptxas serializes them" in serialized and "Keeping them in flight does not close" in serialized
+    assert "take turns" in serialized and "Keeping them in flight did not help" in serialized
     kept = sass.compiled_finding(pd.DataFrame([own(16, "dot m16n64k256 s2 w4 st3 swap ptx")]), View(), root=tmp_path)
     assert "keeps its wgmma" in kept and "Keeping them" not in kept
+
+
+def test_a_trial_where_the_wgmma_build_wins_says_at_how_many_points(tmp_path):
+    rows = [trial_row(f"{WGMMA} s4 kernel", 30.0), trial_row(f"{SYNC} s4 kernel", 33.6),
+            trial_row("humming-w4a16", 28.6, backend="humming-w4a16")]
+    sentence = sass.in_flight_sentence(sass.read_in_flight_trial(write_trial(tmp_path / "t", rows)))
+    assert sentence.startswith("Keeping them in flight helped at 1 of 1 points of fp4lab's own trial")
+    assert f"took {30.0 / 33.6:.3f}x the time" in sentence

@@ -748,7 +748,7 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
         # lever says what it needs (math: `math_alone`, the call's own builds)
         needs, why = "", ""
         if math is not None and math["math_bound"]:
-            needs = " (needs fewer instructions a weight)"
+            needs = " (needs fewer instructions per weight)"
             why = (f"; its math alone (no weight read{', ' + math['fmt'].upper() if math['fmt'] else ''}) takes "
                    f"{math['compute_us'] / 1000:.2f} ms, {math['math_to_load']:.1f}x its loads alone")
         rows.append({"lever": f"{chosen['path']} at its weight-read floor{needs}",

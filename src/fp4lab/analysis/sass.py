@@ -45,8 +45,9 @@ class SassRead:
         """Where the claim comes from, and whether the run used the same Triton."""
         same = ("the version this run used" if run_triton == self.triton
                 else f"this run used {run_triton}" if run_triton else "this run's version unknown")
-        return (f"the sm_90 SASS of the same builds, compiled by Triton {self.triton}, {same}, on "
-                f"{self.machine}; read {self.run_id}")
+        # the configurations are the run's, the binaries a recompilation of them
+        return (f"the sm_90 SASS of the same build configurations, recompiled by Triton {self.triton} "
+                f"({same}) on {self.machine}; read {self.run_id}")
 
 
 def find_read(root: Path, kind: str, data: str) -> Path | None:
@@ -133,8 +134,7 @@ def serialized_sentence(per_m: pd.DataFrame, read: SassRead, run_triton: str | N
     return (f"In the builds this run timed ({text.join(part(r) for r in per_m.itertuples())}), "
             f"{text.code(KERNEL)} waits for each of its {counts} wgmma instructions (Hopper's asynchronous "
             "tensor-core MMA, fed the decoded weights from registers) before it issues the next, so its decode "
-            "and its MMAs take turns instead of overlapping: ptxas serializes them (source: "
-            f"{read.source(run_triton)}).")
+            f"and its MMAs take turns instead of overlapping (source: {read.source(run_triton)}).")
 
 
 # -- what keeping them in flight buys ---------------------------------------------------------------
@@ -184,31 +184,31 @@ def read_in_flight_trial(folder) -> InFlightTrial:
                          run_id=str(info.get("run_id", folder.name)))
 
 
-def _span(values) -> str:
-    """'11.9-28.6 us', or one time where both ends read the same."""
-    low, high = float(min(values)), float(max(values))
-    return text.us(low) if text.sig(low) == text.sig(high) else f"{text.sig(low)}-{text.us(high)}"
-
-
 def _count_span(counts: tuple[int, int]) -> str:
     return f"{counts[0]}" if counts[0] == counts[1] else f"{counts[0]}-{counts[1]}"
 
 
 def in_flight_sentence(trial: InFlightTrial, m: int = TRIAL_M) -> str | None:
-    """What the trial says at M = `m`: at how many points a kernel that keeps its wgmma in flight
-    beat the fastest peer, beside its own mma.sync build; None where it timed no point at `m`."""
+    """What the trial says at M = `m`, per point: the wgmma build's time over its own mma.sync
+    build's and over the fastest peer's; None where it timed no point at `m`."""
     at = trial.per_point[trial.per_point["m"] == m]
     if not len(at):
         return None
-    beat = int((at["wgmma_us"] <= at["peer_us"]).sum())
-    verdict = ("Keeping them in flight does not close the gap by itself" if beat == 0
-               else f"Keeping them in flight closes the gap at {beat} of {len(at)} points")
-    return (f"{verdict}: fp4lab's fused MoE kernel, whose wgmma build decodes the next k16 step while "
-            f"its wgmma run ({_count_span(trial.waited)} of its {_count_span(trial.issued)} wgmma waited "
-            f"for, at the ends of its staged chunks), took {_span(at['wgmma_us'])} as a dense GEMM at "
-            f"M = {m} before any split-K reduction ({len(at)} points), against {_span(at['sync_us'])} for "
-            f"its mma.sync build and {_span(at['peer_us'])} for the fastest peer on the same GPU (source: "
-            f"{trial.run_id}, {trial.machine}).")
+    over_sync, over_peer = at["wgmma_us"] / at["sync_us"], at["wgmma_us"] / at["peer_us"]
+    helped = int((over_sync < 1).sum())
+    lead = ("Keeping them in flight did not help in fp4lab's own trial" if helped == 0
+            else f"Keeping them in flight helped at {helped} of {len(at)} points of fp4lab's own trial")
+    return (f"{lead}: its CUDA fused MoE kernel, run as a dense GEMM at M = {m} on {trial.machine} "
+            f"({text.count(len(at), 'point')}, before any split-K reduction), took {_ratio_span(over_sync)} the time of its own "
+            f"mma.sync build with its wgmma kept in flight ({_count_span(trial.waited)} of its "
+            f"{_count_span(trial.issued)} waited for, at the ends of its staged chunks), and "
+            f"{_ratio_span(over_peer)} the fastest peer's (source: {trial.run_id}).")
+
+
+def _ratio_span(ratios) -> str:
+    """'1.05-1.12x', or one ratio where both ends read the same."""
+    low, high = text.ratio(float(min(ratios)), 3), text.ratio(float(max(ratios)), 3)
+    return low if low == high else f"{low.removesuffix('x')}-{high}"
 
 
 def compiled_finding(own: pd.DataFrame, run_view, root: Path = MEASUREMENTS_ROOT) -> str | None:

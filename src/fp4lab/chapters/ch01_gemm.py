@@ -239,8 +239,8 @@ def peer_findings(per_m) -> list[str]:
             f"measured bf16 peak: the bytes FP4 saves no longer set the time. The fastest peer there, "
             f"{text.code(first['peer'])}, runs them at {text.pct(first['peer_pct_mma'])} of that peak, fp4lab's "
             f"{text.code(first['own'])} at {text.pct(first['own_pct_mma'])}: to be level a kernel must hide its "
-            "decode under MMAs at cuBLAS's share of the peak (on Hopper: wgmma with the decoded weights as its "
-            "register operand), or use FP4 tensor cores (sm_100) that take the codes as they are.")
+            "decode under MMAs at cuBLAS's share of the peak, or use FP4 tensor cores (sm_100) that take the "
+            "codes as they are.")
     return lines
 
 

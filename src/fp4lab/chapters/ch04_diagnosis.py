@@ -109,8 +109,10 @@ def fix_clause(d: decode.Diagnosis) -> str:
     # the gain is the glance's floor lever, so the box names only the fix (the seed's table below
     # stays above the fold)
     if math["math_bound"]:
-        return (" The fix is **fewer instructions a weight** (or FP4 tensor cores), not faster loads: "
-                "its decode and MMAs alone take as long as its loads.")
+        other = f" ({text.md(math['fmt'].upper())})" if math["fmt"] else ""
+        return (" The fix is **fewer instructions per weight**, not faster loads: without the weight read"
+                f"{other} its decode and MMAs alone take {text.us(math['compute_us'])}, "
+                f"{text.ratio(math['math_to_load'])} its loads alone.")
     return " The fix is **its decode and MMAs hidden under its loads**, which alone take longer."
 
 
@@ -124,8 +126,9 @@ def power_cap_clause(own: dict | None) -> str:
     # both times, the build's own: the timed one may be another format's than the verdict's
     # the timed time is the verdict's own, said just before: only the sustained one is new here
     return (f" Replayed back to back {which} is also **power-capped** ({text.sig(own['avg_power_w'])} W of "
-            f"{text.sig(own['power_limit_w'])} W), at {text.us(own['window_us_per_call'])} a call "
-            f"({'+' if slower >= 0 else '-'}{text.pct(100 * abs(slower))}).")
+            f"{text.sig(own['power_limit_w'])} W) at {text.us(own['window_us_per_call'])} a call, "
+            f"{text.pct(100 * abs(slower))} {'over' if slower >= 0 else 'under'} the timed "
+            f"{text.us(own['timed_us'])}.")
 
 
 def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
