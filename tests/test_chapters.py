@@ -460,12 +460,12 @@ def test_chapter_04_states_the_diagnosed_paths_own_energy_window_when_the_sweep_
     # the verdict itself says the burst it reads is not the sustained call
     over = round(100 * (2090.0 / timed_us - 1))
     assert ch04_diagnosis.verdict_sentence(d).replace("\\", "").endswith(
-        f" Replayed back to back it is also **power-capped** (699 W of 700 W) at 2.09 ms a call, {over}% over the "
+        f" Back to back it is also **power-capped** (699 W of 700 W) at 2.09 ms a call, {over}% over the "
         f"timed {timed_us / 1000:.2f} ms.")
     # the committed reference: the diagnosed NVFP4 call's own window (call 122)
     plain = decode.diagnose(reference_copy, decode.DiagnosisConfig.from_profile("full"))
     assert plain.chosen["fmt"] == "nvfp4" and not plain.chosen_power["other_format"]
-    assert ("Replayed back to back it is also **power-capped** (693 W of 700 W) at 2.22 ms a call, 26% over "
+    assert ("Back to back it is also **power-capped** (693 W of 700 W) at 2.22 ms a call, 26% over "
             "the timed 1.76 ms.") in ch04_diagnosis.verdict_sentence(plain)
     # its window taken out, the MXFP4 call's (call 127) stands in, named as the other format's
     chosen[0].update(avg_power_w=None, energy_per_call_j=None, window_sm_clock_mhz=None, throttle_reasons=None)
@@ -475,7 +475,7 @@ def test_chapter_04_states_the_diagnosed_paths_own_energy_window_when_the_sweep_
     said = ch04_diagnosis.power_sentence(other).replace("\\", "")
     assert said.startswith("Power caps the diagnosed path: replayed back to back, cuda-w4a16-moe (with MXFP4 "
                            "weights: the run has no window of the diagnosed format) drew 711 W")
-    assert "Replayed back to back its MXFP4 build is also **power-capped** (711 W of 700 W)" in \
+    assert "Back to back its MXFP4 build is also **power-capped** (711 W of 700 W)" in \
         ch04_diagnosis.verdict_sentence(other)
 
 

@@ -85,8 +85,8 @@ def verdict_sentence(d: decode.Diagnosis) -> str:
                "launch": f"launching its {int(path['kernels'])} expert-GEMM kernels at the measured launch floor",
                "compute": f"the arithmetic at the {text.md(path['math_dtype'])} peak"}[v["floor"]]
     if v["kernel_limited"]:     # the largest floor, yet under KERNEL_GAP of the layer
-        tail = (f"; {meaning}, its largest floor, takes {text.us(v['floor_us'])} "
-                f"({text.pct(100 * v['explained'])} of the layer).")
+        tail = (f"; its largest floor, {meaning}, takes {text.us(v['floor_us'])} "
+                f"({text.pct(100 * v['explained'])} of that).")
     else:
         tail = (f"; {meaning} takes {text.us(v['floor_us'])}, {text.pct(100 * v['explained'])} of the layer, "
                 "and the rest is kernel time above every floor.")
@@ -125,7 +125,7 @@ def power_cap_clause(own: dict | None) -> str:
     slower = own["window_over_timed"]
     # both times, the build's own: the timed one may be another format's than the verdict's
     # the timed time is the verdict's own, said just before: only the sustained one is new here
-    return (f" Replayed back to back {which} is also **power-capped** ({text.sig(own['avg_power_w'])} W of "
+    return (f" Back to back {which} is also **power-capped** ({text.sig(own['avg_power_w'])} W of "
             f"{text.sig(own['power_limit_w'])} W) at {text.us(own['window_us_per_call'])} a call, "
             f"{text.pct(100 * abs(slower))} {'over' if slower >= 0 else 'under'} the timed "
             f"{text.us(own['timed_us'])}.")
