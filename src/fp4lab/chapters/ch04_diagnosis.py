@@ -24,7 +24,7 @@ PATHS = [Col("path", "path"), Col("source", "measured by"), Col("weight_dtype", 
          Col("memory_floor_us", "weight-read floor", "us"), Col("compute_floor_us", "compute floor", "us"),
          Col("note", "how")]
 LEVERS = [Col("lever", "lever"), Col("gain", "gain (time now / with it)", "ratio"),
-          Col("now_us", "now", "us"), Col("with_us", "with it", "us"), Col("per", "a"), Col("basis", "basis")]
+          Col("now_us", "now", "us"), Col("with_us", "with it", "us"), Col("per", "per"), Col("basis", "basis")]
 GATE = [Col("backend", "backend"), Col("fmt", "format"), Col("points_failed", "points failed", "int"),
         Col("points_total", "of", "int"), Col("worst_rel_err", "worst relative error", "sig2"),
         Col("example_error", "the gate's message")]
