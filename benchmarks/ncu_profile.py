@@ -19,6 +19,9 @@ dense points, then the fused MoE (`cuda-w4a16-moe`, the path the book diagnoses)
 in each of `CUDA_MOE_FORMATS` (four launches a call, as the Triton method's);
 `--cuda-builds g16d4w8k8,...` profiles those builds of the decode GEMM instead, and no MoE
 (k-groups, depth, warps, warps a team; k1 when left out).
+`--m64` profiles humming-w4a16, triton-w4a16 and cuda-w4a16 (their presets) at 8192x8192 M=64
+NVFP4 instead: the point where humming, which waits for half of its wgmma, beats fp4lab's Triton
+kernel, which waits for all (benchmarks/NOTES.md, calls 141-143).
 `--launches FILE`
 writes launches.json: one entry per kernel launch ncu will see, in order (its label and the
 weights it reads), which `fp4lab.analysis.counters` joins with ncu's rows; `--describe` writes it
@@ -198,6 +201,25 @@ def dense_launches(device: str, smoke: bool):
                    variant.prepared.call)
 
 
+M64_BACKENDS = ("humming-w4a16", "triton-w4a16", "cuda-w4a16")   # one launch a call each
+
+
+def m64_plan() -> list[dict]:
+    """`launch_plan` for --m64: each of M64_BACKENDS' presets at the dense shape, M=64."""
+    n, k = dense_shape(False)
+    kernels = {"humming-w4a16": "humming", "triton-w4a16": tensor_core_config(64, n, k, SMS).label(),
+               "cuda-w4a16": cuda_choose(64, n, k).label()}
+    return [{"launch": f"{backend} {n}x{k} M=64", "kernel": kernels[backend], "weights": n * k}
+            for backend in M64_BACKENDS]
+
+
+def m64_launches(device: str):
+    n, k = dense_shape(False)
+    cache: dict = {}
+    for backend in M64_BACKENDS:
+        yield f"{backend} {n}x{k} M=64 nvfp4", gated_dense(backend, 64, device, cache).call
+
+
 def gated_moe_call(method: str, device: str, smoke: bool, fmt: str = "nvfp4"):
     """(label, call) of MoE `method` at the MoE point with `fmt` weights, after its gate passed."""
     model, batch, ids = moe_point(smoke)
@@ -233,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="profile fp4lab's CUDA decode GEMM (cuda-w4a16) at the dense points")
     parser.add_argument("--cuda-builds", default="", metavar="g16d4w8k8,...",
                         help="with --cuda: profile these builds instead of the preset")
+    parser.add_argument("--m64", action="store_true",
+                        help="profile humming's, the Triton and the CUDA dense kernels at M=64 instead")
     parser.add_argument("--launches", type=Path,
                         help="write launches.json (what each kernel launch is) to this file")
     parser.add_argument("--describe", action="store_true",
@@ -241,15 +265,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.metrics:
         print(",".join(METRICS))
         return 0
-    if (args.peers or args.cuda) and args.smoke:
-        parser.error("--peers and --cuda profile GPU-only kernels: no --smoke")
-    if args.peers and args.cuda:
-        parser.error("one of --peers and --cuda a run")
+    if (args.peers or args.cuda or args.m64) and args.smoke:
+        parser.error("--peers, --cuda and --m64 profile GPU-only kernels: no --smoke")
+    if args.peers + args.cuda + args.m64 > 1:
+        parser.error("one of --peers, --cuda and --m64 a run")
     if args.cuda_builds and not args.cuda:
         parser.error("--cuda-builds goes with --cuda")
     builds = parse_builds(args.cuda_builds)
     if args.launches:
-        plan = (peer_plan() if args.peers else cuda_plan(builds) if args.cuda
+        plan = (peer_plan() if args.peers else cuda_plan(builds) if args.cuda else m64_plan() if args.m64
                 else launch_plan(args.smoke))
         args.launches.write_text(json.dumps(plan, indent=1) + "\n")
     if args.describe:
@@ -260,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     if device is None:
         return 2
     launches = (list(peer_launches(device)) if args.peers else list(cuda_launches(device, builds))
-                if args.cuda else [*dense_launches(device, args.smoke), *moe_launch(device, args.smoke)])
+                if args.cuda else list(m64_launches(device)) if args.m64
+                else [*dense_launches(device, args.smoke), *moe_launch(device, args.smoke)])
     for label, call in launches:
         call()                                     # compiled and warm before its range
         if device == "cuda":
