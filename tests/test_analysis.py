@@ -395,7 +395,7 @@ def test_a_faster_method_at_another_batch_is_a_lever_with_its_memory_cost():
     # and how long each call then takes: the per-token gain lengthens the step
     call = text.us(float(best["layer_us"]))
     lever = d.levers[d.levers["lever"] == f"batch {int(best['batch'])} through {best['method']} "
-                     f"(a call takes {call}; {ratio:.1f}x the memory)"]
+                     f"(a call takes {call}; {ratio:.1f}x the weight memory)"]
     assert len(lever) == 1 and lever["from_path"].iloc[0] and lever["kind"].iloc[0] == "measured"
     assert lever["with_us"].iloc[0] == pytest.approx(per_token.min())
     assert lever["now_us"].iloc[0] == pytest.approx(d.chosen["layer_us"] / d.chosen["batch"])
