@@ -165,11 +165,10 @@ def test_the_front_page_shows_the_verdicts_numbers_and_its_three_largest_levers(
     assert positions == sorted(positions) and len(positions) == words.GLANCE_LEVERS
     for lever in listed.itertuples():
         assert text.html(lever.lever) in glance and text.ratio(lever.gain) in glance
-        # each change says whose time it is, and a cost its gain leaves out
-        change = (f"{text.us_change(lever.now_us, lever.with_us)} a {lever.per} ({lever.kind}"
-                  + (f", {lever.excludes} excluded" if lever.excludes else "") + ")")
+        # each change says whose time it is: a call's or a token's
+        change = f"{text.us_change(lever.now_us, lever.with_us)} a {lever.per} ({lever.kind})"
         assert text.html(change) in glance
-    assert "a token (measured, all-to-all excluded)" in glance and "a call (bound)" in glance
+    assert "a token (measured)" in glance and "a call (bound)" in glance
     for lever in shown[~shown["lever"].isin(listed["lever"])].itertuples():
         assert text.html(lever.lever) not in glance
     assert f"{text.sig(d.load['busiest_m'])} busiest" in glance

@@ -783,8 +783,7 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
                                f"{degree}x the tokens; "
                                + ("measured all-to-all included" if with_comm else "communication not included")),
                      "now_us": first[column], "with_us": last[column], "from_path": on_path,
-                     "kind": "measured" if on_path else "modelled", "per": "token",
-                     "excludes": "" if with_comm else "all-to-all"})
+                     "kind": "measured" if on_path else "modelled", "per": "token"})
     if ep_fastest is not None:
         through = ep_fastest["method"] + (f" ({ep_fastest['fmt']})" if ep_fastest["fmt"] else "")
         degree = ep_fastest["ep"]
@@ -799,8 +798,7 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
                                   else "communication not included")),
                      "now_us": ep_fastest["now_us"], "with_us": ep_fastest["with_us"],
                      "from_path": chosen is not None and ep_fastest["alone_method"] == chosen["path"],
-                     "kind": "measured", "per": "token",
-                     "excludes": "" if ep_fastest["with_comm"] else "all-to-all"})
+                     "kind": "measured", "per": "token"})
     if batch_fastest is not None:
         through = batch_fastest["method"] + (f" ({batch_fastest['fmt']})" if batch_fastest["fmt"] else "")
         held = (f"; its {batch_fastest['weight_dtype']} weights take {batch_fastest['bytes_over_fp4']:.1f}x "
@@ -819,10 +817,8 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
                      "now_us": float(graphs["eager_us"].median()), "with_us": float(graphs["graph_us"].median()),
                      "from_path": False, "kind": "measured"})
     # `per`: what now_us and with_us time, a "call" of the layer (or the GEMM) or a "token" of it
-    # `excludes`: a cost the gain leaves out ("all-to-all": an EP lever timed without it), "" none
-    rows = [{"per": "call", "excludes": "", **row} for row in rows]
-    frame = pd.DataFrame(rows, columns=["lever", "gain", "basis", "now_us", "with_us", "per", "from_path", "kind",
-                                        "excludes"])
+    rows = [{"per": "call", **row} for row in rows]
+    frame = pd.DataFrame(rows, columns=["lever", "gain", "basis", "now_us", "with_us", "per", "from_path", "kind"])
     return frame.sort_values("gain", ascending=False).reset_index(drop=True)
 
 

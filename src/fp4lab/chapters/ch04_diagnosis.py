@@ -488,8 +488,8 @@ def glance_html(d: decode.Diagnosis) -> str:
     if len(own) and own.index[0] not in levers.index:
         levers = pd.concat([levers.head(GLANCE_LEVERS - 1), own.head(1)])
     # a token's time or a call's: the batch and EP levers trade a longer call for more tokens
-    levers = levers.assign(change=[f"{text.us_change(r.now_us, r.with_us)} a {r.per} ({r.kind}"
-                                   + (f", {r.excludes} excluded" if r.excludes else "") + ")"
+    # (an EP lever's words say what it leaves out: "pays while all-to-alls take under ...")
+    levers = levers.assign(change=[f"{text.us_change(r.now_us, r.with_us)} a {r.per} ({r.kind})"
                                    for r in levers.itertuples()])
     lever_table = html_table(levers, [Col("lever", header),
                                       Col("gain", "gain", "ratio"), Col("change", "now → with it (basis)")],
