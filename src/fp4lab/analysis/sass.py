@@ -167,7 +167,7 @@ def read_in_flight_trial(folder) -> InFlightTrial:
     ok = frame[(frame["status"] == "ok") & frame["median_us"].notna()]
     trial = ok[ok["backend"] == TRIAL_BACKEND]
     unreduced = trial[trial["variant"].str.endswith((" kernel", " s1"))]
-    wgmma = unreduced["variant"].str.contains(r" wg\d? ")
+    wgmma = unreduced["variant"].str.contains(r" wg\d? ")   # CudaMoeConfig.label: " wg", " wg2"
     keys = ["fmt", "n", "k", "m"]
     peers = ok[ok["backend"].isin(PEERS)]
     fastest_peer = peers.loc[peers.groupby(keys)["median_us"].idxmin(), keys + ["backend", "median_us"]]
@@ -199,9 +199,9 @@ def in_flight_sentence(trial: InFlightTrial, m: int = TRIAL_M) -> str | None:
     lead = ("Keeping them in flight did not help in fp4lab's own trial" if helped == 0
             else f"Keeping them in flight helped at {helped} of {len(at)} points of fp4lab's own trial")
     return (f"{lead}: its CUDA fused MoE kernel, run as a dense GEMM at M = {m} on {trial.machine} "
-            f"({text.count(len(at), 'point')}, before any split-K reduction), took {_ratio_span(over_sync)} the time of its own "
-            f"mma.sync build with its wgmma kept in flight ({_count_span(trial.waited)} of its "
-            f"{_count_span(trial.issued)} waited for, at the ends of its staged chunks), and "
+            f"({text.count(len(at), 'point')}, before any split-K reduction), took {_ratio_span(over_sync)} "
+            f"the time of its mma.sync build when it kept its wgmma in flight ({_count_span(trial.waited)} of "
+            f"its {_count_span(trial.issued)} waited for, at the ends of its staged chunks), and "
             f"{_ratio_span(over_peer)} the fastest peer's (source: {trial.run_id}).")
 
 

@@ -124,7 +124,7 @@ def power_cap_clause(own: dict | None) -> str:
     which = (f"its {text.md((own['fmt'] or '').upper())} build" if own.get("other_format") else "it")
     slower = own["window_over_timed"]
     # both times, the build's own: the timed one may be another format's than the verdict's
-    # the timed time is the verdict's own, said just before: only the sustained one is new here
+    # the sustained call beside the timer's burst, which the verdict's own time is
     return (f" Back to back {which} is also **power-capped** ({text.sig(own['avg_power_w'])} W of "
             f"{text.sig(own['power_limit_w'])} W) at {text.us(own['window_us_per_call'])} a call, "
             f"{text.pct(100 * abs(slower))} {'over' if slower >= 0 else 'under'} the timed "
