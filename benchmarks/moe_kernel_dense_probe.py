@@ -29,6 +29,7 @@ many of them are waited for in full before the next issues (`triton_sass.waited_
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import subprocess
 import sys
@@ -134,9 +135,15 @@ def moe_rows(config: CudaMoeConfig, splits: int, point: tune.Point, a, w, device
     return rows
 
 
+@functools.cache
+def nvcc_version() -> str:
+    return subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.split("\n")[-2].strip()
+
+
 def build_sass(config: CudaMoeConfig, fmt: str) -> dict:
-    """The down launch's build compiled by nvcc for sm_90(a), its wgmma read from the SASS."""
-    from triton_sass import waited_wgmma
+    """The down launch's build compiled by nvcc for sm_90(a), its wgmma read from the SASS
+    (`triton_sass`'s reader, with its cuobjdump)."""
+    from triton_sass import sass_of, waited_wgmma
 
     source, options = build(config, fmt, gate_up=False)
     arch = "sm_90a" if config.mma == "async" else "sm_90"
@@ -145,12 +152,10 @@ def build_sass(config: CudaMoeConfig, fmt: str) -> dict:
         flags = [o for o in options if o != "-default-device"]   # NVRTC's alone
         subprocess.run(["nvcc", f"-arch={arch}", "-cubin", *flags, "-o", f"{folder}/k.cubin",
                         f"{folder}/k.cu"], check=True, capture_output=True, text=True)
-        sass = subprocess.run(["cuobjdump", "-sass", f"{folder}/k.cubin"], check=True,
-                              capture_output=True, text=True).stdout
-    version = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.split("\n")[-2]
-    hgmma, waited = waited_wgmma(sass)
+        cubin = (Path(folder) / "k.cubin").read_bytes()
+    hgmma, waited = waited_wgmma(sass_of(cubin))
     return {"fmt": fmt, "build": config.label(), "arch": arch, "hgmma": hgmma, "waited": waited,
-            "mma_depth": config.mma_depth if config.mma == "async" else None, "nvcc": version.strip()}
+            "mma_depth": config.mma_depth if config.mma == "async" else None, "nvcc": nvcc_version()}
 
 
 def main(argv: list[str] | None = None) -> int:

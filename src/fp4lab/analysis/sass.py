@@ -62,6 +62,11 @@ def find_read(root: Path, kind: str, data: str) -> Path | None:
     return found
 
 
+def _jsonl(path: Path) -> list[dict]:
+    """The rows of a .jsonl file (OSError or ValueError where it cannot be read)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def _read_kind(folder: Path) -> str | None:
     try:
         info = json.loads((folder / "run.json").read_text())
@@ -81,7 +86,7 @@ def read_sass(folder) -> SassRead:
     folder = Path(folder)
     try:
         info = json.loads((folder / "run.json").read_text())
-        rows = [json.loads(line) for line in (folder / "sass.jsonl").read_text().splitlines() if line.strip()]
+        rows = _jsonl(folder / "sass.jsonl")
     except (OSError, ValueError) as exc:
         raise SassReadError(f"SASS read {folder}: {exc}") from exc
     if not isinstance(info, dict) or info.get("read") != READ_KIND:
@@ -113,13 +118,17 @@ def serialized_per_m(own: pd.DataFrame, read: SassRead) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
+def _count_span(counts: tuple[int, int]) -> str:
+    """'16', or '8-16' where the counts differ."""
+    return f"{counts[0]}" if counts[0] == counts[1] else f"{counts[0]}-{counts[1]}"
+
+
 def serialized_sentence(per_m: pd.DataFrame, read: SassRead, run_triton: str | None = None) -> str | None:
     """What the read says of KERNEL's builds (a `serialized_per_m` frame), or None where it read
     none of them; `run_triton` the run's Triton version."""
     if not len(per_m):
         return None
-    low, high = int(per_m["hgmma_min"].min()), int(per_m["hgmma_max"].max())
-    counts = f"{low}" if low == high else f"{low}-{high}"
+    counts = _count_span((int(per_m["hgmma_min"].min()), int(per_m["hgmma_max"].max())))
 
     def part(row) -> str:
         if row.serialized in (0, row.points) and row.points == row.timed:
@@ -155,10 +164,8 @@ def read_in_flight_trial(folder) -> InFlightTrial:
     folder = Path(folder)
     try:
         info = json.loads((folder / "run.json").read_text())
-        rows = [json.loads(line) for path in sorted(folder.glob("*/measurements.jsonl"))
-                for line in path.read_text().splitlines() if line.strip()]
-        builds = pd.DataFrame([json.loads(line) for line in
-                               (folder / "builds_sass.jsonl").read_text().splitlines() if line.strip()])
+        rows = [row for path in sorted(folder.glob("*/measurements.jsonl")) for row in _jsonl(path)]
+        builds = pd.DataFrame(_jsonl(folder / "builds_sass.jsonl"))
     except (OSError, ValueError) as exc:
         raise SassReadError(f"trial {folder}: {exc}") from exc
     frame = pd.DataFrame(rows)
@@ -182,10 +189,6 @@ def read_in_flight_trial(folder) -> InFlightTrial:
                          issued=(int(async_builds["hgmma"].min()), int(async_builds["hgmma"].max())),
                          machine=str(provenance.get("machine", "an unknown machine")).split(" (")[0],
                          run_id=str(info.get("run_id", folder.name)))
-
-
-def _count_span(counts: tuple[int, int]) -> str:
-    return f"{counts[0]}" if counts[0] == counts[1] else f"{counts[0]}-{counts[1]}"
 
 
 def in_flight_sentence(trial: InFlightTrial, m: int = TRIAL_M) -> str | None:
