@@ -21,7 +21,9 @@ in each of `CUDA_MOE_FORMATS` (four launches a call, as the Triton method's);
 (k-groups, depth, warps, warps a team; k1 when left out).
 `--m64` profiles humming-w4a16, triton-w4a16 and cuda-w4a16 (their presets) at 8192x8192 M=64
 NVFP4 instead: the point where humming, which waits for half of its wgmma, beats fp4lab's Triton
-kernel, which waits for all (benchmarks/NOTES.md, calls 141-143).
+kernel, which waits for all (benchmarks/NOTES.md, calls 141-143); then the Triton preset's
+two-warpgroup twin (`M64_TWIN`: 8 warps on the same tile, which lost 7% there in call 83 and won
+11-18% at the smaller shapes), to see what the second warpgroup changes in the counters.
 `--launches FILE`
 writes launches.json: one entry per kernel launch ncu will see, in order (its label and the
 weights it reads), which `fp4lab.analysis.counters` joins with ncu's rows; `--describe` writes it
@@ -31,6 +33,7 @@ and runs nothing (no GPU needed).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -204,13 +207,22 @@ def dense_launches(device: str, smoke: bool):
 M64_BACKENDS = ("humming-w4a16", "triton-w4a16", "cuda-w4a16")   # one launch a call each
 
 
+def m64_twin():
+    """The Triton M=64 preset at the dense shape with two warpgroups on its tile."""
+    n, k = dense_shape(False)
+    return dataclasses.replace(tensor_core_config(64, n, k, SMS), num_warps=8)
+
+
 def m64_plan() -> list[dict]:
-    """`launch_plan` for --m64: each of M64_BACKENDS' presets at the dense shape, M=64."""
+    """`launch_plan` for --m64: each of M64_BACKENDS' presets at the dense shape, M=64, then the
+    Triton preset's two-warpgroup twin."""
     n, k = dense_shape(False)
     kernels = {"humming-w4a16": "humming", "triton-w4a16": tensor_core_config(64, n, k, SMS).label(),
                "cuda-w4a16": cuda_choose(64, n, k).label()}
-    return [{"launch": f"{backend} {n}x{k} M=64", "kernel": kernels[backend], "weights": n * k}
-            for backend in M64_BACKENDS]
+    return ([{"launch": f"{backend} {n}x{k} M=64", "kernel": kernels[backend], "weights": n * k}
+             for backend in M64_BACKENDS]
+            + [{"launch": f"triton-w4a16 {n}x{k} M=64 two warpgroups", "kernel": m64_twin().label(),
+                "weights": n * k}])
 
 
 def m64_launches(device: str):
@@ -218,6 +230,8 @@ def m64_launches(device: str):
     cache: dict = {}
     for backend in M64_BACKENDS:
         yield f"{backend} {n}x{k} M=64 nvfp4", gated_dense(backend, 64, device, cache).call
+    twin = gated_dense("triton-w4a16", 64, device, cache, config=m64_twin())
+    yield f"triton-w4a16 {n}x{k} M=64 nvfp4 {twin.info['config']}", twin.call
 
 
 def gated_moe_call(method: str, device: str, smoke: bool, fmt: str = "nvfp4"):

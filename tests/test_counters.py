@@ -17,6 +17,7 @@ PEERS = os.path.join(REPO, "results", "measurements", "20261202T0230Z-h200-ncu-h
 CUDA = os.path.join(REPO, "results", "measurements", "20261202T1849Z-h200-ncu-cuda")
 MOE_H200 = os.path.join(REPO, "results", "measurements", "20261206T2231Z-h200-ncu-cuda")
 CUDA_BUILDS = os.path.join(REPO, "results", "measurements", "20261202T0740Z-h200-ncu-cuda-builds")
+M64 = os.path.join(REPO, "results", "measurements", "20261207T1040Z-h100-ncu-m64")
 
 
 def test_the_committed_profile_reads_as_one_row_per_launch():
@@ -133,7 +134,8 @@ def test_a_value_that_is_not_a_number_is_named(tmp_path):
 
 # the driver as it is now against the newest profile of each flag, and of named builds
 @pytest.mark.parametrize("flags,folder", [([], PROFILE), (["--peers"], PEERS), (["--cuda"], CUDA),
-                                          (["--cuda", "--cuda-builds", "g16d4w8,g16d4w16"], CUDA_BUILDS)])
+                                          (["--cuda", "--cuda-builds", "g16d4w8,g16d4w16"], CUDA_BUILDS),
+                                          (["--m64"], M64)])
 def test_the_driver_describes_the_launches_the_profile_holds(tmp_path, flags, folder):
     out = tmp_path / "launches.json"
     run = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "ncu_profile.py"),
@@ -150,6 +152,12 @@ def test_the_driver_describes_the_launches_the_profile_holds(tmp_path, flags, fo
         assert [row["launch"].split()[1] for row in moe] == ["mxfp4"] * 4 + ["nvfp4"] * 4
         assert [row["kernel"] for row in moe[:4]] == ["route", "fused MoE", "fused MoE", "torch.sum"]
         assert moe[1]["weights"] == 2 * moe[2]["weights"] > 0 and moe[0]["weights"] == moe[3]["weights"] == 0
+    elif flags == ["--m64"] and len(plan) > len(profiled):
+        # the M=64 profile now ends with the Triton preset's two-warpgroup twin, which the
+        # committed profile predates: the preset's tile with 8 warps
+        (twin,) = plan[len(profiled):]
+        preset = next(row["kernel"] for row in plan if row["launch"] == "triton-w4a16 8192x8192 M=64")
+        assert twin["kernel"] == preset.replace(" w4 ", " w8 ") != preset
     else:
         assert len(plan) == len(profiled)
 
