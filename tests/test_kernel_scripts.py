@@ -160,6 +160,15 @@ def test_configs_file_times_the_pick_then_its_configs_at_its_shape(tune):
     assert skipped[1:] == [c.label() for c in probe[(8192, 8192)]]
 
 
+@pytest.mark.parametrize("name", sorted(f for f in os.listdir(os.path.join(BENCH, "configs"))
+                                         if f.startswith("m") and f.endswith(".json")))
+def test_every_committed_shape_probe_file_loads(tune, name):
+    """Each committed {"NxK": [configs]} probe file gives valid TileConfigs at the issue's shapes
+    (occupancy_probe.json is a flat list for every shape and loads on another path)."""
+    probe = tune.parse_configs(os.path.join(BENCH, "configs", name))
+    assert set(probe) <= {(8192, 8192), (4096, 6144), (6144, 2048)} and all(probe.values())
+
+
 @pytest.mark.parametrize("text, match", [("[1, 2]", "AttributeError"),
                                          ('{"64x64": [{"block_n": 64}]}', "block_m"),
                                          ('{"64x64": [{"block_m": 3, "block_n": 64, '
