@@ -91,6 +91,27 @@ def test_a_kernels_own_launches_say_what_holds_their_warps_back():
     assert "long scoreboard (3.63 cycles per instruction issued)" in dense and "not for their loads" not in dense
 
 
+def test_a_kernel_under_the_line_held_back_by_its_issue_rate_says_so():
+    """The fused MoE issues fewer instructions per weight than the break-even, but on two thirds of
+    its cycles: at that rate they take longer than its weights' read (call 127's profile)."""
+    moe = [counters.read_counters(MOE_H200)]
+    even = counters.break_even(moe, 4.24)[0]
+    rate = counters.issue_rate_sentence(moe, "cuda-w4a16-moe", "mxfp4", 4.24, "The kernel")
+    rows = moe[0].table[moe[0].table["launch"].str.contains("cuda-w4a16-moe mxfp4") & (moe[0].table["weights"] > 0)]
+    stretched = [r.instr_per_weight / (r.issue_pct / 100) / even for r in rows.itertuples()]
+    assert len(stretched) == 2 and all(r.instr_per_weight < even for r in rows.itertuples())
+    assert rate == ("The kernel runs fewer instructions per weight than that, but issues on only 65-66% of "
+                    f"its cycles: at that rate its instructions take {min(stretched):.1f}-{max(stretched):.1f}x "
+                    "as long as reading its weights, so they, not its loads, set its time.")
+    assert 1 < min(stretched) < max(stretched) < 1.3
+    # a kernel that waits on its loads, one over the line (a faster read), one whose instructions
+    # fit in a slower read, and one never profiled: nothing to say
+    assert counters.issue_rate_sentence(moe, "cuda-w4a16", "nvfp4", 4.24) is None
+    assert counters.issue_rate_sentence(moe, "cuda-w4a16-moe", "mxfp4", 12.0) is None
+    assert counters.issue_rate_sentence(moe, "cuda-w4a16-moe", "mxfp4", 2.0) is None
+    assert counters.issue_rate_sentence(moe, "humming-moe-indexed", None, 4.24) is None
+
+
 def test_find_profiles_picks_the_newest_of_each_kind_or_the_named_or_none(tmp_path):
     kinds = {"20261201T0000Z-a": "fp4lab", "20261202T0000Z-b": "fp4lab", "20261202T0100Z-p": "humming",
              "20261203T0000Z-c": None,                                  # c holds no profile

@@ -87,6 +87,9 @@ def test_the_front_page_links_the_verdict_to_the_diagnosis_chapter_it_came_from(
                         "math pipe throttle (1.94): warps that could issue wait for the schedulers and the math "
                         "pipe, not for their loads.")
     assert (f")): The diagnosed path's kernel, {text.md('cuda-w4a16-moe')}, profiled (") in page
+    # under the instruction line, it says why fewer instructions per weight still help it
+    assert ("The diagnosed kernel runs fewer instructions per weight than that, but issues on only 66-67% "
+            "of its cycles: at that rate its instructions take 1.1-1.2x as long as reading its weights") in page
     assert "is not among them" not in page
     # without a profile of it on this GPU (the H200's of the dense kernel alone), the page says so
     dense_only = [counters.read_counters(REPO_ROOT / "results" / "measurements" / "20261203T1320Z-h200-ncu-cuda")]

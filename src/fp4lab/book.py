@@ -266,7 +266,10 @@ def counters_sentence(d) -> str | None:
     subject = f"The diagnosed path's kernel, {text.md(d.chosen['path'])}"
     own = counters.kernel_sentence(profiles, d.chosen["path"], d.chosen.get("fmt"), subject)
     if own is not None:
-        return f"{lead}{own} {bound}"
+        # under the line yet held back by its issue rate: say why fewer instructions still help
+        rate = counters.issue_rate_sentence(profiles, d.chosen["path"], d.chosen.get("fmt"),
+                                            d.gemm.bandwidth_tbps, "The diagnosed kernel")
+        return f"{lead}{own} {bound}" + (f" {rate}" if rate else "")
     return (f"{lead}{bound} {subject}, is not among them: no Nsight Compute profile of it on "
             f"{text.md(d.view.device)} is committed"
             + (", so what bounds it comes from its own dissection above, not from these counters."

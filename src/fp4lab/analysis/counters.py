@@ -282,15 +282,47 @@ def _span(values, format_one) -> str:
     return low if low == high else f"{low.removesuffix('%')}-{high}"
 
 
+def _kernel_rows(profiles: list[Counters], kernel: str, fmt: str | None) -> list:
+    """The weight-reading launches of `kernel` (a backend or MoE method), those in `fmt` where any is."""
+    rows = [r for p in profiles for r in p.table.itertuples()
+            if r.weights and str(r.launch).split(" ")[0] == kernel]
+    return [r for r in rows if fmt and f" {fmt} " in f" {r.launch} "] or rows
+
+
+def issue_rate_sentence(profiles: list[Counters], kernel: str, fmt: str | None = None,
+                        bandwidth_tbps: float | None = None, subject: str = "It") -> str | None:
+    """For a kernel under `break_even` whose warps wait for the schedulers (its largest stalls in
+    ISSUE_STALLS): how long its instructions take at the issue rate it reached, against its
+    weights' read at the same bandwidth, which is why fewer instructions per weight would still
+    make it faster. None when it has no profile, is over the line, waits on its loads, or issues
+    fast enough to finish its instructions within the read."""
+    rows = _kernel_rows(profiles, kernel, fmt)
+    even = break_even(profiles, bandwidth_tbps)
+    if not rows or even is None:
+        return None
+    even = even[0]
+    if max(r.instr_per_weight for r in rows) >= even:
+        return None
+    stalls = _stall_pairs(max(rows, key=lambda r: r.us).stalls)[:2]
+    if not stalls or not all(reason in ISSUE_STALLS for reason, _ in stalls):
+        return None
+    # issuing on issue_pct of the slots stretches the instructions' time by 100 / issue_pct
+    over_read = [r.instr_per_weight / (r.issue_pct / 100) / even for r in rows]
+    if min(over_read) <= 1:
+        return None
+    return (f"{subject} runs fewer instructions per weight than that, but issues on only "
+            f"{_span([r.issue_pct for r in rows], text.pct)} of its cycles: at that rate its instructions "
+            f"take {_span(over_read, lambda v: f'{v:.1f}')}x as long as reading its weights, so they, not "
+            "its loads, set its time.")
+
+
 def kernel_sentence(profiles: list[Counters], kernel: str, fmt: str | None = None,
                     subject: str | None = None) -> str | None:
     """What the profiled launches of `kernel` (a backend or MoE method; those in `fmt` where any
     is) do with their cycles, as one sentence: where they were profiled, their instructions per
     weight, their issue share and DRAM's, and the two largest stalls of the longest launch; None
     when no profile holds it. `subject` names the kernel (its name by default)."""
-    rows = [r for p in profiles for r in p.table.itertuples()
-            if r.weights and str(r.launch).split(" ")[0] == kernel]
-    rows = [r for r in rows if fmt and f" {fmt} " in f" {r.launch} "] or rows
+    rows = _kernel_rows(profiles, kernel, fmt)
     if not rows:
         return None
     words = [str(r.launch).split(" ")[1:] for r in rows]          # after the kernel's name
