@@ -52,6 +52,12 @@ def test_a_newer_gpu_run_without_its_moe_sweep_does_not_lead(tmp_path):
     assert latest_gpu_run(tmp_path, prefer=None).name == "partial"
 
 
+def text_md(run: RunDir) -> str:
+    from fp4lab import text
+    from fp4lab.results import device_label
+    return text.md(device_label(run.run_json()))
+
+
 def test_the_front_page_links_the_verdict_to_the_diagnosis_chapter_it_came_from(tmp_path, monkeypatch):
     from fp4lab import book
 
@@ -68,6 +74,10 @@ def test_the_front_page_links_the_verdict_to_the_diagnosis_chapter_it_came_from(
     assert "{doc}`chapter 04, the diagnosis <chapters/reference/04_diagnosis>`" in page
     # the run table's pages are this CPU run's, not the diagnosis's evidence: it says so
     assert "measure no GPU: the diagnosis above reads the reference run" in page
+    # the GPU run's line says over which days its rows were measured (rows were added later)
+    from fp4lab.results import measured_span
+    span = measured_span(leading.run_json())
+    assert " to " in span and f"({text_md(leading)}, measured {span}); this machine ran a CPU smoke run." in page
     # the facts' chapter references are links too, to the section of the same part's page they cite
     assert ("in [chapter 01](chapters/reference/01_fp4_gemm_sweep.ipynb"
             "#where-the-kernels-cycles-go-hardware-counters)):") in page

@@ -430,3 +430,16 @@ def test_rows_a_resumed_run_adds_at_another_commit_are_recorded_and_captioned(tm
     run.note_later_commit(("gemm",), before)
     assert view(run).caption("x").endswith("fp4lab abc123 (rows added later at 3 commits, the last 0bb222)")
     assert RunDir.open(run.path).run_json()["provenance"]["later_commits"][0]["at"]   # run.json still valid
+
+
+def test_measured_span_names_the_days_a_runs_rows_were_measured():
+    from fp4lab.results import measured_span
+    assert measured_span({}) == ""
+    assert measured_span({"created": "2026-12-03T11:56:25+00:00"}) == "2026-12-03"
+    later = {"created": "2026-12-03T11:56:25+00:00",
+             "provenance": {"later_commits": [{"fp4lab_git_sha": "a", "at": "2026-12-06T22:30:31+00:00"},
+                                              {"fp4lab_git_sha": "b", "at": "2026-12-04T04:10:00+00:00"},
+                                              {"fp4lab_git_sha": "c"}, "not an entry"]}}
+    assert measured_span(later) == "2026-12-03 to 2026-12-06"
+    assert measured_span({"created": 7, "provenance": {"later_commits": [{"at": "2026-12-05T00:00Z"}]}}) \
+        == "2026-12-05"

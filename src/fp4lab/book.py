@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 from fp4lab import text
 from fp4lab.references import SEED_POWER
-from fp4lab.results import REPO_ROOT, RunDir
+from fp4lab.results import REPO_ROOT, RunDir, measured_span
 
 BOOK_DIR = REPO_ROOT / "book"
 PUBLISHED = BOOK_DIR / "_build" / "html"
@@ -213,8 +213,9 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
         d = decode.diagnose(leading, config)
         if not local_is_gpu:
             # one line: the seed's table below the verdict stays above the fold
-            lines += [f"**Newest GPU run: {text.code(leading.run_id)}** ({text.md(d.view.device)}); this machine "
-                      "ran a CPU smoke run.", ""]
+            span = measured_span(d.view.info)
+            lines += [f"**Newest GPU run: {text.code(leading.run_id)}** ({text.md(d.view.device)}"
+                      f"{f', measured {span}' if span else ''}); this machine ran a CPU smoke run.", ""]
         lines += ["```{raw} html", words.verdict_box(d), "```", ""]
         if not d.smoke:
             lines += ["```{raw} html", words.glance_html(d), "```", ""]

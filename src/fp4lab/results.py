@@ -150,6 +150,17 @@ def later_commits(run_json: dict[str, Any]) -> list[str]:
                               if isinstance(entry, dict) and entry.get("fp4lab_git_sha")))
 
 
+def measured_span(run_json: dict[str, Any]) -> str:
+    """The days a run's rows were measured: its creation's, through the last later commit's
+    (`RunDir.note_later_commit`), e.g. "2026-12-03 to 2026-12-06"; one day alone; "" unknown."""
+    entries = (run_json.get("provenance") or {}).get("later_commits") or []
+    stamps = [run_json.get("created")] + [entry.get("at") for entry in entries if isinstance(entry, dict)]
+    days = sorted({str(stamp)[:10] for stamp in stamps if isinstance(stamp, str) and len(stamp) >= 10})
+    if not days:
+        return ""
+    return days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}"
+
+
 def is_gpu_run(run_json: dict[str, Any]) -> bool:
     return device_of(run_json).get("kind") == "cuda"
 
