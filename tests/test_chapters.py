@@ -56,6 +56,15 @@ def test_chapters_03_and_04_state_the_same_layer_times(reference_copy):
     at = moe.layer_times(moe.moe_results(reference_copy, "glm-5"), 512, "uniform")
     grouped = at[at["method"] == "grouped-bf16"]["speedup_vs_loop"].iloc[0]
     assert "grouped-bf16" in page_text(diagnosis_page, "paths") and ratio == text.ratio(grouped)
+    # a one-call method's spread is its row's percentiles; a loop's two GEMMs' sum has none
+    fused = at[(at["method"] == "cuda-w4a16-moe") & (at["fmt"] == "nvfp4")].iloc[0]
+    rows = moe.moe_results(reference_copy, "glm-5").ok
+    row = rows[(rows["method"] == "cuda-w4a16-moe") & (rows["fmt"] == "nvfp4") & (rows["batch"] == 512)
+               & (rows["ep"].fillna(1) == 1)].iloc[0]
+    assert (fused["layer_p20_us"], fused["layer_p80_us"]) == (row["p20_us"], row["p80_us"])
+    assert at[at["kind"] == "gemm"]["layer_p80_us"].isna().all()
+    assert ("the table of methods' median is 1.76 ms, its 20th-80th percentiles 1.76-2.06 ms"
+            in page_text(diagnosis_page, "findings").replace("\\", ""))
 
 
 def test_chapter_01_seed_caption_states_chapter_04s_modelled_loop(reference_copy):

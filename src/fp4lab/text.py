@@ -104,6 +104,16 @@ def us_change(before, after) -> str:
     return f"{first} → {second}"
 
 
+def us_span(low, high) -> str:
+    """Two times as a range, the unit written once where both share it: '1.76-2.06 ms',
+    '980 us-1.02 ms'."""
+    first, second = us(low), us(high)
+    unit = second.rpartition(" ")[2]
+    if first.endswith(" " + unit) and unit in ("us", "ms"):
+        return f"{first.rpartition(' ')[0]}-{second}"
+    return f"{first}-{second}"
+
+
 def us(value, digits: int = 3) -> str:
     """A time given in microseconds: '9.46 us', '1.28 ms', '—'."""
     if is_missing(value):

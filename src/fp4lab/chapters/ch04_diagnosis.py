@@ -131,6 +131,16 @@ def power_cap_clause(own: dict | None) -> str:
             f"{text.us(own['timed_us'])}.")
 
 
+def _table_time(path: dict) -> str:
+    """The path's time in the table of methods, with its samples' 20th-80th percentiles where it is
+    one timed call's median: a second process's timing of the call may land anywhere in them."""
+    low, high = path.get("layer_p20_us"), path.get("layer_p80_us")
+    if text.is_missing(low) or text.is_missing(high):
+        return f"{text.us(path['layer_us'])} in the table of methods"
+    return (f"the table of methods' median is {text.us(path['layer_us'])}, its 20th-80th percentiles "
+            f"{text.us_span(low, high)}")
+
+
 def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
     """What a kernel-limited verdict means: the time above the memory floor is the kernel's own;
     where the run dissected the diagnosed call (chapter 03), what that time is made of."""
@@ -148,7 +158,7 @@ def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
     # two timings of one call in two processes: the dissection's own whole, so its parts add up
     # one frame for the dissection's numbers: its own worker's whole and parts, not a second "above"
     dissected = (f". Where that time goes: the same call, dissected in a worker process of its own (chapter "
-                 f"03), took {text.us(a['full'])} there ({text.us(path['layer_us'])} in the table of methods), of "
+                 f"03), took {text.us(a['full'])} there ({_table_time(path)}), of "
                  f"which its loads alone take {text.us(a['load'])} (the weights at {text.pct(a['load_rate_pct'])} "
                  f"of the copy bandwidth), and the decode adds {text.signed_us(a['decode_added_us'])} and the "
                  f"MMAs {text.signed_us(a['mma_added_us'])} that the loads do not hide")
