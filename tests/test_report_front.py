@@ -168,7 +168,7 @@ def test_the_front_page_shows_the_verdicts_numbers_and_its_three_largest_levers(
     on_path = shown[shown["from_path"]].sort_values("gain", ascending=False)
     assert len(on_path) >= 2      # the bound and batch 2048
     # only what would make the diagnosed path faster, largest first, under a header that says so
-    assert f"faster than {text.html(d.chosen['path'])} at B=512, largest gain first" in glance
+    assert f"more tokens a second than {text.html(d.chosen['path'])} at B=512, largest gain first" in glance
     # the largest, and the verdict's own lever (the path at its weight-read floor) in the last row
     # where it is not among them: three rows, so the seed's table stays above the fold
     floor = on_path[on_path["kind"] == "bound"].iloc[0]

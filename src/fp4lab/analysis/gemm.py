@@ -232,11 +232,6 @@ def weight_label(dtype) -> str:
     return WEIGHT_LABELS.get(dtype, str(dtype)) if isinstance(dtype, str) else "—"
 
 
-def peak_basis(results: GemmResults) -> str:
-    """Which peak the book's "% of peak" uses for this run: "spec" where the device has a sheet."""
-    return "spec" if results.spec is not None else "measured"
-
-
 def seed_table(results: GemmResults, backend: str) -> pd.DataFrame:
     """The seed's table for one backend: per M, the TFLOP/s range over the swept shapes, the %
     of the spec peak and of the measured peak, and the regime the roofline assigns."""
@@ -432,7 +427,7 @@ def headline(results: GemmResults) -> dict[str, Any]:
         "backends_unavailable": sorted(set(statuses.get("unavailable", [])) - set(ok["backend"])),
         "failures": failure_counts(results),
         "bandwidth_tbps": results.bandwidth_tbps, "launch_us": results.launch_us,
-        "raised": results.raised, "basis": peak_basis(results),
+        "raised": results.raised,
     }
     if not len(ok):
         return found

@@ -31,7 +31,7 @@ CEILINGS = [Col("ceiling", "ceiling"), Col("measured", "measured here", "sig"), 
 def seed_note(math_dtype: str | None) -> str:
     """What the seed table's columns mean (its caption's tail), naming the peak its headers name."""
     peak = f"the {math_dtype} peak" if math_dtype else "its math peak"
-    return (f"TFLOP/s min/max over the swept shapes; % of {peak} (spec / here) at the best shape; regime: "
+    return (f"TFLOP/s min/max over the swept shapes; % of {peak} (spec / measured) at the best shape; regime: "
             "the largest floor at each M's shapes")
 
 
@@ -41,7 +41,7 @@ def seed_columns(math_dtype: str | None) -> list[Col]:
     peak = f"% of {math_dtype}" if math_dtype else "% of peak"     # short: one header line
     return [Col("M", "M (tokens)", "int"), Col("TFLOP/s min", "TFLOP/s min", "sig"),
             Col("TFLOP/s max", "TFLOP/s max", "sig"), Col("% of spec peak", f"{peak} spec", "pct"),
-            Col("% of measured peak", f"{peak} here", "pct"), Col("regime", "regime")]
+            Col("% of measured peak", f"{peak} measured", "pct"), Col("regime", "regime")]
 FASTEST = [Col("m", "M (tokens)", "int"), Col("backend", "fastest 4-bit method"),
            Col("cases won", "cases won (format x shape)"),
            Col("median speed-up vs bf16", "speed-up vs cuBLAS bf16 (median)", "ratio"),
@@ -481,11 +481,15 @@ def findings(results: analysis.GemmResults, reference: analysis.GemmResults | No
              "(the table above gives each reason)."]
     if "best" in numbers:
         best, small = numbers["best"], numbers["smallest"]
-        basis = numbers["basis"]
+        # the copy bandwidth this run measured first (the book's floors use it), the sheet's beside it;
+        # a format names 4-bit weights only (a bf16 or fp8 row's format is its sweep slot's)
+        shares = [f"{text.pct(small[f'pct_bandwidth_{source}'])} of {words}"
+                  for source, words in (("measured", "the measured copy bandwidth"), ("spec", "the spec sheet's"))
+                  if not text.is_missing(small[f"pct_bandwidth_{source}"])]
+        fmt = f" {text.md(small['fmt'])}" if small.get("weight_dtype") == "fp4" else ""
         lines.append(f"At M={small['m']} the fastest reader of the weights is {text.md(small['backend'])} on "
-                     f"{small['n']}x{small['k']} {text.md(small['fmt'])}: {text.sig(small['tbps'])} TB/s "
-                     f"({text.pct(small[f'pct_bandwidth_{basis}'])} of the {basis} bandwidth), "
-                     f"{text.sig(small['tflops'])} TFLOP/s.")
+                     f"{small['n']}x{small['k']}{fmt}: {text.sig(small['tbps'])} TB/s"
+                     + (f" ({', '.join(shares)})" if shares else "") + f", {text.sig(small['tflops'])} TFLOP/s.")
         # a device without a spec sheet entry (a CPU) has no spec peak: its share is not stated
         spec = ("" if text.is_missing(best["pct_peak_spec"]) else
                 f"{text.pct(best['pct_peak_spec'])} of the spec {text.md(best['math_dtype'])} peak and ")

@@ -276,9 +276,10 @@ def lever_lines(d: decode.Diagnosis, top: int | None = None, from_path: bool | N
 
 
 def path_levers_header(d: decode.Diagnosis) -> str:
-    """What the levers on the diagnosed path are: some replace its kernel or its batch, so they are
-    faster than the path at its batch, not the path made faster (the glance and the findings)."""
-    return f"faster than {d.chosen['path']} at B={d.config.decode_batch}, largest gain first"
+    """What the levers on the diagnosed path are: some replace its kernel or its batch, so they
+    decode more tokens a second than the path at its batch (a larger batch's call takes longer),
+    not the path made faster (the glance and the findings)."""
+    return f"more tokens a second than {d.chosen['path']} at B={d.config.decode_batch}, largest gain first"
 
 
 def findings(d: decode.Diagnosis) -> list[str]:
