@@ -169,7 +169,7 @@ def test_chapter_04_states_the_seed_table_in_one_sentence_and_levers_on_one_basi
     assert "triton-w4a16 GEMM loop" not in levers
     # the findings list the levers one a line, under their lead-in, largest gain first
     findings = page_text(page, "findings").replace("\\", "")
-    lead = f"- More tokens a second than {d.chosen['path']} at B={d.config.decode_batch}, largest gain first:\n  - "
+    lead = f"- More tokens/s than {d.chosen['path']} at B={d.config.decode_batch}, largest first:\n  - "
     assert lead in findings
     on_path, others = findings.split(lead)[1].split("\n- Against other baselines:\n  - ")
     shown = d.levers[d.levers["gain"] > 1 + decode.SAME_SPEED_WITHIN]

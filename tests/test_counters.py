@@ -100,7 +100,7 @@ def test_a_kernel_under_the_line_held_back_by_its_issue_rate_says_so():
     rows = moe[0].table[moe[0].table["launch"].str.contains("cuda-w4a16-moe mxfp4") & (moe[0].table["weights"] > 0)]
     stretched = [r.instr_per_weight / (r.issue_pct / 100) / even for r in rows.itertuples()]
     assert len(stretched) == 2 and all(r.instr_per_weight < even for r in rows.itertuples())
-    assert rate == ("The kernel runs fewer instructions per weight than that, but issues on only 65-66% of "
+    assert rate == (f"The kernel runs fewer than {even:.2f} instructions per weight, but issues on only 65-66% of "
                     f"its cycles: at that rate its instructions take {min(stretched):.1f}-{max(stretched):.1f}x "
                     "as long as reading its weights, so they, not its loads, set its time.")
     assert 1 < min(stretched) < max(stretched) < 1.3

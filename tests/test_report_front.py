@@ -74,10 +74,10 @@ def test_the_front_page_links_the_verdict_to_the_diagnosis_chapter_it_came_from(
     assert "{doc}`chapter 04, the diagnosis <chapters/reference/04_diagnosis>`" in page
     # the run table's pages are this CPU run's, not the diagnosis's evidence: it says so
     assert "measure no GPU: the diagnosis above reads the reference run" in page
-    # the GPU run's line says over which days its rows were measured (rows were added later)
+    # the verdict's title says over which days the run's rows were measured (rows were added later)
     from fp4lab.results import measured_span
     span = measured_span(leading.run_json())
-    assert " to " in span and f"({text_md(leading)}, measured {span}); this machine ran a CPU smoke run." in page
+    assert " to " in span and f"Verdict for {text_md(leading)}, measured {span}" in page
     # the facts' chapter references are links too, to the section of the same part's page they cite
     assert ("in [chapter 01](chapters/reference/01_fp4_gemm_sweep.ipynb"
             "#where-the-kernels-cycles-go-hardware-counters)):") in page
@@ -98,7 +98,7 @@ def test_the_front_page_links_the_verdict_to_the_diagnosis_chapter_it_came_from(
                         "pipe, not for their loads.")
     assert (f")): The diagnosed path's kernel, {text.md('cuda-w4a16-moe')}, profiled (") in page
     # under the instruction line, it says why fewer instructions per weight still help it
-    assert ("The diagnosed kernel runs fewer instructions per weight than that, but issues on only 66-67% "
+    assert ("The diagnosed kernel runs fewer than 4.43 instructions per weight, but issues on only 66-67% "
             "of its cycles: at that rate its instructions take 1.1-1.2x as long as reading its weights") in page
     assert "is not among them" not in page
     # without a profile of it on this GPU (the H200's of the dense kernel alone), the page says so
@@ -168,7 +168,7 @@ def test_the_front_page_shows_the_verdicts_numbers_and_its_three_largest_levers(
     on_path = shown[shown["from_path"]].sort_values("gain", ascending=False)
     assert len(on_path) >= 2      # the bound and batch 2048
     # only what would make the diagnosed path faster, largest first, under a header that says so
-    assert f"more tokens a second than {text.html(d.chosen['path'])} at B=512, largest gain first" in glance
+    assert f"more tokens/s than {text.html(d.chosen['path'])} at B=512, largest first" in glance
     # the largest, and the verdict's own lever (the path at its weight-read floor) in the last row
     # where it is not among them: three rows, so the seed's table stays above the fold
     floor = on_path[on_path["kind"] == "bound"].iloc[0]

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 from fp4lab import text
 from fp4lab.references import SEED_POWER
-from fp4lab.results import REPO_ROOT, RunDir, measured_span
+from fp4lab.results import REPO_ROOT, RunDir
 
 BOOK_DIR = REPO_ROOT / "book"
 PUBLISHED = BOOK_DIR / "_build" / "html"
@@ -213,9 +213,8 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
         d = decode.diagnose(leading, config)
         if not local_is_gpu:
             # one line: the seed's table below the verdict stays above the fold
-            span = measured_span(d.view.info)
-            lines += [f"**Newest GPU run: {text.code(leading.run_id)}** ({text.md(d.view.device)}"
-                      f"{f', measured {span}' if span else ''}); this machine ran a CPU smoke run.", ""]
+            lines += [f"**Newest GPU run: {text.code(leading.run_id)}** ({text.md(d.view.device)}); this machine "
+                      "ran a CPU smoke run.", ""]
         lines += ["```{raw} html", words.verdict_box(d), "```", ""]
         if not d.smoke:
             lines += ["```{raw} html", words.glance_html(d), "```", ""]
@@ -223,7 +222,7 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
             dtype = gemm_analysis.seed_math_dtype(d.gemm, d.seed_backend)
             # why this backend's, with its modelled loop: chapters 01 and 04 (above the fold here)
             seed = html_table(d.seed, seed_columns(dtype), caption=d.gemm.caption(
-                f"The seed's table, as fp4lab measured it: {d.seed_backend}; {seed_note(dtype)}"))
+                f"The seed's table for {d.seed_backend}: {seed_note(dtype)}"))
             lines += ["```{raw} html", f'<div class="fp4lab-seed">{seed}</div>', "```", ""]
         pages, headings = diagnosed_pages(run, report, leading), page_headings(run, report, leading)
 

@@ -310,7 +310,7 @@ def issue_rate_sentence(profiles: list[Counters], kernel: str, fmt: str | None =
     over_read = [r.instr_per_weight / (r.issue_pct / 100) / even for r in rows]
     if min(over_read) <= 1:
         return None
-    return (f"{subject} runs fewer instructions per weight than that, but issues on only "
+    return (f"{subject} runs fewer than {even:.2f} instructions per weight, but issues on only "
             f"{_span([r.issue_pct for r in rows], text.pct)} of its cycles: at that rate its instructions "
             f"take {_span(over_read, lambda v: f'{v:.1f}')}x as long as reading its weights, so they, not "
             "its loads, set its time.")

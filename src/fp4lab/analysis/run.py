@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fp4lab.results import RunDir, device_label, device_of, is_gpu_run, later_commits
+from fp4lab.results import RunDir, device_label, device_of, is_gpu_run, later_commits, measured_span
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,11 @@ class RunView:
     @property
     def created(self) -> str:
         return str(self.info.get("created") or "")
+
+    @property
+    def measured_span(self) -> str:
+        """The days its rows were measured ("2026-12-03 to 2026-12-06"; "" unknown)."""
+        return measured_span(self.info)
 
     def versions(self) -> dict[str, str | None]:
         return dict((self.info.get("provenance") or {}).get("versions") or {})

@@ -38,7 +38,7 @@ def seed_note(math_dtype: str | None) -> str:
 def seed_columns(math_dtype: str | None) -> list[Col]:
     """The seed table's columns, its "% of peak" headers naming the peak (`analysis.seed_math_dtype`:
     on Hopper a weight-only FP4 kernel runs bf16 MMAs, so its peak is bf16's, not an FP4 one)."""
-    peak = f"% of {math_dtype}" if math_dtype else "% of peak"     # short: one header line
+    peak = f"% {math_dtype}" if math_dtype else "% of peak"     # short: one header line
     return [Col("M", "M (tokens)", "int"), Col("TFLOP/s min", "TFLOP/s min", "sig"),
             Col("TFLOP/s max", "TFLOP/s max", "sig"), Col("% of spec peak", f"{peak} spec", "pct"),
             Col("% of measured peak", f"{peak} measured", "pct"), Col("regime", "regime")]

@@ -279,7 +279,7 @@ def path_levers_header(d: decode.Diagnosis) -> str:
     """What the levers on the diagnosed path are: some replace its kernel or its batch, so they
     decode more tokens a second than the path at its batch (a larger batch's call takes longer),
     not the path made faster (the glance and the findings)."""
-    return f"more tokens a second than {d.chosen['path']} at B={d.config.decode_batch}, largest gain first"
+    return f"more tokens/s than {d.chosen['path']} at B={d.config.decode_batch}, largest first"
 
 
 def findings(d: decode.Diagnosis) -> list[str]:
@@ -449,7 +449,9 @@ def verdict_box(d: decode.Diagnosis) -> str:
     """The verdict as the first thing on the page (and on the front page)."""
     from fp4lab.chapters.page import note_html
 
-    title = "CPU smoke run: no GPU verdict" if d.smoke else f"Verdict for {d.view.device}"
+    span = d.view.measured_span                # rows may have been added to the run days later
+    title = ("CPU smoke run: no GPU verdict" if d.smoke else
+             f"Verdict for {d.view.device}" + (f", measured {span}" if span else ""))
     return note_html(verdict_sentence(d), "smoke" if d.smoke else "note", title, markdown=True)
 
 
