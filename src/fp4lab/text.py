@@ -94,24 +94,23 @@ def sig(value, digits: int = 3) -> str:
     return f"{value:.{decimals}f}"
 
 
-def us_change(before, after) -> str:
-    """Two times as a change, the unit written once where both share it: '3.40 → 1.72 us',
-    '1.74 ms → 980 us'."""
-    first, second = us(before), us(after)
+def _two_times(first_us, second_us, between: str) -> str:
+    """Two times joined by `between`, the unit written once where both share it."""
+    first, second = us(first_us), us(second_us)
     unit = second.rpartition(" ")[2]
     if first.endswith(" " + unit) and unit in ("us", "ms"):
-        return f"{first.rpartition(' ')[0]} → {second}"
-    return f"{first} → {second}"
+        first = first.rpartition(" ")[0]
+    return f"{first}{between}{second}"
+
+
+def us_change(before, after) -> str:
+    """Two times as a change: '3.40 → 1.72 us', '1.74 ms → 980 us'."""
+    return _two_times(before, after, " → ")
 
 
 def us_span(low, high) -> str:
-    """Two times as a range, the unit written once where both share it: '1.76-2.06 ms',
-    '980 us-1.02 ms'."""
-    first, second = us(low), us(high)
-    unit = second.rpartition(" ")[2]
-    if first.endswith(" " + unit) and unit in ("us", "ms"):
-        return f"{first.rpartition(' ')[0]}-{second}"
-    return f"{first}-{second}"
+    """Two times as a range: '1.76-2.06 ms', '980 us-1.02 ms'."""
+    return _two_times(low, high, "-")
 
 
 def us(value, digits: int = 3) -> str:
