@@ -283,7 +283,8 @@ def _span(values, format_one) -> str:
 
 
 def _kernel_rows(profiles: list[Counters], kernel: str, fmt: str | None) -> list:
-    """The weight-reading launches of `kernel` (a backend or MoE method), those in `fmt` where any is."""
+    """The weight-reading launches of `kernel` (a backend or MoE method), those in `fmt` where
+    any is."""
     rows = [r for p in profiles for r in p.table.itertuples()
             if r.weights and str(r.launch).split(" ")[0] == kernel]
     return [r for r in rows if fmt and f" {fmt} " in f" {r.launch} "] or rows

@@ -225,8 +225,8 @@ def decode_paths(gemm: gemm_analysis.GemmResults | None, moe: moe_analysis.MoeRe
             kernels = 2 * active if "loop" in str(r.method).split("-") else 2     # layer-loop-bf16 too
             rows.append({"path": r.method, "source": "MoE sweep", "kind": r.kind, "fmt": r.fmt,
                          "weight_dtype": r.weight_dtype, "math_dtype": math, "batch": int(r.batch),
-                         "layer_us": r.layer_us, "layer_p20_us": r.layer_p20_us, "layer_p80_us": r.layer_p80_us,
-                         "weight_bytes": r.weight_bytes, "kernels": kernels,
+                         "layer_us": r.layer_us, "layer_p20_us": r.layer_p20_us,
+                         "layer_p80_us": r.layer_p80_us, "weight_bytes": r.weight_bytes, "kernels": kernels,
                          "sm_clock_mhz": r.sm_clock_mhz, "note": f"measured at B={int(r.batch)}",
                          **_floors(r.weight_dtype, math, r.weight_bytes, kernels, flops, gemm)})
     if gemm is not None and model.scaled is False:

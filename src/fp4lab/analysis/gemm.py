@@ -233,8 +233,8 @@ def weight_label(dtype) -> str:
 
 
 def seed_table(results: GemmResults, backend: str) -> pd.DataFrame:
-    """The seed's table for one backend: per M, the TFLOP/s range over the swept shapes and formats, the %
-    of the spec peak and of the measured peak, and the regime the roofline assigns."""
+    """The seed's table for one backend: per M, the TFLOP/s range over the swept shapes and
+    formats, the % of the spec peak and of the measured peak, and the regime the roofline assigns."""
     ok = results.ok[results.ok["backend"] == backend]
     rows = []
     for m, group in ok.groupby("m"):

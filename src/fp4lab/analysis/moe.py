@@ -115,11 +115,12 @@ def nearest_batch(results: MoeResults, batch: int) -> int | None:
 def layer_times(results: MoeResults, batch: int, routing_spec: str | None = None,
                 ep: int = 1) -> pd.DataFrame:
     """Each method's measured layer time at the measured batch nearest `batch` on one device,
-    fastest first: layer_us (with its samples' 20th and 80th percentiles where one timed call
-    is the layer, NaN where two GEMMs' times add up to it), the weights it read and their read floor, the lowest SM clock its
-    rows' timer read (`sm_clock_mhz`, NaN where none), and `speedup_vs_loop` (the loop of bf16
-    GEMMs' time over this method's: above 1 is faster than the loop). At `ep` > 1 the time is
-    the busiest EP rank's share of the layer (its own experts and pairs)."""
+    fastest first: layer_us (with its samples' 20th and 80th percentiles where one timed call is
+    the layer, NaN where two GEMMs' times add up to it), the weights it read and their read
+    floor, the lowest SM clock its rows' timer read (`sm_clock_mhz`, NaN where none), and
+    `speedup_vs_loop` (the loop of bf16 GEMMs' time over this method's: above 1 is faster than
+    the loop). At `ep` > 1 the time is the busiest EP rank's share of the layer (its own experts
+    and pairs)."""
     columns = ["method", "kind", "fmt", "weight_dtype", "batch", "layer_us", "layer_p20_us", "layer_p80_us",
                "weight_bytes", "sm_clock_mhz", "speedup_vs_loop"]
     ok = results.ok
