@@ -307,14 +307,17 @@ def issue_rate_sentence(profiles: list[Counters], kernel: str, fmt: str | None =
     stalls = _stall_pairs(max(rows, key=lambda r: r.us).stalls)[:2]
     if not stalls or not all(reason in ISSUE_STALLS for reason, _ in stalls):
         return None
-    # issuing on issue_pct of the slots stretches the instructions' time by 100 / issue_pct
-    over_read = [r.instr_per_weight / (r.issue_pct / 100) / even for r in rows]
-    if min(over_read) <= 1:
+    # issuing on issue_pct of the slots stretches the instructions' time by 100 / issue_pct: they
+    # count as that many more on every slot
+    at_rate = [r.instr_per_weight / (r.issue_pct / 100) for r in rows]
+    if min(at_rate) <= even:
         return None
-    return (f"{subject} runs fewer than {even:.2f} instructions per weight, but issues on only "
-            f"{_span([r.issue_pct for r in rows], text.pct)} of its cycles: at that rate its instructions "
-            f"take {_span(over_read, lambda v: f'{v:.1f}')}x as long as reading its weights, so they, not "
-            "its loads, set its time.")
+    return (f"{subject} is under the {even:.2f} line on every slot but over it at the rate it issues: "
+            f"{_span([r.instr_per_weight for r in rows], lambda v: f'{v:.1f}')} instructions per weight on "
+            f"{_span([r.issue_pct for r in rows], text.pct)} of its cycles count as "
+            f"{_span(at_rate, lambda v: f'{v:.1f}')} on every slot, so its instructions take "
+            f"{_span([v / even for v in at_rate], lambda v: f'{v:.1f}')}x as long as reading its weights: "
+            "they, not its loads, set its time.")
 
 
 def kernel_sentence(profiles: list[Counters], kernel: str, fmt: str | None = None,
