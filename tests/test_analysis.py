@@ -185,7 +185,8 @@ def test_a_path_far_above_its_memory_floor_is_called_kernel_limited_with_a_bound
     assert d.verdict["floor"] == "memory" and d.verdict["explained"] < decode.KERNEL_GAP and d.verdict["kernel_limited"]
     sentence = words.verdict_sentence(d)
     assert "**kernel-limited above its memory floor**. Its fastest measured path" in sentence
-    assert "; its largest floor, reading the active experts'" in sentence
+    gigabytes = text.sig(d.chosen["weight_bytes"] / 1e9)              # the bytes the floor reads
+    assert f"; its largest floor, reading its {gigabytes} GB of active " in sentence
     assert (f"TB/s, takes {text.us(d.verdict['floor_us'])} "
             f"({text.pct(100 * d.verdict['explained'])} of that).") in sentence
     assert "**memory-bound**" not in sentence and "hardware counters" in words.kernel_time_sentence(d)

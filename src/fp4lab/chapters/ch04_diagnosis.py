@@ -80,8 +80,8 @@ def verdict_sentence(d: decode.Diagnosis) -> str:
                        f"{text.pct(100 * p['fraction'])} of its {text.sig(p['power_limit_w'])} W limit.")
     stored = (str(path["fmt"]).upper() if path["weight_dtype"] == "fp4" and isinstance(path.get("fmt"), str)
               else path["weight_dtype"])
-    meaning = {"memory": f"reading the active experts' {text.md(stored)} weights once at the "
-                         f"measured {text.sig(d.bandwidth_tbps)} TB/s",
+    meaning = {"memory": f"reading its {text.sig(path['weight_bytes'] / 1e9)} GB of active "
+                         f"{text.md(stored)} weights once at the measured {text.sig(d.bandwidth_tbps)} TB/s",
                "launch": f"launching its {int(path['kernels'])} expert-GEMM kernels at the measured launch floor",
                "compute": f"the arithmetic at the {text.md(path['math_dtype'])} peak"}[v["floor"]]
     if v["kernel_limited"]:     # the largest floor, yet under KERNEL_GAP of the layer
