@@ -245,7 +245,10 @@ def test_a_change_of_time_writes_a_shared_unit_once():
 
     assert text.us_change(3.4, 1.72) == "3.40 → 1.72 us"
     assert text.us_change(1740.0, 1210.0) == "1.74 → 1.21 ms"
-    assert text.us_span(1755.7, 2056.4) == "1.76-2.06 ms" and text.us_span(980.0, 1020.0) == "980 us-1.02 ms"
+    assert text.span((1755.7, 2056.4), text.us) == "1.76-2.06 ms"
+    assert text.span((980.0, 1020.0), text.us) == "980 us-1.02 ms"
+    assert text.span([65.4, 66.2], text.pct) == "65-66%" and text.span([1.051, 1.118], lambda v: text.ratio(v, 3)) == "1.05-1.12x"
+    assert text.span((8, 16), str) == "8-16" and text.span((16, 16), str) == "16"
     assert text.us_change(1740.0, 980.0) == "1.74 ms → 980 us"
     assert text.us_change(float("nan"), 980.0) == f"{text.MISSING} → 980 us"
 

@@ -94,23 +94,27 @@ def sig(value, digits: int = 3) -> str:
     return f"{value:.{decimals}f}"
 
 
-def _two_times(first_us, second_us, between: str) -> str:
-    """Two times joined by `between`, the unit written once where both share it."""
-    first, second = us(first_us), us(second_us)
-    unit = second.rpartition(" ")[2]
-    if first.endswith(" " + unit) and unit in ("us", "ms"):
-        first = first.rpartition(" ")[0]
-    return f"{first}{between}{second}"
+def _without_shared_unit(first: str, second: str) -> str:
+    """`first` without its unit where `second` ends in the same one ('1.76 ms', '2.06 ms' ->
+    '1.76'; '65%' -> '65'; '1.05x' -> '1.05'); as it is where the units differ or there is none."""
+    unit = re.search(r"[^\d.]*$", second).group()
+    if unit and first.endswith(unit) and first[:-len(unit)][-1:].isdigit():
+        return first[:-len(unit)]
+    return first
+
+
+def span(values, format_one) -> str:
+    """The range of `values` as each end reads in `format_one`, the unit written once where both
+    share it: '65-66%', '1.05-1.12x', '1.76-2.06 ms', '980 us-1.02 ms'; one value where both ends
+    read the same."""
+    low, high = format_one(min(values)), format_one(max(values))
+    return low if low == high else f"{_without_shared_unit(low, high)}-{high}"
 
 
 def us_change(before, after) -> str:
-    """Two times as a change: '3.40 → 1.72 us', '1.74 ms → 980 us'."""
-    return _two_times(before, after, " → ")
-
-
-def us_span(low, high) -> str:
-    """Two times as a range: '1.76-2.06 ms', '980 us-1.02 ms'."""
-    return _two_times(low, high, "-")
+    """Two times as a change, the unit written once where both share it: '3.40 → 1.72 us',
+    '1.74 ms → 980 us'."""
+    return f"{_without_shared_unit(us(before), us(after))} → {us(after)}"
 
 
 def us(value, digits: int = 3) -> str:

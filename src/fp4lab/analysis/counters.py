@@ -277,11 +277,6 @@ def instruction_bound(profiles: list[Counters], bandwidth_tbps: float | None = N
 ISSUE_STALLS = ("not selected", "selected", "math pipe throttle", "dispatch stall")
 
 
-def _span(values, format_one) -> str:
-    low, high = format_one(min(values)), format_one(max(values))
-    return low if low == high else f"{low.removesuffix('%')}-{high}"
-
-
 def _kernel_rows(profiles: list[Counters], kernel: str, fmt: str | None) -> list:
     """The weight-reading launches of `kernel` (a backend or MoE method), those in `fmt` where
     any is."""
@@ -313,10 +308,10 @@ def issue_rate_sentence(profiles: list[Counters], kernel: str, fmt: str | None =
     if min(at_rate) <= even:
         return None
     return (f"{subject} is under the {even:.2f} line on every slot but over it at the rate it issues: "
-            f"{_span([r.instr_per_weight for r in rows], lambda v: f'{v:.1f}')} instructions per weight on "
-            f"{_span([r.issue_pct for r in rows], text.pct)} of its cycles count as "
-            f"{_span(at_rate, lambda v: f'{v:.1f}')} on every slot, so its instructions take "
-            f"{_span([v / even for v in at_rate], lambda v: f'{v:.1f}')}x as long as reading its weights: "
+            f"{text.span([r.instr_per_weight for r in rows], lambda v: f'{v:.1f}')} instructions per weight on "
+            f"{text.span([r.issue_pct for r in rows], text.pct)} of its cycles count as "
+            f"{text.span(at_rate, lambda v: f'{v:.1f}')} on every slot, so its instructions take "
+            f"{text.span([v / even for v in at_rate], lambda v: f'{v:.1f}x')} as long as reading its weights: "
             "they, not its loads, set its time.")
 
 
@@ -336,9 +331,9 @@ def kernel_sentence(profiles: list[Counters], kernel: str, fmt: str | None = Non
     launches = ", ".join(f"{text.md(' '.join(w[common:]))} {text.us(r.us)}" for w, r in zip(words, rows))
     where = f"{text.md(' '.join(words[0][:common]))}: {launches}" if common else launches
     line = (f"{subject or text.md(kernel)}, profiled ({where}), issues "
-            f"{_span([r.instr_per_weight for r in rows], lambda v: f'{v:.1f}')} instructions per weight on "
-            f"{_span([r.issue_pct for r in rows], text.pct)} of its cycles, with DRAM "
-            f"{_span([r.dram_pct for r in rows], text.pct)} busy")
+            f"{text.span([r.instr_per_weight for r in rows], lambda v: f'{v:.1f}')} instructions per weight on "
+            f"{text.span([r.issue_pct for r in rows], text.pct)} of its cycles, with DRAM "
+            f"{text.span([r.dram_pct for r in rows], text.pct)} busy")
     stalls = _stall_pairs(max(rows, key=lambda r: r.us).stalls)[:2]
     if stalls:
         named = [f"{reason} ({cycles} cycles per instruction issued)" if i == 0 else f"{reason} ({cycles})"

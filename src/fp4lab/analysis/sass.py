@@ -118,17 +118,12 @@ def serialized_per_m(own: pd.DataFrame, read: SassRead) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
-def _count_span(counts: tuple[int, int]) -> str:
-    """'16', or '8-16' where the counts differ."""
-    return f"{counts[0]}" if counts[0] == counts[1] else f"{counts[0]}-{counts[1]}"
-
-
 def serialized_sentence(per_m: pd.DataFrame, read: SassRead, run_triton: str | None = None) -> str | None:
     """What the read says of KERNEL's builds (a `serialized_per_m` frame), or None where it read
     none of them; `run_triton` the run's Triton version."""
     if not len(per_m):
         return None
-    counts = _count_span((int(per_m["hgmma_min"].min()), int(per_m["hgmma_max"].max())))
+    counts = text.span((int(per_m["hgmma_min"].min()), int(per_m["hgmma_max"].max())), str)
 
     def part(row) -> str:
         if row.serialized in (0, row.points) and row.points == row.timed:
@@ -191,6 +186,11 @@ def read_in_flight_trial(folder) -> InFlightTrial:
                          run_id=str(info.get("run_id", folder.name)))
 
 
+def _ratio(value) -> str:
+    """A trial ratio to three digits ('1.05x'): the builds differ by a few percent."""
+    return text.ratio(float(value), 3)
+
+
 def in_flight_sentence(trial: InFlightTrial, m: int = TRIAL_M) -> str | None:
     """What the trial says at M = `m`, per point: the wgmma build's time over its own mma.sync
     build's and over the fastest peer's; None where it timed no point at `m`."""
@@ -202,16 +202,10 @@ def in_flight_sentence(trial: InFlightTrial, m: int = TRIAL_M) -> str | None:
     lead = ("Keeping them in flight did not help in fp4lab's own trial" if helped == 0
             else f"Keeping them in flight helped at {helped} of {len(at)} points of fp4lab's own trial")
     return (f"{lead}: its CUDA fused MoE kernel, run as a dense GEMM at M = {m} on {trial.machine} "
-            f"({text.count(len(at), 'point')}, before any split-K reduction), took {_ratio_span(over_sync)} "
-            f"the time of its mma.sync build when it kept its wgmma in flight ({_count_span(trial.waited)} of "
-            f"its {_count_span(trial.issued)} waited for, at the ends of its staged chunks), and "
-            f"{_ratio_span(over_peer)} the fastest peer's (source: {trial.run_id}).")
-
-
-def _ratio_span(ratios) -> str:
-    """'1.05-1.12x', or one ratio where both ends read the same."""
-    low, high = text.ratio(float(min(ratios)), 3), text.ratio(float(max(ratios)), 3)
-    return low if low == high else f"{low.removesuffix('x')}-{high}"
+            f"({text.count(len(at), 'point')}, before any split-K reduction), took {text.span(over_sync, _ratio)} "
+            f"the time of its mma.sync build when it kept its wgmma in flight ({text.span(trial.waited, str)} of "
+            f"its {text.span(trial.issued, str)} waited for, at the ends of its staged chunks), and "
+            f"{text.span(over_peer, _ratio)} the fastest peer's (source: {trial.run_id}).")
 
 
 def compiled_finding(own: pd.DataFrame, run_view, root: Path = MEASUREMENTS_ROOT) -> str | None:

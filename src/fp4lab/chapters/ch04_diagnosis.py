@@ -138,7 +138,7 @@ def _table_time(path: dict) -> str:
     if text.is_missing(low) or text.is_missing(high):
         return f"{text.us(path['layer_us'])} in the table of methods"
     return (f"the table of methods' median is {text.us(path['layer_us'])}, its 20th-80th percentiles "
-            f"{text.us_span(low, high)}")
+            f"{text.span((low, high), text.us)}")
 
 
 def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
