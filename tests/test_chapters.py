@@ -261,6 +261,7 @@ def test_one_gpu_comm_rows_rank_no_layout_and_say_why(tmp_path):
     assert study.source.run_id == COMM_ONE_GPU.name and study.gpus == 1
     assert "one GPU" in study.why_not and not len(study.layouts)
     assert layouts.smallest_time(study)["us"] < 5        # world size 1: a local copy, microseconds
+    from fp4lab import text
     from fp4lab.chapters.ch05_comm import findings
     said = findings(study)[0]
     assert "every collective ran at one rank, a copy inside one GPU" in said and "pays" not in said
@@ -268,6 +269,26 @@ def test_one_gpu_comm_rows_rank_no_layout_and_say_why(tmp_path):
     assert study.from_reference
     assert f"(in the run shown beside, `{COMM_ONE_GPU.name}`: this run measured no collective)" in said
     assert not layouts.study(RunDir.open(copy), None, "glm-5", [64, 512], 512).from_reference
+    # the cheapest call is read at the fewest tokens; the table at the decode batch: both are said
+    cheapest = layouts.smallest_time(study)
+    table = layouts.at_decode(study, 512)
+    same = table[(table["op"] == cheapest["op"]) & (table["dtype"] == cheapest["dtype"])]
+    assert cheapest["tokens"] < cheapest["table_tokens"] == int(same["tokens"].iloc[0])
+    assert f"at the table's {cheapest['table_tokens']} tokens it takes {text.us(cheapest['table_us'])}" in said
+    assert cheapest["table_us"] == float(same["median_us"].iloc[0])
+
+
+def test_the_comm_page_says_its_rank_knobs_launched_nothing_when_rendering_a_gpu_run(reference_copy):
+    """Rendered on a CPU, the full profile's nproc (all: 2 processes here) did not measure the
+    collectives shown; the parameters say at how many ranks they ran."""
+    from fp4lab.chapters import ch05_comm
+
+    page = ch05_comm.build(str(reference_copy), str(COMM_ONE_GPU), "full", "cpu")
+    parameters = html.unescape(page_text(page, "parameters"))
+    assert re.search(r"nproc</td><td[^>]*>2 \(the full profile's\); no comm run launched \(rendering only\): "
+                     r"the collectives shown ran at 1 rank<", parameters)
+    assert re.search(r"measure</td><td[^>]*>True \(the full profile's\); no comm run launched \(rendering only\)<",
+                     parameters)
 
 
 def test_the_ep_lever_adds_measured_all_to_alls_only_where_measured():

@@ -13,7 +13,8 @@ from __future__ import annotations
 from fp4lab import params, profiles, text
 from fp4lab.analysis import comm as comm_analysis
 from fp4lab.analysis import layouts as analysis
-from fp4lab.chapters.context import Context, open_context, parameters_block, resolve_parameters
+from fp4lab.chapters.context import (Context, annotate_parameters, open_context, parameters_block,
+                                     resolve_parameters)
 from fp4lab.plots import comm as figures
 from fp4lab.plots.tables import Col, html_table
 
@@ -53,11 +54,25 @@ def build(run_dir: str = "", reference_dir: str = "", profile: str = "auto", dev
     nproc = _nproc(context, section["nproc"] if nproc is None else nproc)
     resolve_parameters(context, measure=measure, nproc=nproc, routing=routing, batches=batches, preset=preset,
                        decode_batch=decode_batch, timeout_s=timeout_s)
-    if measure and context.measures_here and not context.run.has_table("comm"):
+    launch = measure and context.measures_here and not context.run.has_table("comm")
+    if launch:
         context.parameters.append(("comm run now", measure_comm(context, nproc, routing, timeout_s)))
+    study = analysis.study(context.run, context.reference, preset, batches, decode_batch, routing)
+    if not launch:
+        why = _not_launched(context, measure)
+        annotate_parameters(context, why, "measure")
+        annotate_parameters(context, why + (f": the collectives shown ran at {text.count(study.gpus, 'rank')}"
+                                            if study.source is not None else ""), "nproc")
     parameters_block(context)
-    fill(context, analysis.study(context.run, context.reference, preset, batches, decode_batch, routing))
+    fill(context, study)
     return context.page
+
+
+def _not_launched(context: Context, measure: bool) -> str:
+    """Why the page launched no comm run."""
+    why = ("measure is off" if not measure else "the run already holds its collectives"
+           if context.run.has_table("comm") else "rendering only")
+    return f"no comm run launched ({why})"
 
 
 def _nproc(context: Context, value) -> int:
@@ -153,16 +168,18 @@ def findings(study: analysis.LayoutStudy) -> list[str]:
         device += f" (in the run shown beside, {text.code(study.source.run_id)}: this run measured no collective)"
     if smallest and study.gpus == 1:
         # one rank: each collective is a copy inside one GPU, a floor of the call, not a cost of spreading
-        lines.append(f"On {device} every collective ran at one rank, a copy inside one GPU: "
-                     f"{text.md(smallest['op'])} at {smallest['tokens']} tokens takes {text.us(smallest['us'])} "
-                     f"({text.md(smallest['backend'])}) a call, the call's own floor"
+        lines.append(f"On {device} every collective ran at one rank, a copy inside one GPU: the cheapest call, "
+                     f"{text.md(smallest['op'])} at {smallest['tokens']} tokens (the fewest measured), takes "
+                     f"{text.us(smallest['us'])} ({text.md(smallest['backend'])}), the call's own floor"
                      + (f" ({smallest['calls_per_sample']} calls back to back in each timed sample, so "
                         "they share the launch and timer cost that chapter 01's launch floor puts on a "
-                        "single kernel)." if (smallest["calls_per_sample"] or 1) > 1 else "."))
+                        "single kernel)" if (smallest["calls_per_sample"] or 1) > 1 else "")
+                     + f"{_at_table(smallest)}.")
     elif smallest:
         lines.append(f"On {device} the cheapest collective measured is {text.md(smallest['op'])} at "
                      f"{text.count(int(smallest['world_size']), 'rank')}, {text.count(int(smallest['tokens']), 'token')}: {text.us(smallest['us'])} "
-                     f"({text.md(smallest['backend'])}); every layer of a spread step pays at least one such call.")
+                     f"({text.md(smallest['backend'])}){_at_table(smallest)}; every layer of a spread step pays at "
+                     "least one such call.")
     if study.fastest.get("layout"):
         lines.append(text.md(study.fastest["sentence"]) + ".")
         if study.model is not None and study.model.scaled:
@@ -173,3 +190,10 @@ def findings(study: analysis.LayoutStudy) -> list[str]:
     elif study.why_not:
         lines.append(text.md(text.upper_first(study.why_not)) + ".")
     return lines
+
+
+def _at_table(smallest: dict) -> str:
+    """The cheapest call's time at the table's token count, where the table reads another count."""
+    if smallest["table_us"] is None or smallest["table_tokens"] == smallest["tokens"]:
+        return ""
+    return f"; at the table's {smallest['table_tokens']} tokens it takes {text.us(smallest['table_us'])}"

@@ -112,6 +112,12 @@ def resolve_parameters(context: Context, **resolved: Any) -> None:
                           for name, value in context.parameters]
 
 
+def annotate_parameters(context: Context, note: str, *names: str) -> None:
+    """A note after the named knobs' values: a knob the page did not act on says so, and why."""
+    context.parameters = [(name, f"{_shown(value)}; {note}") if name in names else (name, value)
+                          for name, value in context.parameters]
+
+
 def _shown(value: Any) -> str:
     if isinstance(value, (list, tuple)) and value and all(
             isinstance(item, (list, tuple)) and len(item) == 2 for item in value):
