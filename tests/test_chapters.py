@@ -203,6 +203,20 @@ def test_chapter_03_tables_each_other_model_the_run_swept_with_its_own_times(ref
     assert re.search(r"batches the run also holds</td><td[^>]*>4096<", parameters)
 
 
+def test_chapter_03_names_the_layer_rows_timed_at_a_lower_clock(reference_copy):
+    """The reference's MXFP4 cuda-w4a16-moe rows read 1815 MHz where every other B = 512 row read
+    1980: the layer table's caption says so, so the two formats' times are not read as the
+    kernel's alone."""
+    from fp4lab.analysis import moe
+
+    at = moe.layer_times(moe.moe_results(reference_copy, "glm-5"), 512, "uniform")
+    usual, slow = moe.slow_clock_rows(at)
+    assert usual == 1980 and [(r.method, r.fmt) for r in slow.itertuples()] == [("cuda-w4a16-moe", "mxfp4")]
+    measured = html.unescape(page_text(ch03_moe.build(str(reference_copy), "none", "full", "cpu"), "measured"))
+    assert "timed at an SM clock of 1980 MHz but cuda-w4a16-moe (mxfp4) at 1815 MHz" in measured
+    assert moe.slow_clock_rows(at.assign(sm_clock_mhz=float("nan")))[0] is None
+
+
 def test_chapter_03_says_how_to_add_a_model_when_the_run_swept_one(tmp_path, reference_copy):
     run = tmp_path / reference_copy.name
     shutil.copytree(reference_copy, run)

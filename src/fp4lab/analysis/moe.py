@@ -152,6 +152,20 @@ def layer_times(results: MoeResults, batch: int, routing_spec: str | None = None
     return table.sort_values("layer_us").reset_index(drop=True)
 
 
+SLOW_CLOCK_SHARE = 0.97     # a row timed under this share of its table's usual SM clock is named
+
+
+def slow_clock_rows(at: pd.DataFrame) -> tuple[float | None, pd.DataFrame]:
+    """The SM clock most rows of a `layer_times` table were timed at, and the rows whose timer read
+    a clock under SLOW_CLOCK_SHARE of it (their times are partly the clock's, not only the
+    method's). (None, no rows) where the table records no clock."""
+    clocks = at["sm_clock_mhz"].dropna() if "sm_clock_mhz" in at else pd.Series(dtype=float)
+    if not len(clocks):
+        return None, at.iloc[0:0]
+    usual = float(clocks.mode().max())
+    return usual, at[at["sm_clock_mhz"] < SLOW_CLOCK_SHARE * usual]
+
+
 def expert_parallel_times(results: MoeResults, batch: int, routing_spec: str | None = None) -> pd.DataFrame:
     """Each method the MoE sweep timed on the busiest rank at an EP degree P > 1 with P x `batch`
     tokens a step (P GPUs each bring `batch`), beside its own time alone on one GPU at `batch`:

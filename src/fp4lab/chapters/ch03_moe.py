@@ -100,8 +100,8 @@ def fill(context: Context, config: MoeSweep, results: analysis.MoeResults, targe
             "one MoE layer's routed experts on one device (EP 1), every correct method"))
     at = decorated(results, decode_batch, config.routing)
     if len(at):
-        page.html("measured", html_table(at, LAYERS, caption=results.caption(
-            f"at B={int(at['batch'].iloc[0])}, the measured batch nearest the decode batch {decode_batch}")))
+        page.html("measured", html_table(at, LAYERS, caption=layer_caption(
+            results, at, f"at B={int(at['batch'].iloc[0])}, the measured batch nearest the decode batch {decode_batch}")))
     failed = results.frame[results.frame["status"] != "ok"].drop_duplicates("method")
     if len(failed):
         page.html("measured", html_table(failed, UNAVAILABLE, caption="methods that did not run here"))
@@ -123,9 +123,9 @@ def fill(context: Context, config: MoeSweep, results: analysis.MoeResults, targe
         other = analysis.moe_results(context.run, key)
         other_at = decorated(other, decode_batch, config.routing)
         if len(other_at):
-            page.html("others", html_table(other_at, LAYERS, caption=other.caption(
-                f"at B={int(other_at['batch'].iloc[0])}, the measured batch nearest the decode "
-                f"batch {decode_batch}")))
+            page.html("others", html_table(other_at, LAYERS, caption=layer_caption(
+                other, other_at, f"at B={int(other_at['batch'].iloc[0])}, the measured batch nearest the decode "
+                                 f"batch {decode_batch}")))
             page.bullets("others", [other_model_finding(other, other_at)])
     if context.reference is not None and context.reference.run.has_table("moe"):
         reference = analysis.moe_results(context.reference.run, config.preset)
@@ -136,9 +136,19 @@ def fill(context: Context, config: MoeSweep, results: analysis.MoeResults, targe
             page.prose("reference", f"The same layer in the run shown beside, {text.code(reference.view.run_id)} "
                                     f"({text.md(reference.view.device)}, {text.md(reference.view.created[:10])}): "
                                     f"fastest there {text.md(fastest['method'])} at {text.us(fastest['layer_us'])}.")
-            page.html("reference", html_table(ref_at, LAYERS, caption=reference.caption(
-                f"the run shown beside at B={int(ref_at['batch'].iloc[0])}")))
+            page.html("reference", html_table(ref_at, LAYERS, caption=layer_caption(
+                reference, ref_at, f"the run shown beside at B={int(ref_at['batch'].iloc[0])}")))
     page.bullets("findings", routing_findings(model, decode_batch, config) + measured_findings(results, at))
+
+
+def layer_caption(results: analysis.MoeResults, at, what: str) -> str:
+    """A layer table's caption, naming the rows whose timer read a lower SM clock than the rest."""
+    usual, slow = analysis.slow_clock_rows(at)
+    if len(slow):
+        named = "; ".join(f"{row.method}{f' ({row.fmt})' if isinstance(row.fmt, str) else ''} at "
+                          f"{text.sig(row.sm_clock_mhz)} MHz" for row in slow.itertuples())
+        what += f"; timed at an SM clock of {text.sig(usual)} MHz but {named}"
+    return results.caption(what)
 
 
 def decorated(results: analysis.MoeResults, batch: int, routing: str):
