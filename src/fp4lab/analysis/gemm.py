@@ -275,7 +275,7 @@ def seed_regimes(seed: pd.DataFrame) -> dict[str, Any] | None:
 
 def four_bit_points(results: GemmResults) -> pd.DataFrame:
     """Every correct point of a 4-bit-weight backend and of the bf16 baseline, with the FP4
-    weight-read floor of its shape at the run's bandwidth (the limit line)."""
+    weight-read floor of its shape at the run's bandwidth (chapter 01 draws it as the dashed line at 1)."""
     ok = results.ok
     chosen = ok[ok["weight_dtype"].isin(FOUR_BIT) | (ok["backend"] == BASELINE)].copy()
     bandwidth = results.bandwidth_tbps

@@ -248,7 +248,7 @@ def fp4_sentence(d: decode.Diagnosis) -> str | None:
         return None
     floor = fp4["floor_us"]
     line = (f"FP4 weights at B={d.config.decode_batch}: reading the active experts' {text.md(fp4['fmt'].upper())} "
-            f"weights once takes {text.us(floor)} (the limit line)")
+            f"weights once, their weight-read floor, takes {text.us(floor)}")
     best = fp4.get("best")
     if best is None:
         return line + "; no FP4-weight path ran correctly here."

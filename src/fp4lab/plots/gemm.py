@@ -81,7 +81,7 @@ def four_bit_vs_floor(points: pd.DataFrame, baseline: str = "torch-bf16"):
     for ax in axes[-1]:
         ax.set_xlabel("M (tokens)")
     for ax in axes[:, 0]:
-        ax.set_ylabel("time / FP4 read floor")
+        ax.set_ylabel("time / FP4 weight-read floor")
     hide_unused(axes, len(panels))
     figure_legend(fig, axes)
     return fig
