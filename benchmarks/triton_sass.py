@@ -27,13 +27,14 @@ import tempfile
 from pathlib import Path
 
 from fp4lab.backends import triton_w4a16
-from fp4lab.backends.triton_w4a16_kernel import Launch, w4a16_kernel
+from fp4lab.backends.triton_w4a16_kernel import Launch, w4a16_kernel, w4a16_stream_kernel
 
 HGMMA = re.compile(r"\bHGMMA\.")
 FULL_WAIT = re.compile(r"WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x0\b")
 POINTER_ARGS = {"a_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "gs_ptr": "*fp32", "c_ptr": "*bf16",
                 "ws_ptr": "*fp32", "count_ptr": "*i32", "salt_ptr": "*i32"}
-INT_ARGS = ("M", "N", "K", "blocks_per_split", "splits", "stride_am", "stride_wn", "stride_sn", "stride_cm")
+INT_ARGS = ("M", "N", "K", "blocks_per_split", "splits", "steps_per_program", "stride_am", "stride_wn",
+            "stride_sn", "stride_cm")
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
 
 
@@ -73,8 +74,9 @@ def compile_preset(fmt: str, n: int, k: int, m: int):
     launch = Launch(m, n, k, fmt, config, "full", "cpu")
     constants = {name: value for name, value in launch.constants.items() if name not in LAUNCH_OPTIONS}
     types = signature(launch) | {name: "constexpr" for name in constants}
-    names = list(w4a16_kernel.arg_names)
-    source = ASTSource(fn=w4a16_kernel, signature={name: types[name] for name in names},
+    kernel = w4a16_stream_kernel if config.stream_k else w4a16_kernel
+    names = list(kernel.arg_names)
+    source = ASTSource(fn=kernel, signature={name: types[name] for name in names},
                        constexprs={(names.index(name),): value for name, value in constants.items()})
     options = {name: launch.constants[name] for name in LAUNCH_OPTIONS}
     return config, triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)

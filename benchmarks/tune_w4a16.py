@@ -300,7 +300,7 @@ def measure_config(point: Point, config: TileConfig, a, w, device: str,
                         timer, device)
     row.update(kind="dense", backend="triton-w4a16", **dataclasses.asdict(point),
                config=dataclasses.asdict(config), label=config.label(),
-               ctas=config.ctas(point.m, point.n, point.k), bytes=fp4_bytes(point))
+               ctas=config.ctas(point.m, point.n, point.k, sm_count(device)), bytes=fp4_bytes(point))
     if "median_us" in row:
         row["tbps"] = row["bytes"] / row["median_us"] / 1e6
     return row

@@ -36,10 +36,13 @@ INTERPRETER_SCRIPT = r"""
 import json, sys, torch
 from fp4lab import formats
 from fp4lab.backends import get
+from fp4lab.backends import triton_w4a16
 from fp4lab.backends.triton_w4a16 import TileConfig
 
 results = []
 for case in json.loads(sys.argv[1]):
+    # a stream-K grid is CTAs an SM times the SMs: a tiny shape's steps outnumber it only on a few
+    triton_w4a16.sm_count = lambda device, sms=case["sm_count"]: sms
     gen = torch.Generator().manual_seed(case["seed"])
     a = torch.randn(case["m"], case["k"], generator=gen).to(torch.bfloat16)
     w = formats.quantize(torch.randn(case["n"], case["k"], generator=gen), case["fmt"])
@@ -68,8 +71,8 @@ def run_interpreted(script: str, payload) -> list[dict]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def case(fmt, m, n, k, config=None, seed=0):
-    return {"fmt": fmt, "m": m, "n": n, "k": k, "seed": seed,
+def case(fmt, m, n, k, config=None, seed=0, sm_count=132):
+    return {"fmt": fmt, "m": m, "n": n, "k": k, "seed": seed, "sm_count": sm_count,
             "config": None if config is None else dataclasses.asdict(config)}
 
 
@@ -81,8 +84,23 @@ def case(fmt, m, n, k, config=None, seed=0):
 # with uneven splits (one of a single K step under 3 tiles in flight), several rows, 1, 2 and 3
 # tiles in flight; TMA loads (tensor descriptors) with the same tails, both dots, split-K, the
 # scales by pointer (BK/S < 16 bytes) and by descriptor (BK 256 in nvfp4, 512 in both formats);
-# and the tiled weight layout (N padded to whole tiles) on both load paths, both dots, split-K.
+# and the tiled weight layout (N padded to whole tiles) on both load paths, both dots, split-K;
+# stream-K on one SM's worth of CTAs (`sm_count` 1): runs that end inside a tile and runs that
+# span two (the partials' slots and counters), a K tail, whole-tile runs (stored directly) with
+# the plain dot and several M tiles, runs longer than a tile, TMA and the tiled layout.
+STREAM_CASES = [
+    (3, 40, 320, TileConfig(block_m=16, block_n=32, block_k=64, swap_ab=True, stream_k=3)),
+    (2, 33, 448, TileConfig(block_m=16, block_n=16, block_k=128, swap_ab=True, stream_k=5)),
+    (37, 24, 128, TileConfig(block_m=16, block_n=16, block_k=64, stream_k=6)),
+    (1, 40, 256, TileConfig(block_m=16, block_n=16, block_k=64, swap_ab=True, stream_k=2)),
+    (3, 40, 320, TileConfig(block_m=16, block_n=32, block_k=64, swap_ab=True, loads="tma",
+                            stream_k=3)),
+    (2, 33, 448, TileConfig(block_m=16, block_n=16, block_k=128, swap_ab=True, loads="tma",
+                            layout="tiles", stream_k=5)),
+]
 INTERPRETER_CASES = [
+    case(fmt, m, n, k, config, sm_count=1) for fmt in ("nvfp4", "mxfp4") for m, n, k, config in STREAM_CASES
+] + [
     case(fmt, m, n, k, config)
     for fmt in ("nvfp4", "mxfp4")
     for m, n, k, config in [
@@ -298,7 +316,8 @@ def test_presets_from_json_round_trip(monkeypatch):
 @pytest.mark.parametrize("field,value", [("block_m", 8), ("block_n", 48), ("block_k", 32),
                                          ("split_k", 0), ("split_k", 33), ("num_warps", 3),
                                          ("num_stages", 0), ("swap_ab", 1), ("math", "mma"),
-                                         ("decode", "lut")])
+                                         ("decode", "lut"), ("stream_k", -1), ("stream_k", 9),
+                                         ("stream_k", True)])
 def test_bad_tile_config_names_the_field(field, value):
     fields = {"block_m": 16, "block_n": 64, "block_k": 128, field: value}
     with pytest.raises(ValueError, match=f"TileConfig.{field}"):
@@ -318,6 +337,30 @@ def test_tma_loads_need_the_tensor_core_kernel_and_a_known_name():
     with pytest.raises(ValueError, match="TileConfig.loads must be one of"):
         TileConfig(block_m=16, block_n=16, block_k=64, loads="bulk")
     assert TileConfig(block_m=16, block_n=16, block_k=64, loads="tma").label().endswith(" tma")
+
+
+def test_stream_k_needs_the_tensor_core_kernel_unsplit_and_is_labelled():
+    with pytest.raises(ValueError, match="stream_k.*math='dot' and split_k=1, got math='gemv'"):
+        TileConfig(block_m=1, block_n=16, block_k=64, math="gemv", stream_k=2)
+    with pytest.raises(ValueError, match="split_k=4"):
+        TileConfig(block_m=16, block_n=16, block_k=64, split_k=4, stream_k=2)
+    config = TileConfig(block_m=64, block_n=128, block_k=128, swap_ab=True, loads="tma", stream_k=3)
+    assert config.label().endswith(" tma sk3")
+    assert config.ctas(64, 8192, 8192, 132) == 396            # 3 CTAs on each of 132 SMs
+    assert config.ctas(64, 256, 256, 132) == 4                 # no more CTAs than steps
+
+
+@pytest.mark.parametrize("tiles,k_blocks,programs", [(64, 64, 396), (48, 16, 396), (2, 5, 3), (3, 4, 2),
+                                                     (6, 2, 6), (5, 7, 1), (4, 3, 100)])
+def test_a_stream_k_plan_gives_every_step_to_one_program_and_counts_the_slots(tiles, k_blocks, programs):
+    from fp4lab.backends.triton_w4a16_kernel import stream_plan
+
+    per_program, used, slots = stream_plan(tiles, k_blocks, programs)
+    steps = tiles * k_blocks
+    assert used <= programs and (used - 1) * per_program < steps <= used * per_program   # none idle
+    owners = [step // per_program for step in range(steps)]                              # [steps]
+    meets = [len(set(owners[t * k_blocks:(t + 1) * k_blocks])) for t in range(tiles)]
+    assert slots == max(meets)
 
 
 def test_tiled_layout_needs_the_tensor_core_kernel_and_a_known_name():
@@ -430,6 +473,27 @@ def test_kernel_on_the_gpu(fmt, m, decode, loads, layout):
     prepared = get("triton-w4a16").prepare(a, w, "cuda", config=config)
     ref = prepared.ref_a.double() @ prepared.ref_w.double().T
     for _ in range(2):   # split-K counters back at zero after each call
+        prepared.out.fill_(float("nan"))
+        out = prepared.call()
+        assert torch.isfinite(out).all()
+        assert ((out.double() - ref).norm() / ref.norm()).item() < 4e-3
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("m", [1, 64, 100])
+@pytest.mark.parametrize("stream_k", [1, 3])
+def test_stream_k_on_the_gpu(fmt, m, stream_k):
+    """The persistent grid on the GPU's own SMs, a K of 47 blocks (no even share) and N with a
+    tail, called twice: runs inside and across tiles, counters reset between calls."""
+    from fp4lab.backends import get
+
+    a = torch.randn(m, 47 * 128, device="cuda").to(torch.bfloat16)
+    w = formats.quantize(torch.randn(4096 + 3, 47 * 128, device="cuda"), fmt)
+    config = TileConfig(block_m=64, block_n=128, block_k=128, swap_ab=True, loads="tma", stream_k=stream_k)
+    prepared = get("triton-w4a16").prepare(a, w, "cuda", config=config)
+    ref = prepared.ref_a.double() @ prepared.ref_w.double().T
+    for _ in range(2):
         prepared.out.fill_(float("nan"))
         out = prepared.call()
         assert torch.isfinite(out).all()

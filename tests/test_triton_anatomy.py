@@ -18,8 +18,10 @@ REPO = os.path.join(os.path.dirname(__file__), "..")
 ANATOMY_SCRIPT = r"""
 import json, sys, torch
 from fp4lab import formats
+from fp4lab.backends import triton_w4a16
 from fp4lab.backends.triton_w4a16 import TileConfig, anatomy_variants
 
+triton_w4a16.sm_count = lambda device: 1     # a stream-K grid with fewer CTAs than steps
 results = []
 for fmt, config in json.loads(sys.argv[1]):
     gen = torch.Generator().manual_seed(3)
@@ -39,7 +41,8 @@ print(json.dumps(results))
 """
 
 CONFIGS = [   # split-K with the swapped dot; the plain dot (and the other format); TMA loads;
-              # the tiled layout (N 40 padded to 48 rows) by pointer and by TMA
+              # the tiled layout (N 40 padded to 48 rows) by pointer and by TMA; stream-K (runs
+              # that span two tiles: every stage's partials shared)
     ("nvfp4", {"block_m": 16, "block_n": 16, "block_k": 64, "split_k": 3, "swap_ab": True}),
     ("mxfp4", {"block_m": 16, "block_n": 32, "block_k": 64, "split_k": 2}),
     ("nvfp4", {"block_m": 16, "block_n": 16, "block_k": 256, "split_k": 2, "swap_ab": True,
@@ -48,6 +51,7 @@ CONFIGS = [   # split-K with the swapped dot; the plain dot (and the other forma
                "layout": "tiles"}),
     ("nvfp4", {"block_m": 16, "block_n": 16, "block_k": 256, "split_k": 2, "swap_ab": True,
                "loads": "tma", "layout": "tiles"}),
+    ("mxfp4", {"block_m": 16, "block_n": 16, "block_k": 64, "swap_ab": True, "stream_k": 4}),
 ]
 
 

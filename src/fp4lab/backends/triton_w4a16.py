@@ -40,6 +40,8 @@ DECODES = ("ptx", "bits")
 LOADS = ("pointer", "tma")
 LAYOUTS = ("rows", "tiles")
 MAX_SPLIT_K = 32
+MAX_STREAM_K = 8                   # CTAs an SM of a stream-K grid (an SM holds at most 32 CTAs,
+                                   # and these tiles' registers allow a few)
 # Must match triton_w4a16_kernel (kept here so choosing a config and checking weights needs no
 # triton import): scales enter the kernel as bf16 * 2^SCALE_EXP.
 SCALE_EXP = 100
@@ -63,6 +65,8 @@ class TileConfig:
     `layout` "rows" stores the packed weights row by row ([N, Kp/2]: a tile is BN runs of BK/2
     bytes, one per row, a row apart), "tiles" each [BN, BK] tile's codes and scales contiguous
     (`tiled_layout`: a K step reads one run of BN*BK/2 bytes, as a stream does; "dot" only).
+    `stream_k` > 0 launches a persistent grid of that many CTAs an SM instead of one CTA a tile and
+    split, each taking an equal share of every tile's K blocks (stream-K; "dot" only, split_k 1).
     """
 
     block_m: int
@@ -76,6 +80,7 @@ class TileConfig:
     decode: str = "ptx"
     loads: str = "pointer"
     layout: str = "rows"
+    stream_k: int = 0
 
     def __post_init__(self):
         least_m = DOT_MIN_BLOCK if self.math == "dot" else 1
@@ -116,6 +121,13 @@ class TileConfig:
         if self.layout == "tiles" and self.math != "dot":
             raise ValueError("TileConfig.layout='tiles' is the tensor-core kernel's tile order: "
                              f"it needs math='dot', got math={self.math!r}")
+        if not _is_int(self.stream_k) or not 0 <= self.stream_k <= MAX_STREAM_K:
+            raise ValueError(f"TileConfig.stream_k (CTAs an SM) must be an integer in "
+                             f"0..{MAX_STREAM_K}, got {self.stream_k!r}")
+        if self.stream_k and (self.math != "dot" or self.split_k != 1):
+            raise ValueError("TileConfig.stream_k shares K among a persistent grid of the tensor-core "
+                             f"kernel: it needs math='dot' and split_k=1, got math={self.math!r}, "
+                             f"split_k={self.split_k!r}")
 
     def blocks_per_split(self, k: int) -> int:
         """BLOCK_K blocks of K each split covers (the last may cover fewer)."""
@@ -126,16 +138,20 @@ class TileConfig:
         k_blocks = -(-k // self.block_k)
         return -(-k_blocks // self.blocks_per_split(k))
 
-    def ctas(self, m: int, n: int, k: int) -> int:
-        return -(-m // self.block_m) * -(-n // self.block_n) * self.splits(k)
+    def ctas(self, m: int, n: int, k: int, sm_count: int = 132) -> int:
+        tiles = -(-m // self.block_m) * -(-n // self.block_n)
+        if self.stream_k:
+            return min(self.stream_k * sm_count, tiles * -(-k // self.block_k))
+        return tiles * self.splits(k)
 
     def label(self) -> str:
         """Compact, e.g. "dot m16n128k256 s4 w4 st3 swap ptx" (" tma" when loads is, " tiles"
-        when layout is)."""
+        when layout is, " sk3" for stream-K over 3 CTAs an SM)."""
         return (f"{self.math} m{self.block_m}n{self.block_n}k{self.block_k} s{self.split_k} "
                 f"w{self.num_warps} st{self.num_stages}{' swap' if self.swap_ab else ''} "
                 f"{self.decode}{' tma' if self.loads == 'tma' else ''}"
-                f"{' tiles' if self.layout == 'tiles' else ''}")
+                f"{' tiles' if self.layout == 'tiles' else ''}"
+                f"{f' sk{self.stream_k}' if self.stream_k else ''}")
 
 
 def _is_int(value) -> bool:
@@ -367,7 +383,7 @@ def _prepare(backend: TritonW4A16, a, w, device, config: TileConfig | None, stag
     out = torch.empty(m, n, dtype=out_dtype, device=device)                        # [M, N]
     launch = kernel.Launch(m=m, n=n, k=k, fmt=w.fmt, config=config, stage=stage,
                            device=device, acc_dtype=torch.int32 if stage == "load"
-                           else torch.float32)
+                           else torch.float32, sm_count=sm_count(device))
     if stage == "math":   # the same skeleton on pre-decoded bf16 weights [N, K]
         weights = ref_w.to(torch.bfloat16).contiguous()
         args = (a_bf16, weights, operands.scale_bytes, operands.global_scale)

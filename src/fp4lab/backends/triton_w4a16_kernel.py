@@ -30,6 +30,11 @@ Split-K in one launch: each CTA of a split writes its float32 partial tile to a 
 the tile's counter; the CTA that arrives last sums the partials, writes the bf16 output and resets
 the counter to zero for the next call (so a CUDA graph replays it with no memset node).
 
+Stream-K (`w4a16_stream_kernel`, TileConfig.stream_k): a persistent grid of a few CTAs an SM, each
+taking an equal share of all (output tile, K block) steps in order, so every SM has the same work
+whatever the tile and split counts (a split grid fills whole waves only where they divide). The
+runs that share a tile meet as the splits do: partials in the workspace, the last to arrive sums.
+
 `STAGE` (compile-time) leaves stages out, for the kernel anatomy (`anatomy_variants`):
   "full"      the GEMM;
   "decode_x2" the GEMM with the weight decode done twice (two decodes added: twice the weights,
@@ -306,14 +311,96 @@ def w4a16_kernel(
     reads one contiguous run instead of BN runs a row apart; stride_wn and stride_sn are then
     those matrices' row strides.
     """
-    KH: tl.constexpr = BLOCK_K // 2
-    KS: tl.constexpr = BLOCK_K // SCALE_BLOCK
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     pid_m = pid % num_pid_m        # row tiles of one weight tile run side by side: W read once
     pid_n = pid // num_pid_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)        # [BM]
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)        # [BN]
+    k_start = pid_k * blocks_per_split * BLOCK_K
+    k_end = tl.minimum(k_start + blocks_per_split * BLOCK_K, K)
+    tile = tile_product(a_ptr, w_ptr, s_ptr, gs_ptr, salt_ptr, pid_m, pid_n, k_start, k_end, M, N, K,
+                        stride_am, stride_wn, stride_sn, IS_NVFP4, SCALE_BLOCK, BLOCK_M, BLOCK_N,
+                        BLOCK_K, SWAP_AB, STAGE, EVEN_K, DECODE, DOT_IN_FP32, NUM_STAGES, TMA,
+                        SCALES_TMA, TILED)
+    finish_tile(tile, c_ptr, ws_ptr, count_ptr, pid, pid_k, splits, offs_m, offs_n, offs_m < M,
+                offs_n < N, M, N, stride_cm, SPLIT)
 
+
+# One program a share of every (tile, K block) step, in order: see the module doc's stream-K
+@triton.jit(do_not_specialize=["M", "steps_per_program"])
+def w4a16_stream_kernel(
+    a_ptr, w_ptr, s_ptr, gs_ptr, c_ptr, ws_ptr, count_ptr, salt_ptr,
+    M, N, K, steps_per_program,
+    stride_am, stride_wn, stride_sn, stride_cm,
+    IS_NVFP4: tl.constexpr, SCALE_BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SWAP_AB: tl.constexpr, STAGE: tl.constexpr,
+    EVEN_K: tl.constexpr, DECODE: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    NUM_STAGES: tl.constexpr, TMA: tl.constexpr, SCALES_TMA: tl.constexpr,
+    TILED: tl.constexpr,
+):
+    """`w4a16_kernel`'s GEMM on a persistent grid (stream-K): the output tiles' K blocks, tile
+    after tile, are one list of steps, and program p takes steps [p * steps_per_program, (p + 1)
+    * steps_per_program): the tail of one tile and the head of the next, or a run inside one.
+    A run that covers a whole tile stores it; the others park their partial in the workspace slot
+    of their rank among the tile's programs ([slots, M, N]) and add their K blocks to the tile's
+    counter, and the run that brings the counter to the tile's K blocks sums the slots, stores
+    and resets the counter (zero between calls, as the split kernel's)."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    steps = num_pid_m * tl.cdiv(N, BLOCK_N) * k_blocks
+    step = pid * steps_per_program
+    end = tl.minimum(step + steps_per_program, steps)
+    while step < end:
+        tile_id = step // k_blocks
+        first = step - tile_id * k_blocks                               # K blocks of this run
+        last = tl.minimum(end - tile_id * k_blocks, k_blocks)
+        pid_m = tile_id % num_pid_m
+        pid_n = tile_id // num_pid_m
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)                # [BM]
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                # [BN]
+        tile = tile_product(a_ptr, w_ptr, s_ptr, gs_ptr, salt_ptr, pid_m, pid_n, first * BLOCK_K,
+                            tl.minimum(last * BLOCK_K, K), M, N, K, stride_am, stride_wn,
+                            stride_sn, IS_NVFP4, SCALE_BLOCK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB,
+                            STAGE, EVEN_K, DECODE, DOT_IN_FP32, NUM_STAGES, TMA, SCALES_TMA, TILED)
+        m_mask = offs_m < M
+        n_mask = offs_n < N
+        if last - first == k_blocks:
+            store_tile(c_ptr, tile, offs_m, offs_n, m_mask, n_mask, stride_cm)
+        else:
+            # the tile's programs are those whose steps meet its K blocks; a run's slot is its rank
+            first_program = (tile_id * k_blocks) // steps_per_program
+            ranks = ((tile_id + 1) * k_blocks - 1) // steps_per_program - first_program + 1
+            partial = ws_ptr + offs_m[:, None] * N + offs_n[None, :]    # [BM, BN]
+            c_mask = m_mask[:, None] & n_mask[None, :]
+            tl.store(partial + (pid - first_program) * M * N, tile, mask=c_mask)
+            tl.debug_barrier()   # every thread's partial is written before the release below
+            arrived = tl.atomic_add(count_ptr + tile_id, last - first, sem="acq_rel")
+            if arrived + last - first == k_blocks:
+                tile = tl.zeros_like(tile)
+                for other in tl.range(0, ranks):
+                    tile += tl.load(partial + other * M * N, mask=c_mask, other=0,
+                                    cache_modifier=".cg")                  # L2: other SMs wrote it
+                tl.atomic_xchg(count_ptr + tile_id, 0)   # ready for the next call (graph replay)
+                store_tile(c_ptr, tile, offs_m, offs_n, m_mask, n_mask, stride_cm)
+        step = tile_id * k_blocks + last
+
+
+@triton.jit
+def tile_product(a_ptr, w_ptr, s_ptr, gs_ptr, salt_ptr, pid_m, pid_n, k_start, k_end, M, N, K,
+                 stride_am, stride_wn, stride_sn,
+                 IS_NVFP4: tl.constexpr, SCALE_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr,
+                 STAGE: tl.constexpr, EVEN_K: tl.constexpr, DECODE: tl.constexpr,
+                 DOT_IN_FP32: tl.constexpr, NUM_STAGES: tl.constexpr, TMA: tl.constexpr,
+                 SCALES_TMA: tl.constexpr, TILED: tl.constexpr):
+    """Output tile (pid_m, pid_n) over K columns k_start..k_end (whole BK blocks from k_start):
+    the stage's [BM, BN] result in the accumulator's type, weight-derived sums unbiased."""
+    KH: tl.constexpr = BLOCK_K // 2
+    KS: tl.constexpr = BLOCK_K // SCALE_BLOCK
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)        # [BM]
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)        # [BN]
     m_mask = offs_m < M
@@ -341,8 +428,6 @@ def w4a16_kernel(
         salt = 0
     # in whole BK blocks, so the compiler sees every tile start aligned (16-byte loads)
     k_blocks = tl.cdiv(K, BLOCK_K)        # BK blocks a weight row holds (TILED's tile index)
-    k_start = pid_k * blocks_per_split * BLOCK_K
-    k_end = tl.minimum(k_start + blocks_per_split * BLOCK_K, K)
     for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
         # the block's two halves of K, as the halves layout pairs them      # [BM, KH] each
         if TMA:
@@ -404,8 +489,9 @@ def w4a16_kernel(
             tile = tile * (weight_factor(gs_ptr, IS_NVFP4) * 0.5)
         elif STAGE != "math":
             tile = tile * weight_factor(gs_ptr, IS_NVFP4)
-    finish_tile(tile, c_ptr, ws_ptr, count_ptr, pid, pid_k, splits, offs_m, offs_n, m_mask,
-                n_mask, M, N, stride_cm, SPLIT)
+    return tile
+
+
 
 
 @triton.jit
@@ -461,21 +547,38 @@ def tma_descriptor(tensor: torch.Tensor, name: str, box: list[int]):
     return TensorDescriptor(tensor, list(tensor.shape), list(tensor.stride()), box)
 
 
+def stream_plan(tiles: int, k_blocks: int, programs: int) -> tuple[int, int, int]:
+    """A stream-K grid of at most `programs` for `tiles` output tiles of `k_blocks` K blocks:
+    (steps a program, programs that have steps, workspace slots: the most programs one tile's
+    K blocks meet)."""
+    steps = tiles * k_blocks
+    per_program = -(-steps // max(1, min(programs, steps)))
+    meet = max(((t + 1) * k_blocks - 1) // per_program - (t * k_blocks) // per_program + 1
+               for t in range(tiles))
+    return per_program, -(-steps // per_program), meet
+
+
 class Launch:
     """One configured kernel launch at one (M, N, K): grid, constants, and the split-K workspace
     and tile counters it owns (the counters return to zero at the end of every call)."""
 
     def __init__(self, m: int, n: int, k: int, fmt: str, config, stage: str, device,
-                 acc_dtype=torch.float32):
+                 acc_dtype=torch.float32, sm_count: int = 132):
         if stage not in STAGES:
             raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
         self.m, self.n, self.k = m, n, k
         self.config = config
-        self.blocks_per_split = config.blocks_per_split(k)
-        splits = config.splits(k)
         tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
-        self.grid = (tiles, splits)
-        shape = (splits, m, n) if splits > 1 else (1,)                    # [splits, M, N]
+        if config.stream_k:
+            # the steps_per_program argument rides in blocks_per_split's place
+            self.blocks_per_split, programs, slots = stream_plan(tiles, triton.cdiv(k, config.block_k),
+                                                                 config.stream_k * sm_count)
+            self.grid = (programs,)
+        else:
+            self.blocks_per_split = config.blocks_per_split(k)
+            slots = config.splits(k)
+            self.grid = (tiles, slots)
+        shape = (slots, m, n) if slots > 1 else (1,)                      # [slots, M, N]
         self.workspace = torch.empty(shape, dtype=acc_dtype, device=device)
         self.counts = torch.zeros(tiles, dtype=torch.int32, device=device)  # [tiles]
         self.salt = torch.zeros(1, dtype=torch.int32, device=device)
@@ -483,7 +586,8 @@ class Launch:
         self.tma = config.loads == "tma"
         common = dict(
             IS_NVFP4=is_nvfp4, SCALE_BLOCK=NVFP4_SCALE_BLOCK if is_nvfp4 else MXFP4_SCALE_BLOCK,
-            BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT=splits > 1,
+            BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+            **({} if config.stream_k else {"SPLIT": slots > 1}),   # stream-K: each run sees if it shares
             EVEN_K=k % config.block_k == 0, DECODE="bits" if INTERPRETED else config.decode,
             num_warps=config.num_warps)
         if config.math == "gemv":
@@ -520,10 +624,15 @@ class Launch:
             a_arg = tma_descriptor(a, "activations a", a_box)
             w_arg = tma_descriptor(w, "weights", w_box)
             s_arg = tma_descriptor(scale_bytes, "scale bytes", s_box) if s_box else scale_bytes
-        w4a16_kernel[self.grid](
-            a_arg, w_arg, s_arg, global_scale, out, self.workspace, self.counts, self.salt,
-            self.m, self.n, self.k, self.blocks_per_split, self.grid[1], *strides,
-            **self.constants)
+        if self.config.stream_k:
+            w4a16_stream_kernel[self.grid](
+                a_arg, w_arg, s_arg, global_scale, out, self.workspace, self.counts, self.salt,
+                self.m, self.n, self.k, self.blocks_per_split, *strides, **self.constants)
+        else:
+            w4a16_kernel[self.grid](
+                a_arg, w_arg, s_arg, global_scale, out, self.workspace, self.counts, self.salt,
+                self.m, self.n, self.k, self.blocks_per_split, self.grid[1], *strides,
+                **self.constants)
         return out
 
     def _gemv(self, a, w, scale_bytes, global_scale, out):
