@@ -431,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         def emit(row):
             lines.write(json.dumps(row, default=str) + "\n")
             lines.flush()
-            print(f"{row.get('label', row['kind']):<40.40} {row['n']:>5}x{row['k']:<5} "
+            print(f"{row.get('label', row['kind']):<44.44} {row['n']:>5}x{row['k']:<5} "
                   f"M={row['m']:<4} {row['fmt']:<5} {row['status']:<12} "
                   f"{row.get('median_us', float('nan')):9.2f} us  {row.get('message', '')[:60]}",
                   flush=True)
