@@ -435,6 +435,17 @@ def test_backend_declares_weight_only_roofline_dtypes():
     assert (backend.weight_dtype, backend.act_dtype, backend.math_dtype) == ("fp4", "bf16", "bf16")
 
 
+def assert_right_twice(prepared, tolerance: float) -> None:
+    """Two calls into a NaN-filled output, each within `tolerance` (relative error) of the
+    float64 product: split-K and stream-K counters are back at zero after each call."""
+    ref = prepared.ref_a.double() @ prepared.ref_w.double().T
+    for _ in range(2):
+        prepared.out.fill_(float("nan"))
+        out = prepared.call()
+        assert torch.isfinite(out).all()
+        assert ((out.double() - ref).norm() / ref.norm()).item() < tolerance
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("m", [1, 4])
@@ -447,13 +458,7 @@ def test_gemv_kernel_on_the_gpu(fmt, m, decode):
     w = formats.quantize(torch.randn(6144 + 3, 2048 + 64, device="cuda"), fmt)
     config = TileConfig(block_m=1, block_n=64, block_k=256, split_k=2, math="gemv",
                         num_stages=1, decode=decode)
-    prepared = get("triton-w4a16").prepare(a, w, "cuda", config=config)
-    ref = prepared.ref_a.double() @ prepared.ref_w.double().T
-    for _ in range(2):
-        prepared.out.fill_(float("nan"))
-        out = prepared.call()
-        assert torch.isfinite(out).all()
-        assert ((out.double() - ref).norm() / ref.norm()).item() < 6e-3
+    assert_right_twice(get("triton-w4a16").prepare(a, w, "cuda", config=config), 6e-3)
 
 
 @pytest.mark.cuda
@@ -470,13 +475,7 @@ def test_kernel_on_the_gpu(fmt, m, decode, loads, layout):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     config = dataclasses.replace(tensor_core_config(m, 6144 + 3, 2048, sms), decode=decode,
                                  loads=loads, layout=layout)
-    prepared = get("triton-w4a16").prepare(a, w, "cuda", config=config)
-    ref = prepared.ref_a.double() @ prepared.ref_w.double().T
-    for _ in range(2):   # split-K counters back at zero after each call
-        prepared.out.fill_(float("nan"))
-        out = prepared.call()
-        assert torch.isfinite(out).all()
-        assert ((out.double() - ref).norm() / ref.norm()).item() < 4e-3
+    assert_right_twice(get("triton-w4a16").prepare(a, w, "cuda", config=config), 4e-3)
 
 
 @pytest.mark.cuda
@@ -491,13 +490,7 @@ def test_stream_k_on_the_gpu(fmt, m, stream_k):
     a = torch.randn(m, 47 * 128, device="cuda").to(torch.bfloat16)
     w = formats.quantize(torch.randn(4096 + 3, 47 * 128, device="cuda"), fmt)
     config = TileConfig(block_m=64, block_n=128, block_k=128, swap_ab=True, loads="tma", stream_k=stream_k)
-    prepared = get("triton-w4a16").prepare(a, w, "cuda", config=config)
-    ref = prepared.ref_a.double() @ prepared.ref_w.double().T
-    for _ in range(2):
-        prepared.out.fill_(float("nan"))
-        out = prepared.call()
-        assert torch.isfinite(out).all()
-        assert ((out.double() - ref).norm() / ref.norm()).item() < 4e-3
+    assert_right_twice(get("triton-w4a16").prepare(a, w, "cuda", config=config), 4e-3)
 
 
 def shape_preset_cases():

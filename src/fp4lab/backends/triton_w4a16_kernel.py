@@ -318,14 +318,16 @@ def w4a16_kernel(
     pid_n = pid // num_pid_m
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)        # [BM]
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)        # [BN]
+    m_mask = offs_m < M
+    n_mask = offs_n < N
     k_start = pid_k * blocks_per_split * BLOCK_K
     k_end = tl.minimum(k_start + blocks_per_split * BLOCK_K, K)
     tile = tile_product(a_ptr, w_ptr, s_ptr, gs_ptr, salt_ptr, pid_m, pid_n, k_start, k_end, M, N, K,
                         stride_am, stride_wn, stride_sn, IS_NVFP4, SCALE_BLOCK, BLOCK_M, BLOCK_N,
                         BLOCK_K, SWAP_AB, STAGE, EVEN_K, DECODE, DOT_IN_FP32, NUM_STAGES, TMA,
                         SCALES_TMA, TILED)
-    finish_tile(tile, c_ptr, ws_ptr, count_ptr, pid, pid_k, splits, offs_m, offs_n, offs_m < M,
-                offs_n < N, M, N, stride_cm, SPLIT)
+    finish_tile(tile, c_ptr, ws_ptr, count_ptr, pid, pid_k, splits, offs_m, offs_n, m_mask,
+                n_mask, M, N, stride_cm, SPLIT)
 
 
 # One program a share of every (tile, K block) step, in order: see the module doc's stream-K
@@ -374,18 +376,8 @@ def w4a16_stream_kernel(
             # the tile's programs are those whose steps meet its K blocks; a run's slot is its rank
             first_program = (tile_id * k_blocks) // steps_per_program
             ranks = ((tile_id + 1) * k_blocks - 1) // steps_per_program - first_program + 1
-            partial = ws_ptr + offs_m[:, None] * N + offs_n[None, :]    # [BM, BN]
-            c_mask = m_mask[:, None] & n_mask[None, :]
-            tl.store(partial + (pid - first_program) * M * N, tile, mask=c_mask)
-            tl.debug_barrier()   # every thread's partial is written before the release below
-            arrived = tl.atomic_add(count_ptr + tile_id, last - first, sem="acq_rel")
-            if arrived + last - first == k_blocks:
-                tile = tl.zeros_like(tile)
-                for other in tl.range(0, ranks):
-                    tile += tl.load(partial + other * M * N, mask=c_mask, other=0,
-                                    cache_modifier=".cg")                  # L2: other SMs wrote it
-                tl.atomic_xchg(count_ptr + tile_id, 0)   # ready for the next call (graph replay)
-                store_tile(c_ptr, tile, offs_m, offs_n, m_mask, n_mask, stride_cm)
+            share_tile(tile, c_ptr, ws_ptr, count_ptr, tile_id, pid - first_program, ranks,
+                       last - first, k_blocks, offs_m, offs_n, m_mask, n_mask, M, N, stride_cm)
         step = tile_id * k_blocks + last
 
 
@@ -500,20 +492,29 @@ def finish_tile(tile, c_ptr, ws_ptr, count_ptr, pid, pid_k, splits, offs_m, offs
     """Write output tile `pid`'s [BM, BN] `tile` of K split `pid_k`: directly, or with SPLIT
     parked in the workspace, where the split that arrives last sums all of them and stores."""
     if SPLIT:
-        # park this split's partial; the last split of the tile to arrive sums them all
-        partial = ws_ptr + offs_m[:, None] * N + offs_n[None, :]          # [BM, BN]
-        c_mask = m_mask[:, None] & n_mask[None, :]
-        tl.store(partial + pid_k * M * N, tile, mask=c_mask)
-        tl.debug_barrier()   # every thread's partial is written before the release below
-        arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
-        if arrived == splits - 1:
-            tile = tl.zeros_like(tile)
-            for split in tl.range(0, splits):
-                tile += tl.load(partial + split * M * N, mask=c_mask, other=0,
-                                cache_modifier=".cg")                      # L2: other SMs wrote it
-            tl.atomic_xchg(count_ptr + pid, 0)   # ready for the next call (graph replay)
-            store_tile(c_ptr, tile, offs_m, offs_n, m_mask, n_mask, stride_cm)
+        share_tile(tile, c_ptr, ws_ptr, count_ptr, pid, pid_k, splits, 1, splits, offs_m, offs_n,
+                   m_mask, n_mask, M, N, stride_cm)
     else:
+        store_tile(c_ptr, tile, offs_m, offs_n, m_mask, n_mask, stride_cm)
+
+
+@triton.jit
+def share_tile(tile, c_ptr, ws_ptr, count_ptr, tile_id, slot, slots, part, whole, offs_m, offs_n,
+               m_mask, n_mask, M, N, stride_cm):
+    """One part of output tile `tile_id`, which several programs compute: `tile` parked in
+    workspace slot `slot` ([slots, M, N]), `part` added to the tile's counter; the program whose
+    part brings it to `whole` sums every slot, stores the tile and resets the counter to zero."""
+    partial = ws_ptr + offs_m[:, None] * N + offs_n[None, :]              # [BM, BN]
+    c_mask = m_mask[:, None] & n_mask[None, :]
+    tl.store(partial + slot * M * N, tile, mask=c_mask)
+    tl.debug_barrier()   # every thread's partial is written before the release below
+    arrived = tl.atomic_add(count_ptr + tile_id, part, sem="acq_rel")
+    if arrived == whole - part:
+        tile = tl.zeros_like(tile)
+        for other in tl.range(0, slots):
+            tile += tl.load(partial + other * M * N, mask=c_mask, other=0,
+                            cache_modifier=".cg")                          # L2: other SMs wrote it
+        tl.atomic_xchg(count_ptr + tile_id, 0)   # ready for the next call (graph replay)
         store_tile(c_ptr, tile, offs_m, offs_n, m_mask, n_mask, stride_cm)
 
 
