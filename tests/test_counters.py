@@ -101,10 +101,10 @@ def test_a_kernel_under_the_line_held_back_by_its_issue_rate_says_so():
     at_rate = [r.instr_per_weight / (r.issue_pct / 100) for r in rows.itertuples()]
     assert len(at_rate) == 2 and all(r.instr_per_weight < even < v for r, v in zip(rows.itertuples(), at_rate))
     low, high = min(at_rate), max(at_rate)
-    assert rate == (f"The kernel is under the {even:.2f} line on every slot but over it at the rate it issues: "
-                    f"3.3-3.4 instructions per weight on 65-66% of its cycles count as {low:.1f}-{high:.1f} on "
-                    f"every slot, so its instructions take {low / even:.1f}-{high / even:.1f}x as long as reading "
-                    "its weights: they, not its loads, set its time.")
+    assert rate == (f"The kernel needs fewer than {even:.2f} instructions per weight (3.3-3.4), but it issues on "
+                    f"only 65-66% of its cycles: at that rate they take as long as {low:.1f}-{high:.1f} would on "
+                    f"every slot, {low / even:.1f}-{high / even:.1f}x the time of reading its weights, so its "
+                    "instructions, more than its loads, set its time.")
     assert 1 < low / even < high / even < 1.3
     # a kernel that waits on its loads, one over the line (a faster read), one whose instructions
     # fit in a slower read, and one never profiled: nothing to say

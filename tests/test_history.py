@@ -16,7 +16,7 @@ import pytest
 
 from fp4lab import report
 from fp4lab.analysis import history
-from fp4lab.results import RunDir
+from fp4lab.results import REFERENCE_ROOT, RunDir
 from fp4lab.sweep import GemmSweep
 from fp4lab.sweep import gemm as gemm_sweep
 
@@ -364,3 +364,15 @@ def test_two_gpu_runs_state_their_diagnosed_paths_then_and_now():
     assert "The diagnosed layer (GLM-5 at B=512, chapter 04): humming-moe-indexed (mxfp4) then, " in said
     assert history.compare(now_dir, then_dir, "reference").diagnosed is None   # asked for only
     assert history.diagnosis_change(None, then_dir, config) is None            # a run without a verdict
+
+
+def test_a_bf16_or_fp8_point_carries_no_format_and_counts_once():
+    """The sweep runs torch-fp8 once per swept format on the same weights: compared, the two rows
+    are one point with no format (chapter 06 once said "torch-fp8 mxfp4")."""
+    ratios = history.point_ratios(RunDir.open(REFERENCE_ROOT / "20261203T1155Z-h200-full"),
+                                  RunDir.open(REFERENCE_ROOT / "20261202T1849Z-h200-full"))
+    fp8 = ratios[ratios["backend"] == "torch-fp8"]
+    assert len(fp8) and fp8["fmt"].isna().all()
+    assert not fp8.duplicated(["m", "n", "k"]).any()
+    fp4 = ratios[ratios["backend"] == "triton-w4a16"]
+    assert set(fp4["fmt"]) == {"nvfp4", "mxfp4"}

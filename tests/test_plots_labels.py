@@ -118,7 +118,7 @@ def test_the_four_bit_figure_plots_time_over_the_floor_so_decode_is_not_squeezed
     assert curves["tinygemm-int4"][:2] == pytest.approx([2.2, 2.2])
     floor = [label for label in curves if label.startswith("FP4 weight-read floor")]
     assert len(floor) == 1 and set(curves[floor[0]]) == {1.0}
-    assert ax.get_ylabel() == "time / FP4 read floor"
+    assert ax.get_ylabel() == "time / FP4 weight-read floor"
 
 
 def test_the_history_figure_fills_a_point_that_moved_beyond_the_spread_either_way():

@@ -98,9 +98,9 @@ def test_the_front_page_links_the_verdict_to_the_diagnosis_chapter_it_came_from(
                         "pipe, not for their loads.")
     assert (f")): The diagnosed path's kernel, {text.md('cuda-w4a16-moe')}, profiled (") in page
     # under the instruction line, it says why fewer instructions per weight still help it
-    assert ("The diagnosed kernel is under the 4.43 line on every slot but over it at the rate it issues: "
-            "3.4-3.5 instructions per weight on 66-67% of its cycles count as 5.1-5.3 on every slot, so its "
-            "instructions take 1.1-1.2x as long as reading its weights") in page
+    assert ("The diagnosed kernel needs fewer than 4.43 instructions per weight (3.4-3.5), but it issues on "
+            "only 66-67% of its cycles: at that rate they take as long as 5.1-5.3 would on every slot, "
+            "1.1-1.2x the time of reading its weights") in page
     assert "is not among them" not in page
     # without a profile of it on this GPU (the H200's of the dense kernel alone), the page says so
     dense_only = [counters.read_counters(REPO_ROOT / "results" / "measurements" / "20261203T1320Z-h200-ncu-cuda")]
@@ -183,6 +183,8 @@ def test_the_front_page_shows_the_verdicts_numbers_and_its_three_largest_levers(
         change = f"{text.us_change(lever.now_us, lever.with_us)} a {lever.per} ({lever.kind})"
         assert text.html(change) in glance
     assert "a token (measured)" in glance and "a call (bound)" in glance
+    # the EP lever's time is measured, its all-to-alls not (one GPU): its words say so
+    assert "(all-to-alls not measured: worth it under " in glance
     for lever in shown[~shown["lever"].isin(listed["lever"])].itertuples():
         assert text.html(lever.lever) not in glance
     assert f"{text.sig(d.load['busiest_m'])} busiest" in glance

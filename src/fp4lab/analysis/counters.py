@@ -307,12 +307,12 @@ def issue_rate_sentence(profiles: list[Counters], kernel: str, fmt: str | None =
     at_rate = [r.instr_per_weight / (r.issue_pct / 100) for r in rows]
     if min(at_rate) <= even:
         return None
-    return (f"{subject} is under the {even:.2f} line on every slot but over it at the rate it issues: "
-            f"{text.span([r.instr_per_weight for r in rows], lambda v: f'{v:.1f}')} instructions per weight on "
-            f"{text.span([r.issue_pct for r in rows], text.pct)} of its cycles count as "
-            f"{text.span(at_rate, lambda v: f'{v:.1f}')} on every slot, so its instructions take "
-            f"{text.span([v / even for v in at_rate], lambda v: f'{v:.1f}x')} as long as reading its weights: "
-            "they, not its loads, set its time.")
+    return (f"{subject} needs fewer than {even:.2f} instructions per weight "
+            f"({text.span([r.instr_per_weight for r in rows], lambda v: f'{v:.1f}')}), but it issues on only "
+            f"{text.span([r.issue_pct for r in rows], text.pct)} of its cycles: at that rate they take as long as "
+            f"{text.span(at_rate, lambda v: f'{v:.1f}')} would on every slot, "
+            f"{text.span([v / even for v in at_rate], lambda v: f'{v:.1f}x')} the time of reading its weights, "
+            "so its instructions, more than its loads, set its time.")
 
 
 def kernel_sentence(profiles: list[Counters], kernel: str, fmt: str | None = None,

@@ -715,7 +715,7 @@ def _break_even_words(now_us: float, with_us: float, batch: int) -> str:
     time per token it saves times the B tokens each GPU brings (the glance shows the product's
     factors, so the budget is not a number from nowhere)."""
     saved = now_us - with_us
-    return f"pays while all-to-alls take under {text.us(saved * batch)} = {text.us(saved)} x {batch}"
+    return f"all-to-alls not measured: worth it under {text.us(saved * batch)} = {text.us(saved)} x {batch}"
 
 
 def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurrency: pd.DataFrame,

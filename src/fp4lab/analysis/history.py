@@ -28,6 +28,7 @@ import pandas as pd
 
 from fp4lab import text
 from fp4lab.analysis import decode
+from fp4lab.analysis import gemm as gemm_analysis
 from fp4lab.results import REFERENCE_ROOT, RunDir, later_commits, list_runs
 
 POINT_KEY = ["backend", "fmt", "m", "n", "k"]
@@ -87,7 +88,11 @@ def _ok_points(run: RunDir) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     gemm = run.read_table("gemm")
     ok = gemm[gemm["status"] == "ok"]
-    return ok.groupby(POINT_KEY, as_index=False)[["median_us", "p20_us", "p80_us"]].median()
+    if "weight_dtype" in ok:
+        # a bf16 or fp8 backend runs once per swept format on the same weights: the format is not
+        # its own, so its points carry none (both formats' rows are one point)
+        ok = ok.assign(fmt=ok["fmt"].where(ok["weight_dtype"].isin(gemm_analysis.FOUR_BIT)))
+    return ok.groupby(POINT_KEY, as_index=False, dropna=False)[["median_us", "p20_us", "p80_us"]].median()
 
 
 def point_ratios(current: RunDir, other: RunDir) -> pd.DataFrame:

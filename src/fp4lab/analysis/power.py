@@ -122,7 +122,8 @@ def point_numbers(power: RunPower) -> dict[str, Any]:
     if not len(points):
         return {}
     largest = points[points["m"] == points["m"].max()]
-    found = {"largest_m": int(largest["m"].iloc[0]), "largest_w": largest["avg_power_w"].median()}
+    found = {"largest_m": int(largest["m"].iloc[0]), "largest_w": largest["avg_power_w"].median(),
+             "largest_points": int(largest["avg_power_w"].notna().sum())}
     efficient = points.dropna(subset=["tflops_per_w"])
     if len(efficient):
         best = efficient.loc[efficient["tflops_per_w"].idxmax()]

@@ -167,8 +167,9 @@ def findings(power: analysis.RunPower, at_decode: dict | None = None, own: dict 
             from fp4lab.chapters.ch04_diagnosis import own_power_sentence
             lines.append(own_power_sentence(own) + " That window is the energy counter over the path's own "
                          "replays, not one of the sampled readings above, whose timeline it need not fall in.")
-        lines.append(f"At M = {points['largest_m']} it draws {text.sig(points['largest_w'])} W"
-                     f"{_of_limit(points['largest_w'], power.power_limit_w)}.")
+        lines.append(f"At the sweep's largest M ({points['largest_m']}), one GEMM at a time, the GPU draws "
+                     f"{text.sig(points['largest_w'])} W (median of {points['largest_points']} windows, every "
+                     f"backend){_of_limit(points['largest_w'], power.power_limit_w)}.")
         if "best" in points:
             best = points["best"]
             lines.append(f"The most efficient point is {text.md(best['backend'])} at M = {best['m']} on "

@@ -501,7 +501,7 @@ def glance_html(d: decode.Diagnosis) -> str:
     if len(own) and own.index[0] not in levers.index:
         levers = pd.concat([levers.head(GLANCE_LEVERS - 1), own.head(1)])
     # a token's time or a call's: the batch and EP levers trade a longer call for more tokens
-    # (an EP lever's words say what it leaves out: "pays while all-to-alls take under ...")
+    # (an EP lever's words say what it leaves out: "all-to-alls not measured: worth it under ...")
     levers = levers.assign(change=[f"{text.us_change(r.now_us, r.with_us)} a {r.per} ({r.kind})"
                                    for r in levers.itertuples()])
     lever_table = html_table(levers, [Col("lever", header),

@@ -137,7 +137,8 @@ def improvement_sentence(improved, threshold: float, shown: int = 3) -> str:
     """How many points got faster beyond the noise, by backend, and the most improved ones."""
     by_backend = improved["backend"].value_counts()
     backends = ", ".join(f"{text.md(name)} {count}" for name, count in by_backend.items())
-    top = "; ".join(f"{text.md(r.backend)} {text.md(r.fmt)} {r.n}x{r.k} M={r.m}: {text.us(r.before_us)} → "
+    top = "; ".join(f"{text.md(r.backend)}{f' {text.md(r.fmt)}' if isinstance(r.fmt, str) else ''} "
+                    f"{r.n}x{r.k} M={r.m}: {text.us(r.before_us)} → "
                     f"{text.us(r.now_us)}" for r in improved.head(shown).itertuples())
     return (f"{text.count(len(improved), 'point')} got faster by over {threshold:.0%} and beyond the "
             f"p20-p80 spread of both runs ({backends}); the most: {top}.")
