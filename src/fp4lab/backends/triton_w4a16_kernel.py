@@ -484,8 +484,6 @@ def tile_product(a_ptr, w_ptr, s_ptr, gs_ptr, salt_ptr, pid_m, pid_n, k_start, k
     return tile
 
 
-
-
 @triton.jit
 def finish_tile(tile, c_ptr, ws_ptr, count_ptr, pid, pid_k, splits, offs_m, offs_n, m_mask,
                 n_mask, M, N, stride_cm, SPLIT: tl.constexpr):

@@ -101,7 +101,8 @@ def fill(context: Context, config: MoeSweep, results: analysis.MoeResults, targe
     at = decorated(results, decode_batch, config.routing)
     if len(at):
         page.html("measured", html_table(at, LAYERS, caption=layer_caption(
-            results, at, f"at B={int(at['batch'].iloc[0])}, the measured batch nearest the decode batch {decode_batch}")))
+            results, at, f"at B={int(at['batch'].iloc[0])}, the measured batch nearest the decode batch "
+                         f"{decode_batch}")))
     failed = results.frame[results.frame["status"] != "ok"].drop_duplicates("method")
     if len(failed):
         page.html("measured", html_table(failed, UNAVAILABLE, caption="methods that did not run here"))
