@@ -128,6 +128,12 @@ class TileConfig:
             raise ValueError("TileConfig.stream_k shares K among a persistent grid of the tensor-core "
                              f"kernel: it needs math='dot' and split_k=1, got math={self.math!r}, "
                              f"split_k={self.split_k!r}")
+        if self.stream_k and self.loads == "tma":
+            # calls 152-155 (H100, Triton 3.6): where a CTA's runs span two tiles, TMA loads returned
+            # NaNs and values like 1e36 on some calls (a barrier between tiles did not help);
+            # cp.async loads gave the right result every time
+            raise ValueError("TileConfig.stream_k with loads='tma' returned wrong results on the GPU "
+                             "(benchmarks/NOTES.md, calls 152-155): use loads='pointer'")
 
     def blocks_per_split(self, k: int) -> int:
         """BLOCK_K blocks of K each split covers (the last may cover fewer)."""
