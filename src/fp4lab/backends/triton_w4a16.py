@@ -66,7 +66,10 @@ class TileConfig:
     bytes, one per row, a row apart), "tiles" each [BN, BK] tile's codes and scales contiguous
     (`tiled_layout`: a K step reads one run of BN*BK/2 bytes, as a stream does; "dot" only).
     `stream_k` > 0 launches a persistent grid of that many CTAs an SM instead of one CTA a tile and
-    split, each taking an equal share of every tile's K blocks (stream-K; "dot" only, split_k 1).
+    split, each taking an equal share of every tile's K blocks (stream-K; "dot" only, split_k 1,
+    cp.async loads). Measured on an H100 (calls 152-156): with TMA it tied the presets at their own
+    CTA counts but raced, so it refuses TMA; with cp.async it is right and 30-86% slower than the
+    M = 64 preset. No preset uses it: it stays for probes (`benchmarks/configs/*probe*.json`).
     """
 
     block_m: int
