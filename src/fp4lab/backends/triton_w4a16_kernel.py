@@ -568,13 +568,13 @@ class Launch:
         self.m, self.n, self.k = m, n, k
         self.config = config
         tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+        # each program's share of K: BK blocks a split covers, or (stream-K) steps a program takes
         if config.stream_k:
-            # the steps_per_program argument rides in blocks_per_split's place
-            self.blocks_per_split, programs, slots = stream_plan(tiles, triton.cdiv(k, config.block_k),
-                                                                 config.stream_k * sm_count)
+            self.k_share, programs, slots = stream_plan(tiles, triton.cdiv(k, config.block_k),
+                                                        config.stream_k * sm_count)
             self.grid = (programs,)
         else:
-            self.blocks_per_split = config.blocks_per_split(k)
+            self.k_share = config.blocks_per_split(k)
             slots = config.splits(k)
             self.grid = (tiles, slots)
         shape = (slots, m, n) if slots > 1 else (1,)                      # [slots, M, N]
@@ -626,11 +626,11 @@ class Launch:
         if self.config.stream_k:
             w4a16_stream_kernel[self.grid](
                 a_arg, w_arg, s_arg, global_scale, out, self.workspace, self.counts, self.salt,
-                self.m, self.n, self.k, self.blocks_per_split, *strides, **self.constants)
+                self.m, self.n, self.k, self.k_share, *strides, **self.constants)
         else:
             w4a16_kernel[self.grid](
                 a_arg, w_arg, s_arg, global_scale, out, self.workspace, self.counts, self.salt,
-                self.m, self.n, self.k, self.blocks_per_split, self.grid[1], *strides,
+                self.m, self.n, self.k, self.k_share, self.grid[1], *strides,
                 **self.constants)
         return out
 
@@ -643,6 +643,6 @@ class Launch:
                              f"{a.data_ptr():#x}")
         gemv_kernel[self.grid](
             a, w, scale_bytes, global_scale, out, self.workspace, self.counts,
-            self.m, self.n, self.k, self.blocks_per_split, self.grid[1],
+            self.m, self.n, self.k, self.k_share, self.grid[1],
             a.stride(0), w.stride(0), scale_bytes.stride(0), out.stride(0), **self.constants)
         return out
