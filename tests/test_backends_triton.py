@@ -347,16 +347,16 @@ def test_stream_k_needs_the_tensor_core_kernel_unsplit_and_is_labelled():
         TileConfig(block_m=64, block_n=128, block_k=128, swap_ab=True, loads="tma", stream_k=3)
     config = TileConfig(block_m=64, block_n=128, block_k=128, swap_ab=True, stream_k=3)
     assert config.label().endswith(" ptx sk3")
-    assert config.ctas(64, 8192, 8192, 132) == 396            # 3 CTAs on each of 132 SMs
+    # 3 CTAs on each of 132 SMs: 4096 steps at 11 a CTA leave 373 with work
+    assert config.ctas(64, 8192, 8192, 132) == 373
     assert config.ctas(64, 256, 256, 132) == 4                 # no more CTAs than steps
 
 
 @pytest.mark.parametrize("tiles,k_blocks,programs", [(64, 64, 396), (48, 16, 396), (2, 5, 3), (3, 4, 2),
                                                      (6, 2, 6), (5, 7, 1), (4, 3, 100)])
 def test_a_stream_k_plan_gives_every_step_to_one_program_and_counts_the_slots(tiles, k_blocks, programs):
-    from fp4lab.backends.triton_w4a16_kernel import stream_plan
-
-    per_program, used, slots = stream_plan(tiles, k_blocks, programs)
+    config = TileConfig(block_m=16, block_n=16, block_k=64, stream_k=1)       # one CTA an SM
+    per_program, used, slots = config.stream_plan(16, 16 * tiles, 64 * k_blocks, sm_count=programs)
     steps = tiles * k_blocks
     assert used <= programs and (used - 1) * per_program < steps <= used * per_program   # none idle
     owners = [step // per_program for step in range(steps)]                              # [steps]

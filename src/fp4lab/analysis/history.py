@@ -89,8 +89,8 @@ def _ok_points(run: RunDir) -> pd.DataFrame:
     gemm = run.read_table("gemm")
     ok = gemm[gemm["status"] == "ok"]
     if "weight_dtype" in ok:
-        # a bf16 or fp8 backend runs once per swept format on the same weights: the format is not
-        # its own, so its points carry none (both formats' rows are one point)
+        # a bf16 or fp8 backend runs once per swept format, on those weights converted to its own
+        # dtype: the format is not what its kernel reads, so its two rows are one point, with none
         ok = ok.assign(fmt=ok["fmt"].where(ok["weight_dtype"].isin(gemm_analysis.FOUR_BIT)))
     return ok.groupby(POINT_KEY, as_index=False, dropna=False)[["median_us", "p20_us", "p80_us"]].median()
 

@@ -147,11 +147,21 @@ class TileConfig:
         k_blocks = -(-k // self.block_k)
         return -(-k_blocks // self.blocks_per_split(k))
 
+    def stream_plan(self, m: int, n: int, k: int, sm_count: int = 132) -> tuple[int, int, int]:
+        """The stream-K grid at (M, N, K) on `sm_count` SMs: (steps a program takes, programs that
+        have steps, workspace slots: the most programs one tile's K blocks meet), a step being one
+        output tile's BK block."""
+        tiles, k_blocks = -(-m // self.block_m) * -(-n // self.block_n), -(-k // self.block_k)
+        steps = tiles * k_blocks
+        per_program = -(-steps // max(1, min(self.stream_k * sm_count, steps)))
+        slots = max(((t + 1) * k_blocks - 1) // per_program - (t * k_blocks) // per_program + 1
+                    for t in range(tiles))
+        return per_program, -(-steps // per_program), slots
+
     def ctas(self, m: int, n: int, k: int, sm_count: int = 132) -> int:
-        tiles = -(-m // self.block_m) * -(-n // self.block_n)
         if self.stream_k:
-            return min(self.stream_k * sm_count, tiles * -(-k // self.block_k))
-        return tiles * self.splits(k)
+            return self.stream_plan(m, n, k, sm_count)[1]
+        return -(-m // self.block_m) * -(-n // self.block_n) * self.splits(k)
 
     def label(self) -> str:
         """Compact, e.g. "dot m16n128k256 s4 w4 st3 swap ptx" (" tma" when loads is, " tiles"

@@ -546,17 +546,6 @@ def tma_descriptor(tensor: torch.Tensor, name: str, box: list[int]):
     return TensorDescriptor(tensor, list(tensor.shape), list(tensor.stride()), box)
 
 
-def stream_plan(tiles: int, k_blocks: int, programs: int) -> tuple[int, int, int]:
-    """A stream-K grid of at most `programs` for `tiles` output tiles of `k_blocks` K blocks:
-    (steps a program, programs that have steps, workspace slots: the most programs one tile's
-    K blocks meet)."""
-    steps = tiles * k_blocks
-    per_program = -(-steps // max(1, min(programs, steps)))
-    meet = max(((t + 1) * k_blocks - 1) // per_program - (t * k_blocks) // per_program + 1
-               for t in range(tiles))
-    return per_program, -(-steps // per_program), meet
-
-
 class Launch:
     """One configured kernel launch at one (M, N, K): grid, constants, and the split-K workspace
     and tile counters it owns (the counters return to zero at the end of every call)."""
@@ -570,8 +559,7 @@ class Launch:
         tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
         # each program's share of K: BK blocks a split covers, or (stream-K) steps a program takes
         if config.stream_k:
-            self.k_share, programs, slots = stream_plan(tiles, triton.cdiv(k, config.block_k),
-                                                        config.stream_k * sm_count)
+            self.k_share, programs, slots = config.stream_plan(m, n, k, sm_count)
             self.grid = (programs,)
         else:
             self.k_share = config.blocks_per_split(k)
