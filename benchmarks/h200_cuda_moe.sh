@@ -18,7 +18,8 @@
 #   current one for the ratio of their times (write them with git show
 #   <sha>:src/fp4lab/backends/cuda_moe_kernel.cu into the tree before the call: the device's copy
 #   has no history)
-#   FMTS=nvfp4 narrows the sweep part to that format's rows (the others kept as they are)
+#   FMTS=nvfp4 narrows the sweep part to that format's rows (the others kept as they are); run again
+#   with FMTS=mxfp4 on the same machine, it re-measures those in the same copy of the run
 #   GPU_TESTS=0 leaves out the GPU tests (for a commit whose builds an earlier call gated; the sweep
 #   still gates every point before it times it)
 set -u
@@ -49,8 +50,9 @@ fi
 [ $tests -eq 0 ] || exit 1
 # the reference run is the H200's: on another GPU the probe stands alone
 nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "not an H200: no reference rows"; exit 0; }
-mkdir -p /tmp/runs && cp -r $REFERENCE /tmp/runs/
 RUN=/tmp/runs/$(basename $REFERENCE)
+# a second call on the same machine (FMTS=mxfp4 after FMTS=nvfp4) adds to the copy the first made
+[ -d $RUN ] || { mkdir -p /tmp/runs && cp -r $REFERENCE /tmp/runs/; }
 FMTS=${FMTS:-nvfp4 mxfp4}
 PYTHONPATH=src python3 -c "
 import sys
