@@ -366,13 +366,15 @@ def test_two_gpu_runs_state_their_diagnosed_paths_then_and_now():
     assert history.diagnosis_change(None, then_dir, config) is None            # a run without a verdict
 
 
-def test_a_bf16_or_fp8_point_carries_no_format_and_counts_once():
-    """The sweep runs torch-fp8 once per swept format on the same weights: compared, the two rows
-    are one point with no format (chapter 06 once said "torch-fp8 mxfp4")."""
+@pytest.mark.parametrize("backend", ["torch-fp8", "tinygemm-int4"])
+def test_a_point_not_on_fp4_weights_carries_no_format_and_counts_once(backend):
+    """The sweep runs torch-fp8 and tinygemm (int4) once per swept format, on that format's weights
+    converted to their own dtype: compared, the two rows are one point with no format (chapter 06
+    once said "torch-fp8 mxfp4", and gave tinygemm's points a format chapter 01 does not)."""
     ratios = history.point_ratios(RunDir.open(REFERENCE_ROOT / "20261203T1155Z-h200-full"),
                                   RunDir.open(REFERENCE_ROOT / "20261202T1849Z-h200-full"))
-    fp8 = ratios[ratios["backend"] == "torch-fp8"]
-    assert len(fp8) and fp8["fmt"].isna().all()
-    assert not fp8.duplicated(["m", "n", "k"]).any()
+    other = ratios[ratios["backend"] == backend]
+    assert len(other) and other["fmt"].isna().all()
+    assert not other.duplicated(["m", "n", "k"]).any()
     fp4 = ratios[ratios["backend"] == "triton-w4a16"]
     assert set(fp4["fmt"]) == {"nvfp4", "mxfp4"}

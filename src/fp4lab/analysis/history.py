@@ -28,7 +28,6 @@ import pandas as pd
 
 from fp4lab import text
 from fp4lab.analysis import decode
-from fp4lab.analysis import gemm as gemm_analysis
 from fp4lab.results import REFERENCE_ROOT, RunDir, later_commits, list_runs
 
 POINT_KEY = ["backend", "fmt", "m", "n", "k"]
@@ -89,9 +88,10 @@ def _ok_points(run: RunDir) -> pd.DataFrame:
     gemm = run.read_table("gemm")
     ok = gemm[gemm["status"] == "ok"]
     if "weight_dtype" in ok:
-        # a bf16 or fp8 backend runs once per swept format, on those weights converted to its own
-        # dtype: the format is not what its kernel reads, so its two rows are one point, with none
-        ok = ok.assign(fmt=ok["fmt"].where(ok["weight_dtype"].isin(gemm_analysis.FOUR_BIT)))
+        # a bf16, fp8 or int4 (tinygemm) backend runs once per swept format, on those weights
+        # converted to its own dtype: the format is not what its kernel reads, so its two rows are
+        # one point, with none (as chapter 01 names a format on fp4 weights only)
+        ok = ok.assign(fmt=ok["fmt"].where(ok["weight_dtype"] == "fp4"))
     return ok.groupby(POINT_KEY, as_index=False, dropna=False)[["median_us", "p20_us", "p80_us"]].median()
 
 
