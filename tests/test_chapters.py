@@ -94,8 +94,10 @@ def test_chapter_04_sets_every_timing_of_the_diagnosed_call_side_by_side(referen
                                     "back to back"}
     worker = times[(times["timing"] == "dissecting worker") & (times["fmt"] == d.chosen["fmt"])]
     assert worker["us"].item() == pytest.approx(d.chosen_anatomy["full"])
-    assert times[times["timing"] == "back to back"]["us"].item() == \
-        pytest.approx(d.chosen_power["window_us_per_call"])
+    back_to_back = times[times["timing"] == "back to back"].iloc[0]
+    assert back_to_back["us"] == pytest.approx(d.chosen_power["window_us_per_call"])
+    # how long it ran, read from the row (a newcomer read "for seconds" in a 0.6 s window)
+    assert back_to_back["how"].startswith("replayed back to back for 0.6 s (its energy window): 693 W of 700 W")
     dissected = moe.fused_anatomy(d.moe)
     assert decode.call_times(d.paths, dissected, None, None).empty          # no diagnosed path
     loop = d.paths[d.paths["source"] == "GEMM sweep"].iloc[0].to_dict()  # a modelled loop: no timing
@@ -496,7 +498,11 @@ def test_chapter_04_states_the_diagnosed_paths_own_energy_window_when_the_sweep_
     assert own["window_us_per_call"] == pytest.approx(2090.0)
     assert own["timed_us"] == pytest.approx(timed_us) and own["fraction"] == pytest.approx(699 / 700)
     said = ch04_diagnosis.power_sentence(d).replace("\\", "")
-    assert said.startswith("Power caps the diagnosed path: replayed back to back, cuda-w4a16-moe drew 699 W, "
+    # the window's own length, from the row's start and end (0.6 s in the committed run)
+    window_s = chosen[0]["window_end_s"] - chosen[0]["window_start_s"]
+    assert own["window_s"] == pytest.approx(window_s) and 0.5 < window_s < 0.7
+    assert said.startswith(f"Power caps the diagnosed path: replayed back to back for {window_s:.2g} s, "
+                           "cuda-w4a16-moe drew 699 W, "
                            "100% of the 700 W limit, with the SM clock at 1635 MHz (clock-event reasons: "
                            "sw_power_cap); a call took 2.09 ms there")
     assert f"over the timer's {chosen[0]['median_us'] / 1000:.2f} ms" in said
@@ -516,7 +522,7 @@ def test_chapter_04_states_the_diagnosed_paths_own_energy_window_when_the_sweep_
     other = decode.diagnose(run, decode.DiagnosisConfig.from_profile("full"))
     assert other.chosen_power["other_format"] and other.chosen_power["fmt"] == "mxfp4"
     said = ch04_diagnosis.power_sentence(other).replace("\\", "")
-    assert said.startswith("Power caps the diagnosed path: replayed back to back, cuda-w4a16-moe (with MXFP4 "
+    assert said.startswith("Power caps the diagnosed path: replayed back to back for 0.6 s, cuda-w4a16-moe (with MXFP4 "
                            "weights: the run has no window of the diagnosed format) drew 711 W")
     assert "Back to back its MXFP4 build is also **power-capped** (711 W of 700 W)" in \
         ch04_diagnosis.verdict_sentence(other)

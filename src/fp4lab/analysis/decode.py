@@ -467,7 +467,8 @@ def call_times(paths: pd.DataFrame, anatomy: pd.DataFrame, chosen: dict | None,
                             "process, another burst)"})
     if power is not None:
         rows.append({"timing": "back to back", "fmt": power["fmt"], "us": power["window_us_per_call"],
-                     "how": f"replayed for seconds in its energy window: {power['avg_power_w']:.0f} W of "
+                     "how": f"replayed back to back{window_length(power)} (its energy window): "
+                            f"{power['avg_power_w']:.0f} W of "
                             f"{power['power_limit_w']:.0f} W, the SM clock down to "
                             f"{power['window_sm_clock_mhz']:.0f} MHz"})
     frame = pd.DataFrame(rows, columns=CALL_TIME_COLUMNS)
@@ -475,6 +476,11 @@ def call_times(paths: pd.DataFrame, anatomy: pd.DataFrame, chosen: dict | None,
 
 
 POWER_REASONS = ("sw_power_cap", "hw_power_brake_slowdown")   # clock events that are the power limit
+
+
+def window_length(power: dict) -> str:
+    """' for 0.6 s': how long the path's energy window replayed it, where the run stored it."""
+    return f" for {power['window_s']:.2g} s" if power.get("window_s") else ""
 
 
 def path_power(moe: moe_analysis.MoeResults | None, chosen: dict | None, run_view: RunView,
@@ -507,7 +513,12 @@ def path_power(moe: moe_analysis.MoeResults | None, chosen: dict | None, run_vie
     fraction = watts / float(limit)
     window_us = float((rows["energy_per_call_j"] / rows["avg_power_w"]).sum() * 1e6)
     timed_us = float(rows["median_us"].sum()) if other_format else float(chosen["layer_us"])
+    # how long the replays ran: the shortest of the rows' windows (older runs did not store them)
+    spans = (rows["window_end_s"] - rows["window_start_s"]) if {"window_start_s", "window_end_s"} <= set(rows) \
+        else pd.Series(dtype=float)
+    window_s = float(spans.min()) if spans.notna().any() else None
     return {"path": chosen["path"], "fmt": fmt, "other_format": other_format, "avg_power_w": watts,
+            "window_s": window_s,
             "power_limit_w": float(limit), "fraction": fraction,
             "window_sm_clock_mhz": float(rows["window_sm_clock_mhz"].min()),
             "throttle_reasons": reasons, "window_us_per_call": window_us, "timed_us": timed_us,
@@ -751,7 +762,7 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
         if math is not None and math["math_bound"]:
             needs = " (needs fewer instructions per weight)"
             why = (f"; its math alone (no weight read{', ' + math['fmt'].upper() if math['fmt'] else ''}) takes "
-                   f"{math['compute_us'] / 1000:.2f} ms, {math['math_to_load']:.1f}x its loads alone")
+                   f"{math['math_to_load']:.1f}x as long as its loads alone (chapter 03's dissection)")
         rows.append({"lever": f"{chosen['path']} at its weight-read floor{needs}",
                      "gain": chosen["layer_us"] / floor, "basis": BOUND + why, "now_us": chosen["layer_us"],
                      "with_us": floor, "from_path": True, "kind": "bound"})

@@ -110,9 +110,10 @@ def fix_clause(d: decode.Diagnosis) -> str:
     # stays above the fold)
     if math["math_bound"]:
         other = f" ({text.md(math['fmt'].upper())})" if math["fmt"] else ""
+        # a ratio of two builds timed in one worker: its times are that worker's, not the table's
         return (" The fix is **fewer instructions per weight**, not faster loads: without the weight read"
-                f"{other} its decode and MMAs alone take {text.us(math['compute_us'])}, "
-                f"{text.ratio(math['math_to_load'])} its loads alone.")
+                f"{other} its decode and MMAs alone take {text.ratio(math['math_to_load'])} as long as its "
+                "loads alone.")
     return " The fix is **its decode and MMAs hidden under its loads**, which alone take longer."
 
 
@@ -179,7 +180,7 @@ def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
              f"{text.ratio(math['math_to_load'])} the loads")
     if math["math_bound"]:
         return (head + dissected + alone + f": even wholly hidden, the layer could not go below "
-                f"{text.us(a['overlapped_us'])}.")
+                f"{text.us(a['overlapped_us'])} in that worker.")
     return (head + dissected + alone + f": hidden under the loads, the layer would take about the loads' "
             f"{text.us(math['load_us'])}.")
 
@@ -207,7 +208,8 @@ def own_power_sentence(own: dict) -> str:
     slower = own["window_over_timed"]
     which = (f"{text.md(own['path'])} (with {text.md((own['fmt'] or '').upper())} weights: the run has no window "
              "of the diagnosed format)" if own.get("other_format") else text.md(own["path"]))
-    return (f"Power {'caps' if own['capped'] else 'does not cap'} the diagnosed path: replayed back to back, "
+    return (f"Power {'caps' if own['capped'] else 'does not cap'} the diagnosed path: replayed back to back"
+            f"{decode.window_length(own)}, "
             f"{which} drew {text.sig(own['avg_power_w'])} W, {text.pct(100 * own['fraction'])} of "
             f"the {text.sig(own['power_limit_w'])} W limit, with the SM clock at {text.sig(own['window_sm_clock_mhz'])} MHz "
             f"(clock-event reasons: {reasons}); a call took {text.us(own['window_us_per_call'])} there, "
