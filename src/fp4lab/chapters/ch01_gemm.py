@@ -487,9 +487,13 @@ def findings(results: analysis.GemmResults, reference: analysis.GemmResults | No
                   for source, words in (("measured", "the measured copy bandwidth"), ("spec", "the spec sheet's"))
                   if not text.is_missing(small[f"pct_bandwidth_{source}"])]
         fmt = f" {text.md(small['fmt'])}" if small.get("weight_dtype") == "fp4" else ""
-        lines.append(f"At M={small['m']} the fastest reader of the weights is {text.md(small['backend'])} on "
-                     f"{small['n']}x{small['k']}{fmt}: {text.sig(small['tbps'])} TB/s"
-                     + (f" ({', '.join(shares)})" if shares else "") + f", {text.sig(small['tflops'])} TFLOP/s.")
+        # a rate in bytes, not the fastest call: wider weights move more bytes in more time
+        wider = ("" if small.get("weight_dtype") in analysis.FOUR_BIT else
+                 f"; a rate, not the fastest call: its weights are {text.md(small['weight_dtype'])}, "
+                 "more bytes than 4-bit ones (the fastest 4-bit call is below)")
+        lines.append(f"At M={small['m']} the weights stream fastest, in bytes a second, through "
+                     f"{text.md(small['backend'])} on {small['n']}x{small['k']}{fmt}: {text.sig(small['tbps'])} TB/s"
+                     + (f" ({', '.join(shares)})" if shares else "") + wider + ".")
         # a device without a spec sheet entry (a CPU) has no spec peak: its share is not stated
         spec = ("" if text.is_missing(best["pct_peak_spec"]) else
                 f"{text.pct(best['pct_peak_spec'])} of the spec {text.md(best['math_dtype'])} peak and ")
@@ -515,6 +519,6 @@ def findings(results: analysis.GemmResults, reference: analysis.GemmResults | No
         lines.append(f"In the run shown beside ({text.code(reference.view.run_id)}, "
                      f"{text.md(reference.view.device)}), the fastest point is "
                      f"{text.md(ref['best']['backend'])} at {text.sig(ref['best']['tflops'], 4)} TFLOP/s "
-                     f"(M={ref['best']['m']}) and the fastest reader at M={ref['smallest']['m']} moves "
+                     f"(M={ref['best']['m']}) and the weights stream fastest at M={ref['smallest']['m']} at "
                      f"{text.sig(ref['smallest']['tbps'])} TB/s.")
     return lines
