@@ -502,6 +502,8 @@ def glance_html(d: decode.Diagnosis) -> str:
     levers = ranked.head(GLANCE_LEVERS)
     if len(own) and own.index[0] not in levers.index:
         levers = pd.concat([levers.head(GLANCE_LEVERS - 1), own.head(1)])
+    if len(levers) < len(ranked):     # the rest are chapter 04's: say that some are left out
+        header += f" ({len(levers)} of {len(ranked)})"
     # a token's time or a call's: the batch and EP levers trade a longer call for more tokens
     # (an EP lever's words say what it leaves out: "all-to-alls not measured: worth it under ...")
     levers = levers.assign(change=[f"{text.us_change(r.now_us, r.with_us)} a {r.per} ({r.kind})"
