@@ -68,6 +68,10 @@ def test_a_kernel_under_the_break_even_is_named_with_what_it_waits_on():
     assert "The leanest, cuda\\-w4a16 8192x8192 M=1 (fp4lab's CUDA kernels), issues 2.9 instructions per weight, on 50% of its cycles" in bound
     assert "largest stall is long scoreboard (3.30 cycles per instruction issued)" in bound
     assert "waits on its global loads" in bound
+    # the slots counted, with the clock they assume (the power cap's slower clock has fewer)
+    first = profiles[0].table.iloc[0]
+    assert (f"schedulers ({int(first['sms'])} SMs x 4 at its {first['clock_khz'] / 1000:.0f} MHz max SM clock) "
+            "takes as long as") in bound
     every = counters.instruction_bound([counters.read_counters(PEERS)], 4.27)   # humming alone
     assert "every launch issues more" in every and "the kernels' instructions" in every
 

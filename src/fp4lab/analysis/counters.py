@@ -199,6 +199,14 @@ def counters_findings(profiles: list[Counters], bandwidth_tbps: float | None = N
     return lines
 
 
+def scheduler_count(profile: Counters) -> str:
+    """'132 SMs x 4 at its 1980 MHz max SM clock': the issue slots `break_even` counts (a slower
+    clock, the power cap's, gives fewer)."""
+    first = profile.table.iloc[0]
+    return (f"{int(first['sms'])} SMs x {SCHEDULERS_PER_SM} at its {first['clock_khz'] / 1000:.0f} MHz "
+            "max SM clock")
+
+
 def break_even(profiles: list[Counters], bandwidth_tbps: float | None = None, measured_in: str = "this run"):
     """(instructions per weight at which issuing them on every scheduler slot takes as long as
     reading NVFP4 weights at `bandwidth_tbps`, where that bandwidth comes from, the bandwidth):
@@ -247,8 +255,8 @@ def instruction_bound(profiles: list[Counters], bandwidth_tbps: float | None = N
     kinds = text.join(dict.fromkeys(kind_name(p) for p, _ in gemms))
     head = (f"The FP4 GEMM launches profiled ({kinds}) run {low:.1f}-{high:.1f} instructions per weight. "
             f"At {even:.2f} instructions per weight, issuing them on every slot of the "
-            f"{text.md(profiles[0].device)}'s schedulers takes as long as reading NVFP4 weights at {source} "
-            f"({bandwidth_tbps:.2f} TB/s)")
+            f"{text.md(profiles[0].device)}'s schedulers ({scheduler_count(profiles[0])}) takes as long as "
+            f"reading NVFP4 weights at {source} ({bandwidth_tbps:.2f} TB/s)")
     if not under:
         busiest = max(r.issue_pct for _, r in gemms)
         return (head + f", and every launch issues more; the busiest issues on {text.pct(busiest)} of cycles: "
