@@ -567,7 +567,7 @@ def test_the_kernel_time_sentence_says_what_the_diagnosed_calls_own_builds_measu
     # the prescription is the verdict's, stated once
     assert "fewer instructions per weight" in words.verdict_sentence(d) and "fewer instructions" not in sentence
     # the verdict states the worker's ratio, not its times: the table's call took another process's
-    assert "its decode and MMAs alone take 1.1x as long as its loads alone." in words.verdict_sentence(d)
+    assert "its decode and MMAs take 1.1x as long as its loads alone." in words.verdict_sentence(d)
     assert "1.40 ms" not in words.verdict_sentence(d)
     # the floor lever then says what reaching it needs, and why: overlap alone cannot
     bound_lever = d.levers[d.levers["kind"] == "bound"].iloc[0]
@@ -603,7 +603,7 @@ def test_a_dissected_path_without_its_own_math_build_cites_the_other_formats(tmp
     assert ("Timed without the weights' read (NVFP4 weights only), the decode and MMAs alone take 1.40 ms, 1.1x "
             "the NVFP4 loads alone (1.25 ms)") in sentence
     assert "could not go much below its math" in sentence and "did not time them" not in sentence
-    assert "without the weight read (NVFP4) its decode and MMAs alone take 1.1x as long" in words.verdict_sentence(d)
+    assert "without the weight read (NVFP4) its decode and MMAs take 1.1x as long" in words.verdict_sentence(d)
     table = moe.fused_anatomy(moe.moe_results(run, "glm-5"))
     assert moe.math_in_other_format(table, table[table["fmt"] == "nvfp4"].iloc[0]) is None   # has its own
     lead = " ".join(ch03_moe.fused_anatomy_findings(table, 512))

@@ -169,7 +169,7 @@ def test_the_front_page_shows_the_verdicts_numbers_and_its_three_largest_levers(
     on_path = shown[shown["from_path"]].sort_values("gain", ascending=False)
     assert len(on_path) >= 2      # the bound and batch 2048
     # only what would make the diagnosed path faster, largest first, under a header that says so
-    assert f"more tokens/s than {text.html(d.chosen['path'])} at B=512, largest first" in glance
+    assert f"more tokens/s than {text.html(d.chosen['path'])} at B=512" in glance
     # the largest, and the verdict's own lever (the path at its weight-read floor) in the last row
     # where it is not among them: three rows, so the seed's table stays above the fold
     floor = on_path[on_path["kind"] == "bound"].iloc[0]
@@ -189,7 +189,7 @@ def test_the_front_page_shows_the_verdicts_numbers_and_its_three_largest_levers(
     for lever in left_out.itertuples():
         assert text.html(lever.lever) not in glance
     # the header says levers are left out, and how many (a reader missed batch 4096's 1.7x)
-    assert len(left_out) and f"largest first ({len(listed)} of {len(on_path)})" in glance
+    assert len(left_out) and f"at B=512 ({len(listed)} of {len(on_path)} levers)" in glance
     assert f"{text.sig(d.load['busiest_m'])} busiest" in glance
     # the diagnosed path's own window is power-capped (call 122): the verdict states its watts and
     # clock, so the glance does not repeat them

@@ -429,6 +429,11 @@ def test_rows_a_resumed_run_adds_at_another_commit_are_recorded_and_captioned(tm
     run.append_rows("gemm", [gemm_row("cuda-w4a16", 32, 64, 64, 3.0)])
     run.note_later_commit(("gemm",), before)
     assert view(run).caption("x").endswith("fp4lab abc123 (rows added later at 3 commits, the last 0bb222)")
+    monkeypatch.setenv("FP4LAB_GIT_SHA", "b7c6572bc4bab11752056b52ac1511991bf41a2f")   # a full hash: git's short
+    before = run.row_count(("gemm",))
+    run.append_rows("gemm", [gemm_row("cuda-w4a16", 64, 64, 64, 3.0)])
+    run.note_later_commit(("gemm",), before)
+    assert view(run).caption("x").endswith("(rows added later at 4 commits, the last b7c6572)")
     assert RunDir.open(run.path).run_json()["provenance"]["later_commits"][0]["at"]   # run.json still valid
 
 

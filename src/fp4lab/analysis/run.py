@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fp4lab import text
 from fp4lab.results import RunDir, device_label, device_of, is_gpu_run, later_commits, measured_span
 
 
@@ -73,14 +74,15 @@ class RunView:
         if versions.get("torch"):
             parts.append(f"torch {versions['torch']}")
         if prov.get("fp4lab_git_sha"):
-            parts.append(f"fp4lab {str(prov['fp4lab_git_sha'])[:12]}" + later_words(later_commits(self.info)))
+            parts.append(f"fp4lab {text.short_sha(str(prov['fp4lab_git_sha']))}" + later_words(later_commits(self.info)))
         return "; ".join(parts)
 
 
 def later_words(later: list[str]) -> str:
     """The commits that added rows after the run's own, short enough for every caption: two are
-    named, more are counted with the last named (run.json and chapter 06 list them all)."""
-    shas = [sha[:12] for sha in later]
+    named, more are counted with the last named (run.json and chapter 06 list them all), each as
+    git prints it short."""
+    shas = [text.short_sha(sha) for sha in later]
     if not shas:
         return ""
     if len(shas) <= 2:

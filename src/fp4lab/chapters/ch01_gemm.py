@@ -31,7 +31,7 @@ CEILINGS = [Col("ceiling", "ceiling"), Col("measured", "measured here", "sig"), 
 def seed_note(math_dtype: str | None) -> str:
     """What the seed table's columns mean (its caption's tail), naming the peak its headers name."""
     peak = f"the {math_dtype} peak" if math_dtype else "its math peak"
-    return (f"TFLOP/s min/max over the shapes and formats; % of {peak} (spec / measured) at the best "
+    return (f"TFLOP/s min/max over shapes and formats; % of {peak} (spec / measured) at the best "
             "point; regime: the shapes' largest floors")
 
 

@@ -112,8 +112,8 @@ def fix_clause(d: decode.Diagnosis) -> str:
         other = f" ({text.md(math['fmt'].upper())})" if math["fmt"] else ""
         # a ratio of two builds timed in one worker: its times are that worker's, not the table's
         return (" The fix is **fewer instructions per weight**, not faster loads: without the weight read"
-                f"{other} its decode and MMAs alone take {text.ratio(math['math_to_load'])} as long as its "
-                "loads alone.")
+                f"{other} its decode and MMAs take {text.ratio(math['math_to_load'])} as long as its loads "
+                "alone.")
     return " The fix is **its decode and MMAs hidden under its loads**, which alone take longer."
 
 
@@ -277,11 +277,13 @@ def lever_lines(d: decode.Diagnosis, top: int | None = None, from_path: bool | N
             f"{text.md(r.basis)})" for r in rows.itertuples(index=False)]
 
 
-def path_levers_header(d: decode.Diagnosis) -> str:
+def path_levers_header(d: decode.Diagnosis, shown_of: tuple[int, int] | None = None) -> str:
     """What the levers on the diagnosed path are: some replace its kernel or its batch, so they
     decode more tokens a second than the path at its batch (a larger batch's call takes longer),
-    not the path made faster (the glance and the findings)."""
-    return f"more tokens/s than {d.chosen['path']} at B={d.config.decode_batch}, largest first"
+    not the path made faster (the glance and the findings). `shown_of`: (shown, all) where only
+    some are listed (the glance's column, one line: its gains show the order)."""
+    head = f"more tokens/s than {d.chosen['path']} at B={d.config.decode_batch}"
+    return head + (f" ({shown_of[0]} of {shown_of[1]} levers)" if shown_of else ", largest first")
 
 
 def findings(d: decode.Diagnosis) -> list[str]:
@@ -494,7 +496,7 @@ def glance_html(d: decode.Diagnosis) -> str:
     on_path = levers[levers["from_path"].astype(bool)]
     header = "largest levers"
     if d.chosen is not None and len(on_path):
-        levers, header = on_path, path_levers_header(d)
+        levers = on_path
     ranked = levers.sort_values("gain", ascending=False, kind="stable")
     # the verdict's own lever (the path at its floor) is shown even when others are larger: it
     # takes the last row (the seed's table stays above the fold)
@@ -502,8 +504,11 @@ def glance_html(d: decode.Diagnosis) -> str:
     levers = ranked.head(GLANCE_LEVERS)
     if len(own) and own.index[0] not in levers.index:
         levers = pd.concat([levers.head(GLANCE_LEVERS - 1), own.head(1)])
-    if len(levers) < len(ranked):     # the rest are chapter 04's: say that some are left out
-        header += f" ({len(levers)} of {len(ranked)})"
+    shown_of = (len(levers), len(ranked)) if len(levers) < len(ranked) else None   # the rest: chapter 04's
+    if d.chosen is not None and len(on_path):
+        header = path_levers_header(d, shown_of)
+    elif shown_of:
+        header += f" ({shown_of[0]} of {shown_of[1]})"
     # a token's time or a call's: the batch and EP levers trade a longer call for more tokens
     # (an EP lever's words say what it leaves out: "all-to-alls not measured: worth it under ...")
     levers = levers.assign(change=[f"{text.us_change(r.now_us, r.with_us)} a {r.per} ({r.kind})"
