@@ -189,7 +189,7 @@ def test_the_front_page_shows_the_verdicts_numbers_and_its_three_largest_levers(
     for lever in left_out.itertuples():
         assert text.html(lever.lever) not in glance
     # the header says levers are left out, and how many (a reader missed batch 4096's 1.7x)
-    assert len(left_out) and f"at B=512 ({len(listed)} of {len(on_path)} levers)" in glance
+    assert len(left_out) and f"at B=512 ({len(listed)} of {len(on_path)})" in glance
     assert f"{text.sig(d.load['busiest_m'])} busiest" in glance
     # the diagnosed path's own window is power-capped (call 122): the verdict states its watts and
     # clock, so the glance does not repeat them

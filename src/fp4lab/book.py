@@ -222,7 +222,7 @@ def front_page(run: RunDir, report: dict[str, Any], leading: RunDir | None) -> s
             dtype = gemm_analysis.seed_math_dtype(d.gemm, d.seed_backend)
             # why this backend's, with its modelled loop: chapters 01 and 04 (above the fold here)
             seed = html_table(d.seed, seed_columns(dtype), caption=d.gemm.caption(
-                f"The seed's table, measured here for {d.seed_backend}'s dense GEMMs: {seed_note(dtype)}"))
+                f"The seed's table on this GPU, {d.seed_backend}'s dense GEMMs: {seed_note(dtype)}"))
             lines += ["```{raw} html", f'<div class="fp4lab-seed">{seed}</div>', "```", ""]
         pages, headings = diagnosed_pages(run, report, leading), page_headings(run, report, leading)
 

@@ -31,8 +31,8 @@ CEILINGS = [Col("ceiling", "ceiling"), Col("measured", "measured here", "sig"), 
 def seed_note(math_dtype: str | None) -> str:
     """What the seed table's columns mean (its caption's tail), naming the peak its headers name."""
     peak = f"the {math_dtype} peak" if math_dtype else "its math peak"
-    return (f"TFLOP/s min/max over shapes and formats; % of {peak} (spec / measured) at the best "
-            "point; regime: the shapes' largest floors")
+    return (f"min/max over shapes and formats; % of {peak} (spec / measured) at the best "
+            "point; regime: largest floor by shape")
 
 
 def seed_columns(math_dtype: str | None) -> list[Col]:

@@ -283,7 +283,7 @@ def path_levers_header(d: decode.Diagnosis, shown_of: tuple[int, int] | None = N
     not the path made faster (the glance and the findings). `shown_of`: (shown, all) where only
     some are listed (the glance's column, one line: its gains show the order)."""
     head = f"more tokens/s than {d.chosen['path']} at B={d.config.decode_batch}"
-    return head + (f" ({shown_of[0]} of {shown_of[1]} levers)" if shown_of else ", largest first")
+    return head + (f" ({shown_of[0]} of {shown_of[1]})" if shown_of else ", largest first")
 
 
 def findings(d: decode.Diagnosis) -> list[str]:
