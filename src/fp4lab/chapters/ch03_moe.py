@@ -210,7 +210,8 @@ def overlap_findings(row, elsewhere: dict | None = None) -> list[str]:
         return [said + alone + f" So the SMs' own work is as long as the weight stream: even wholly "
                                f"hidden under the loads, the layer could not go below "
                                f"{text.us(row['overlapped_us'])}. On this GPU the kernel is bound by "
-                               f"its own instructions (decode and MMAs) as much as by HBM: toward the "
+                               f"its own instructions (decode and MMAs) "
+                               f"{'more than' if row['math_to_load'] > 1 else 'as much as'} by HBM: toward the "
                                f"read floor it needs fewer instructions a weight before anything else."]
     return [said + alone + f" Hidden under the loads (a main loop in which one warp streams the weights "
                            f"into shared memory while the others decode and multiply), they would take "
