@@ -357,11 +357,15 @@ def test_two_gpu_runs_state_their_diagnosed_paths_then_and_now():
     c = dataclasses.replace(history.compare(now_dir, then_dir, "reference"),
                             diagnosed=history.diagnosis_change(diagnosed_now, then_dir, config))
     now = decode.diagnose(now_dir, config).chosen
-    assert c.diagnosed["now"] == {"path": now["path"], "fmt": now["fmt"], "layer_us": now["layer_us"]}
+    assert {k: c.diagnosed["now"][k] for k in ("path", "fmt", "layer_us")} == \
+        {"path": now["path"], "fmt": now["fmt"], "layer_us": now["layer_us"]}
     assert c.diagnosed["then"]["path"] == "humming-moe-indexed" and c.diagnosed["then"]["fmt"] == "mxfp4"
     assert c.diagnosed["then"]["layer_us"] > now["layer_us"]
     said = " ".join(ch06_history.summary(c)).replace("\\", "")
     assert "The diagnosed layer (GLM-5 at B=512, chapter 04): humming-moe-indexed (mxfp4) then, " in said
+    # a change of path is not the old path made faster: what the old one takes now is said too
+    old_now = c.diagnosed["then_path_now_us"]
+    assert old_now > now["layer_us"] and f"; humming-moe-indexed (mxfp4) itself takes {old_now / 1000:.2f} ms now)." in said
     assert history.compare(now_dir, then_dir, "reference").diagnosed is None   # asked for only
     assert history.diagnosis_change(None, then_dir, config) is None            # a run without a verdict
 

@@ -196,8 +196,11 @@ def diagnosed_path(run: RunDir, config: decode.DiagnosisConfig) -> dict[str, Any
     if d.smoke or d.chosen is None:
         return None
     fmt = d.chosen.get("fmt")
+    # every path's time at the same point, so a change of path can be told from a faster path
+    times = {(r.path, r.fmt if isinstance(r.fmt, str) else None): float(r.layer_us)
+             for r in d.paths.itertuples(index=False)}
     return {"path": d.chosen["path"], "fmt": fmt if isinstance(fmt, str) else None,
-            "layer_us": float(d.chosen["layer_us"])}
+            "layer_us": float(d.chosen["layer_us"]), "times": times}
 
 
 def diagnosis_change(now: dict[str, Any] | None, other_dir, config: decode.DiagnosisConfig) -> dict[str, Any] | None:
@@ -206,7 +209,11 @@ def diagnosis_change(now: dict[str, Any] | None, other_dir, config: decode.Diagn
     then = diagnosed_path(RunDir.open(other_dir), config) if now is not None else None
     if now is None or then is None:
         return None
-    return {"now": now, "then": then, "model": config.preset, "batch": config.decode_batch}
+    # where the diagnosed path changed: the path diagnosed then, timed now (None if this run has
+    # no row of it)
+    then_path_now = now.get("times", {}).get((then["path"], then["fmt"]))
+    return {"now": now, "then": then, "model": config.preset, "batch": config.decode_batch,
+            "then_path_now_us": then_path_now}
 
 
 def compare(run_dir, other_dir, other_kind: str = "previous", threshold: float = DEFAULT_THRESHOLD) -> Comparison:

@@ -128,9 +128,13 @@ def diagnosis_sentence(change: dict) -> str:
     now, then = change["now"], change["then"]
     same = (now["path"], now["fmt"]) == (then["path"], then["fmt"])
     what = (f"still {named(now)}" if same else f"{named(then)} then, {named(now)} now")
+    # a new path's speed-up is not the old path's: say what the old one takes now
+    old_now = change.get("then_path_now_us")
+    old_path = ("" if same or old_now is None else
+                f"; {named(then)} itself takes {text.us(old_now)} now")
     return (f"The diagnosed layer ({text.md(presets.get(change['model']).name)} at B={change['batch']}, "
             f"chapter 04): {what}, {text.us(then['layer_us'])} then and {text.us(now['layer_us'])} now "
-            f"({text.as_fast(now['layer_us'], then['layer_us'])} then).")
+            f"({text.as_fast(now['layer_us'], then['layer_us'])} then{old_path}).")
 
 
 def improvement_sentence(improved, threshold: float, shown: int = 3) -> str:
