@@ -374,7 +374,7 @@ GLOSSARY = (
                                       "kernel's own"),
     ("power-capped", "replayed back to back (the run's energy window), the path drew at least "
                      "{power_bound} of the board's power limit, or the driver reported a power clock event: "
-                     "the SM clock drops and each call takes longer than the timer's isolated calls"),
+                     "the SM clock drops and each call takes longer than in the timer's short bursts"),
     ("MMA, instructions per weight", "MMA: a tensor-core matrix multiply-accumulate instruction; "
                                      "instructions per weight: the instructions the kernel's threads execute "
                                      "(loads, decode, MMAs, addressing; a warp instruction counts 32) over the "

@@ -390,7 +390,7 @@ def own_against_peers_per_m(table: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-PDL_NOTE = ("launches with programmatic dependent launch (PDL): timed back to back like every "
+PDL_NOTE = ("launches with programmatic dependent launch (PDL): timed several calls in a row like every "
             "method, each call may start while the call before it finishes (its first weight loads, "
             "or its launch, overlap that call's last CTAs), where a plain launch waits for the "
             "previous kernel to end; in a model the kernel before it must allow the early launch too")
