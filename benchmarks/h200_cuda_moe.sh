@@ -64,7 +64,7 @@ for table in ('moe', 'moe_anatomy'):
             if r['method'] == 'cuda-w4a16-moe' and r['fmt'] in fmts}
     print('dropped', run.drop_rows(table, keys), 'cuda-w4a16-moe', table, 'rows to re-measure')
 " $RUN "$FMTS"
-for args in "glm-5 --batch 64 512 2048 4096 --ep 1 8" "deepseek-v3 --batch 64 512 --ep 1"; do
+for args in "glm-5 --batch 64 256 512 2048 4096 --ep 1 8" "deepseek-v3 --batch 64 512 --ep 1"; do
     PYTHONPATH=src:/tmp/site timeout -k 5 200 python3 -m fp4lab moe-sweep --preset $args \
         --fmts $FMTS --methods cuda-w4a16-moe --runs-dir /tmp/runs --run-id $(basename $REFERENCE) --quiet \
         >> $OUT/sweep.log 2>&1
