@@ -61,6 +61,17 @@ def test_the_paths_legend_sits_below_the_bars():
                                                                   "its weight-read floor"]
 
 
+def test_a_modelled_loop_is_hatched_and_named_in_the_legend():
+    """A newcomer read the modelled GEMM loops as timed layers: same colour, same bars."""
+    frame = pd.DataFrame({"path": ["cuda-w4a16-moe", "cuda-w4a16 loop"], "source": ["MoE sweep", "GEMM sweep"],
+                          "kind": ["layer", "gemm-loop"], "layer_us": [1760.0, 4170.0],
+                          "memory_floor_us": [1280.0, 1280.0], "weight_dtype": ["fp4", "fp4"]})
+    fig = diagnosis.paths(frame)
+    bars = [patch for patch in fig.axes[0].patches]
+    assert [bar.get_hatch() for bar in bars] == [None, "//"]
+    assert "modelled: a loop of single timed GEMMs" in [t.get_text() for t in fig.legends[0].get_texts()]
+
+
 def test_a_library_error_names_its_file_without_the_machine_install_paths():
     """A compiler's diagnostic (gemlite on the H200) names the failing file by its full install
     path: the book and the rows show it from the package on."""

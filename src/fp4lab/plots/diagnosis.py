@@ -43,7 +43,12 @@ def paths(frame: pd.DataFrame):
     fig, axes = new_figure(height_in=0.32 * len(frame) + 1.3)
     ax = axes[0, 0]
     y = np.arange(len(frame))
-    ax.barh(y, frame["layer_us"] / 1000, color=[colours[d] for d in frame["weight_dtype"]])
+    # a loop of single GEMMs is a model (chapter 04's loop model), not a timed layer: hatched
+    modelled = (frame["kind"] == "gemm-loop") if "kind" in frame else pd.Series(False, index=frame.index)
+    bars = ax.barh(y, frame["layer_us"] / 1000, color=[colours[d] for d in frame["weight_dtype"]])
+    for bar, model in zip(bars, modelled):
+        if model:
+            bar.set(hatch="//", edgecolor="white", alpha=0.6)
     ax.scatter(frame["memory_floor_us"] / 1000, y, marker="|", s=200, color="black", zorder=3,
                label="its weight-read floor")
     formats = frame["fmt"] if "fmt" in frame else [None] * len(frame)
@@ -55,7 +60,11 @@ def paths(frame: pd.DataFrame):
     from matplotlib.patches import Patch
 
     # below the panel: inside it, the legend covers the longest bars
-    figure_legend(fig, axes, extra=[Patch(color=colours[d], label=f"{d} weights") for d in colours])
+    extra = [Patch(color=colours[d], label=f"{d} weights") for d in colours]
+    if modelled.any():
+        extra.append(Patch(facecolor="lightgrey", hatch="//", edgecolor="white",
+                           label="modelled: a loop of single timed GEMMs"))
+    figure_legend(fig, axes, extra=extra)
     return fig
 
 
