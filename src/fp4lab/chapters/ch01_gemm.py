@@ -48,7 +48,7 @@ FASTEST = [Col("m", "M (tokens)", "int"), Col("backend", "fastest 4-bit method")
            Col("median % of FP4 floor", "% of the FP4 read floor reached (median)", "pct")]
 PEERS = [Col("m", "M (tokens)", "int"), Col("own_shown", "fp4lab's kernel"), Col("peer_shown", "fastest peer"),
          Col("speedup_shown", "speed-up over it: median (range)"), Col("at_aim_shown", "points at the aim"),
-         Col("pct_shown", "% of the bf16 peak: peer / fp4lab"),
+         Col("pct_shown", "% of the measured bf16 peak: peer / fp4lab"),
          Col("mma_over_read", "bf16 MMA floor / FP4 read floor", "ratio")]
 ANATOMY = [Col("shape", "N x K"), Col("m", "M", "int"), Col("fmt", "format"),
            Col("stream", "bytes as a stream", "us"), Col("load", "loads only", "us"),
@@ -228,7 +228,7 @@ def peer_findings(per_m) -> list[str]:
     for r in between.itertuples():
         lines.append(f"At M = {r.m} the bf16 MMA floor is {text.ratio(r.mma_over_read)} the FP4 read floor, and "
                      f"both floors are far below both kernels' times: the fastest peer ({text.code(r.peer)}) reaches "
-                     f"{text.pct(r.peer_pct_mma)} of the bf16 peak, fp4lab's {text.code(r.own)} "
+                     f"{text.pct(r.peer_pct_mma)} of the measured bf16 peak, fp4lab's {text.code(r.own)} "
                      f"{text.pct(r.own_pct_mma)}: neither floor sets either time.")
     bound = per_m[per_m["mma_bound"]]
     if len(bound):

@@ -314,9 +314,9 @@ def utilization_sentence(layer: pd.DataFrame, needed: pd.DataFrame, target: floa
     if len(reached):
         first = reached.loc[reached["batch_needed"].idxmin()]
         said = (f"The layer model predicts the busiest rank's grouped bf16 call reaches {text.pct(100 * target, 0)} "
-                f"of the bf16 peak from B={int(first['batch_needed'])} (EP={int(first['ep'])})")
+                f"of the spec bf16 peak from B={int(first['batch_needed'])} (EP={int(first['ep'])})")
     else:
-        said = (f"No batch swept reaches {text.pct(100 * target, 0)} of the bf16 peak in the layer model's "
+        said = (f"No batch swept reaches {text.pct(100 * target, 0)} of the spec bf16 peak in the layer model's "
                 f"prediction (the busiest rank's grouped bf16 call): at best "
                 f"{text.pct(100 * best['best_utilization'])} (EP={int(best['ep'])})")
     spread = layer.groupby("batch")["grouped_utilization"].agg(lambda u: u.max() - u.min())
