@@ -87,7 +87,7 @@ def test_a_method_whose_launches_overlap_the_previous_call_is_named_with_how(tmp
             gemm_row("triton-w4a16", 1, 8192, 8192, 20.0, config="16x64x128 w4 s1")]
     notes = gemm.launch_notes(gemm.gemm_results(run_with(tmp_path, rows)))
     assert len(notes) == 1 and notes[0].startswith("cuda-w4a16 launches with programmatic dependent launch")
-    assert "back to back" in notes[0] and "the kernel before it must allow" in notes[0]
+    assert "several calls in a row" in notes[0] and "the kernel before it must allow" in notes[0]
     assert notes[0].endswith("(1 of its 2 points)")
     # a run measured before the column or with plain launches says nothing
     older = [gemm_row("torch-bf16", 1, 64, 64, 5.0), gemm_row("cuda-w4a16", 1, 64, 64, 3.0),
