@@ -62,7 +62,7 @@ def paths(frame: pd.DataFrame):
     # below the panel: inside it, the legend covers the longest bars
     extra = [Patch(color=colours[d], label=f"{d} weights") for d in colours]
     if modelled.any():
-        extra.append(Patch(facecolor="lightgrey", hatch="//", edgecolor="white",
+        extra.append(Patch(facecolor="lightgrey", hatch="//", edgecolor="grey",
                            label="modelled: a loop of single timed GEMMs"))
     figure_legend(fig, axes, extra=extra)
     return fig
