@@ -554,7 +554,7 @@ def test_chapter_03_says_what_its_utilization_figure_shows_and_why_its_ep_curves
     """A newcomer saw EP=1 and EP=8 on one line at 20% with no word beside them, against measured
     EP gains of 1.3-2.4x: the section states the prediction and the convention behind it."""
     said = page_text(ch03_moe.build(str(reference_copy), "none", "full", "cpu"), "utilization").replace("\\", "")
-    assert "No batch swept reaches 50% of the bf16 peak" in said and "at best 20%" in said
+    assert "No batch swept reaches 50% of the spec bf16 peak" in said and "at best 20%" in said
     assert "so the EP curves coincide" in said and "each GPU brings its own B" in said
 
 

@@ -83,7 +83,7 @@ def test_a_kernels_own_launches_say_what_holds_their_warps_back():
     mxfp4 = counters.kernel_sentence(moe, "cuda-w4a16-moe", "mxfp4")
     assert mxfp4.startswith("cuda\\-w4a16\\-moe, profiled (mxfp4 glm\\-5 B=512: "
                             "gate\\_up 1.10 ms, down 573 us), issues 3.3-3.4 instructions per weight "
-                            "on 65-66% of its cycles, with DRAM 64-66% busy")
+                            "on 65-66% of its cycles, with DRAM throughput at 64-66% of Nsight's peak")
     assert "largest stalls are not selected (2.20 cycles per instruction issued) and math pipe throttle (2.08)" \
         in mxfp4 and mxfp4.endswith("not for their loads.")
     every = counters.kernel_sentence(moe, "cuda-w4a16-moe", "fp8", subject="It")

@@ -340,8 +340,8 @@ def kernel_sentence(profiles: list[Counters], kernel: str, fmt: str | None = Non
     where = f"{text.md(' '.join(words[0][:common]))}: {launches}" if common else launches
     line = (f"{subject or text.md(kernel)}, profiled ({where}), issues "
             f"{text.span([r.instr_per_weight for r in rows], lambda v: f'{v:.1f}')} instructions per weight on "
-            f"{text.span([r.issue_pct for r in rows], text.pct)} of its cycles, with DRAM "
-            f"{text.span([r.dram_pct for r in rows], text.pct)} busy")
+            f"{text.span([r.issue_pct for r in rows], text.pct)} of its cycles, with DRAM throughput at "
+            f"{text.span([r.dram_pct for r in rows], text.pct)} of Nsight's peak")   # not the copy bandwidth
     stalls = _stall_pairs(max(rows, key=lambda r: r.us).stalls)[:2]
     if stalls:
         named = [f"{reason} ({cycles} cycles per instruction issued)" if i == 0 else f"{reason} ({cycles})"
