@@ -285,8 +285,13 @@ def test_one_gpu_comm_rows_rank_no_layout_and_say_why(tmp_path):
     assert study.from_reference
     assert f"(in the run shown beside, `{COMM_ONE_GPU.name}`: this run measured no collective)" in said
     assert not layouts.study(RunDir.open(copy), None, "glm-5", [64, 512], 512).from_reference
-    # the cheapest call is read at the fewest tokens; the table at the decode batch: both are said
+    # the cheapest call is the fastest of every row, not the fewest tokens' (64 of 1-2048 in the
+    # reference: the page once said "the fewest measured"); the table at the decode batch: both are said
     cheapest = layouts.smallest_time(study)
+    low, high = cheapest["tokens_span"]
+    assert low <= cheapest["tokens"] <= high and cheapest["calls_measured"] == len(study.ok)
+    assert f"the cheapest of the {len(study.ok)} calls measured ({low}-{high} tokens)" in said
+    assert "the fewest measured" not in said
     table = layouts.at_decode(study, 512)
     same = table[(table["op"] == cheapest["op"]) & (table["dtype"] == cheapest["dtype"])]
     assert cheapest["tokens"] < cheapest["table_tokens"] == int(same["tokens"].iloc[0])

@@ -130,6 +130,8 @@ def smallest_time(study_: LayoutStudy) -> dict | None:
                  & (table["dtype"] == row["dtype"])]
     return {"op": row["op"], "dtype": row["dtype"], "world_size": int(row["world_size"]),
             "tokens": int(row["tokens"]),
+            # what it is the cheapest of: not the fewest tokens (the times are flat there)
+            "calls_measured": len(ok), "tokens_span": (int(ok["tokens"].min()), int(ok["tokens"].max())),
             "us": float(row["median_us"]), "backend": row["backend"],
             # back-to-back calls a timed sample held: they share one sample's launch and events
             "calls_per_sample": int(calls) if pd.notna(calls) else None,

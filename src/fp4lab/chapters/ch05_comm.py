@@ -168,8 +168,10 @@ def findings(study: analysis.LayoutStudy) -> list[str]:
         device += f" (in the run shown beside, {text.code(study.source.run_id)}: this run measured no collective)"
     if smallest and study.gpus == 1:
         # one rank: each collective is a copy inside one GPU, a floor of the call, not a cost of spreading
-        lines.append(f"On {device} every collective ran at one rank, a copy inside one GPU: the cheapest call, "
-                     f"{text.md(smallest['op'])} at {smallest['tokens']} tokens (the fewest measured), takes "
+        low, high = smallest["tokens_span"]
+        lines.append(f"On {device} every collective ran at one rank, a copy inside one GPU: the cheapest of the "
+                     f"{smallest['calls_measured']} calls measured ({low}-{high} tokens), "
+                     f"{text.md(smallest['op'])} at {smallest['tokens']} tokens, takes "
                      f"{text.us(smallest['us'])} ({text.md(smallest['backend'])}), the call's own floor"
                      + (f" ({smallest['calls_per_sample']} calls back to back in each timed sample, so "
                         "they share the launch and timer cost that chapter 01's launch floor puts on a "
