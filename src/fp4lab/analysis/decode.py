@@ -513,9 +513,8 @@ def path_power(moe: moe_analysis.MoeResults | None, chosen: dict | None, run_vie
     fraction = watts / float(limit)
     window_us = float((rows["energy_per_call_j"] / rows["avg_power_w"]).sum() * 1e6)
     timed_us = float(rows["median_us"].sum()) if other_format else float(chosen["layer_us"])
-    # how long the replays ran: the shortest of the rows' windows (older runs did not store them)
-    spans = (rows["window_end_s"] - rows["window_start_s"]) if {"window_start_s", "window_end_s"} <= set(rows) \
-        else pd.Series(dtype=float)
+    # how long the replays ran: the shortest of the rows' windows (NaN where an older run stored none)
+    spans = rows["window_end_s"] - rows["window_start_s"]
     window_s = float(spans.min()) if spans.notna().any() else None
     return {"path": chosen["path"], "fmt": fmt, "other_format": other_format, "avg_power_w": watts,
             "window_s": window_s,

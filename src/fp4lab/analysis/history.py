@@ -211,7 +211,7 @@ def diagnosis_change(now: dict[str, Any] | None, other_dir, config: decode.Diagn
         return None
     # where the diagnosed path changed: the path diagnosed then, timed now (None if this run has
     # no row of it)
-    then_path_now = now.get("times", {}).get((then["path"], then["fmt"]))
+    then_path_now = now["times"].get((then["path"], then["fmt"]))
     return {"now": now, "then": then, "model": config.preset, "batch": config.decode_batch,
             "then_path_now_us": then_path_now}
 

@@ -494,8 +494,8 @@ def glance_html(d: decode.Diagnosis) -> str:
     # what would make the diagnosed path faster; only without such a lever, the other baselines'
     levers = d.levers[d.levers["gain"] > 1 + decode.SAME_SPEED_WITHIN]
     on_path = levers[levers["from_path"].astype(bool)]
-    header = "largest levers"
-    if d.chosen is not None and len(on_path):
+    path_only = d.chosen is not None and len(on_path) > 0
+    if path_only:
         levers = on_path
     ranked = levers.sort_values("gain", ascending=False, kind="stable")
     # the verdict's own lever (the path at its floor) is shown even when others are larger: it
@@ -505,10 +505,10 @@ def glance_html(d: decode.Diagnosis) -> str:
     if len(own) and own.index[0] not in levers.index:
         levers = pd.concat([levers.head(GLANCE_LEVERS - 1), own.head(1)])
     shown_of = (len(levers), len(ranked)) if len(levers) < len(ranked) else None   # the rest: chapter 04's
-    if d.chosen is not None and len(on_path):
+    if path_only:
         header = path_levers_header(d, shown_of)
-    elif shown_of:
-        header += f" ({shown_of[0]} of {shown_of[1]})"
+    else:
+        header = "largest levers" + (f" ({shown_of[0]} of {shown_of[1]})" if shown_of else "")
     # a token's time or a call's: the batch and EP levers trade a longer call for more tokens
     # (an EP lever's words say what it leaves out: "all-to-alls not measured: worth it under ...")
     levers = levers.assign(change=[f"{text.us_change(r.now_us, r.with_us)} a {r.per} ({r.kind})"
