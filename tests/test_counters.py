@@ -44,6 +44,8 @@ def test_findings_come_from_the_rows():
     assert "its instructions, not its bytes, set its time" in peer_dense     # 4.7 >= 4.4
     assert moe.startswith("fp4lab's Triton fused MoE (triton-w4a16-moe)")
     assert "gate\\_up 1.56 ms" in moe and "4.6 instructions" in moe
+    # each launch's stalls, as the front page quotes the diagnosed kernel's
+    assert "2.2x its DRAM bytes; stall cycles per instruction: not selected 1.38, barrier 1.07, wait 0.82;" in moe
     assert peer_dense.startswith("humming\\-w4a16") and "4.7 instructions per weight" in peer_dense
     assert peer_moe.startswith("Humming's MoE GEMMs") and "torch kernels between its GEMMs take 228 us" in peer_moe
     # 32 lanes x 4.18e12 warp instructions/s x 0.5625 B / 4.24e12 B/s
@@ -82,9 +84,9 @@ def test_a_kernels_own_launches_say_what_holds_their_warps_back():
     moe = [counters.read_counters(MOE_H200)]
     mxfp4 = counters.kernel_sentence(moe, "cuda-w4a16-moe", "mxfp4")
     assert mxfp4.startswith("cuda\\-w4a16\\-moe, profiled (mxfp4 glm\\-5 B=512: "
-                            "gate\\_up 1.10 ms, down 573 us), issues 3.3-3.4 instructions per weight "
-                            "on 65-66% of its cycles, with DRAM throughput at 64-66% of Nsight's peak")
-    assert "largest stalls are not selected (2.20 cycles per instruction issued) and math pipe throttle (2.08)" \
+                            "gate\\_up 1.10 ms, down 573 us), issues 3.3-3.4 instructions per weight, "
+                            "issuing on 65-66% of its cycles, and reads DRAM at 64-66% of Nsight Compute's DRAM peak")
+    assert "largest stalls are 'not selected' (2.20 cycles per instruction issued) and 'math pipe throttle' (2.08)" \
         in mxfp4 and mxfp4.endswith("not for their loads.")
     every = counters.kernel_sentence(moe, "cuda-w4a16-moe", "fp8", subject="It")
     assert every.startswith("It, profiled (mxfp4 glm\\-5 B=512 gate\\_up 1.10 ms, mxfp4 glm\\-5 B=512 down") \
@@ -92,7 +94,7 @@ def test_a_kernels_own_launches_say_what_holds_their_warps_back():
     assert counters.kernel_sentence(moe, "humming-moe-indexed") is None
     # a launch held back by its loads is not called issue-bound
     dense = counters.kernel_sentence(moe, "cuda-w4a16", "nvfp4")
-    assert "long scoreboard (3.63 cycles per instruction issued)" in dense and "not for their loads" not in dense
+    assert "'long scoreboard' (3.63 cycles per instruction issued)" in dense and "not for their loads" not in dense
 
 
 def test_a_kernel_under_the_line_held_back_by_its_issue_rate_says_so():

@@ -92,9 +92,9 @@ def test_the_front_page_links_the_verdict_to_the_diagnosis_chapter_it_came_from(
     d = decode.diagnose(leading.path, decode.DiagnosisConfig.from_profile("full"))
     own = counters.kernel_sentence(on_h200, "cuda-w4a16-moe", d.chosen["fmt"], "It")
     assert own.startswith(f"It, profiled ({d.chosen['fmt']} glm\\-5 B=512: gate\\_up ")
-    assert "instructions per weight on 66-67% of its cycles" in own
-    assert own.endswith("its warps' largest stalls are not selected (2.23 cycles per instruction issued) and "
-                        "math pipe throttle (1.94): warps that could issue wait for the schedulers and the math "
+    assert "instructions per weight, issuing on 66-67% of its cycles" in own
+    assert own.endswith("its warps' largest stalls are 'not selected' (2.23 cycles per instruction issued) and "
+                        "'math pipe throttle' (1.94): warps that could issue wait for the schedulers and the math "
                         "pipe, not for their loads.")
     assert (f")): The diagnosed path's kernel, {text.md('cuda-w4a16-moe')}, profiled (") in page
     # under the instruction line, it says why fewer instructions per weight still help it
@@ -191,6 +191,10 @@ def test_the_front_page_shows_the_verdicts_numbers_and_its_three_largest_levers(
     # the header says levers are left out, and how many (a reader missed batch 4096's 1.7x)
     assert len(left_out) and f"at B=512 ({len(listed)} of {len(on_path)})" in glance
     assert f"{text.sig(d.load['busiest_m'])} busiest" in glance
+    # FP4 against bf16 / fp8 names its unit, a call: fp8's batch-2048 lever below is in tokens/s
+    best, fp8 = d.fp4["best"]["layer_us"], d.fp4["fp8"]["layer_us"]
+    assert re.search(rf"a call, best FP4 path vs best bf16 / fp8</b>: [\d.]+x / {re.escape(text.ratio(fp8 / best))} as fast",
+                     glance)
     # the diagnosed path's own window is power-capped (call 122): the verdict states its watts and
     # clock, so the glance does not repeat them
     assert d.chosen_power["capped"] and "power of" not in glance

@@ -339,12 +339,13 @@ def kernel_sentence(profiles: list[Counters], kernel: str, fmt: str | None = Non
     launches = ", ".join(f"{text.md(' '.join(w[common:]))} {text.us(r.us)}" for w, r in zip(words, rows))
     where = f"{text.md(' '.join(words[0][:common]))}: {launches}" if common else launches
     line = (f"{subject or text.md(kernel)}, profiled ({where}), issues "
-            f"{text.span([r.instr_per_weight for r in rows], lambda v: f'{v:.1f}')} instructions per weight on "
-            f"{text.span([r.issue_pct for r in rows], text.pct)} of its cycles, with DRAM throughput at "
-            f"{text.span([r.dram_pct for r in rows], text.pct)} of Nsight's peak")   # not the copy bandwidth
+            f"{text.span([r.instr_per_weight for r in rows], lambda v: f'{v:.1f}')} instructions per weight, "
+            f"issuing on {text.span([r.issue_pct for r in rows], text.pct)} of its cycles, and reads DRAM at "
+            # Nsight's DRAM peak is the memory's theoretical rate, not the copy bandwidth the floors use
+            f"{text.span([r.dram_pct for r in rows], text.pct)} of Nsight Compute's DRAM peak")
     stalls = _stall_pairs(max(rows, key=lambda r: r.us).stalls)[:2]
     if stalls:
-        named = [f"{reason} ({cycles} cycles per instruction issued)" if i == 0 else f"{reason} ({cycles})"
+        named = [f"'{reason}' ({cycles} cycles per instruction issued)" if i == 0 else f"'{reason}' ({cycles})"
                  for i, (reason, cycles) in enumerate(stalls)]
         line += f"; its warps' largest stalls are {text.join(named)}"
         if all(reason in ISSUE_STALLS for reason, _ in stalls):
@@ -394,7 +395,8 @@ def _profile_lines(profile: Counters, even: float | None) -> list[str]:
     if len(moe):
         parts = "; ".join(f"{text.md(r.launch)} {text.us(r.us)}, {r.instr_per_weight:.1f} instructions per "
                           f"weight issued on {text.pct(r.issue_pct)} of cycles, DRAM {text.pct(r.dram_pct)} of its peak, "
-                          f"L2 traffic {r.l2_over_dram:.1f}x its DRAM bytes" for r in moe.itertuples())
+                          f"L2 traffic {r.l2_over_dram:.1f}x its DRAM bytes; stall cycles per instruction: "
+                          f"{r.stalls}" for r in moe.itertuples())
         glue = table[table["kernel"] == "torch"]
         extra = (f"; the torch kernels between its GEMMs take {text.us(glue['us'].sum())}" if len(glue) else "")
         name = profile.profiled

@@ -485,8 +485,9 @@ def glance_html(d: decode.Diagnosis) -> str:
     best = (d.fp4 or {}).get("best")
     others = [(dtype, d.fp4[dtype]) for dtype in ("bf16", "fp8") if best is not None and d.fp4.get(dtype)]
     if others:
-        # at the decode batch: a lever at another batch may favour another dtype (fp8 at 2048)
-        facts[f"best FP4 vs best {' / '.join(dtype for dtype, _ in others)} path"] = (
+        # a call at the decode batch: a lever below, in tokens/s at another batch, may favour
+        # another dtype (fp8 at 2048), so the unit is named where the two could be read as one
+        facts[f"a call, best FP4 path vs best {' / '.join(dtype for dtype, _ in others)}"] = (
             " / ".join(text.as_fast(best["layer_us"], other["layer_us"]).removesuffix(" as fast as")
                        for _, other in others) + " as fast")
     numbers = ('<p class="fp4lab-facts" style="margin:0.4em 0;font-size:0.9em">'
