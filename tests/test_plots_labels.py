@@ -199,3 +199,20 @@ def test_the_models_band_reads_as_a_band_and_every_bar_fits(errors, lowest, high
                              "batch": [64, 64, 512, 512][:len(errors)], "error_pct": errors})
     fig = moe.model_vs_measured(compared)
     assert fig.axes[0].get_ylim() == pytest.approx((lowest, highest))
+
+
+def test_the_speed_figure_marks_formats_on_fp4_weights_only_and_ticks_the_measured_ms():
+    """A reader saw nvfp4 / mxfp4 markers on the torch-bf16 line (bf16 weights have no FP4
+    format: the sweep's rows under each format are one kernel) and an M = 4096 tick where nothing
+    ran."""
+    from fp4lab.plots import gemm as gemm_plots
+
+    rows = [{"backend": backend, "fmt": fmt, "weight_dtype": dtype, "n": 8192, "k": 8192, "m": m,
+             "tflops": tflops * m}
+            for backend, dtype, tflops in (("torch-bf16", "bf16", 2.0), ("triton-w4a16", "fp4", 3.0))
+            for fmt in ("nvfp4", "mxfp4") for m in (1, 16, 16384)]
+    fig = gemm_plots.speed_by_m({"run": pd.DataFrame(rows)})
+    ax = fig.axes[0]
+    markers = sorted(line.get_marker() for line in ax.get_lines())
+    assert markers == ["", "o", "s"]     # bf16 once, unmarked; the FP4 kernel once a format
+    assert tick_labels(ax, "x") == ["1", "16", "16384"]

@@ -82,12 +82,16 @@ def plain_number(value: float) -> str:
     return f"{value:g}"
 
 
-def tokens_axis(ax) -> None:
-    """A log2 axis of token counts labelled 1, 2, 4, ... (not 2^n)."""
-    from matplotlib.ticker import FuncFormatter, LogLocator
+def tokens_axis(ax, measured=None) -> None:
+    """A log2 axis of token counts labelled 1, 2, 4, ... (not 2^n); ticked at the `measured`
+    counts where given (a tick at 4096 where nothing ran reads as a measured point)."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator
 
     ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_locator(LogLocator(base=2))
+    ticks = sorted({int(m) for m in measured}) if measured is not None else []
+    ax.xaxis.set_major_locator(FixedLocator(ticks) if ticks else LogLocator(base=2))
+    if ticks:
+        ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: plain_number(value)))
 
 

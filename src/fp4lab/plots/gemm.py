@@ -19,6 +19,9 @@ def _shapes(frame: pd.DataFrame) -> list[tuple[int, int]]:
     return sorted({(int(n), int(k)) for n, k in zip(frame["n"], frame["k"])}, key=lambda s: -s[0] * s[1])
 
 
+FORMAT_MARKERS = {"nvfp4": "o", "mxfp4": "s"}
+
+
 def speed_by_m(runs: dict[str, pd.DataFrame], metric: str = "tflops", ylabel: str = "TFLOP/s achieved"):
     """`metric` against M (log-log), one panel per weight shape, one colour per backend; a second
     run (the reference) on the same panel where it measured the same shape, dashed.
@@ -36,21 +39,24 @@ def speed_by_m(runs: dict[str, pd.DataFrame], metric: str = "tflops", ylabel: st
     for ax, (n, k) in zip(axes.flat, shapes):
         for label, frame in frames.items():
             shape = frame[(frame["n"] == n) & (frame["k"] == k)]
-            for (backend, fmt), points in shape.groupby(["backend", "fmt"]):
+            # bf16, fp8 and int4 weights have no FP4 format: the sweep's rows under each format
+            # are one kernel, drawn once, without a format's marker
+            fp4_fmt = shape["fmt"].where(shape["weight_dtype"] == "fp4", "")
+            for (backend, fmt), points in shape.groupby(["backend", fp4_fmt]):
                 curve = points.groupby("m")[metric].median().sort_index()
                 ax.plot(curve.index, curve.values, styles[label], color=colours[backend],
-                        marker="o" if fmt == "nvfp4" else "s", markersize=3.5, linewidth=1.4,
+                        marker=FORMAT_MARKERS.get(fmt, ""), markersize=3.5, linewidth=1.4,
                         alpha=1.0 if styles[label] == "-" else 0.7)
         ax.set(title=f"N={n}, K={k}")
         log_axis(ax)
-        tokens_axis(ax)
+        tokens_axis(ax, everything["m"])
     for ax in axes[-1]:
         ax.set_xlabel("M (tokens)")
     for ax in axes[:, 0]:
         ax.set_ylabel(ylabel)
     hide_unused(axes, len(shapes))
     # colour: the backend, once; marker: the format; line style: the run (only when two are drawn)
-    extra = colour_handles(colours) + marker_handles({"nvfp4 weights": "o", "mxfp4 weights": "s"})
+    extra = colour_handles(colours) + marker_handles({f"{fmt} weights": m for fmt, m in FORMAT_MARKERS.items()})
     if len(frames) > 1:
         extra += style_handles({label: styles[label] for label in frames})
     figure_legend(fig, axes, extra=extra)
@@ -77,7 +83,7 @@ def four_bit_vs_floor(points: pd.DataFrame, baseline: str = "torch-bf16"):
                    label="FP4 weight-read floor (measured bandwidth) = 1")
         ax.set(title=f"{fmt}, N={n}, K={k}")
         log_axis(ax)
-        tokens_axis(ax)
+        tokens_axis(ax, points["m"])
     for ax in axes[-1]:
         ax.set_xlabel("M (tokens)")
     for ax in axes[:, 0]:
@@ -93,12 +99,11 @@ def own_against_peers(table: pd.DataFrame, aim: float, aim_up_to_m: int, level_u
     `aim` up to `aim_up_to_m` tokens, level from there to `level_up_to_m`."""
     shapes = sorted({(int(n), int(k)) for n, k in zip(table["n"], table["k"])}, key=lambda s: -s[0] * s[1])
     colours = palette([f"{n}x{k}" for n, k in shapes])
-    markers = {"nvfp4": "o", "mxfp4": "s"}
     fig, axes = new_figure(height_in=3.6)
     ax = axes[0, 0]
     for (fmt, n, k), rows in table.groupby(["fmt", "n", "k"]):
         rows = rows.sort_values("m")
-        ax.plot(rows["m"], rows["speedup"], "-", marker=markers.get(fmt, "^"), markersize=4,
+        ax.plot(rows["m"], rows["speedup"], "-", marker=FORMAT_MARKERS.get(fmt, "^"), markersize=4,
                 color=colours[f"{int(n)}x{int(k)}"], linewidth=1.3)
     ax.plot([1, aim_up_to_m], [aim, aim], color="black", linewidth=1.6, linestyle=":",
             label=f"aim up to M = {aim_up_to_m}: {aim:g}x as fast as the fastest peer")
@@ -108,11 +113,11 @@ def own_against_peers(table: pd.DataFrame, aim: float, aim_up_to_m: int, level_u
                 label=f"aim at M = {above[0]}-{above[-1]}: level with it")
     ax.axhline(1.0, color="0.6", linewidth=0.8, zorder=0)
     ax.set(xlabel="M (tokens)", ylabel="fp4lab's speed-up over\nthe fastest peer")
-    tokens_axis(ax)
+    tokens_axis(ax, table["m"])
     log_axis(ax)
     widen_to_labels(ax)
     shape_handles = colour_handles({f"N x K = {name}": colour for name, colour in colours.items()})
-    format_handles = marker_handles({fmt: markers.get(fmt, "^") for fmt in sorted(table["fmt"].unique())})
+    format_handles = marker_handles({fmt: FORMAT_MARKERS.get(fmt, "^") for fmt in sorted(table["fmt"].unique())})
     figure_legend(fig, axes, columns=3, extra=shape_handles + format_handles)
     return fig
 
