@@ -489,7 +489,9 @@ def path_power(moe: moe_analysis.MoeResults | None, chosen: dict | None, run_vie
     `energy_batches`): the most power any of its rows drew against the board's limit, the lowest
     SM clock inside the windows, their clock-event reasons (the benign "none" left out where
     another was read), and the time a call took there (energy per call over power, summed over
-    the path's rows) against the timer's: `window_over_timed`, the share longer. `capped`:
+    the path's rows) against the timer's: `window_over_timed`, the share longer;
+    `clock_stretch`, the most the SM clock's fall from the timer's to the window's could lengthen
+    a call (one bound by its SM clock alone: loads do not slow with it). `capped`:
     at the power-bound share of the limit, or a power clock event. Where only the path's other
     format has a window (a re-measure of one format), that one, `other_format` True and `fmt`
     saying which. None where the run has none."""
@@ -516,10 +518,12 @@ def path_power(moe: moe_analysis.MoeResults | None, chosen: dict | None, run_vie
     # how long the replays ran: the shortest of the rows' windows (NaN where an older run stored none)
     spans = rows["window_end_s"] - rows["window_start_s"]
     window_s = float(spans.min()) if spans.notna().any() else None
+    window_clock, timed_clock = float(rows["window_sm_clock_mhz"].min()), float(rows["sm_clock_mhz"].median())
     return {"path": chosen["path"], "fmt": fmt, "other_format": other_format, "avg_power_w": watts,
             "window_s": window_s,
             "power_limit_w": float(limit), "fraction": fraction,
-            "window_sm_clock_mhz": float(rows["window_sm_clock_mhz"].min()),
+            "window_sm_clock_mhz": window_clock, "timed_sm_clock_mhz": timed_clock,
+            "clock_stretch": timed_clock / window_clock - 1 if timed_clock > 0 and window_clock > 0 else None,
             "throttle_reasons": reasons, "window_us_per_call": window_us, "timed_us": timed_us,
             "window_over_timed": window_us / timed_us - 1,
             "capped": fraction >= config.power_bound_fraction or any(r in POWER_REASONS for r in reasons)}

@@ -214,7 +214,21 @@ def own_power_sentence(own: dict) -> str:
             f"the {text.sig(own['power_limit_w'])} W limit, with the SM clock at {text.sig(own['window_sm_clock_mhz'])} MHz "
             f"(clock-event reasons: {reasons}); a call took {text.us(own['window_us_per_call'])} there, "
             f"{text.pct(100 * abs(slower))} {'over' if slower >= 0 else 'under'} the timer's "
-            f"{text.us(own['timed_us'])}, whose samples are a burst at the clock of the moment.")
+            f"{text.us(own['timed_us'])}, whose samples are a burst at the clock of the moment"
+            + clock_share(own) + ".")
+
+
+def clock_share(own: dict) -> str:
+    """How much of a longer call back to back the SM clock's fall can explain: at most its own
+    ratio (loads do not slow with the SM clock); the rest these rows do not place."""
+    stretch, slower = own.get("clock_stretch"), own["window_over_timed"]
+    if stretch is None or slower <= 0 or stretch <= 0:
+        return ""
+    head = f" ({text.sig(own['timed_sm_clock_mhz'])} MHz): the clock's fall "
+    if stretch >= slower:
+        return head + f"alone could account for it (at most {text.pct(100 * stretch)})"
+    return (head + f"stretches a call by at most {text.pct(100 * stretch)}, so these rows do not say "
+            "where the rest goes")
 
 
 def power_sentence(d: decode.Diagnosis) -> str | None:
