@@ -57,13 +57,15 @@ def test_chapters_03_and_04_state_the_same_layer_times(reference_copy):
     grouped = at[at["method"] == "grouped-bf16"]["speedup_vs_loop"].iloc[0]
     assert "grouped-bf16" in page_text(diagnosis_page, "paths") and ratio == text.ratio(grouped)
     # a one-call method's spread is its row's percentiles; a loop's two GEMMs' sum has none
-    fused = at[(at["method"] == "cuda-w4a16-moe") & (at["fmt"] == "nvfp4")].iloc[0]
     rows = moe.moe_results(reference_copy, "glm-5").ok
-    row = rows[(rows["method"] == "cuda-w4a16-moe") & (rows["fmt"] == "nvfp4") & (rows["batch"] == 512)
-               & (rows["ep"].fillna(1) == 1)].iloc[0]
-    assert (fused["layer_p20_us"], fused["layer_p80_us"]) == (row["p20_us"], row["p80_us"])
+    for fmt in ("nvfp4", "mxfp4"):
+        fused = at[(at["method"] == "cuda-w4a16-moe") & (at["fmt"] == fmt)].iloc[0]
+        row = rows[(rows["method"] == "cuda-w4a16-moe") & (rows["fmt"] == fmt) & (rows["batch"] == 512)
+                   & (rows["ep"].fillna(1) == 1)].iloc[0]
+        assert (fused["layer_p20_us"], fused["layer_p80_us"]) == (row["p20_us"], row["p80_us"])
     assert at[at["kind"] == "gemm"]["layer_p80_us"].isna().all()
-    assert ("the table of methods' median is 1.76 ms, its 20th-80th percentiles 1.76-2.06 ms"
+    # the diagnosed row (MXFP4 since call 158) spans 1607-1615 us from its 20th to 80th percentile
+    assert ("the table of methods' median is 1.61 ms, its 20th-80th percentiles 1.61 ms"
             in page_text(diagnosis_page, "findings").replace("\\", ""))
 
 
@@ -79,9 +81,9 @@ def test_chapter_01_seed_caption_states_chapter_04s_modelled_loop(reference_copy
 
 def test_chapter_04_sets_every_timing_of_the_diagnosed_call_side_by_side(reference_copy):
     """A newcomer met the diagnosed call as 1.74, 1.76, 1.82, 1.97 and 2.22 ms on different pages:
-    chapter 04 lists them in one table, fastest first, each with how it was timed (the reference:
-    the layer table's NVFP4 1.76 and MXFP4 1.89 ms, the dissecting worker's 1.97 in both, 2.22 ms
-    back to back)."""
+    chapter 04 lists them in one table, fastest first, each with how it was timed (the reference
+    since call 158: the layer table's MXFP4 1.61 and NVFP4 1.93 ms, the dissecting worker's 1.74
+    and 1.93 ms, MXFP4's 1.92 ms back to back)."""
     from fp4lab import text
     from fp4lab.analysis import decode, moe
 
@@ -97,18 +99,18 @@ def test_chapter_04_sets_every_timing_of_the_diagnosed_call_side_by_side(referen
     back_to_back = times[times["timing"] == "back to back"].iloc[0]
     assert back_to_back["us"] == pytest.approx(d.chosen_power["window_us_per_call"])
     # how long it ran, read from the row (a newcomer read "for seconds" in a 0.6 s window)
-    assert back_to_back["how"].startswith("replayed back to back for 0.6 s (its energy window): 693 W of 700 W")
+    assert back_to_back["how"].startswith("replayed back to back for 0.58 s (its energy window): 739 W of 700 W")
     dissected = moe.fused_anatomy(d.moe)
     assert decode.call_times(d.paths, dissected, None, None).empty          # no diagnosed path
     loop = d.paths[d.paths["source"] == "GEMM sweep"].iloc[0].to_dict()  # a modelled loop: no timing
     assert decode.call_times(d.paths, dissected, loop, None).empty
     table = page_text(ch04_diagnosis.build(str(reference_copy), "none", "full", "cpu"), "breakdown")
     assert "every time this run measured for one cuda-w4a16-moe call at B=512" in table
-    assert [text.us(us) for us in times["us"]] == ["1.76 ms", "1.89 ms", "1.97 ms", "1.97 ms", "2.22 ms"]
-    for shown in ("1.76 ms", "1.89 ms", "1.97 ms", "2.22 ms"):
+    assert [text.us(us) for us in times["us"]] == ["1.61 ms", "1.74 ms", "1.92 ms", "1.93 ms", "1.93 ms"]
+    for shown in ("1.61 ms", "1.74 ms", "1.92 ms", "1.93 ms"):
         assert shown in table
-    # the MXFP4 burst ran already under the power cap: its row says at what clock
-    assert "its SM clock read 1815 MHz" in table and "its SM clock read 1980 MHz" in table
+    # the NVFP4 burst ran already under the power cap: its row says at what clock
+    assert "its SM clock read 1792 MHz" in table and "its SM clock read 1980 MHz" in table
 
 
 def test_chapter_04_says_which_points_never_reached_the_gate(reference_copy):
@@ -206,16 +208,16 @@ def test_chapter_03_tables_each_other_model_the_run_swept_with_its_own_times(ref
 
 
 def test_chapter_03_names_the_layer_rows_timed_at_a_lower_clock(reference_copy):
-    """The reference's MXFP4 cuda-w4a16-moe rows read 1815 MHz where every other B = 512 row read
-    1980: the layer table's caption says so, so the two formats' times are not read as the
-    kernel's alone."""
+    """The reference's NVFP4 cuda-w4a16-moe row read 1792 MHz where every other B = 512 row read
+    1980 (call 158; MXFP4's, 1815 MHz, before it): the layer table's caption says so, so the two
+    formats' times are not read as the kernel's alone."""
     from fp4lab.analysis import moe
 
     at = moe.layer_times(moe.moe_results(reference_copy, "glm-5"), 512, "uniform")
     usual, slow = moe.slow_clock_rows(at)
-    assert usual == 1980 and [(r.method, r.fmt) for r in slow.itertuples()] == [("cuda-w4a16-moe", "mxfp4")]
+    assert usual == 1980 and [(r.method, r.fmt) for r in slow.itertuples()] == [("cuda-w4a16-moe", "nvfp4")]
     measured = html.unescape(page_text(ch03_moe.build(str(reference_copy), "none", "full", "cpu"), "measured"))
-    assert "timed at an SM clock of 1980 MHz but cuda-w4a16-moe (mxfp4) at 1815 MHz" in measured
+    assert "timed at an SM clock of 1980 MHz but cuda-w4a16-moe (nvfp4) at 1792 MHz" in measured
     assert moe.slow_clock_rows(at.assign(sm_clock_mhz=float("nan")))[0] is None
 
 
@@ -335,15 +337,26 @@ def test_chapters_02_and_04_state_the_same_decode_power(reference_copy):
     # the diagnosed layer's own window (call 122: NVFP4 at B = 512) in both, word for word
     own = re.search(r"Power caps the diagnosed path: [^\n]*? whose samples are a burst at the clock of the moment"
                     r"[^\n]*?\.(?=\s|$)", page_text(diagnosis_page, "findings"))
-    assert own and own.group(0) in page_text(power_page, "findings") and "drew 693 W" in own.group(0)
-    # 2.22 ms is 26% over 1.76 ms; the SM clock's fall (1980 -> 1740 MHz) explains at most 14% of it
-    assert ("26% over the timer's 1.76 ms, whose samples are a burst at the clock of the moment (1980 MHz): the "
-            "clock's fall stretches a call by at most 14%, so these rows do not say where the rest goes.") in own.group(0)
+    assert own and own.group(0) in page_text(power_page, "findings") and "drew 739 W" in own.group(0)
+    # 1.92 ms is 19% over 1.61 ms; the SM clock's fall (1980 -> 1620 MHz) could explain up to 22%
+    assert ("19% over the timer's 1.61 ms, whose samples are a burst at the clock of the moment (1980 MHz): the "
+            "clock's fall alone could account for it (at most 22%).") in own.group(0)
     found = page_text(power_page, "findings")        # the reference's instant readings passed 700 W
     assert re.search(r"At decode sizes .*? the GPU draws 190 W", found)                 # the GEMMs'
 
     assert "readings above it over shorter spans (instant samples, short energy windows) are bursts" in found
     assert re.search(r"the least efficient, \S+ at M = \d+ on \d+x\d+, reaches", found)
+
+
+@pytest.mark.parametrize("timed_mhz, window_mhz, slower, says", [
+    (1980.0, 1740.0, 0.26, "(1980 MHz): the clock's fall stretches a call by at most 14%, so these rows do not "
+                           "say where the rest goes"),          # the reference before call 158
+    (1980.0, 1620.0, 0.19, "(1980 MHz): the clock's fall alone could account for it (at most 22%)"),
+    (1980.0, 1980.0, 0.05, ""),                                  # no fall: nothing to say about it
+    (1800.0, 1620.0, -0.02, "")])                                # not longer back to back
+def test_a_longer_call_back_to_back_says_how_much_of_it_the_clock_explains(timed_mhz, window_mhz, slower, says):
+    own = {"timed_sm_clock_mhz": timed_mhz, "clock_stretch": timed_mhz / window_mhz - 1, "window_over_timed": slower}
+    assert ch04_diagnosis.clock_share(own) == (f" {says}" if says else "")
 
 
 @pytest.mark.parametrize("average_w,says", [
@@ -462,14 +475,15 @@ def test_chapter_04_says_when_the_diagnosed_paths_own_timing_saw_the_sm_clock_fa
     for row in rows:
         if row["method"] == "cuda-w4a16-moe":
             row.update(avg_power_w=None, energy_per_call_j=None, window_sm_clock_mhz=None, throttle_reasons=None)
-            if row["fmt"] == "nvfp4" and row["preset"] == "glm-5" and row["batch"] == 512 and row["ep"] == 1:
+            # the diagnosed row (MXFP4 since call 158)
+            if row["fmt"] == "mxfp4" and row["preset"] == "glm-5" and row["batch"] == 512 and row["ep"] == 1:
                 row["sm_clock_mhz"] = 1830.0
     (run / "moe.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (run / "moe.parquet").unlink()            # the jsonl log is the truth the table is read from
     assert 1830.0 < json.loads((run / "run.json").read_text())["moe"]["config"]["timer"]["min_clock_ratio"] * 1980
     d = decode.diagnose(run, config)
     assert d.chosen_power is None
-    assert d.chosen_clock == {"path": "cuda-w4a16-moe", "fmt": "nvfp4", "sm_clock_mhz": 1830.0,
+    assert d.chosen_clock == {"path": "cuda-w4a16-moe", "fmt": "mxfp4", "sm_clock_mhz": 1830.0,
                               "max_sm_clock_mhz": 1980.0, "fraction": 1830.0 / 1980}
     said = ch04_diagnosis.power_sentence(d).replace("\\", "")
     assert said.startswith("Power does not limit the decode GEMMs: ")
@@ -483,8 +497,8 @@ def test_chapter_04_states_the_diagnosed_paths_own_energy_window_when_the_sweep_
     """The MoE sweep's `energy_batches` give each point there an energy window (the call replayed
     back to back): where the diagnosed path has one, chapter 04 states its own power, clock and
     time a call there, instead of the decode GEMMs' power. Here the reference's GLM-5 path
-    (cuda-w4a16-moe, NVFP4, B = 512) is given the window call 110 measured on an H100; without a
-    window of its own format, the other format's is stated as such."""
+    (cuda-w4a16-moe, MXFP4 since call 158, B = 512) is given the window call 110 measured on an
+    H100; without a window of its own format, the other format's is stated as such."""
     import json
 
     from fp4lab.analysis import decode
@@ -492,7 +506,7 @@ def test_chapter_04_states_the_diagnosed_paths_own_energy_window_when_the_sweep_
     run = tmp_path / reference_copy.name
     shutil.copytree(reference_copy, run)
     rows = [json.loads(line) for line in (run / "moe.jsonl").read_text().splitlines()]
-    chosen = [r for r in rows if r["method"] == "cuda-w4a16-moe" and r["fmt"] == "nvfp4"
+    chosen = [r for r in rows if r["method"] == "cuda-w4a16-moe" and r["fmt"] == "mxfp4"
               and r["preset"] == "glm-5" and r["batch"] == 512 and r["ep"] == 1]
     assert len(chosen) == 1
     timed_us = chosen[0]["median_us"]
@@ -519,20 +533,20 @@ def test_chapter_04_states_the_diagnosed_paths_own_energy_window_when_the_sweep_
     assert ch04_diagnosis.verdict_sentence(d).replace("\\", "").endswith(
         f" Back to back it is also **power-capped** (699 W of 700 W) at 2.09 ms a call, {over}% over the "
         f"timed {timed_us / 1000:.2f} ms.")
-    # the committed reference: the diagnosed NVFP4 call's own window (call 122)
+    # the committed reference: the diagnosed MXFP4 call's own window (call 158)
     plain = decode.diagnose(reference_copy, decode.DiagnosisConfig.from_profile("full"))
-    assert plain.chosen["fmt"] == "nvfp4" and not plain.chosen_power["other_format"]
-    assert ("Back to back it is also **power-capped** (693 W of 700 W) at 2.22 ms a call, 26% over "
-            "the timed 1.76 ms.") in ch04_diagnosis.verdict_sentence(plain)
-    # its window taken out, the MXFP4 call's (call 127) stands in, named as the other format's
+    assert plain.chosen["fmt"] == "mxfp4" and not plain.chosen_power["other_format"]
+    assert ("Back to back it is also **power-capped** (739 W of 700 W) at 1.92 ms a call, 19% over "
+            "the timed 1.61 ms.") in ch04_diagnosis.verdict_sentence(plain)
+    # its window taken out, the NVFP4 call's (call 158) stands in, named as the other format's
     chosen[0].update(avg_power_w=None, energy_per_call_j=None, window_sm_clock_mhz=None, throttle_reasons=None)
     (run / "moe.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     other = decode.diagnose(run, decode.DiagnosisConfig.from_profile("full"))
-    assert other.chosen_power["other_format"] and other.chosen_power["fmt"] == "mxfp4"
+    assert other.chosen_power["other_format"] and other.chosen_power["fmt"] == "nvfp4"
     said = ch04_diagnosis.power_sentence(other).replace("\\", "")
-    assert said.startswith("Power caps the diagnosed path: replayed back to back for 0.6 s, cuda-w4a16-moe (with MXFP4 "
-                           "weights: the run has no window of the diagnosed format) drew 711 W")
-    assert "Back to back its MXFP4 build is also **power-capped** (711 W of 700 W)" in \
+    assert said.startswith("Power caps the diagnosed path: replayed back to back for 0.6 s, cuda-w4a16-moe (with NVFP4 "
+                           "weights: the run has no window of the diagnosed format) drew 713 W")
+    assert "Back to back its NVFP4 build is also **power-capped** (713 W of 700 W)" in \
         ch04_diagnosis.verdict_sentence(other)
 
 

@@ -92,14 +92,15 @@ def test_the_front_page_links_the_verdict_to_the_diagnosis_chapter_it_came_from(
     d = decode.diagnose(leading.path, decode.DiagnosisConfig.from_profile("full"))
     own = counters.kernel_sentence(on_h200, "cuda-w4a16-moe", d.chosen["fmt"], "It")
     assert own.startswith(f"It, profiled ({d.chosen['fmt']} glm\\-5 B=512: gate\\_up ")
-    assert "instructions per weight, issuing on 66-67% of its cycles" in own
-    assert own.endswith("its warps' largest stalls are 'not selected' (2.23 cycles per instruction issued) and "
-                        "'math pipe throttle' (1.94): warps that could issue wait for the schedulers and the math "
+    assert d.chosen["fmt"] == "mxfp4"          # the fastest FP4 path since call 158
+    assert "instructions per weight, issuing on 65-66% of its cycles" in own
+    assert own.endswith("its warps' largest stalls are 'not selected' (2.20 cycles per instruction issued) and "
+                        "'math pipe throttle' (2.08): warps that could issue wait for the schedulers and the math "
                         "pipe, not for their loads.")
     assert (f")): The diagnosed path's kernel, {text.md('cuda-w4a16-moe')}, profiled (") in page
     # under the instruction line, it says why fewer instructions per weight still help it
-    assert ("The diagnosed kernel needs fewer than 4.43 instructions per weight (3.4-3.5), but it issues on "
-            "only 66-67% of its cycles: at that rate they take as long as 5.1-5.3 would on every slot, "
+    assert ("The diagnosed kernel needs fewer than 4.43 instructions per weight (3.3-3.4), but it issues on "
+            "only 65-66% of its cycles: at that rate they take as long as 4.9-5.2 would on every slot, "
             "1.1-1.2x the time of reading its weights") in page
     assert "is not among them" not in page
     # without a profile of it on this GPU (the H200's of the dense kernel alone), the page says so
@@ -183,8 +184,11 @@ def test_the_front_page_shows_the_verdicts_numbers_and_its_three_largest_levers(
         change = f"{text.us_change(lever.now_us, lever.with_us)} a {lever.per} ({lever.kind})"
         assert text.html(change) in glance
     assert "a token (measured)" in glance and "a call (bound)" in glance
-    # the EP lever's time is measured, its all-to-alls not (one GPU): its words say so
-    assert "(all-to-alls not measured: worth it under " in glance
+    # the EP lever's time is measured, its all-to-alls not (one GPU): its words say so, on the
+    # front page where it is among the largest, and in chapter 04's findings always
+    ep = on_path[on_path["lever"].str.startswith("expert parallelism")]
+    assert len(ep) and "(all-to-alls not measured: worth it under " in "\n".join(words.findings(d)).replace("\\", "")
+    assert ("(all-to-alls not measured: worth it under " in glance) == bool(set(ep["lever"]) & set(listed["lever"]))
     left_out = shown[~shown["lever"].isin(listed["lever"])]
     for lever in left_out.itertuples():
         assert text.html(lever.lever) not in glance
@@ -246,7 +250,7 @@ def test_the_front_page_says_why_from_the_profiles_of_its_gpu(tmp_path):
     assert ("the copy bandwidth measured in the diagnosed run `20261203T1155Z-h200-full` (4.24 TB/s)" in line
             and "At 4.43 instructions" in line)
     assert "their instructions bound them" in line and "waits on its global loads" in line
-    assert "The diagnosed path's kernel, cuda\\-w4a16\\-moe, profiled (nvfp4 glm\\-5 B=512: " in line
+    assert "The diagnosed path's kernel, cuda\\-w4a16\\-moe, profiled (mxfp4 glm\\-5 B=512: " in line
 
 
 def test_a_change_of_time_writes_a_shared_unit_once():
