@@ -197,7 +197,7 @@ def test_the_front_page_shows_the_verdicts_numbers_and_its_three_largest_levers(
     assert f"{text.sig(d.load['busiest_m'])} busiest" in glance
     # FP4 against bf16 / fp8 names its unit, a call: fp8's batch-2048 lever below is in tokens/s
     best, fp8 = d.fp4["best"]["layer_us"], d.fp4["fp8"]["layer_us"]
-    assert re.search(rf"a call, best FP4 path vs best bf16 / fp8</b>: [\d.]+x / {re.escape(text.ratio(fp8 / best))} as fast",
+    assert re.search(rf"best FP4 vs bf16 / fp8 call</b>: [\d.]+x / {re.escape(text.ratio(fp8 / best))} as fast",
                      glance)
     # the diagnosed path's own window is power-capped (call 122): the verdict states its watts and
     # clock, so the glance does not repeat them

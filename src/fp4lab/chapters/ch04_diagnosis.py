@@ -501,7 +501,7 @@ def glance_html(d: decode.Diagnosis) -> str:
     if others:
         # a call at the decode batch: a lever below, in tokens/s at another batch, may favour
         # another dtype (fp8 at 2048), so the unit is named where the two could be read as one
-        facts[f"a call, best FP4 path vs best {' / '.join(dtype for dtype, _ in others)}"] = (
+        facts[f"best FP4 vs {' / '.join(dtype for dtype, _ in others)} call"] = (
             " / ".join(text.as_fast(best["layer_us"], other["layer_us"]).removesuffix(" as fast as")
                        for _, other in others) + " as fast")
     numbers = ('<p class="fp4lab-facts" style="margin:0.4em 0;font-size:0.9em">'
