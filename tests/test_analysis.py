@@ -406,7 +406,7 @@ def test_a_faster_method_at_another_batch_is_a_lever_with_its_memory_cost():
 
 def test_the_timer_conditions_read_as_words():
     timer = {"repeats": 30, "cold_l2": True, "use_graph": True, "warmup_s": 0.5}
-    assert gemm.timer_words(timer) == "30 repeats, L2 flushed before each, CUDA-graph replay"
+    assert gemm.timer_words(timer) == "30 repeats, cold L2 (copies rotated), CUDA-graph replay"
     assert gemm.timer_words({**timer, "cold_l2": False, "use_graph": False}) == \
         "30 repeats, L2 left warm, eager launches"
     assert gemm.timer_words(timer, on_gpu=False) == "30 repeats"

@@ -454,7 +454,7 @@ def call_times(paths: pd.DataFrame, anatomy: pd.DataFrame, chosen: dict | None,
     for r in own.itertuples(index=False):
         diagnosed = r.fmt == chosen.get("fmt")
         # the clock the timer read around its burst: a burst already under the power cap is slower
-        how = "the MoE sweep's timer: a burst of graph replays, L2 flushed before each, in the sweep's worker"
+        how = "the MoE sweep's timer: a burst of graph replays, L2 kept cold by rotated copies, in the sweep's worker"
         clock = float(getattr(r, "sm_clock_mhz", None) or np.nan)
         if np.isfinite(clock):
             how += f"; its SM clock read {clock:.0f} MHz"

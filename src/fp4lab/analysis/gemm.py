@@ -161,15 +161,17 @@ def gemm_results(run_dir: str | RunDir) -> GemmResults:
 
 
 def timer_words(timer: dict, on_gpu: bool = True) -> str:
-    """The timer's conditions in words: '30 repeats, L2 flushed before each, CUDA-graph replay'
-    (on a CPU only the repeats: the L2 flush and graph replay are GPU settings)."""
+    """The timer's conditions in words: '30 repeats, cold L2 (copies rotated), CUDA-graph replay'
+    (on a CPU only the repeats: cold L2 and graph replay are GPU settings). Cold L2 is each call
+    reading its own copy of the inputs, the copies together several times the L2 (`bench`), not a
+    flush between calls: the calls run back to back."""
     words = []
     if timer.get("repeats"):
         words.append(f"{timer['repeats']} repeats")
     if not on_gpu:
         return ", ".join(words)
     if "cold_l2" in timer:
-        words.append("L2 flushed before each" if timer["cold_l2"] else "L2 left warm")
+        words.append("cold L2 (copies rotated)" if timer["cold_l2"] else "L2 left warm")
     if "use_graph" in timer:
         words.append("CUDA-graph replay" if timer["use_graph"] else "eager launches")
     return ", ".join(words)
