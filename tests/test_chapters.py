@@ -109,8 +109,11 @@ def test_chapter_04_sets_every_timing_of_the_diagnosed_call_side_by_side(referen
     assert [text.us(us) for us in times["us"]] == ["1.61 ms", "1.74 ms", "1.92 ms", "1.93 ms", "1.93 ms"]
     for shown in ("1.61 ms", "1.74 ms", "1.92 ms", "1.93 ms"):
         assert shown in table
-    # the NVFP4 burst ran already under the power cap: its row says at what clock
+    # the NVFP4 burst ran already under the power cap: its row says at what clock, and its spread
+    # shows the samples split in two (1.70 and 1.95 ms) where MXFP4's burst held its clock
     assert "its SM clock read 1792 MHz" in table and "its SM clock read 1980 MHz" in table
+    assert "1792 MHz; 20th-80th percentiles of its samples: 1.70-1.95 ms" in table
+    assert "1980 MHz; 20th-80th percentiles of its samples: 1.61 ms" in table
 
 
 def test_chapter_04_says_which_points_never_reached_the_gate(reference_copy):

@@ -458,6 +458,10 @@ def call_times(paths: pd.DataFrame, anatomy: pd.DataFrame, chosen: dict | None,
         clock = float(getattr(r, "sm_clock_mhz", None) or np.nan)
         if np.isfinite(clock):
             how += f"; its SM clock read {clock:.0f} MHz"
+        # a burst that straddles the power cap's onset splits its samples: the spread shows it
+        spread = (float(getattr(r, "layer_p20_us", np.nan)), float(getattr(r, "layer_p80_us", np.nan)))
+        if all(np.isfinite(spread)):
+            how += f"; 20th-80th percentiles of its samples: {text.span(spread, text.us)}"
         rows.append({"timing": "layer table" + (" (the verdict's)" if diagnosed else ""), "fmt": r.fmt,
                      "us": r.layer_us, "how": how})
     for r in anatomy[(anatomy["method"] == chosen["path"]) & (anatomy["batch"] == chosen["batch"])
