@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from fp4lab import text
 from fp4lab.analysis import counters
 
 REPO = os.path.join(os.path.dirname(__file__), "..")
@@ -101,16 +102,18 @@ def test_a_kernel_under_the_line_held_back_by_its_issue_rate_says_so():
     """The fused MoE issues fewer instructions per weight than the break-even, but on two thirds of
     its cycles: at that rate they take longer than its weights' read (call 127's profile)."""
     moe = [counters.read_counters(MOE_H200)]
-    even = counters.break_even(moe, 4.24)[0]
+    # the break-even of MXFP4's bytes (a code and 1/32 of an e8m0 scale: 0.53125 B a weight)
+    even = counters.break_even(moe, 4.24, fmt="mxfp4")[0]
+    assert even == pytest.approx(counters.break_even(moe, 4.24)[0] * 0.53125 / 0.5625)
     rate = counters.issue_rate_sentence(moe, "cuda-w4a16-moe", "mxfp4", 4.24, "The kernel")
     rows = moe[0].table[moe[0].table["launch"].str.contains("cuda-w4a16-moe mxfp4") & (moe[0].table["weights"] > 0)]
     at_rate = [r.instr_per_weight / (r.issue_pct / 100) for r in rows.itertuples()]
     assert len(at_rate) == 2 and all(r.instr_per_weight < even < v for r, v in zip(rows.itertuples(), at_rate))
     low, high = min(at_rate), max(at_rate)
-    assert rate == (f"The kernel needs fewer than {even:.2f} instructions per weight (3.3-3.4), but it issues on "
-                    f"only 65-66% of its cycles: at that rate they take as long as {low:.1f}-{high:.1f} would on "
-                    f"every slot, {low / even:.1f}-{high / even:.1f}x the time of reading its weights, so its "
-                    "instructions, more than its loads, set its time.")
+    assert rate == (f"The kernel needs fewer than {even:.2f} instructions per weight with MXFP4 weights (3.3-3.4), "
+                    f"but it issues on only 65-66% of its cycles: at that rate they take as long as "
+                    f"{low:.1f}-{high:.1f} would on every slot, {text.span([low / even, high / even], lambda v: f'{v:.1f}x')} "
+                    "the time of reading its weights, so its instructions, more than its loads, set its time.")
     assert 1 < low / even < high / even < 1.3
     # a kernel that waits on its loads, one over the line (a faster read), one whose instructions
     # fit in a slower read, and one never profiled: nothing to say

@@ -22,7 +22,6 @@ from fp4lab import text
 from fp4lab.results import MEASUREMENTS_ROOT
 
 SCHEDULERS_PER_SM = 4                      # warp schedulers (SMSPs) of an SM since Volta
-NVFP4_BYTES_PER_WEIGHT = 0.5 + 1 / 16      # codes and one e4m3 scale per 16
 LOAD_BOUND_STALLS = 1.0    # long-scoreboard cycles per instruction issued from which the loads,
                            # not the issue slots, hold a launch back (more waiting than issuing)
 STALL_PREFIX = "smsp__average_warps_issue_stalled_"
@@ -207,11 +206,12 @@ def scheduler_count(profile: Counters) -> str:
             "max SM clock")
 
 
-def break_even(profiles: list[Counters], bandwidth_tbps: float | None = None, measured_in: str = "this run"):
+def break_even(profiles: list[Counters], bandwidth_tbps: float | None = None, measured_in: str = "this run",
+               fmt: str = "nvfp4"):
     """(instructions per weight at which issuing them on every scheduler slot takes as long as
-    reading NVFP4 weights at `bandwidth_tbps`, where that bandwidth comes from, the bandwidth):
-    None without a profile or a bandwidth (the spec sheet's when none is given)."""
-    from fp4lab import hardware
+    reading `fmt` weights (codes and scales) at `bandwidth_tbps`, where that bandwidth comes from,
+    the bandwidth): None without a profile or a bandwidth (the spec sheet's when none is given)."""
+    from fp4lab import hardware, roofline
 
     if not profiles:
         return None
@@ -221,7 +221,8 @@ def break_even(profiles: list[Counters], bandwidth_tbps: float | None = None, me
         bandwidth_tbps, source = hardware.SPECS[first.spec].memory_bw_tbps, "the spec sheet's bandwidth"
     if not bandwidth_tbps:
         return None
-    even = 32 * first.issue_slots_per_ns * 1e9 * NVFP4_BYTES_PER_WEIGHT / (bandwidth_tbps * 1e12)
+    bytes_per_weight = 0.5 + roofline.SCALE_BYTES / roofline.BLOCK_SIZE[fmt]     # a code, a scale's share
+    even = 32 * first.issue_slots_per_ns * 1e9 * bytes_per_weight / (bandwidth_tbps * 1e12)
     return even, source, bandwidth_tbps
 
 
@@ -301,7 +302,8 @@ def issue_rate_sentence(profiles: list[Counters], kernel: str, fmt: str | None =
     make it faster. None when it has no profile, is over the line, waits on its loads, or issues
     fast enough to finish its instructions within the read."""
     rows = _kernel_rows(profiles, kernel, fmt)
-    even = break_even(profiles, bandwidth_tbps)
+    # the break-even of the weights the kernel reads: MXFP4's scales are half NVFP4's bytes
+    even = break_even(profiles, bandwidth_tbps, fmt=fmt or "nvfp4")
     if not rows or even is None:
         return None
     even = even[0]
@@ -315,7 +317,8 @@ def issue_rate_sentence(profiles: list[Counters], kernel: str, fmt: str | None =
     at_rate = [r.instr_per_weight / (r.issue_pct / 100) for r in rows]
     if min(at_rate) <= even:
         return None
-    return (f"{subject} needs fewer than {even:.2f} instructions per weight "
+    return (f"{subject} needs fewer than {even:.2f} instructions per weight"
+            f"{f' with {fmt.upper()} weights' if fmt and fmt != 'nvfp4' else ''} "
             f"({text.span([r.instr_per_weight for r in rows], lambda v: f'{v:.1f}')}), but it issues on only "
             f"{text.span([r.issue_pct for r in rows], text.pct)} of its cycles: at that rate they take as long as "
             f"{text.span(at_rate, lambda v: f'{v:.1f}')} would on every slot, "
