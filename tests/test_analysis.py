@@ -562,17 +562,17 @@ def test_the_kernel_time_sentence_says_what_the_diagnosed_calls_own_builds_measu
     bound_lever = d.levers[d.levers["kind"] == "bound"].iloc[0]      # no math build: the plain bound
     assert bound_lever["lever"] == "cuda-w4a16-moe at its weight-read floor" and bound_lever["basis"] == decode.BOUND
     d, sentence = diagnosed(tmp_path / "bound", {**builds, "compute": 1400.0})
-    assert "they alone take 1.40 ms, 1.1x the loads" in sentence
+    assert "they alone take 1.40 ms, 1.12x the loads" in sentence
     assert "could not go below 1.40 ms in that worker" in sentence
     # the prescription is the verdict's, stated once
     assert "fewer instructions per weight" in words.verdict_sentence(d) and "fewer instructions" not in sentence
     # the verdict states the worker's ratio, not its times: the table's call took another process's
-    assert "its decode and MMAs take 1.1x as long as its loads alone." in words.verdict_sentence(d)
+    assert "its decode and MMAs take 1.12x as long as its loads alone." in words.verdict_sentence(d)
     assert "1.40 ms" not in words.verdict_sentence(d)
     # the floor lever then says what reaching it needs, and why: overlap alone cannot
     bound_lever = d.levers[d.levers["kind"] == "bound"].iloc[0]
     assert bound_lever["lever"] == "cuda-w4a16-moe at its weight-read floor (needs fewer instructions per weight)"
-    assert bound_lever["basis"] == (decode.BOUND + "; its math alone (no weight read) takes 1.1x as long as its loads alone "
+    assert bound_lever["basis"] == (decode.BOUND + "; its math alone (no weight read) takes 1.12x as long as its loads alone "
                                     "(chapter 03's dissection)")
     d, sentence = diagnosed(tmp_path / "hidden", {**builds, "compute": 900.0})
     assert "hidden under the loads, the layer would take about the loads' 1.25 ms" in sentence
@@ -600,11 +600,21 @@ def test_a_dissected_path_without_its_own_math_build_cites_the_other_formats(tmp
     assert other == {"fmt": "nvfp4", "compute": 1400.0, "load": 1250.0,
                      "math_to_load": pytest.approx(1400 / 1250), "math_bound": True}
     sentence = words.kernel_time_sentence(d)
-    assert ("Timed without the weights' read (NVFP4 weights only), the decode and MMAs alone take 1.40 ms, 1.1x "
+    assert ("Timed without the weights' read (NVFP4 weights only), the decode and MMAs alone take 1.40 ms, 1.12x "
             "the NVFP4 loads alone (1.25 ms)") in sentence
     assert "could not go much below its math" in sentence and "did not time them" not in sentence
-    assert "without the weight read (NVFP4) its decode and MMAs take 1.1x as long" in words.verdict_sentence(d)
+    assert "without the weight read (NVFP4) its decode and MMAs take 1.12x as long" in words.verdict_sentence(d)
     table = moe.fused_anatomy(moe.moe_results(run, "glm-5"))
     assert moe.math_in_other_format(table, table[table["fmt"] == "nvfp4"].iloc[0]) is None   # has its own
     lead = " ".join(ch03_moe.fused_anatomy_findings(table, 512))
     assert "At B=512 (mxfp4)" in lead and "without the weights' read only in nvfp4 (its line below): 1.40 ms" in lead
+
+
+@pytest.mark.parametrize("value, shown", [(1.0519, "1.05x"), (1.12, "1.12x"), (0.95, "0.950x"), (0.64, "0.64x"),
+                                          (1.5, "1.5x"), (float("nan"), "—")])
+def test_a_ratio_read_against_one_keeps_its_margin(value, shown):
+    """The dissected kernel's math took 1.05x its loads; two digits printed '1.1x', a 5% margin
+    read as 10% beside an 8% spread between two workers (a reader's stumble)."""
+    from fp4lab import text
+
+    assert text.ratio_to_one(value) == shown

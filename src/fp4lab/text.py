@@ -143,6 +143,13 @@ def ratio(value, digits: int = 2) -> str:
     return MISSING if is_missing(value) else f"{sig(value, digits)}x"
 
 
+def ratio_to_one(value) -> str:
+    """A ratio read against 1 (a kernel's math against its loads): three digits near 1, where
+    two would make 1.05 '1.1x' (a 5% margin read as 10%); two elsewhere ('0.64x', '1.5x')."""
+    near = not is_missing(value) and 0.9 <= value <= 1.2
+    return ratio(value, 3 if near else 2)
+
+
 def count(number: int, noun: str, plural: str | None = None) -> str:
     """'1 run', '2 runs', '3 backends'."""
     return f"{number} {noun if number == 1 else plural or noun + 's'}"

@@ -769,7 +769,7 @@ def levers(d_paths: pd.DataFrame, chosen: dict | None, fp4: dict | None, concurr
         if math is not None and math["math_bound"]:
             needs = " (needs fewer instructions per weight)"
             why = (f"; its math alone (no weight read{', ' + math['fmt'].upper() if math['fmt'] else ''}) takes "
-                   f"{math['math_to_load']:.1f}x as long as its loads alone (chapter 03's dissection)")
+                   f"{text.ratio_to_one(math['math_to_load'])} as long as its loads alone (chapter 03's dissection)")
         rows.append({"lever": f"{chosen['path']} at its weight-read floor{needs}",
                      "gain": chosen["layer_us"] / floor, "basis": BOUND + why, "now_us": chosen["layer_us"],
                      "with_us": floor, "from_path": True, "kind": "bound"})

@@ -196,7 +196,7 @@ def overlap_findings(row, elsewhere: dict | None = None) -> list[str]:
     if text.is_missing(row["compute"]) and elsewhere is not None:
         return [said + f" This run timed the call without the weights' read only in "
                        f"{text.md(elsewhere['fmt'])} (its line below): {text.us(elsewhere['compute'])}, "
-                       f"{text.ratio(elsewhere['math_to_load'])} that format's loads alone"
+                       f"{text.ratio_to_one(elsewhere['math_to_load'])} that format's loads alone"
                        + ("; the SMs' own work is as long as the weight stream there, so hiding it under the "
                           "loads would not reach the loads-only time." if elsewhere["math_bound"] else ".")]
     if text.is_missing(row["compute"]):
@@ -205,7 +205,7 @@ def overlap_findings(row, elsewhere: dict | None = None) -> list[str]:
                        f"that: this run did not time the call without the weights' read."]
     alone = (f" Without reading the weights at all (the same launches decoding and multiplying what "
              f"their buffers hold), the call takes {text.us(row['compute'])}, "
-             f"{text.ratio(row['math_to_load'])} its loads alone.")
+             f"{text.ratio_to_one(row['math_to_load'])} its loads alone.")
     if row["math_bound"]:
         return [said + alone + f" So the SMs' own work is as long as the weight stream: even wholly "
                                f"hidden under the loads, the layer could not go below "
@@ -254,7 +254,7 @@ def fused_anatomy_findings(table, decode_batch: int) -> list[str]:
                      "the same spread between workers)"
                      if other.layer_apart_pct > SAME_CALL_SPREAD_PCT else "")
         alone = ("" if text.is_missing(other.compute) else
-                 f"; without the weights' read {text.us(other.compute)} ({text.ratio(other.math_to_load)} "
+                 f"; without the weights' read {text.us(other.compute)} ({text.ratio_to_one(other.math_to_load)} "
                  f"its loads)")
         lines.append(f"{text.md(other.fmt)} at B={int(other.batch)}: the whole call {text.us(other.full)}"
                      f"{elsewhere}, its loads {text.us(other.load)} ({text.pct(other.load_share)}), decode "

@@ -112,7 +112,7 @@ def fix_clause(d: decode.Diagnosis) -> str:
         other = f" ({text.md(math['fmt'].upper())})" if math["fmt"] else ""
         # a ratio of two builds timed in one worker: its times are that worker's, not the table's
         return (" The fix is **fewer instructions per weight**, not faster loads: without the weight read"
-                f"{other} its decode and MMAs take {text.ratio(math['math_to_load'])} as long as its loads "
+                f"{other} its decode and MMAs take {text.ratio_to_one(math['math_to_load'])} as long as its loads "
                 "alone.")
     return " The fix is **its decode and MMAs hidden under its loads**, which alone take longer."
 
@@ -171,13 +171,13 @@ def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
     if math["fmt"] is not None:      # only the same call in the other format was timed without its read
         fmt = text.md(math["fmt"].upper())
         return (head + dissected + f". Timed without the weights' read ({fmt} weights only), the decode and "
-                f"MMAs alone take {text.us(math['compute_us'])}, {text.ratio(math['math_to_load'])} the {fmt} "
+                f"MMAs alone take {text.us(math['compute_us'])}, {text.ratio_to_one(math['math_to_load'])} the {fmt} "
                 f"loads alone ({text.us(math['load_us'])})"
                 + (": even wholly hidden under the loads the call could not go much below its math."
                    if math["math_bound"] else
                    ": hidden under the loads, the call would take about its loads-only time."))
     alone = (f". Without the weights' read they alone take {text.us(math['compute_us'])}, "
-             f"{text.ratio(math['math_to_load'])} the loads")
+             f"{text.ratio_to_one(math['math_to_load'])} the loads")
     if math["math_bound"]:
         return (head + dissected + alone + f": even wholly hidden, the layer could not go below "
                 f"{text.us(a['overlapped_us'])} in that worker.")
