@@ -342,8 +342,8 @@ def test_chapters_02_and_04_state_the_same_decode_power(reference_copy):
                     r"[^\n]*?\.(?=\s|$)", page_text(diagnosis_page, "findings"))
     assert own and own.group(0) in page_text(power_page, "findings") and "drew 739 W" in own.group(0)
     # 1.92 ms is 19% over 1.61 ms; the SM clock's fall (1980 -> 1620 MHz) could explain up to 22%
-    assert ("19% over the timer's 1.61 ms, whose samples are a burst at the clock of the moment (1980 MHz): the "
-            "clock's fall alone could account for it (at most 22%).") in own.group(0)
+    assert ("19% over the timer's 1.61 ms, whose samples are a burst at the clock of the moment (this one read 1980 "
+            "MHz): the clock's fall alone could account for it (at most 22%).") in own.group(0)
     found = page_text(power_page, "findings")        # the reference's instant readings passed 700 W
     assert re.search(r"At decode sizes .*? the GPU draws 190 W", found)                 # the GEMMs'
 
@@ -352,9 +352,9 @@ def test_chapters_02_and_04_state_the_same_decode_power(reference_copy):
 
 
 @pytest.mark.parametrize("timed_mhz, window_mhz, slower, says", [
-    (1980.0, 1740.0, 0.26, "(1980 MHz): the clock's fall stretches a call by at most 14%, so these rows do not "
+    (1980.0, 1740.0, 0.26, "(this one read 1980 MHz): the clock's fall stretches a call by at most 14%, so these rows do not "
                            "say where the rest goes"),          # the reference before call 158
-    (1980.0, 1620.0, 0.19, "(1980 MHz): the clock's fall alone could account for it (at most 22%)"),
+    (1980.0, 1620.0, 0.19, "(this one read 1980 MHz): the clock's fall alone could account for it (at most 22%)"),
     (1980.0, 1980.0, 0.05, ""),                                  # no fall: nothing to say about it
     (1800.0, 1620.0, -0.02, "")])                                # not longer back to back
 def test_a_longer_call_back_to_back_says_how_much_of_it_the_clock_explains(timed_mhz, window_mhz, slower, says):
@@ -527,8 +527,8 @@ def test_chapter_04_states_the_diagnosed_paths_own_energy_window_when_the_sweep_
     window_s = chosen[0]["window_end_s"] - chosen[0]["window_start_s"]
     assert own["window_s"] == pytest.approx(window_s) and 0.5 < window_s < 0.7
     assert said.startswith(f"Power caps the diagnosed path: replayed back to back for {window_s:.2g} s, "
-                           "cuda-w4a16-moe drew 699 W, "
-                           "100% of the 700 W limit, with the SM clock at 1635 MHz (clock-event reasons: "
+                           "cuda-w4a16-moe drew 699 W on average over the window, 100% of the 700 W limit "
+                           "(enforced on ~1 s averages: chapter 02), with the SM clock at 1635 MHz (clock-event reasons: "
                            "sw_power_cap); a call took 2.09 ms there")
     assert f"over the timer's {chosen[0]['median_us'] / 1000:.2f} ms" in said
     # the verdict itself says the burst it reads is not the sustained call

@@ -210,8 +210,9 @@ def own_power_sentence(own: dict) -> str:
              "of the diagnosed format)" if own.get("other_format") else text.md(own["path"]))
     return (f"Power {'caps' if own['capped'] else 'does not cap'} the diagnosed path: replayed back to back"
             f"{decode.window_length(own)}, "
-            f"{which} drew {text.sig(own['avg_power_w'])} W, {text.pct(100 * own['fraction'])} of "
-            f"the {text.sig(own['power_limit_w'])} W limit, with the SM clock at {text.sig(own['window_sm_clock_mhz'])} MHz "
+            f"{which} drew {text.sig(own['avg_power_w'])} W on average over the window, "
+            f"{text.pct(100 * own['fraction'])} of the {text.sig(own['power_limit_w'])} W limit (enforced "
+            f"on ~1 s averages: chapter 02), with the SM clock at {text.sig(own['window_sm_clock_mhz'])} MHz "
             f"(clock-event reasons: {reasons}); a call took {text.us(own['window_us_per_call'])} there, "
             f"{text.pct(100 * abs(slower))} {'over' if slower >= 0 else 'under'} the timer's "
             f"{text.us(own['timed_us'])}, whose samples are a burst at the clock of the moment"
@@ -224,7 +225,7 @@ def clock_share(own: dict) -> str:
     stretch, slower = own.get("clock_stretch"), own["window_over_timed"]
     if stretch is None or slower <= 0 or stretch <= 0:
         return ""
-    head = f" ({text.sig(own['timed_sm_clock_mhz'])} MHz): the clock's fall "
+    head = f" (this one read {text.sig(own['timed_sm_clock_mhz'])} MHz): the clock's fall "
     if stretch >= slower:
         return head + f"alone could account for it (at most {text.pct(100 * stretch)})"
     return (head + f"stretches a call by at most {text.pct(100 * stretch)}, so these rows do not say "
