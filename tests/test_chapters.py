@@ -147,7 +147,7 @@ def test_chapter_04_states_the_seed_table_in_one_sentence_and_levers_on_one_basi
     # one the paths table shows, slower than humming's modelled loop there)
     assert ("model a loop of expert GEMMs at 5.06 ms (nvfp4), the fastest of the backends that ran every M; the MoE "
             "sweep timed that loop itself, launches between its GEMMs included, at 6.26 ms (nvfp4), and at 5.82 ms "
-            "in mxfp4, the time the paths below show") in said
+            "in mxfp4; the paths below show both") in said
     d = decode.diagnose(reference_copy, decode.DiagnosisConfig.from_profile("full"))
     assert d.ep_basis == decode.MEASURED_BATCHES
     ep = d.levers[d.levers["lever"].str.startswith("expert parallelism EP=8 (")].iloc[0]

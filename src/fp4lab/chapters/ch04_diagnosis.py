@@ -416,8 +416,9 @@ def seed_why(loop: dict | None) -> str:
     if loop["measured_us"] is not None:
         why += (f"; the MoE sweep timed that loop itself, launches between its GEMMs included, at "
                 f"{text.us(loop['measured_us'])} ({loop['measured_fmt']})")
-        why += (", the time the paths below show" if loop["shown_fmt"] == loop["measured_fmt"] else
-                f", and at {text.us(loop['shown_us'])} in {loop['shown_fmt']}, the time the paths below show")
+        # the paths table lists the loop in every format the sweep timed it in
+        why += ("; the paths below show it" if loop["shown_fmt"] == loop["measured_fmt"] else
+                f", and at {text.us(loop['shown_us'])} in {loop['shown_fmt']}; the paths below show both")
     return why
 
 
