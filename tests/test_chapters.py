@@ -203,6 +203,9 @@ def test_chapter_03_tables_each_other_model_the_run_swept_with_its_own_times(ref
     # fp4lab's CUDA fused MoE is the fastest method there (call 95): named once, as the fastest
     assert best["method"] in OWN_LAYER_METHODS and "fp4lab's fastest fused kernel" not in others
     assert f"the fastest method is {text.md(best['method'])}" in others
+    # its burst ran at 1792 MHz where the table's others read 1980 (call 158): the finding says so,
+    # as the caption does
+    assert f"at {text.us(best['layer_us'])} (timed at 1792 MHz), 1.5x its weight-read floor" in others
     assert "GLM" not in others                       # the chapter's own model stays above
     # the reference run's 4096 rows came from a later moe-sweep: the parameters say it holds them
     parameters = html.unescape(page_text(page, "parameters"))

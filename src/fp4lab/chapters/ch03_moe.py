@@ -346,21 +346,28 @@ def other_model_finding(results: analysis.MoeResults, at) -> str:
     """One line on another model's layer at the decode batch: the fastest method, the fastest
     FP4-weight one against its floor, fp4lab's fastest fused kernel and grouped FP8 where they
     ran."""
+    _, slow = analysis.slow_clock_rows(at)
+
     def named(row) -> str:
         return text.md(row["method"]) + (f" ({text.md(row['fmt'])})" if row["fmt"] else "")
 
+    def timed(row) -> str:
+        """Its time, and the clock where its burst ran slower than the table's others (the caption's)."""
+        clock = f" (timed at {row['sm_clock_mhz']:.0f} MHz)" if row.name in slow.index else ""
+        return text.us(row["layer_us"]) + clock
+
     best, fp4 = at.iloc[0], at[at["weight_dtype"] == "fp4"]
     parts = [f"{text.md(results.model.name)} at B={int(best['batch'])}: the fastest method is "
-             f"{named(best)} at {text.us(best['layer_us'])}"
+             f"{named(best)} at {timed(best)}"
              + (f", {against_floor(best)}" if best["weight_dtype"] == "fp4" else "")]
     if len(fp4) and fp4.index[0] != at.index[0]:
         parts.append(f"the fastest FP4-weight one is {named(fp4.iloc[0])} at "
-                     f"{text.us(fp4.iloc[0]['layer_us'])}, {against_floor(fp4.iloc[0])}")
+                     f"{timed(fp4.iloc[0])}, {against_floor(fp4.iloc[0])}")
     fused = at[at["method"].isin(OWN_LAYER_METHODS)]
     if len(fused) and fused.index[0] != at.index[0]:
         own = fused.iloc[0]
         parts.append(f"fp4lab's fastest fused kernel ({text.md(own['method'])}) takes "
-                     f"{text.us(own['layer_us'])} ({text.md(own['fmt'])}, "
+                     f"{timed(own)} ({text.md(own['fmt'])}, "
                      f"{text.ratio(own['layer_us'] / own['read_floor_us'])} its floor)")
     fp8 = at[at["method"] == "grouped-fp8"]
     if len(fp8):
