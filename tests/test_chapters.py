@@ -99,7 +99,8 @@ def test_chapter_04_sets_every_timing_of_the_diagnosed_call_side_by_side(referen
     back_to_back = times[times["timing"] == "back to back"].iloc[0]
     assert back_to_back["us"] == pytest.approx(d.chosen_power["window_us_per_call"])
     # how long it ran, read from the row (a newcomer read "for seconds" in a 0.6 s window)
-    assert back_to_back["how"].startswith("replayed back to back for 0.58 s (its energy window): 739 W of 700 W")
+    assert back_to_back["how"].startswith("replayed back to back for 0.58 s (its energy window): 739 W on average "
+                                          "against the 700 W limit")
     dissected = moe.fused_anatomy(d.moe)
     assert decode.call_times(d.paths, dissected, None, None).empty          # no diagnosed path
     loop = d.paths[d.paths["source"] == "GEMM sweep"].iloc[0].to_dict()  # a modelled loop: no timing
@@ -114,6 +115,12 @@ def test_chapter_04_sets_every_timing_of_the_diagnosed_call_side_by_side(referen
     assert "its SM clock read 1792 MHz" in table and "its SM clock read 1980 MHz" in table
     assert "1792 MHz; 20th-80th percentiles of its samples: 1.70-1.95 ms" in table
     assert "1980 MHz; 20th-80th percentiles of its samples: 1.61 ms" in table
+    # the dissecting worker's rows too: its MXFP4 burst read the same 1980 MHz and spread 1.62-1.87
+    assert ("another burst); its SM clock read 1980 MHz; 20th-80th percentiles of its samples: 1.62-1.87 ms"
+            in table)
+    moe_page = page_text(ch03_moe.build(str(reference_copy), "none", "full", "cpu"), "anatomy")
+    assert ("this worker's 1.74 ms is 8.0% off it: both bursts read 1980 MHz, and this worker's own samples "
+            "spread 1.62-1.87 ms from the 20th to the 80th percentile") in moe_page
 
 
 def test_chapter_04_says_which_points_never_reached_the_gate(reference_copy):
@@ -603,3 +610,15 @@ def test_chapter_01_states_the_fastest_weight_stream_against_the_measured_copy_b
     assert ("At M=1 the weights stream fastest, in bytes a second, through torch-bf16 on 8192x8192: 4.07 TB/s "
             "(96% of the measured copy bandwidth, 85% of the spec sheet's); a rate, not the fastest call: its "
             "weights are bf16") in findings
+
+
+@pytest.mark.parametrize("table_mhz, worker_mhz, says", [
+    (1980.0, 1980.0, ": both bursts read 1980 MHz, and this worker's own samples spread 1.62-1.87 ms"),
+    (1980.0, 1785.0, ": the table's burst read the SM clock at 1980 MHz, this worker's at 1785 MHz"),
+    (float("nan"), 1785.0, "")])
+def test_chapter_03_says_why_two_workers_time_one_call_apart(table_mhz, worker_mhz, says):
+    """'near the power limit their bursts can run at different clocks' stood where both bursts read
+    1980 MHz: the sentence now reads the two clocks and the worker's own spread."""
+    row = {"layer_sm_clock_mhz": table_mhz, "full_sm_clock_mhz": worker_mhz,
+           "full_p20_us": 1617.4, "full_p80_us": 1871.9}
+    assert ch03_moe.apart_why(row).startswith(says) and (says or not ch03_moe.apart_why(row))

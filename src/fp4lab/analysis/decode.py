@@ -453,30 +453,34 @@ def call_times(paths: pd.DataFrame, anatomy: pd.DataFrame, chosen: dict | None,
     own = paths[(paths["source"] == "MoE sweep") & (paths["path"] == chosen["path"])]
     for r in own.itertuples(index=False):
         diagnosed = r.fmt == chosen.get("fmt")
-        # the clock the timer read around its burst: a burst already under the power cap is slower
         how = "the MoE sweep's timer: a burst of graph replays, L2 kept cold by rotated copies, in the sweep's worker"
-        clock = float(getattr(r, "sm_clock_mhz", None) or np.nan)
-        if np.isfinite(clock):
-            how += f"; its SM clock read {clock:.0f} MHz"
-        # a burst that straddles the power cap's onset splits its samples: the spread shows it
-        spread = (float(getattr(r, "layer_p20_us", np.nan)), float(getattr(r, "layer_p80_us", np.nan)))
-        if all(np.isfinite(spread)):
-            how += f"; 20th-80th percentiles of its samples: {text.span(spread, text.us)}"
         rows.append({"timing": "layer table" + (" (the verdict's)" if diagnosed else ""), "fmt": r.fmt,
-                     "us": r.layer_us, "how": how})
+                     "us": r.layer_us, "how": how + burst_words(r.sm_clock_mhz, r.layer_p20_us, r.layer_p80_us)})
     for r in anatomy[(anatomy["method"] == chosen["path"]) & (anatomy["batch"] == chosen["batch"])
                      ].itertuples(index=False):
+        how = "the same timer in the worker that times its anatomy builds (another process, another burst)"
         rows.append({"timing": "dissecting worker", "fmt": r.fmt, "us": r.full,
-                     "how": "the same timer in the worker that times its anatomy builds (another "
-                            "process, another burst)"})
+                     "how": how + burst_words(r.full_sm_clock_mhz, r.full_p20_us, r.full_p80_us)})
     if power is not None:
         rows.append({"timing": "back to back", "fmt": power["fmt"], "us": power["window_us_per_call"],
                      "how": f"replayed back to back{window_length(power)} (its energy window): "
-                            f"{power['avg_power_w']:.0f} W of "
-                            f"{power['power_limit_w']:.0f} W, the SM clock down to "
+                            f"{power['avg_power_w']:.0f} W on average against the "
+                            f"{power['power_limit_w']:.0f} W limit, the SM clock down to "
                             f"{power['window_sm_clock_mhz']:.0f} MHz"})
     frame = pd.DataFrame(rows, columns=CALL_TIME_COLUMNS)
     return frame.sort_values("us", kind="stable").reset_index(drop=True)
+
+
+def burst_words(clock_mhz, p20_us, p80_us) -> str:
+    """'; its SM clock read 1792 MHz; 20th-80th percentiles of its samples: 1.70-1.95 ms': a burst
+    already under the power cap is slower, and one that straddles the cap's onset splits its
+    samples (each part left out where the row has no value)."""
+    words = ""
+    if pd.notna(clock_mhz):
+        words += f"; its SM clock read {float(clock_mhz):.0f} MHz"
+    if pd.notna(p20_us) and pd.notna(p80_us):
+        words += f"; 20th-80th percentiles of its samples: {text.span((float(p20_us), float(p80_us)), text.us)}"
+    return words
 
 
 POWER_REASONS = ("sw_power_cap", "hw_power_brake_slowdown")   # clock events that are the power limit

@@ -237,7 +237,8 @@ MATH_STAGE = "compute"                         # decode and MMAs without the wei
 MATH_BOUND_SHARE = 0.9     # the math alone at least this share of the loads alone: it bounds the call too
 FUSED_ANATOMY_COLUMNS = ["method", "fmt", "batch", *FUSED_STAGES, MATH_STAGE, "read_floor_us",
                          "load_rate_pct", "above_load_us", "decode_added_us", "mma_added_us", "load_share",
-                         "math_to_load", "math_bound", "overlapped_us", "layer_us", "layer_apart_pct"]
+                         "math_to_load", "math_bound", "overlapped_us", "layer_us", "layer_apart_pct",
+                         "full_p20_us", "full_p80_us", "full_sm_clock_mhz", "layer_sm_clock_mhz"]
 
 
 def fused_anatomy(results: MoeResults) -> pd.DataFrame:
@@ -251,7 +252,9 @@ def fused_anatomy(results: MoeResults) -> pd.DataFrame:
     longer of the two (the least
     the call could take were the two wholly overlapped; NaN without a compute build); and the moe
     table's time of the same call at the same point (EP 1; timed in the sweep's own worker, NaN
-    where it has none) with how far apart the two are (%)."""
+    where it has none) with how far apart the two are (%); the whole build's 20th and 80th
+    percentiles and the SM clock its timer read, and the clock the table's timer read (a burst
+    near the power limit splits its samples)."""
     run = results.view.run
     frame = run.read_table("moe_anatomy") if run.has_table("moe_anatomy") else None
     if frame is None or not len(frame):
@@ -278,7 +281,12 @@ def fused_anatomy(results: MoeResults) -> pd.DataFrame:
                         & results.ok["routing"].isin(ok["routing"].unique())]     # as dissected
     layer_us = layers.groupby(point)["median_us"].median()
     wide["layer_us"] = [layer_us.get(tuple(key), np.nan) for key in wide[point].itertuples(index=False)]
+    layer_clock = layers.groupby(point)["sm_clock_mhz"].median()
+    wide["layer_sm_clock_mhz"] = [layer_clock.get(tuple(key), np.nan) for key in wide[point].itertuples(index=False)]
     wide["layer_apart_pct"] = 100 * (wide["full"] / wide["layer_us"] - 1).abs()   # of the table's time
+    whole = ok[ok["stage"] == "full"].groupby(point)[["p20_us", "p80_us", "sm_clock_mhz"]].median()
+    whole.columns = ["full_p20_us", "full_p80_us", "full_sm_clock_mhz"]
+    wide = wide.join(whole, on=point)
     return wide[FUSED_ANATOMY_COLUMNS].sort_values(point).reset_index(drop=True)
 
 

@@ -237,10 +237,8 @@ def fused_anatomy_findings(table, decode_batch: int) -> list[str]:
     if row["layer_apart_pct"] > SAME_CALL_SPREAD_PCT:                 # False where NaN
         lines.append(f"The sweep's layer table times the same call at the same point at "
                      f"{text.us(row['layer_us'])}, in its own worker; this worker's {text.us(row['full'])} is "
-                     f"{text.pct(row['layer_apart_pct'])} off it, the spread between two processes timing "
-                     f"one call (near the power limit their bursts can run at different clocks: chapter "
-                     f"02). Read this section's increments, each timed beside the others in one worker, "
-                     f"rather than its totals.")
+                     f"{text.pct(row['layer_apart_pct'])} off it{apart_why(row)}. Read this section's "
+                     f"increments, each timed beside the others in one worker, rather than its totals.")
     lines += overlap_findings(row, analysis.math_in_other_format(table, row))
     if row["load_rate_pct"] < 80:
         lines.append(f"Even alone the loads reach {text.pct(row['load_rate_pct'])} of the copy bandwidth: "
@@ -333,6 +331,21 @@ def routing_findings(model, decode_batch: int, config: MoeSweep) -> list[str]:
             f"{text.md(model.name)} expert gets {text.sig(load['mean_m'])} tokens "
             f"(B x k / E = {text.sig(load['closed_form_mean'])}), but the busiest gets "
             f"{text.sig(load['busiest_m'])} on average: the busiest expert sets the step time."]
+
+
+def apart_why(row) -> str:
+    """Why two workers' times of one call differ, from their bursts: different clocks, or one
+    clock and a spread within the burst (near the power limit a burst's samples split: chapter
+    02); nothing where the rows hold no clock."""
+    table, worker = row["layer_sm_clock_mhz"], row["full_sm_clock_mhz"]
+    if text.is_missing(table) or text.is_missing(worker):
+        return ""
+    spread = text.span((row["full_p20_us"], row["full_p80_us"]), text.us)
+    if abs(table - worker) >= 0.02 * max(table, worker):
+        return (f": the table's burst read the SM clock at {table:.0f} MHz, this worker's at {worker:.0f} MHz "
+                "(near the power limit a burst runs at the clock of its moment: chapter 02)")
+    return (f": both bursts read {worker:.0f} MHz, and this worker's own samples spread {spread} from the "
+            "20th to the 80th percentile (near the power limit a burst's samples split: chapter 02)")
 
 
 def against_floor(row) -> str:
