@@ -622,3 +622,7 @@ def test_chapter_03_says_why_two_workers_time_one_call_apart(table_mhz, worker_m
     row = {"layer_sm_clock_mhz": table_mhz, "full_sm_clock_mhz": worker_mhz,
            "full_p20_us": 1617.4, "full_p80_us": 1871.9}
     assert ch03_moe.apart_why(row).startswith(says) and (says or not ch03_moe.apart_why(row))
+    # a row without percentiles (an older run) names the clocks only
+    unspread = ch03_moe.apart_why({**row, "full_p20_us": float("nan")})
+    assert "—" not in unspread and "spread" not in unspread
+

@@ -340,10 +340,12 @@ def apart_why(row) -> str:
     table, worker = row["layer_sm_clock_mhz"], row["full_sm_clock_mhz"]
     if text.is_missing(table) or text.is_missing(worker):
         return ""
-    spread = text.span((row["full_p20_us"], row["full_p80_us"]), text.us)
     if abs(table - worker) >= 0.02 * max(table, worker):
         return (f": the table's burst read the SM clock at {table:.0f} MHz, this worker's at {worker:.0f} MHz "
                 "(near the power limit a burst runs at the clock of its moment: chapter 02)")
+    if text.is_missing(row["full_p20_us"]) or text.is_missing(row["full_p80_us"]):
+        return f": both bursts read {worker:.0f} MHz"
+    spread = text.span((row["full_p20_us"], row["full_p80_us"]), text.us)
     return (f": both bursts read {worker:.0f} MHz, and this worker's own samples spread {spread} from the "
             "20th to the 80th percentile (near the power limit a burst's samples split: chapter 02)")
 
