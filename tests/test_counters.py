@@ -85,8 +85,9 @@ def test_a_kernels_own_launches_say_what_holds_their_warps_back():
     moe = [counters.read_counters(MOE_H200)]
     mxfp4 = counters.kernel_sentence(moe, "cuda-w4a16-moe", "mxfp4")
     assert mxfp4.startswith("cuda\\-w4a16\\-moe, profiled (mxfp4 glm\\-5 B=512: "
-                            "gate\\_up 1.10 ms, down 573 us), issues 3.3-3.4 instructions per weight, "
-                            "issuing on 65-66% of its cycles, and reads DRAM at 64-66% of Nsight Compute's DRAM peak")
+                            "gate\\_up 1.10 ms, down 573 us), issues 3.3-3.4 instructions per weight "
+                            "with its issue slots busy on 65-66% of cycles, and reads DRAM at 64-66% of "
+                            "Nsight Compute's DRAM peak")
     assert "largest stalls are 'not selected' (2.20 cycles per instruction issued) and 'math pipe throttle' (2.08)" \
         in mxfp4 and mxfp4.endswith("not for their loads.")
     every = counters.kernel_sentence(moe, "cuda-w4a16-moe", "fp8", subject="It")

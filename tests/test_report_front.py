@@ -93,7 +93,7 @@ def test_the_front_page_links_the_verdict_to_the_diagnosis_chapter_it_came_from(
     own = counters.kernel_sentence(on_h200, "cuda-w4a16-moe", d.chosen["fmt"], "It")
     assert own.startswith(f"It, profiled ({d.chosen['fmt']} glm\\-5 B=512: gate\\_up ")
     assert d.chosen["fmt"] == "mxfp4"          # the fastest FP4 path since call 158
-    assert "instructions per weight, issuing on 65-66% of its cycles" in own
+    assert "instructions per weight with its issue slots busy on 65-66% of cycles" in own
     assert own.endswith("its warps' largest stalls are 'not selected' (2.20 cycles per instruction issued) and "
                         "'math pipe throttle' (2.08): warps that could issue wait for the schedulers and the math "
                         "pipe, not for their loads.")

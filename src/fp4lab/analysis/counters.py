@@ -342,8 +342,9 @@ def kernel_sentence(profiles: list[Counters], kernel: str, fmt: str | None = Non
     launches = ", ".join(f"{text.md(' '.join(w[common:]))} {text.us(r.us)}" for w, r in zip(words, rows))
     where = f"{text.md(' '.join(words[0][:common]))}: {launches}" if common else launches
     line = (f"{subject or text.md(kernel)}, profiled ({where}), issues "
-            f"{text.span([r.instr_per_weight for r in rows], lambda v: f'{v:.1f}')} instructions per weight, "
-            f"issuing on {text.span([r.issue_pct for r in rows], text.pct)} of its cycles, and reads DRAM at "
+            f"{text.span([r.instr_per_weight for r in rows], lambda v: f'{v:.1f}')} instructions per weight "
+            f"with its issue slots busy on {text.span([r.issue_pct for r in rows], text.pct)} of cycles, "
+            "and reads DRAM at "
             # Nsight's DRAM peak is the memory's theoretical rate, not the copy bandwidth the floors use
             f"{text.span([r.dram_pct for r in rows], text.pct)} of Nsight Compute's DRAM peak")
     stalls = _stall_pairs(max(rows, key=lambda r: r.us).stalls)[:2]
