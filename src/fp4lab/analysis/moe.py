@@ -279,14 +279,14 @@ def fused_anatomy(results: MoeResults) -> pd.DataFrame:
     wide["overlapped_us"] = wide[["load", MATH_STAGE]].max(axis=1, skipna=False)
     layers = results.ok[(results.ok["kind"] == "layer") & (results.ok["ep"].fillna(1) == 1)
                         & results.ok["routing"].isin(ok["routing"].unique())]     # as dissected
-    layer_us = layers.groupby(point)["median_us"].median()
-    wide["layer_us"] = [layer_us.get(tuple(key), np.nan) for key in wide[point].itertuples(index=False)]
-    layer_clock = layers.groupby(point)["sm_clock_mhz"].median()
-    wide["layer_sm_clock_mhz"] = [layer_clock.get(tuple(key), np.nan) for key in wide[point].itertuples(index=False)]
+    # the table's time and clock of each dissected point, and the whole build's spread and clock
+    for rows, columns, names in ((layers, ["median_us", "sm_clock_mhz"], ["layer_us", "layer_sm_clock_mhz"]),
+                                 (ok[ok["stage"] == "full"], ["p20_us", "p80_us", "sm_clock_mhz"],
+                                  ["full_p20_us", "full_p80_us", "full_sm_clock_mhz"])):
+        per_point = rows.groupby(point)[columns].median()
+        per_point.columns = names
+        wide = wide.join(per_point, on=point)
     wide["layer_apart_pct"] = 100 * (wide["full"] / wide["layer_us"] - 1).abs()   # of the table's time
-    whole = ok[ok["stage"] == "full"].groupby(point)[["p20_us", "p80_us", "sm_clock_mhz"]].median()
-    whole.columns = ["full_p20_us", "full_p80_us", "full_sm_clock_mhz"]
-    wide = wide.join(whole, on=point)
     return wide[FUSED_ANATOMY_COLUMNS].sort_values(point).reset_index(drop=True)
 
 
