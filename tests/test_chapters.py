@@ -65,7 +65,7 @@ def test_chapters_03_and_04_state_the_same_layer_times(reference_copy):
         assert (fused["layer_p20_us"], fused["layer_p80_us"]) == (row["p20_us"], row["p80_us"])
     assert at[at["kind"] == "gemm"]["layer_p80_us"].isna().all()
     # the diagnosed row (MXFP4 since call 158) spans 1607-1615 us from its 20th to 80th percentile
-    assert ("the table of methods' median is 1.61 ms, its 20th-80th percentiles 1.61 ms"
+    assert ("the table of methods' median is 1.61 ms, its samples' 20th and 80th percentiles both 1.61 ms"
             in page_text(diagnosis_page, "findings").replace("\\", ""))
 
 
@@ -105,7 +105,7 @@ def test_chapter_04_sets_every_timing_of_the_diagnosed_call_side_by_side(referen
     assert decode.call_times(d.paths, dissected, None, None).empty          # no diagnosed path
     loop = d.paths[d.paths["source"] == "GEMM sweep"].iloc[0].to_dict()  # a modelled loop: no timing
     assert decode.call_times(d.paths, dissected, loop, None).empty
-    table = page_text(ch04_diagnosis.build(str(reference_copy), "none", "full", "cpu"), "breakdown")
+    table = html.unescape(page_text(ch04_diagnosis.build(str(reference_copy), "none", "full", "cpu"), "breakdown"))
     assert "every time this run measured for one cuda-w4a16-moe call at B=512" in table
     assert [text.us(us) for us in times["us"]] == ["1.61 ms", "1.74 ms", "1.92 ms", "1.93 ms", "1.93 ms"]
     for shown in ("1.61 ms", "1.74 ms", "1.92 ms", "1.93 ms"):
@@ -113,14 +113,14 @@ def test_chapter_04_sets_every_timing_of_the_diagnosed_call_side_by_side(referen
     # the NVFP4 burst ran already under the power cap: its row says at what clock, and its spread
     # shows the samples split in two (1.70 and 1.95 ms) where MXFP4's burst held its clock
     assert "its SM clock read 1792 MHz" in table and "its SM clock read 1980 MHz" in table
-    assert "1792 MHz; 20th-80th percentiles of its samples: 1.70-1.95 ms" in table
-    assert "1980 MHz; 20th-80th percentiles of its samples: 1.61 ms" in table
+    assert "1792 MHz; its samples' 20th-80th percentiles 1.70-1.95 ms" in table
+    assert "1980 MHz; its samples' 20th and 80th percentiles both 1.61 ms" in table
     # the dissecting worker's rows too: its MXFP4 burst read the same 1980 MHz and spread 1.62-1.87
-    assert ("another burst); its SM clock read 1980 MHz; 20th-80th percentiles of its samples: 1.62-1.87 ms"
+    assert ("another burst); its SM clock read 1980 MHz; its samples' 20th-80th percentiles 1.62-1.87 ms"
             in table)
     moe_page = page_text(ch03_moe.build(str(reference_copy), "none", "full", "cpu"), "anatomy")
     assert ("this worker's 1.74 ms is 8.0% off it: both bursts read 1980 MHz, and this worker's own samples "
-            "spread 1.62-1.87 ms from the 20th to the 80th percentile") in moe_page
+            "have their 20th-80th percentiles 1.62-1.87 ms") in moe_page
 
 
 def test_chapter_04_says_which_points_never_reached_the_gate(reference_copy):
@@ -613,7 +613,7 @@ def test_chapter_01_states_the_fastest_weight_stream_against_the_measured_copy_b
 
 
 @pytest.mark.parametrize("table_mhz, worker_mhz, says", [
-    (1980.0, 1980.0, ": both bursts read 1980 MHz, and this worker's own samples spread 1.62-1.87 ms"),
+    (1980.0, 1980.0, ": both bursts read 1980 MHz, and this worker's own samples have their 20th-80th percentiles 1.62-1.87 ms"),
     (1980.0, 1785.0, ": the table's burst read the SM clock at 1980 MHz, this worker's at 1785 MHz"),
     (float("nan"), 1785.0, "")])
 def test_chapter_03_says_why_two_workers_time_one_call_apart(table_mhz, worker_mhz, says):

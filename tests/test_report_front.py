@@ -263,6 +263,9 @@ def test_a_change_of_time_writes_a_shared_unit_once():
     assert text.span((980.0, 1020.0), text.us) == "980 us-1.02 ms"
     assert text.span([65.4, 66.2], text.pct) == "65-66%" and text.span([1.051, 1.118], lambda v: text.ratio(v, 3)) == "1.05-1.12x"
     assert text.span((8, 16), str) == "8-16" and text.span((16, 16), str) == "16"
+    # a burst's spread reads one way on every page, and says "both" where its ends read the same
+    assert text.percentile_spread(1700.4, 1950.2) == "20th-80th percentiles 1.70-1.95 ms"
+    assert text.percentile_spread(1607.0, 1615.0) == "20th and 80th percentiles both 1.61 ms"
     assert text.us_change(1740.0, 980.0) == "1.74 ms → 980 us"
     assert text.us_change(float("nan"), 980.0) == f"{text.MISSING} → 980 us"
 

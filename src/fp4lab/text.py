@@ -111,6 +111,16 @@ def span(values, format_one) -> str:
     return low if low == high else f"{_without_shared_unit(low, high)}-{high}"
 
 
+def percentile_spread(p20_us, p80_us) -> str:
+    """A timed burst's samples between two percentiles, one wording for every page:
+    '20th-80th percentiles 1.70-1.95 ms', or '20th and 80th percentiles both 1.61 ms' where both
+    ends read the same (a bare '1.61 ms' after 'percentiles' reads as one percentile's value)."""
+    low, high = us(p20_us), us(p80_us)
+    if low == high:
+        return f"20th and 80th percentiles both {high}"
+    return f"20th-80th percentiles {span((p20_us, p80_us), us)}"
+
+
 def us_change(before, after) -> str:
     """Two times as a change, the unit written once where both share it: '3.40 → 1.72 us',
     '1.74 ms → 980 us'."""

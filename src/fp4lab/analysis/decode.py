@@ -472,14 +472,14 @@ def call_times(paths: pd.DataFrame, anatomy: pd.DataFrame, chosen: dict | None,
 
 
 def burst_words(clock_mhz, p20_us, p80_us) -> str:
-    """'; its SM clock read 1792 MHz; 20th-80th percentiles of its samples: 1.70-1.95 ms': a burst
+    """'; its SM clock read 1792 MHz; its samples' 20th-80th percentiles 1.70-1.95 ms': a burst
     already under the power cap is slower, and one that straddles the cap's onset splits its
     samples (each part left out where the row has no value)."""
     words = ""
     if pd.notna(clock_mhz):
         words += f"; its SM clock read {float(clock_mhz):.0f} MHz"
     if pd.notna(p20_us) and pd.notna(p80_us):
-        words += f"; 20th-80th percentiles of its samples: {text.span((float(p20_us), float(p80_us)), text.us)}"
+        words += f"; its samples' {text.percentile_spread(float(p20_us), float(p80_us))}"
     return words
 
 

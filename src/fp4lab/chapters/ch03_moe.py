@@ -345,9 +345,9 @@ def apart_why(row) -> str:
                 "(near the power limit a burst runs at the clock of its moment: chapter 02)")
     if text.is_missing(row["full_p20_us"]) or text.is_missing(row["full_p80_us"]):
         return f": both bursts read {worker:.0f} MHz"
-    spread = text.span((row["full_p20_us"], row["full_p80_us"]), text.us)
-    return (f": both bursts read {worker:.0f} MHz, and this worker's own samples spread {spread} from the "
-            "20th to the 80th percentile (near the power limit a burst's samples split: chapter 02)")
+    spread = text.percentile_spread(row["full_p20_us"], row["full_p80_us"])
+    return (f": both bursts read {worker:.0f} MHz, and this worker's own samples have their {spread} "
+            "(near the power limit a burst's samples split: chapter 02)")
 
 
 def against_floor(row) -> str:

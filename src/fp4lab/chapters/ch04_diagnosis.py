@@ -138,8 +138,8 @@ def _table_time(path: dict) -> str:
     low, high = path.get("layer_p20_us"), path.get("layer_p80_us")
     if text.is_missing(low) or text.is_missing(high):
         return f"{text.us(path['layer_us'])} in the table of methods"
-    return (f"the table of methods' median is {text.us(path['layer_us'])}, its 20th-80th percentiles "
-            f"{text.span((low, high), text.us)}")
+    return (f"the table of methods' median is {text.us(path['layer_us'])}, its samples' "
+            f"{text.percentile_spread(low, high)}")
 
 
 def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
