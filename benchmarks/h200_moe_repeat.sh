@@ -33,7 +33,7 @@ with open(sys.argv[2], 'a') as out:
     for r in rows:
         out.write(json.dumps({'repeat': int(sys.argv[3]), **r}, default=str) + '\n')
         print(f\"  {r['fmt']} B={r['batch']} {r['status']}: median {r['median_us']} us, p20 {r['p20_us']}, \"
-              f\"p80 {r['p80_us']}, {r['sm_clock_mhz']} MHz; window {r['avg_power_w']} W, {r['window_sm_clock_mhz']} MHz\")
+              f\"p80 {r['p80_us']}, {r['sm_clock_mhz']} MHz ({r.get('sm_clock_start_mhz')} -> {r.get('sm_clock_end_mhz')} MHz); window {r['avg_power_w']} W, {r['window_sm_clock_mhz']} MHz\")
 run.drop_rows('moe', {schema.TABLES['moe'].row_key(r) for r in rows})
 " $W/run $W/repeats.jsonl $i
         # written aside, then renamed: a call stopped at its limit keeps the last whole one

@@ -167,6 +167,12 @@ def test_cuda_cold_and_warm_timing_of_a_small_gemm():
     for timing in (cold, warm, eager):
         assert 0 < timing.p20_us <= timing.median_us <= timing.p80_us
     assert warm.median_us <= cold.median_us * 1.1  # warm L2 is never much slower than cold
+    # the clock is read on both sides of the burst, and the row keeps both readings beside their median
+    from fp4lab.sweep.gemm import timing_columns
+    columns = timing_columns(cold)
+    readings = [columns["sm_clock_start_mhz"], columns["sm_clock_end_mhz"]]
+    if None not in readings:
+        assert columns["sm_clock_mhz"] == pytest.approx(sum(readings) / 2)
 
 
 @pytest.mark.cuda

@@ -122,6 +122,10 @@ class Timing:
     note: str = ""
     copies: int = 1          # distinct input copies rotated (1 = warm L2)
     calls_per_sample: int = 1
+    # the two readings sm_clock_mhz is the median of: a burst that reaches the power limit runs
+    # its first samples at one clock and its last at a lower one, and their mean is neither
+    sm_clock_start_mhz: float | None = None
+    sm_clock_end_mhz: float | None = None
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -415,7 +419,8 @@ def _time_cuda(make_call: MakeCall, args, out, config: TimerConfig, device: torc
     readings = [c for c in (clock_before, clock_after) if c is not None]
     return summarize(samples, graph=graph is not None, cold_l2=config.cold_l2,
                      sm_clock_mhz=statistics.median(readings) if readings else None, note=note,
-                     copies=copies, calls_per_sample=calls_per_replay)
+                     copies=copies, calls_per_sample=calls_per_replay,
+                     sm_clock_start_mhz=clock_before, sm_clock_end_mhz=clock_after)
 
 
 def empty_kernel_launch_us(device="auto", config: TimerConfig | None = None) -> float:

@@ -100,6 +100,8 @@ TIMING = (
     ("calls_per_sample", "int", "calls inside one timed sample"),
     ("timer_note", "str", "what the timer had to do differently (capture failed, copies capped)"),
     ("sm_clock_mhz", "float", "SM clock around the timed samples (NVML), None without NVML"),
+    ("sm_clock_start_mhz", "float", "SM clock read just before the timed samples (NVML)"),
+    ("sm_clock_end_mhz", "float", "SM clock read just after them: lower where the burst met the power limit"),
 )
 OUTCOME = (
     ("status", "str", "ok | wrong_result | unavailable | error | oom | timeout"),

@@ -97,7 +97,8 @@ def timing_columns(timing) -> dict[str, Any]:
     return {"median_us": timing.median_us, "p20_us": timing.p20_us, "p80_us": timing.p80_us,
             "samples": timing.n, "graph": timing.graph, "cold_l2": timing.cold_l2,
             "copies": timing.copies, "calls_per_sample": timing.calls_per_sample,
-            "timer_note": timing.note or None, "sm_clock_mhz": timing.sm_clock_mhz}
+            "timer_note": timing.note or None, "sm_clock_mhz": timing.sm_clock_mhz,
+            "sm_clock_start_mhz": timing.sm_clock_start_mhz, "sm_clock_end_mhz": timing.sm_clock_end_mhz}
 
 
 def energy_columns(call, seconds: float, device_index: int) -> dict[str, Any]:
