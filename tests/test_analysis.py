@@ -554,7 +554,7 @@ def test_the_kernel_time_sentence_says_what_the_diagnosed_calls_own_builds_measu
     # the parts add up to the whole the worker timed: 1.25 + 0.15 + 0.40 = 1.80 ms
     # and the time above the loads there (550 us), which the layer table's time above the floor is not
     assert (f"took 1.80 ms there ({text.us(d.chosen['layer_us'])} in the table of methods), of which its loads alone "
-            "take 1.25 ms (the weights at 80% of the copy bandwidth), and the decode adds +150 us and the MMAs +400 us "
+            "take 1.25 ms (the weights at 80% of the copy bandwidth: 250 us over the floor), and the decode adds +150 us and the MMAs +400 us "
             "that the loads do not hide") in sentence
     # without its math alone, the verdict can say only where the fix is
     assert "The fix is in the kernel, not HBM: at that floor the layer would run" in words.verdict_sentence(d)
