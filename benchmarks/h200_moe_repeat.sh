@@ -6,6 +6,9 @@
 # within the timer's burst. Here the same point, both formats, is swept REPEATS times into fresh
 # run folders (not the reference run), alternating the formats, each sweep's rows with their
 # median, percentiles and SM clock. The folders come back as $OUT/repeats.tgz.
+# Forty-sixth session: the rows now keep the clock read before and after the burst, and the
+# sweeps follow `moe_clock_probe.py` in both formats: from 3 s of rest, when the sustained call
+# brings the SM clock down (the H100 said 0.08-0.10 s, calls 109-110; never read on the H200).
 #   carry: .whl/fp4libs       run: bash benchmarks/h200_moe_repeat.sh <full commit>
 set -u
 export PYTHONUNBUFFERED=1 FP4LAB_GIT_SHA=$1 HUMMING_CACHE_DIR=/tmp/humming-cache
@@ -14,6 +17,13 @@ case "$gpu" in *H200*) ;; *) echo "not an H200: nothing to do"; exit 0;; esac
 cp benchmarks/h200_moe_repeat.sh $OUT/call.sh
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/fp4libs/*.whl
 start=$(date +%s); W=/tmp/repeats; mkdir -p $W
+# first, from rest, how soon the sustained call brings the clock down (100 Hz telemetry), per format
+for fmt in nvfp4 mxfp4; do
+    PYTHONPATH=src:/tmp/site timeout -k 5 120 python3 benchmarks/moe_clock_probe.py --out $W/clock-$fmt \
+        --fmt $fmt --seconds 4 --rest-s 3 --methods cuda-w4a16-moe 2>&1 | tail -8
+    echo "clock probe $fmt: exit ${PIPESTATUS[0]} at $(( $(date +%s) - start )) s"
+    tar -C $W -czf /tmp/repeats.tgz . && mv /tmp/repeats.tgz $OUT/repeats.tgz
+done
 # one run folder: its dense bf16 rows are measured once; each repeat's cuda-w4a16-moe row is
 # appended to $W/repeats.jsonl, then dropped from the run so the next sweep measures it again
 for i in $(seq 1 ${REPEATS:-3}); do

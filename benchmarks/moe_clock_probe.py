@@ -8,6 +8,7 @@ while the SM clock read before and after them was 1980 and ~1700 MHz; the peers'
 1980. This says whether the slow group is the clock, and what lowered it.
 
     PYTHONPATH=src python3 benchmarks/moe_clock_probe.py --out $OUT/clock [--seconds 8] [--fmt nvfp4]
+        [--rest-s 3] [--methods humming-moe-indexed,cuda-w4a16-moe]
 
 Writes replays.jsonl (one row a replay: method, host time at its end, us a call) and
 telemetry.jsonl (the sampler's rows); prints, per method, the replays grouped by the SM clock of
@@ -35,6 +36,7 @@ from fp4lab.moe import routing  # noqa: E402
 METHODS = ("humming-moe-indexed", "cuda-w4a16-moe")
 CLOCK_BINS_MHZ = (0, 1800, 1950, 10_000)       # throttled, part-way, at the boost clock
 MIN_REPLAY_MS = 20.0                           # calls a replay: the sync between replays ~0.1%
+FALLEN_CLOCK_SHARE = 0.97                      # the SM clock "fell" under this share of its top
 
 
 def sustained_replays(call, seconds: float) -> list[dict]:
@@ -61,6 +63,22 @@ def sustained_replays(call, seconds: float) -> list[dict]:
     return rows
 
 
+def onset_words(frame, window) -> str:
+    """When the SM clock first fell under FALLEN_CLOCK_SHARE of the window's highest reading,
+    counted from the end of the first replay (load began one replay earlier), and the calls'
+    time before and after: what a timer's burst of that length would see."""
+    t0 = frame["t"].min() - frame["us"].iloc[0] * frame["calls"].iloc[0] / 1e6
+    top = window["sm_clock_mhz"].max()
+    fallen = window[window["sm_clock_mhz"] < FALLEN_CLOCK_SHARE * top]
+    if fallen.empty:
+        return f"SM clock held {top:.0f} MHz throughout"
+    onset = fallen["t"].iloc[0] - t0
+    before, after = frame[frame["t"] < t0 + onset], frame[frame["t"] >= t0 + onset + 0.5]
+    return (f"SM clock fell under {FALLEN_CLOCK_SHARE:.0%} of {top:.0f} MHz {onset:.3f} s into the load; "
+            f"calls before {before['us'].median():.1f} us ({len(before)} replays), from 0.5 s after "
+            f"{after['us'].median():.1f} us at {window[window['t'] >= fallen['t'].iloc[0] + 0.5]['sm_clock_mhz'].median():.0f} MHz")
+
+
 def summary(method: str, replays, samples) -> list[str]:
     """Lines: the replays by the SM clock nearest them (count, median and p20-p80 us), then the
     power and the clock-event reasons over the method's window."""
@@ -76,6 +94,7 @@ def summary(method: str, replays, samples) -> list[str]:
         lines.append(f"{method:22s} SM clock {str(clock):14s} {len(us):5d} replays  median "
                      f"{us.median():8.1f} us  p20-p80 {us.quantile(0.2):8.1f}-{us.quantile(0.8):8.1f}")
     window = samples[(samples["t"] >= frame["t"].min()) & (samples["t"] <= frame["t"].max())]
+    lines.append(f"{method:22s} {onset_words(frame, window)}")
     reasons = sorted(reason_counts(window["throttle_reasons"]))
     lines.append(f"{method:22s} power {window['power_instant_w'].median():6.0f} W median, "
                  f"{window['power_instant_w'].max():6.0f} W max (limit {window['power_limit_w'].max():.0f}); "
@@ -91,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate-hz", type=float, default=100.0)
     parser.add_argument("--fmt", default="nvfp4", choices=("nvfp4", "mxfp4"))
     parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--rest-s", type=float, default=3.0,
+                        help="idle before each method's load, so the board's power average starts low")
+    parser.add_argument("--methods", default=",".join(METHODS))
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("moe_clock_probe needs a CUDA GPU", file=sys.stderr)
@@ -105,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     problem = moe_base.make_layer_problem(ids, model.experts, model.hidden, model.moe_intermediate,
                                           args.fmt, "cuda", weights=weights)
     calls = {}
-    for method in METHODS:
+    for method in args.methods.split(","):
         try:
             call = get_moe(method).prepare(problem)
         except Exception as exc:  # noqa: BLE001 - a method that cannot run here is left out
@@ -118,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     replays: dict[str, list[dict]] = {}
     with telemetry.Sampler(rate_hz=args.rate_hz) as sampler:
         for method, call in calls.items():
+            time.sleep(args.rest_s)              # from rest: the onset of the power cap is timed
             replays[method] = sustained_replays(call.call, args.seconds)
-            time.sleep(1.0)                      # a gap in the telemetry between the methods
     samples = sampler.frame
     with open(args.out / "replays.jsonl", "w") as out:
         for method, rows in replays.items():
