@@ -607,11 +607,17 @@ def test_the_moe_clock_probe_groups_replays_by_the_nearest_sm_clock_and_needs_a_
     replays = [{"t": x, "us": 2050.0 if x >= 1e9 + 1 else 1790.0, "calls": 10}
                for x in 1e9 + np.arange(0.005, 2, 0.02)]
     lines = probe.summary("cuda-w4a16-moe", replays, samples)
-    assert len(lines) == 3
+    assert len(lines) == 4
     assert "[0, 1800)" in lines[0] and "median   2050.0 us" in lines[0] and "50 replays" in lines[0]
     assert "[1950, 10000)" in lines[1] and "median   1790.0 us" in lines[1]
-    assert "690 W max (limit 700)" in lines[2] and "SM clock 1700-1980 MHz" in lines[2]
-    assert "clock-event reasons: hw_slowdown, none, sw_power_cap" in lines[2]
+    # the fall's onset, counted from when the load began (the first replay's start), and the
+    # calls' time before it and once the clock settled
+    assert lines[2].endswith("SM clock fell under 97% of 1980 MHz 1.013 s into the load; calls before "
+                             "1790.0 us (50 replays), from 0.5 s after 2050.0 us at 1700 MHz")
+    assert "690 W max (limit 700)" in lines[3] and "SM clock 1700-1980 MHz" in lines[3]
+    assert "clock-event reasons: hw_slowdown, none, sw_power_cap" in lines[3]
+    held = probe.summary("cuda-w4a16-moe", replays, samples.assign(sm_clock_mhz=1980))
+    assert held[1].endswith("SM clock held 1980 MHz throughout")
     if not torch.cuda.is_available():
         assert probe.main(["--out", "unused"]) == 2
 
