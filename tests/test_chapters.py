@@ -110,14 +110,20 @@ def test_chapter_04_sets_every_timing_of_the_diagnosed_call_side_by_side(referen
     assert [text.us(us) for us in times["us"]] == ["1.61 ms", "1.74 ms", "1.92 ms", "1.93 ms", "1.93 ms"]
     for shown in ("1.61 ms", "1.74 ms", "1.92 ms", "1.93 ms"):
         assert shown in table
-    # the NVFP4 burst ran already under the power cap: its row says at what clock, and its spread
-    # shows the samples split in two (1.70 and 1.95 ms) where MXFP4's burst held its clock
-    assert "its SM clock read 1792 MHz" in table and "its SM clock read 1980 MHz" in table
+    # the NVFP4 burst met the power cap: its row gives the clock its timer read (these rows keep
+    # only the mean of the readings before and after the burst, and say so), and its spread shows
+    # the samples split in two (1.70 and 1.95 ms) where MXFP4's burst held its clock
+    averaged = "the SM clock read before and after its burst averaged"
+    assert f"{averaged} 1792 MHz" in table and f"{averaged} 1980 MHz" in table
     assert "1792 MHz; its samples' 20th-80th percentiles 1.70-1.95 ms" in table
     assert "1980 MHz; its samples' 20th and 80th percentiles both 1.61 ms" in table
     # the dissecting worker's rows too: its MXFP4 burst read the same 1980 MHz and spread 1.62-1.87
-    assert ("another burst); its SM clock read 1980 MHz; its samples' 20th-80th percentiles 1.62-1.87 ms"
+    assert (f"another burst); {averaged} 1980 MHz; its samples' 20th-80th percentiles 1.62-1.87 ms"
             in table)
+    # rows that keep both readings say whether the clock fell within the burst
+    assert decode.burst_words(1792.5, 1700.0, 1950.0, 1980.0, 1605.0).startswith(
+        "; its SM clock fell from 1980 to 1605 MHz during its burst; its samples' 20th-80th")
+    assert decode.burst_words(1972.5, 1610.0, 1612.0, 1980.0, 1965.0).startswith("; its SM clock read 1965 MHz;")
     moe_page = page_text(ch03_moe.build(str(reference_copy), "none", "full", "cpu"), "anatomy")
     assert ("this worker's 1.74 ms is 8.0% off it: both bursts read 1980 MHz, and this worker's own samples "
             "have their 20th-80th percentiles 1.62-1.87 ms") in moe_page

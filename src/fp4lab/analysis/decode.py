@@ -227,7 +227,8 @@ def decode_paths(gemm: gemm_analysis.GemmResults | None, moe: moe_analysis.MoeRe
                          "weight_dtype": r.weight_dtype, "math_dtype": math, "batch": int(r.batch),
                          "layer_us": r.layer_us, "layer_p20_us": r.layer_p20_us,
                          "layer_p80_us": r.layer_p80_us, "weight_bytes": r.weight_bytes, "kernels": kernels,
-                         "sm_clock_mhz": r.sm_clock_mhz, "note": f"measured at B={int(r.batch)}",
+                         "sm_clock_mhz": r.sm_clock_mhz, "sm_clock_start_mhz": r.sm_clock_start_mhz,
+                         "sm_clock_end_mhz": r.sm_clock_end_mhz, "note": f"measured at B={int(r.batch)}",
                          **_floors(r.weight_dtype, math, r.weight_bytes, kernels, flops, gemm)})
     if gemm is not None and model.scaled is False:
         ok = gemm.ok
@@ -455,12 +456,14 @@ def call_times(paths: pd.DataFrame, anatomy: pd.DataFrame, chosen: dict | None,
         diagnosed = r.fmt == chosen.get("fmt")
         how = "the MoE sweep's timer: a burst of graph replays, L2 kept cold by rotated copies, in the sweep's worker"
         rows.append({"timing": "layer table" + (" (the verdict's)" if diagnosed else ""), "fmt": r.fmt,
-                     "us": r.layer_us, "how": how + burst_words(r.sm_clock_mhz, r.layer_p20_us, r.layer_p80_us)})
+                     "us": r.layer_us, "how": how + burst_words(r.sm_clock_mhz, r.layer_p20_us, r.layer_p80_us,
+                                                                 r.sm_clock_start_mhz, r.sm_clock_end_mhz)})
     for r in anatomy[(anatomy["method"] == chosen["path"]) & (anatomy["batch"] == chosen["batch"])
                      ].itertuples(index=False):
         how = "the same timer in the worker that times its anatomy builds (another process, another burst)"
         rows.append({"timing": "dissecting worker", "fmt": r.fmt, "us": r.full,
-                     "how": how + burst_words(r.full_sm_clock_mhz, r.full_p20_us, r.full_p80_us)})
+                     "how": how + burst_words(r.full_sm_clock_mhz, r.full_p20_us, r.full_p80_us,
+                                              r.full_sm_clock_start_mhz, r.full_sm_clock_end_mhz)})
     if power is not None:
         rows.append({"timing": "back to back", "fmt": power["fmt"], "us": power["window_us_per_call"],
                      "how": f"replayed back to back{window_length(power)} (its energy window): "
@@ -471,13 +474,18 @@ def call_times(paths: pd.DataFrame, anatomy: pd.DataFrame, chosen: dict | None,
     return frame.sort_values("us", kind="stable").reset_index(drop=True)
 
 
-def burst_words(clock_mhz, p20_us, p80_us) -> str:
-    """'; its SM clock read 1792 MHz; its samples' 20th-80th percentiles 1.70-1.95 ms': a burst
-    already under the power cap is slower, and one that straddles the cap's onset splits its
-    samples (each part left out where the row has no value)."""
+def burst_words(clock_mhz, p20_us, p80_us, start_mhz=None, end_mhz=None) -> str:
+    """'; its SM clock fell from 1980 to 1605 MHz during its burst; its samples' 20th-80th
+    percentiles 1.70-1.95 ms': a burst already under the power cap is slower, and one that
+    straddles the cap's onset splits its samples. Rows from before the timer kept both readings
+    hold only their mean, and say so (each part left out where the row has no value)."""
     words = ""
-    if pd.notna(clock_mhz):
-        words += f"; its SM clock read {float(clock_mhz):.0f} MHz"
+    if pd.notna(start_mhz) and pd.notna(end_mhz):
+        start, end = float(start_mhz), float(end_mhz)
+        words += (f"; its SM clock fell from {start:.0f} to {end:.0f} MHz during its burst"
+                  if end < moe_analysis.SLOW_CLOCK_SHARE * start else f"; its SM clock read {end:.0f} MHz")
+    elif pd.notna(clock_mhz):
+        words += f"; the SM clock read before and after its burst averaged {float(clock_mhz):.0f} MHz"
     if pd.notna(p20_us) and pd.notna(p80_us):
         words += f"; its samples' {text.percentile_spread(float(p20_us), float(p80_us))}"
     return words

@@ -117,12 +117,13 @@ def layer_times(results: MoeResults, batch: int, routing_spec: str | None = None
     """Each method's measured layer time at the measured batch nearest `batch` on one device,
     fastest first: layer_us (with its samples' 20th and 80th percentiles where one timed call is
     the layer, NaN where two GEMMs' times add up to it), the weights it read and their read
-    floor, the lowest SM clock its rows' timer read (`sm_clock_mhz`, NaN where none), and
+    floor, the lowest SM clock its rows' timer read (`sm_clock_mhz`, NaN where none; and the
+    clock read before and after its bursts, `sm_clock_start_mhz` / `sm_clock_end_mhz`), and
     `speedup_vs_loop` (the loop of bf16 GEMMs' time over this method's: above 1 is faster than
     the loop). At `ep` > 1 the time is the busiest EP rank's share of the layer (its own experts
     and pairs)."""
     columns = ["method", "kind", "fmt", "weight_dtype", "batch", "layer_us", "layer_p20_us", "layer_p80_us",
-               "weight_bytes", "sm_clock_mhz", "speedup_vs_loop"]
+               "weight_bytes", "sm_clock_mhz", "sm_clock_start_mhz", "sm_clock_end_mhz", "speedup_vs_loop"]
     ok = results.ok
     ok = ok[ok["batch"].notna() & (ok["ep"].fillna(1) == ep)]
     if routing_spec:
@@ -143,7 +144,13 @@ def layer_times(results: MoeResults, batch: int, routing_spec: str | None = None
                         for q in ("p20", "p80")},
                      "weight_bytes": float(group["weight_bytes"].sum()),
                      "sm_clock_mhz": float(group["sm_clock_mhz"].min())
-                     if "sm_clock_mhz" in group else np.nan})
+                     if "sm_clock_mhz" in group else np.nan,
+                     # the clock before its first burst and after its last (a burst may start at
+                     # the boost clock and end under the power limit's)
+                     "sm_clock_start_mhz": float(group["sm_clock_start_mhz"].max())
+                     if "sm_clock_start_mhz" in group else np.nan,
+                     "sm_clock_end_mhz": float(group["sm_clock_end_mhz"].min())
+                     if "sm_clock_end_mhz" in group else np.nan})
     table = pd.DataFrame(rows, columns=columns[:-1])
     if not len(table):
         return pd.DataFrame(columns=columns)
@@ -238,7 +245,8 @@ MATH_BOUND_SHARE = 0.9     # the math alone at least this share of the loads alo
 FUSED_ANATOMY_COLUMNS = ["method", "fmt", "batch", *FUSED_STAGES, MATH_STAGE, "read_floor_us",
                          "load_rate_pct", "above_load_us", "decode_added_us", "mma_added_us", "load_share",
                          "math_to_load", "math_bound", "overlapped_us", "layer_us", "layer_apart_pct",
-                         "full_p20_us", "full_p80_us", "full_sm_clock_mhz", "layer_sm_clock_mhz"]
+                         "full_p20_us", "full_p80_us", "full_sm_clock_mhz", "full_sm_clock_start_mhz",
+                         "full_sm_clock_end_mhz", "layer_sm_clock_mhz"]
 
 
 def fused_anatomy(results: MoeResults) -> pd.DataFrame:
@@ -281,8 +289,10 @@ def fused_anatomy(results: MoeResults) -> pd.DataFrame:
                         & results.ok["routing"].isin(ok["routing"].unique())]     # as dissected
     # the table's time and clock of each dissected point, and the whole build's spread and clock
     for rows, columns, names in ((layers, ["median_us", "sm_clock_mhz"], ["layer_us", "layer_sm_clock_mhz"]),
-                                 (ok[ok["stage"] == "full"], ["p20_us", "p80_us", "sm_clock_mhz"],
-                                  ["full_p20_us", "full_p80_us", "full_sm_clock_mhz"])):
+                                 (ok[ok["stage"] == "full"],
+                                  ["p20_us", "p80_us", "sm_clock_mhz", "sm_clock_start_mhz", "sm_clock_end_mhz"],
+                                  ["full_p20_us", "full_p80_us", "full_sm_clock_mhz", "full_sm_clock_start_mhz",
+                                   "full_sm_clock_end_mhz"])):
         per_point = rows.groupby(point)[columns].median()
         per_point.columns = names
         wide = wide.join(per_point, on=point)
