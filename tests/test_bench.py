@@ -3,6 +3,8 @@
 import contextlib
 import dataclasses
 
+import time
+
 import pytest
 import torch
 
@@ -103,6 +105,20 @@ def test_clock_steady_at_ratio_or_when_it_stops_rising():
 
 def test_warm_up_is_a_no_op_on_cpu():
     assert bench.warm_up_clocks("cpu", TimerConfig.smoke()) is None
+
+
+def test_a_burst_that_ended_under_the_warm_clock_does_not_count_as_a_warm_up(monkeypatch):
+    """A burst at the power limit ends with the SM clock fallen: the next point warms up again
+    (its burst starts at the boost clock), where one that held its clock lets the next skip it."""
+    monkeypatch.setattr(bench, "_warm_until", {})
+    config = TimerConfig.smoke()
+    bench.mark_burst_end(0, config, 1965.0, 1980.0)
+    deadline, clock = bench._warm_until[0]
+    assert clock == 1965.0 and deadline > time.monotonic()
+    bench.mark_burst_end(0, config, 1605.0, 1980.0)          # 81% of the maximum: fallen
+    assert 0 not in bench._warm_until
+    bench.mark_burst_end(1, config, None, None)              # no NVML: as before, warm for a while
+    assert 1 in bench._warm_until
 
 
 @pytest.mark.parametrize("overrides, name", [

@@ -1,6 +1,7 @@
 """The one timer fp4lab uses: tests, notebooks, the sweep and the CLI all time through `time_call`.
 
-On CUDA a measured point is: warm the GPU until the SM clock is steady, clone the call's inputs
+On CUDA a measured point is: warm the GPU until the SM clock is steady (skipped for a few seconds
+after a point whose burst ended at that clock, never after one that ended under it), clone the call's inputs
 enough times that the copies overflow the L2 several times (cold L2, as in decode where each
 layer's weights are read once per step), capture one CUDA graph that runs the call over the copies
 in turn, then replay it `repeats` times with CUDA events around each replay. A replay holds many
@@ -286,6 +287,18 @@ def mark_warm(index: int, config: TimerConfig, clock_mhz: float | None) -> None:
     _warm_until[index] = (time.monotonic() + config.warm_valid_s, clock_mhz)
 
 
+def mark_burst_end(index: int, config: TimerConfig, clock_mhz: float | None,
+                   max_clock_mhz: float | None) -> None:
+    """After a timed burst: one that ended at the warm clock counts as a warm-up for the next point;
+    one that ended under `min_clock_ratio` of the maximum (a call at the power limit lowers the
+    clock within ~0.1 s of sustained load: NOTES, calls 109-110) does not, so the next point warms
+    up again and its burst too starts at the boost clock, not where the last one left the board."""
+    if clock_mhz is not None and max_clock_mhz and clock_mhz < config.min_clock_ratio * max_clock_mhz:
+        _warm_until.pop(index, None)
+    else:
+        mark_warm(index, config, clock_mhz)
+
+
 # -- the timer ----------------------------------------------------------------------------------
 
 def torch_device(device) -> torch.device:
@@ -404,7 +417,8 @@ def _time_cuda(make_call: MakeCall, args, out, config: TimerConfig, device: torc
     torch.cuda.synchronize(device)
 
     index = device_index(device)
-    clock_before = sm_clock(index).read()
+    clock = sm_clock(index)
+    clock_before = clock.read()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(config.repeats)]
     for start, end in events:
@@ -412,8 +426,8 @@ def _time_cuda(make_call: MakeCall, args, out, config: TimerConfig, device: torc
         step()
         end.record()
     torch.cuda.synchronize(device)
-    clock_after = sm_clock(index).read()
-    mark_warm(index, config, clock_after)
+    clock_after = clock.read()
+    mark_burst_end(index, config, clock_after, clock.max())
 
     samples = [start.elapsed_time(end) * 1e3 / calls_per_replay for start, end in events]
     readings = [c for c in (clock_before, clock_after) if c is not None]
