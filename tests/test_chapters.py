@@ -358,8 +358,8 @@ def test_chapters_02_and_04_state_the_same_decode_power(reference_copy):
                     r"[^\n]*?\.(?=\s|$)", page_text(diagnosis_page, "findings"))
     assert own and own.group(0) in page_text(power_page, "findings") and "drew 739 W" in own.group(0)
     # 1.92 ms is 19% over 1.61 ms; the SM clock's fall (1980 -> 1620 MHz) could explain up to 22%
-    assert ("19% over the timer's 1.61 ms, whose samples are a burst at the clock of the moment (this one read 1980 "
-            "MHz): the clock's fall alone could account for it (at most 22%).") in own.group(0)
+    assert ("19% over the timer's 1.61 ms, whose samples are a burst at the clock of the moment (the SM clock "
+            "read before and after this one averaged 1980 MHz): the clock's fall alone could account for it (at most 22%).") in own.group(0)
     found = page_text(power_page, "findings")        # the reference's instant readings passed 700 W
     assert re.search(r"At decode sizes .*? the GPU draws 190 W", found)                 # the GEMMs'
 
@@ -368,9 +368,10 @@ def test_chapters_02_and_04_state_the_same_decode_power(reference_copy):
 
 
 @pytest.mark.parametrize("timed_mhz, window_mhz, slower, says", [
-    (1980.0, 1740.0, 0.26, "(this one read 1980 MHz): the clock's fall stretches a call by at most 14%, so these rows do not "
-                           "say where the rest goes"),          # the reference before call 158
-    (1980.0, 1620.0, 0.19, "(this one read 1980 MHz): the clock's fall alone could account for it (at most 22%)"),
+    (1980.0, 1740.0, 0.26, "(the SM clock read before and after this one averaged 1980 MHz): the clock's "
+                           "fall stretches a call by at most 14%, so these rows do not say where the rest goes"),          # the reference before call 158
+    (1980.0, 1620.0, 0.19, "(the SM clock read before and after this one averaged 1980 MHz): the clock's "
+                           "fall alone could account for it (at most 22%)"),
     (1980.0, 1980.0, 0.05, ""),                                  # no fall: nothing to say about it
     (1800.0, 1620.0, -0.02, "")])                                # not longer back to back
 def test_a_longer_call_back_to_back_says_how_much_of_it_the_clock_explains(timed_mhz, window_mhz, slower, says):

@@ -225,7 +225,8 @@ def clock_share(own: dict) -> str:
     stretch, slower = own.get("clock_stretch"), own["window_over_timed"]
     if stretch is None or slower <= 0 or stretch <= 0:
         return ""
-    head = f" (this one read {text.sig(own['timed_sm_clock_mhz'])} MHz): the clock's fall "
+    head = (f" (the SM clock read before and after this one averaged {text.sig(own['timed_sm_clock_mhz'])} MHz): "
+            "the clock's fall ")
     if stretch >= slower:
         return head + f"alone could account for it (at most {text.pct(100 * stretch)})"
     return (head + f"stretches a call by at most {text.pct(100 * stretch)}, so these rows do not say "
