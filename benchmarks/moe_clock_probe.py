@@ -74,9 +74,10 @@ def onset_words(frame, window) -> str:
         return f"SM clock held {top:.0f} MHz throughout"
     onset = fallen["t"].iloc[0] - t0
     before, after = frame[frame["t"] < t0 + onset], frame[frame["t"] >= t0 + onset + 0.5]
+    settled = window[window["t"] >= fallen["t"].iloc[0] + 0.5]["sm_clock_mhz"].median()
     return (f"SM clock fell under {FALLEN_CLOCK_SHARE:.0%} of {top:.0f} MHz {onset:.3f} s into the load; "
             f"calls before {before['us'].median():.1f} us ({len(before)} replays), from 0.5 s after "
-            f"{after['us'].median():.1f} us at {window[window['t'] >= fallen['t'].iloc[0] + 0.5]['sm_clock_mhz'].median():.0f} MHz")
+            f"{after['us'].median():.1f} us at {settled:.0f} MHz")
 
 
 def summary(method: str, replays, samples) -> list[str]:

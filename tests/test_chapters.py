@@ -123,7 +123,10 @@ def test_chapter_04_sets_every_timing_of_the_diagnosed_call_side_by_side(referen
     # rows that keep both readings say whether the clock fell within the burst
     assert decode.burst_words(1792.5, 1700.0, 1950.0, 1980.0, 1605.0).startswith(
         "; its SM clock fell from 1980 to 1605 MHz during its burst; its samples' 20th-80th")
-    assert decode.burst_words(1972.5, 1610.0, 1612.0, 1980.0, 1965.0).startswith("; its SM clock read 1965 MHz;")
+    assert decode.burst_words(1972.5, 1610.0, 1612.0, 1980.0, 1965.0).startswith(
+        "; its SM clock read 1980 MHz before its burst and 1965 after;")
+    assert decode.burst_words(1980.0, 1610.0, 1612.0, 1980.0, 1980.0).startswith(
+        "; its SM clock read 1980 MHz before and after its burst;")
     moe_page = page_text(ch03_moe.build(str(reference_copy), "none", "full", "cpu"), "anatomy")
     assert ("this worker's 1.74 ms is 8.0% off it: both bursts read 1980 MHz, and this worker's own samples "
             "have their 20th-80th percentiles 1.62-1.87 ms") in moe_page

@@ -482,8 +482,12 @@ def burst_words(clock_mhz, p20_us, p80_us, start_mhz=None, end_mhz=None) -> str:
     words = ""
     if pd.notna(start_mhz) and pd.notna(end_mhz):
         start, end = float(start_mhz), float(end_mhz)
-        words += (f"; its SM clock fell from {start:.0f} to {end:.0f} MHz during its burst"
-                  if end < moe_analysis.SLOW_CLOCK_SHARE * start else f"; its SM clock read {end:.0f} MHz")
+        if end < moe_analysis.SLOW_CLOCK_SHARE * start:
+            words += f"; its SM clock fell from {start:.0f} to {end:.0f} MHz during its burst"
+        elif start == end:
+            words += f"; its SM clock read {end:.0f} MHz before and after its burst"
+        else:
+            words += f"; its SM clock read {start:.0f} MHz before its burst and {end:.0f} after"
     elif pd.notna(clock_mhz):
         words += f"; the SM clock read before and after its burst averaged {float(clock_mhz):.0f} MHz"
     if pd.notna(p20_us) and pd.notna(p80_us):

@@ -161,8 +161,9 @@ def kernel_time_sentence(d: decode.Diagnosis) -> str | None:
     dissected = (f". Where that time goes: the same call, dissected in a worker process of its own (chapter "
                  f"03), took {text.us(a['full'])} there ({_table_time(path)}), of "
                  f"which its loads alone take {text.us(a['load'])} (the weights at {text.pct(a['load_rate_pct'])} "
-                 f"of the copy bandwidth: {text.us(a['load'] - a['read_floor_us'])} over the floor), and the decode adds {text.signed_us(a['decode_added_us'])} and the "
-                 f"MMAs {text.signed_us(a['mma_added_us'])} that the loads do not hide")
+                 f"of the copy bandwidth: {text.us(a['load'] - a['read_floor_us'])} over the floor), and the "
+                 f"decode adds {text.signed_us(a['decode_added_us'])} and the MMAs "
+                 f"{text.signed_us(a['mma_added_us'])} that the loads do not hide")
     math = decode.math_alone(a)
     if math is None:
         return (head + dissected + ". Wholly hidden under the loads they would take the layer toward its "
