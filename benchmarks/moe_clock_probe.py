@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import h200_kernels as kernels  # noqa: E402  (the models' weights)
 
 from fp4lab import bench, telemetry  # noqa: E402
+from fp4lab.analysis.moe import SLOW_CLOCK_SHARE  # noqa: E402  (the book's "slow clock")
 from fp4lab.analysis.power import reason_counts  # noqa: E402
 from fp4lab.backends.moe import base as moe_base, get as get_moe  # noqa: E402
 from fp4lab.moe import routing  # noqa: E402
@@ -36,7 +37,6 @@ from fp4lab.moe import routing  # noqa: E402
 METHODS = ("humming-moe-indexed", "cuda-w4a16-moe")
 CLOCK_BINS_MHZ = (0, 1800, 1950, 10_000)       # throttled, part-way, at the boost clock
 MIN_REPLAY_MS = 20.0                           # calls a replay: the sync between replays ~0.1%
-FALLEN_CLOCK_SHARE = 0.97                      # the SM clock "fell" under this share of its top
 
 
 def sustained_replays(call, seconds: float) -> list[dict]:
@@ -64,18 +64,18 @@ def sustained_replays(call, seconds: float) -> list[dict]:
 
 
 def onset_words(frame, window) -> str:
-    """When the SM clock first fell under FALLEN_CLOCK_SHARE of the window's highest reading,
+    """When the SM clock first fell under SLOW_CLOCK_SHARE of the window's highest reading,
     counted from the end of the first replay (load began one replay earlier), and the calls'
     time before and after: what a timer's burst of that length would see."""
     t0 = frame["t"].min() - frame["us"].iloc[0] * frame["calls"].iloc[0] / 1e6
     top = window["sm_clock_mhz"].max()
-    fallen = window[window["sm_clock_mhz"] < FALLEN_CLOCK_SHARE * top]
+    fallen = window[window["sm_clock_mhz"] < SLOW_CLOCK_SHARE * top]
     if fallen.empty:
         return f"SM clock held {top:.0f} MHz throughout"
     onset = fallen["t"].iloc[0] - t0
     before, after = frame[frame["t"] < t0 + onset], frame[frame["t"] >= t0 + onset + 0.5]
     settled = window[window["t"] >= fallen["t"].iloc[0] + 0.5]["sm_clock_mhz"].median()
-    return (f"SM clock fell under {FALLEN_CLOCK_SHARE:.0%} of {top:.0f} MHz {onset:.3f} s into the load; "
+    return (f"SM clock fell under {SLOW_CLOCK_SHARE:.0%} of {top:.0f} MHz {onset:.3f} s into the load; "
             f"calls before {before['us'].median():.1f} us ({len(before)} replays), from 0.5 s after "
             f"{after['us'].median():.1f} us at {settled:.0f} MHz")
 

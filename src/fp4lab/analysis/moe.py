@@ -143,14 +143,12 @@ def layer_times(results: MoeResults, batch: int, routing_spec: str | None = None
                      **{f"layer_{q}_us": float(group[f"{q}_us"].iloc[0]) if len(group) == 1 else np.nan
                         for q in ("p20", "p80")},
                      "weight_bytes": float(group["weight_bytes"].sum()),
-                     "sm_clock_mhz": float(group["sm_clock_mhz"].min())
-                     if "sm_clock_mhz" in group else np.nan,
+                     # the moe table is schema-typed: every clock column is there, NaN where unread
+                     "sm_clock_mhz": float(group["sm_clock_mhz"].min()),
                      # the clock before its first burst and after its last (a burst may start at
                      # the boost clock and end under the power limit's)
-                     "sm_clock_start_mhz": float(group["sm_clock_start_mhz"].max())
-                     if "sm_clock_start_mhz" in group else np.nan,
-                     "sm_clock_end_mhz": float(group["sm_clock_end_mhz"].min())
-                     if "sm_clock_end_mhz" in group else np.nan})
+                     "sm_clock_start_mhz": float(group["sm_clock_start_mhz"].max()),
+                     "sm_clock_end_mhz": float(group["sm_clock_end_mhz"].min())})
     table = pd.DataFrame(rows, columns=columns[:-1])
     if not len(table):
         return pd.DataFrame(columns=columns)
