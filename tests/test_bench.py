@@ -121,10 +121,23 @@ def test_a_burst_that_ended_under_the_warm_clock_does_not_count_as_a_warm_up(mon
     assert 1 in bench._warm_until
 
 
+def test_a_burst_is_cut_to_fit_max_burst_ms_but_keeps_a_few_replays():
+    """GLM-5 B = 512 (3.4 ms replays of two calls): 30 replays are ~100 ms, past the ~0.1 s at
+    which the power limit lowers the clock; a 50 ms cap keeps 14 of them. A longer replay keeps
+    MIN_BURST_REPEATS, a short one all `repeats`, and no cap changes nothing."""
+    capped = TimerConfig(repeats=30, max_burst_ms=50.0)
+    assert bench.burst_repeats(capped, 3.4) == 14
+    assert bench.burst_repeats(capped, 40.0) == bench.MIN_BURST_REPEATS
+    assert bench.burst_repeats(capped, 0.5) == 30
+    assert bench.burst_repeats(TimerConfig(repeats=30), 3.4) == 30
+    assert bench.burst_repeats(TimerConfig(repeats=3, max_burst_ms=1.0), 3.4) == 3
+
+
 @pytest.mark.parametrize("overrides, name", [
     ({"repeats": 0}, "repeats"), ({"repeats": 2.5}, "repeats"), ({"l2_multiple": 0}, "l2_multiple"),
     ({"min_clock_ratio": 1.5}, "min_clock_ratio"), ({"warmup_s": -1}, "warmup_s"),
-    ({"memory_budget_gb": 0}, "memory_budget_gb"),
+    ({"memory_budget_gb": 0}, "memory_budget_gb"), ({"max_burst_ms": 0}, "max_burst_ms"),
+    ({"max_burst_ms": True}, "max_burst_ms"), ({"max_burst_ms": "50"}, "max_burst_ms"),
 ])
 def test_bad_timer_config_names_the_field(overrides, name):
     with pytest.raises(ValueError, match=f"TimerConfig.{name}"):

@@ -7,6 +7,8 @@ layer's weights are read once per step), capture one CUDA graph that runs the ca
 in turn, then replay it `repeats` times with CUDA events around each replay. A replay holds many
 calls (at least `min_replay_ms` of work), so graph-launch and event overhead are amortised the
 way `triton.testing.do_bench_cudagraph` amortises them; per-call time = replay time / calls.
+With `max_burst_ms` set, a burst whose replays would outlast it runs fewer of them, so a call that
+reaches the power limit is timed before the limit lowers the clock.
 With `use_graph=False` the same calls are launched eagerly, so the launch overhead shows.
 
 On CPU the timer is `time.perf_counter` around single calls, with the same statistics.
@@ -35,6 +37,8 @@ WARMUP_COPY_BYTES = 256 * 2**20
 # Clock readings that differ by less than this are "steady".
 STEADY_CLOCK_TOLERANCE = 0.01
 STEADY_CLOCK_READINGS = 3
+# The fewest replays a burst cut by `max_burst_ms` keeps: enough for a 20th and 80th percentile.
+MIN_BURST_REPEATS = 5
 # L2 size when the device properties do not say (H200: 60 MB, as torch reads it there).
 DEFAULT_L2_BYTES = 60 * 2**20
 
@@ -56,6 +60,11 @@ class TimerConfig:
     memory_budget_gb: float = 8.0    # cap on the cold-L2 copies
     max_copies: int = 1024           # cap on graph size for tiny operands
     warm_valid_s: float = 5.0
+    # a burst longer than this is cut to fewer replays (never under MIN_BURST_REPEATS): a call at
+    # the power limit lowers the SM clock ~0.1 s into sustained load (NOTES, calls 109-110 and
+    # 159), and a burst that outlasts that onset mixes boost-clock samples with capped ones.
+    # None: no cut, `repeats` replays whatever they last.
+    max_burst_ms: float | None = None
 
     def __post_init__(self):
         positive_ints = {"repeats": self.repeats, "l2_multiple": self.l2_multiple,
@@ -71,6 +80,11 @@ class TimerConfig:
         if not 0 < self.min_clock_ratio <= 1:
             raise ValueError(f"TimerConfig.min_clock_ratio must be in (0, 1], "
                              f"got {self.min_clock_ratio!r}")
+        if self.max_burst_ms is not None and not (
+                isinstance(self.max_burst_ms, (int, float)) and not isinstance(self.max_burst_ms, bool)
+                and self.max_burst_ms > 0):
+            raise ValueError(f"TimerConfig.max_burst_ms must be a number > 0 or None, "
+                             f"got {self.max_burst_ms!r}")
         if not self.memory_budget_gb > 0:
             raise ValueError(f"TimerConfig.memory_budget_gb must be > 0, "
                              f"got {self.memory_budget_gb!r}")
@@ -127,6 +141,14 @@ class Timing:
     # its first samples at one clock and its last at a lower one, and their mean is neither
     sm_clock_start_mhz: float | None = None
     sm_clock_end_mhz: float | None = None
+
+
+def burst_repeats(config: TimerConfig, replay_ms: float) -> int:
+    """Replays in one timed burst: `repeats`, cut to fit `max_burst_ms` of estimated work."""
+    if config.max_burst_ms is None or replay_ms <= 0:
+        return config.repeats
+    fitting = math.floor(config.max_burst_ms / replay_ms)
+    return min(config.repeats, max(MIN_BURST_REPEATS, fitting))
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -402,6 +424,7 @@ def _time_cuda(make_call: MakeCall, args, out, config: TimerConfig, device: torc
 
     passes = max(1, math.ceil(config.min_replay_ms * 1e3 / max(estimate_us * copies, 1e-3)))
     calls_per_replay = passes * copies
+    repeats = burst_repeats(config, estimate_us * calls_per_replay / 1e3)
 
     def run_replay():
         for _ in range(passes):
@@ -420,7 +443,7 @@ def _time_cuda(make_call: MakeCall, args, out, config: TimerConfig, device: torc
     clock = sm_clock(index)
     clock_before = clock.read()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(config.repeats)]
+              for _ in range(repeats)]
     for start, end in events:
         start.record()
         step()

@@ -16,8 +16,10 @@ import time
 from fp4lab.errors import ParameterError, UsageError
 from fp4lab.text import printable
 
-GRID_FLAGS = ("backends", "format", "m", "shapes", "preset", "repeats", "energy_window", "profile",
-              "run_id", "eager", "point_timeout", "device", "gpus")
+GRID_FLAGS = ("backends", "format", "m", "shapes", "preset", "repeats", "max_burst_ms", "energy_window",
+              "profile", "run_id", "eager", "point_timeout", "device", "gpus")
+MAX_BURST_HELP = ("cut a point's timed burst to fewer replays where they would outlast this many ms "
+                  "(a call at the power limit lowers the clock ~0.1 s into sustained load)")
 EXTRA_COMMANDS = ("fp4lab.gpus_cli", "fp4lab.comm.cli")   # modules with an `add_cli(subparsers)` of their own
 
 
@@ -64,6 +66,7 @@ def _sweep(sub) -> None:
     parser.add_argument("--gpus", help="one (this process, one device) or all (one torchrun rank per "
                                        "visible GPU; default: the profile's)")
     parser.add_argument("--repeats", type=int, help="timed samples per point")
+    parser.add_argument("--max-burst-ms", type=float, help=MAX_BURST_HELP)
     parser.add_argument("--energy-window", type=float, help="seconds of NVML energy window per point (0: none)")
     parser.add_argument("--point-timeout", type=float, help="seconds before a point becomes a timeout row")
     parser.add_argument("--profile", default="auto", help="smoke, full or auto (full where a GPU is seen)")
@@ -82,6 +85,19 @@ def _resume_conflicts(args, flags) -> None:
         raise UsageError(f"--resume continues the stored grid: it takes no --{given[0].replace('_', '-')}")
 
 
+def _timer_overrides(args) -> dict:
+    """The timer settings given on the command line (the profile's fill the rest)."""
+    from fp4lab import params
+
+    timer = {}
+    if args.repeats is not None:
+        timer["repeats"] = params.check_int("--repeats", args.repeats)
+    if args.max_burst_ms is not None:
+        timer["max_burst_ms"] = params.check_float("--max-burst-ms", args.max_burst_ms, minimum=0,
+                                                     strict_minimum=True)
+    return timer
+
+
 def run_sweep(args) -> int:
     from fp4lab import params
     from fp4lab.results import RUNS_ROOT, RunDir
@@ -97,9 +113,7 @@ def run_sweep(args) -> int:
             raise ParameterError(f"--resume: {args.resume} has no stored sweep configuration")
         config = GemmSweep.from_dict(stored)
     else:
-        timer = {}
-        if args.repeats is not None:
-            timer["repeats"] = params.check_int("--repeats", args.repeats)
+        timer = _timer_overrides(args)
         if args.eager:
             timer["use_graph"] = False
         config = GemmSweep.from_profile(
@@ -217,6 +231,7 @@ def _moe(sub) -> None:
                        help="batches at which fp4lab's fused MoE is dissected by build (default: the "
                             "profile's; none given: not dissected)")
     sweep.add_argument("--repeats", type=int, help="timed samples per point")
+    sweep.add_argument("--max-burst-ms", type=float, help=MAX_BURST_HELP)
     sweep.add_argument("--point-timeout", type=float, help="seconds before a point becomes a timeout row")
     sweep.add_argument("--scaled", action="store_true", default=None, help="tiny stand-in preset (CPU smoke)")
     sweep.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
@@ -257,7 +272,7 @@ def run_moe_sweep(args) -> int:
                                    routing=args.routing, ep_degrees=args.ep, fmts=args.fmts, methods=args.methods,
                                    steps=args.steps, anatomy_batches=args.anatomy_batch,
                                    point_timeout_s=args.point_timeout, scaled=args.scaled,
-                                   timer={"repeats": args.repeats} if args.repeats is not None else None)
+                                   timer=_timer_overrides(args) or None)
     run = RunDir.create(args.runs_dir or RUNS_ROOT, run_id=args.run_id, label=f"moe-{config.preset}")
     return _measure(lambda: sweep(config, run, retry_failed=args.retry_failed, progress=not args.quiet,
                                   command=" ".join(sys.argv)), run, "moe")
