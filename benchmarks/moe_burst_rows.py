@@ -1,0 +1,64 @@
+"""The reference run's MoE rows that met the power cap inside a timed burst long enough for the
+timer's `max_burst_ms` to cut: what `h200_moe_burst_resweep.sh` re-measures.
+
+A row qualifies where its burst (replays x calls a replay x median) ran past CUT_FROM_MS and the
+SM clock around it averaged under analysis.moe.SLOW_CLOCK_SHARE of the GPU's maximum, or where it is
+fp4lab's fused MoE (its rows draw most: the clock fell in most of them, calls 158-159).
+
+    PYTHONPATH=src python3 benchmarks/moe_burst_rows.py RUN --drop   # drop them; print their methods
+    PYTHONPATH=src python3 benchmarks/moe_burst_rows.py RUN --show   # one line a row of the method set
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from fp4lab import schema
+from fp4lab.analysis.moe import SLOW_CLOCK_SHARE
+from fp4lab.results import RunDir
+
+CUT_FROM_MS = 45.0          # under the 50 ms cut with room for the timer's estimate of a call
+ALWAYS = ("cuda-w4a16-moe",)
+DENSE_METHOD = "dense-bf16"   # the dense curve: measured by every sweep, never named in --methods
+
+
+def burst_ms(row: dict) -> float:
+    return row["samples"] * row["calls_per_sample"] * row["median_us"] / 1e3
+
+
+def capped_rows(rows: list[dict], max_clock_mhz: float) -> list[dict]:
+    timed = [r for r in rows if r["status"] == "ok" and r["median_us"] is not None]
+    return [r for r in timed if burst_ms(r) > CUT_FROM_MS and (
+        r["method"] in ALWAYS or (r["sm_clock_mhz"] or 0) < SLOW_CLOCK_SHARE * max_clock_mhz)]
+
+
+def describe(row: dict) -> str:
+    where = f"{row['preset']} {row['fmt'] or '-'} B={row['batch']} EP{row['ep']} {row['gemm']}"
+    return (f"{row['method']:<20} {where:<36} {row['median_us'] or float('nan'):>9.1f} us  {row['samples']:>3} replays "
+            f"{row.get('sm_clock_start_mhz')} -> {row.get('sm_clock_end_mhz')} MHz (mean {row['sm_clock_mhz']})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run")
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--drop", action="store_true")
+    action.add_argument("--show", action="store_true")
+    args = parser.parse_args()
+    run = RunDir.open(args.run)
+    rows = run.read_rows("moe")
+    if args.drop:
+        max_clock = run.run_json()["provenance"]["device"]["max_sm_clock_mhz"]
+        chosen = capped_rows(rows, max_clock)
+        run.drop_rows("moe", {schema.TABLES["moe"].row_key(r) for r in chosen})
+        print(" ".join(sorted({r["method"] for r in chosen} - {DENSE_METHOD})))
+    else:
+        repeats = run.run_json()["moe"]["config"]["timer"]["repeats"]
+        for row in rows:
+            cut = row["status"] == "ok" and row["samples"] < repeats
+            if cut or row["method"] in ALWAYS:
+                print(describe(row))
+
+
+if __name__ == "__main__":
+    main()
