@@ -14,19 +14,20 @@ start=$(date +%s); REFERENCE=results/reference/20261203T1155Z-h200-full
 RUN=/tmp/runs/$(basename $REFERENCE)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$gpu"
 case "$gpu" in *H200*) ;; *) echo "not an H200: nothing to do"; exit 0;; esac
-cp benchmarks/h200_moe_burst_resweep.sh $OUT/call.sh
+cp "$0" $OUT/
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/fp4libs/*.whl
 mkdir -p /tmp/runs && cp -r $REFERENCE /tmp/runs/
 bring_back() {
     # written aside, then renamed: a call stopped at its limit mid-write keeps the last whole one
     tar -C /tmp/runs -czf /tmp/run.tgz $(basename $RUN) && mv /tmp/run.tgz $OUT/run.tgz
 }
-methods=$(PYTHONPATH=src python3 benchmarks/moe_burst_rows.py $RUN --drop)
-echo "re-measuring: $methods"
-for args in "glm-5 --batch 64 256 512 2048 4096 --ep 1 8" "deepseek-v3 --batch 64 512 --ep 1"; do
-    PYTHONPATH=src:/tmp/site timeout -k 5 240 python3 -m fp4lab moe-sweep --profile full --preset $args \
-        --methods $methods --max-burst-ms ${BURST_MS:-50} --runs-dir /tmp/runs --run-id $(basename $RUN) \
-        --quiet >> $OUT/sweep.log 2>&1
-    echo "moe-sweep $args: exit $? after $(( $(date +%s) - start )) s"; bring_back
-done
+# one sweep a line: preset, EP, batches, methods (moe_burst_rows.py: no point the run never held)
+PYTHONPATH=src python3 benchmarks/moe_burst_rows.py $RUN --drop > /tmp/sweeps.txt; cat /tmp/sweeps.txt
+while read -r preset ep batches methods; do
+    PYTHONPATH=src:/tmp/site timeout -k 5 200 python3 -m fp4lab moe-sweep --profile full --preset $preset \
+        --ep $ep --batch ${batches//,/ } --methods ${methods//,/ } --max-burst-ms ${BURST_MS:-50} \
+        --runs-dir /tmp/runs --run-id $(basename $RUN) --quiet >> $OUT/sweep.log 2>&1 < /dev/null
+    echo "moe-sweep $preset EP $ep B $batches $methods: exit $? after $(( $(date +%s) - start )) s"
+    bring_back
+done < /tmp/sweeps.txt
 PYTHONPATH=src python3 benchmarks/moe_burst_rows.py $RUN --show

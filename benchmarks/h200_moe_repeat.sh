@@ -20,7 +20,7 @@ set -u
 export PYTHONUNBUFFERED=1 FP4LAB_GIT_SHA=$1 HUMMING_CACHE_DIR=/tmp/humming-cache
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$gpu"
 case "$gpu" in *H200*) ;; *) echo "not an H200: nothing to do"; exit 0;; esac
-cp benchmarks/h200_moe_repeat.sh $OUT/call.sh
+cp "$0" $OUT/
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/fp4libs/*.whl
 start=$(date +%s); W=/tmp/repeats; mkdir -p $W
 BURST_MS=${BURST_MS:-50}

@@ -5,13 +5,14 @@ A row qualifies where its burst (replays x calls a replay x median) ran past CUT
 SM clock around it averaged under analysis.moe.SLOW_CLOCK_SHARE of the GPU's maximum, or where it is
 fp4lab's fused MoE (its rows draw most: the clock fell in most of them, calls 158-159).
 
-    PYTHONPATH=src python3 benchmarks/moe_burst_rows.py RUN --drop   # drop them; print their methods
+    PYTHONPATH=src python3 benchmarks/moe_burst_rows.py RUN --drop   # drop them; print the sweeps
     PYTHONPATH=src python3 benchmarks/moe_burst_rows.py RUN --show   # one line a row of the method set
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 
 from fp4lab import schema
 from fp4lab.analysis.moe import SLOW_CLOCK_SHARE
@@ -30,6 +31,26 @@ def capped_rows(rows: list[dict], max_clock_mhz: float) -> list[dict]:
     timed = [r for r in rows if r["status"] == "ok" and r["median_us"] is not None]
     return [r for r in timed if burst_ms(r) > CUT_FROM_MS and (
         r["method"] in ALWAYS or (r["sm_clock_mhz"] or 0) < SLOW_CLOCK_SHARE * max_clock_mhz)]
+
+
+def sweeps(rows: list[dict]) -> list[tuple[str, int, tuple[int, ...], tuple[str, ...]]]:
+    """(preset, ep, batches, methods) a sweep each, measuring the dropped rows and no point the run
+    never held: a method's batches are its own dropped ones, and methods share a sweep only where
+    their batches are the same (the dense curve, which every sweep of a preset measures, needs none).
+    The sweep with most rows first: a call stopped at its limit has measured the most."""
+    batches: dict[tuple[str, int, str], set[int]] = collections.defaultdict(set)
+    counts: collections.Counter = collections.Counter()
+    for row in rows:
+        if row["method"] != DENSE_METHOD:
+            batches[(row["preset"], row["ep"], row["method"])].add(row["batch"])
+            counts[(row["preset"], row["ep"], row["method"])] += 1
+    methods: dict[tuple[str, int, tuple[int, ...]], list[str]] = collections.defaultdict(list)
+    size: collections.Counter = collections.Counter()
+    for (preset, ep, method), chosen in sorted(batches.items()):
+        methods[(preset, ep, tuple(sorted(chosen)))].append(method)
+        size[(preset, ep, tuple(sorted(chosen)))] += counts[(preset, ep, method)]
+    return [(preset, ep, chosen, tuple(methods[(preset, ep, chosen)]))
+            for (preset, ep, chosen), _ in size.most_common()]
 
 
 def describe(row: dict) -> str:
@@ -51,7 +72,8 @@ def main() -> None:
         max_clock = run.run_json()["provenance"]["device"]["max_sm_clock_mhz"]
         chosen = capped_rows(rows, max_clock)
         run.drop_rows("moe", {schema.TABLES["moe"].row_key(r) for r in chosen})
-        print(" ".join(sorted({r["method"] for r in chosen} - {DENSE_METHOD})))
+        for preset, ep, chosen_batches, methods in sweeps(chosen):
+            print(preset, ep, ",".join(map(str, chosen_batches)), ",".join(methods))
     else:
         repeats = run.run_json()["moe"]["config"]["timer"]["repeats"]
         for row in rows:
