@@ -3,7 +3,9 @@ timer's `max_burst_ms` to cut: what `h200_moe_burst_resweep.sh` re-measures.
 
 A row qualifies where its burst (replays x calls a replay x median) ran past CUT_FROM_MS and the
 SM clock around it averaged under analysis.moe.SLOW_CLOCK_SHARE of the GPU's maximum, or where it is
-fp4lab's fused MoE (its rows draw most: the clock fell in most of them, calls 158-159).
+fp4lab's fused MoE (its rows draw most: the clock fell in most of them, calls 158-159); so do the
+fused MoE's anatomy rows (moe_anatomy) whose burst ran past CUT_FROM_MS, which chapter 04 sets beside
+the table's time.
 
     PYTHONPATH=src python3 benchmarks/moe_burst_rows.py RUN --drop   # drop them; print the sweeps
     PYTHONPATH=src python3 benchmarks/moe_burst_rows.py RUN --show   # one line a row of the method set
@@ -54,7 +56,7 @@ def sweeps(rows: list[dict]) -> list[tuple[str, int, tuple[int, ...], tuple[str,
 
 
 def describe(row: dict) -> str:
-    where = f"{row['preset']} {row['fmt'] or '-'} B={row['batch']} EP{row['ep']} {row['gemm']}"
+    where = f"{row['preset']} {row['fmt'] or '-'} B={row['batch']} EP{row['ep']} {row.get('stage') or row['gemm']}"
     return (f"{row['method']:<20} {where:<36} {row['median_us'] or float('nan'):>9.1f} us  {row['samples']:>3} replays "
             f"{row.get('sm_clock_start_mhz')} -> {row.get('sm_clock_end_mhz')} MHz (mean {row['sm_clock_mhz']})")
 
@@ -72,11 +74,13 @@ def main() -> None:
         max_clock = run.run_json()["provenance"]["device"]["max_sm_clock_mhz"]
         chosen = capped_rows(rows, max_clock)
         run.drop_rows("moe", {schema.TABLES["moe"].row_key(r) for r in chosen})
-        for preset, ep, chosen_batches, methods in sweeps(chosen):
+        builds = [r for r in capped_rows(run.read_rows("moe_anatomy"), max_clock) if r["method"] in ALWAYS]
+        run.drop_rows("moe_anatomy", {schema.TABLES["moe_anatomy"].row_key(r) for r in builds})
+        for preset, ep, chosen_batches, methods in sweeps(chosen + builds):
             print(preset, ep, ",".join(map(str, chosen_batches)), ",".join(methods))
     else:
         repeats = run.run_json()["moe"]["config"]["timer"]["repeats"]
-        for row in rows:
+        for row in rows + run.read_rows("moe_anatomy"):
             cut = row["status"] == "ok" and row["samples"] < repeats
             if cut or row["method"] in ALWAYS:
                 print(describe(row))
