@@ -768,3 +768,38 @@ def test_the_humming_reader_splits_a_listing_by_function():
     assert list(found) == ["_Z7hummingI64", "_Z7hummingI16"]
     assert reader.waited_wgmma(found["_Z7hummingI64"]) == (2, 2)
     assert len(reader.HMMA.findall(found["_Z7hummingI16"])) == 1
+
+
+def _moe_row(method, batch, ep=1, gemm="layer", fmt="nvfp4", median_us=1500.0, samples=30, calls=2,
+             clock=1980.0, status="ok", preset="glm-5", stage=None):
+    row = {"method": method, "preset": preset, "fmt": fmt, "batch": batch, "ep": ep, "gemm": gemm,
+           "median_us": median_us, "samples": samples, "calls_per_sample": calls, "sm_clock_mhz": clock,
+           "status": status}
+    return {**row, "stage": stage} if stage else row
+
+
+def test_the_burst_re_sweep_takes_capped_long_bursts_and_plans_sweeps_that_add_no_point():
+    """The rows the burst cut would change: a burst past 45 ms whose clock fell, or fp4lab's fused
+    MoE's; short bursts and failed rows stay. The sweeps give each method only its own batches,
+    share a sweep only between methods with the same batches, and start with the largest; the dense
+    curve needs none (every sweep of the preset measures it)."""
+    burst_rows = load("moe_burst_rows")
+    rows = [_moe_row("cuda-w4a16-moe", b) for b in (64, 512, 2048)]                # always, when long
+    rows += [_moe_row("cuda-w4a16-moe", 64, ep=8, median_us=200.0, calls=4)]         # 24 ms: kept
+    rows += [_moe_row("humming-moe-indexed", 2048, clock=1912.5, calls=1, median_us=4200.0),
+             _moe_row("triton-w4a16-moe", 2048, clock=1912.5, calls=1, median_us=5500.0),
+             _moe_row("humming-moe-indexed", 512, clock=1980.0)]                     # held its clock
+    rows += [_moe_row("grouped-bf16", 64, gemm="down", fmt=None, clock=1897.5),
+             _moe_row("grouped-bf16", 2048, gemm="gate_up", fmt=None, clock=1875.0, calls=1, median_us=3800.0),
+             _moe_row("dense-bf16", None, gemm="gate_up", fmt=None, clock=1777.5, calls=45, median_us=39.0),
+             _moe_row("padded-bf16", 512, clock=1700.0, status="error", median_us=None)]
+    chosen = burst_rows.capped_rows(rows, 1980.0)
+    assert [(r["method"], r["batch"]) for r in chosen] == [
+        ("cuda-w4a16-moe", 64), ("cuda-w4a16-moe", 512), ("cuda-w4a16-moe", 2048),
+        ("humming-moe-indexed", 2048), ("triton-w4a16-moe", 2048), ("grouped-bf16", 64),
+        ("grouped-bf16", 2048), ("dense-bf16", None)]
+    assert burst_rows.sweeps(chosen) == [
+        ("glm-5", 1, (64, 512, 2048), ("cuda-w4a16-moe",)),
+        ("glm-5", 1, (64, 2048), ("grouped-bf16",)),                  # ties in name order
+        ("glm-5", 1, (2048,), ("humming-moe-indexed", "triton-w4a16-moe"))]
+    assert "cuda-w4a16-moe" in burst_rows.describe({**chosen[0], "stage": "load"})
