@@ -205,6 +205,17 @@ def test_cuda_cold_and_warm_timing_of_a_small_gemm():
 
 
 @pytest.mark.cuda
+def test_cuda_burst_cut_by_max_burst_ms_keeps_few_replays_and_says_so():
+    a = torch.randn(64, 2048, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(6144, 2048, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(64, 6144, device="cuda", dtype=torch.bfloat16)
+    config = dataclasses.replace(TimerConfig.smoke(), repeats=30, max_burst_ms=0.001)
+    timing = time_call(matmul_call, (a, w), out, config, "cuda")
+    assert timing.n == bench.MIN_BURST_REPEATS
+    assert f"burst cut to {bench.MIN_BURST_REPEATS} replays (0.001 ms)" in timing.note
+
+
+@pytest.mark.cuda
 def test_cuda_uncapturable_call_is_timed_eagerly_and_says_why():
     x = torch.ones(16, device="cuda")
 

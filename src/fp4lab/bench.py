@@ -425,6 +425,8 @@ def _time_cuda(make_call: MakeCall, args, out, config: TimerConfig, device: torc
     passes = max(1, math.ceil(config.min_replay_ms * 1e3 / max(estimate_us * copies, 1e-3)))
     calls_per_replay = passes * copies
     repeats = burst_repeats(config, estimate_us * calls_per_replay / 1e3)
+    if repeats < config.repeats:
+        note = "; ".join(filter(None, [note, f"burst cut to {repeats} replays ({config.max_burst_ms:g} ms)"]))
 
     def run_replay():
         for _ in range(passes):

@@ -98,7 +98,7 @@ TIMING = (
     ("cold_l2", "bool", "inputs rotated through copies larger than L2 (decode's condition)"),
     ("copies", "int", "input copies rotated (1 = warm L2)"),
     ("calls_per_sample", "int", "calls inside one timed sample"),
-    ("timer_note", "str", "what the timer had to do differently (capture failed, copies capped)"),
+    ("timer_note", "str", "what the timer had to do differently (capture failed, copies capped, burst cut)"),
     ("sm_clock_mhz", "float", "SM clock around the timed samples (NVML), None without NVML"),
     ("sm_clock_start_mhz", "float", "SM clock read just before the timed samples (NVML)"),
     ("sm_clock_end_mhz", "float", "SM clock read just after them: lower where the burst met the power limit"),
