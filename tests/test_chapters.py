@@ -554,12 +554,12 @@ def test_chapter_04_states_the_diagnosed_paths_own_energy_window_when_the_sweep_
     # the verdict itself says the burst it reads is not the sustained call
     over = round(100 * (2090.0 / timed_us - 1))
     assert ch04_diagnosis.verdict_sentence(d).replace("\\", "").endswith(
-        f" Back to back it is also **power-capped** (699 W against its 700 W limit) at 2.09 ms a call, {over}% over the "
+        f" Back to back it is also **power-capped** (699 W, limit 700 W) at 2.09 ms a call, {over}% over the "
         f"timed {timed_us / 1000:.2f} ms.")
     # the committed reference: the diagnosed MXFP4 call's own window (call 158)
     plain = decode.diagnose(reference_copy, decode.DiagnosisConfig.from_profile("full"))
     assert plain.chosen["fmt"] == "mxfp4" and not plain.chosen_power["other_format"]
-    assert ("Back to back it is also **power-capped** (739 W against its 700 W limit) at 1.92 ms a call, 19% over "
+    assert ("Back to back it is also **power-capped** (739 W, limit 700 W) at 1.92 ms a call, 19% over "
             "the timed 1.61 ms.") in ch04_diagnosis.verdict_sentence(plain)
     # its window taken out, the NVFP4 call's (call 158) stands in, named as the other format's
     chosen[0].update(avg_power_w=None, energy_per_call_j=None, window_sm_clock_mhz=None, throttle_reasons=None)
@@ -569,7 +569,7 @@ def test_chapter_04_states_the_diagnosed_paths_own_energy_window_when_the_sweep_
     said = ch04_diagnosis.power_sentence(other).replace("\\", "")
     assert said.startswith("Power caps the diagnosed path: replayed back to back for 0.6 s, cuda-w4a16-moe (with NVFP4 "
                            "weights: the run has no window of the diagnosed format) drew 713 W")
-    assert "Back to back its NVFP4 build is also **power-capped** (713 W against its 700 W limit)" in \
+    assert "Back to back its NVFP4 build is also **power-capped** (713 W, limit 700 W)" in \
         ch04_diagnosis.verdict_sentence(other)
 
 

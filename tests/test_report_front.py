@@ -204,8 +204,8 @@ def test_the_front_page_shows_the_verdicts_numbers_and_its_three_largest_levers(
     # clock, so the glance does not repeat them
     assert d.chosen_power["capped"] and "power of" not in glance
     verdict = words.verdict_box(d)
-    assert (f"{text.sig(d.chosen_power['avg_power_w'])} W against its "
-            f"{text.sig(d.chosen_power['power_limit_w'])} W limit") in verdict
+    assert (f"{text.sig(d.chosen_power['avg_power_w'])} W, "
+            f"limit {text.sig(d.chosen_power['power_limit_w'])} W") in verdict
     assert not re.search(r"\bnan\b|None", glance)
 
 

@@ -127,8 +127,8 @@ def power_cap_clause(own: dict | None) -> str:
     # both times, the build's own: the timed one may be another format's than the verdict's
     # the sustained call beside the timer's burst, which the verdict's own time is
     # the window's mean may pass the limit: the board holds it on a longer average
-    return (f" Back to back {which} is also **power-capped** ({text.sig(own['avg_power_w'])} W against "
-            f"its {text.sig(own['power_limit_w'])} W limit) at {text.us(own['window_us_per_call'])} a call, "
+    return (f" Back to back {which} is also **power-capped** ({text.sig(own['avg_power_w'])} W, "
+            f"limit {text.sig(own['power_limit_w'])} W) at {text.us(own['window_us_per_call'])} a call, "
             f"{text.pct(100 * abs(slower))} {'over' if slower >= 0 else 'under'} the timed "
             f"{text.us(own['timed_us'])}.")
 
