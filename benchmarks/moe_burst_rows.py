@@ -19,10 +19,10 @@ import collections
 from fp4lab import schema
 from fp4lab.analysis.moe import SLOW_CLOCK_SHARE
 from fp4lab.results import RunDir
+from fp4lab.sweep.plan import DENSE_METHOD   # the dense curve: every sweep of a preset measures it
 
 CUT_FROM_MS = 45.0          # under the 50 ms cut with room for the timer's estimate of a call
 ALWAYS = ("cuda-w4a16-moe",)
-DENSE_METHOD = "dense-bf16"   # the dense curve: measured by every sweep, never named in --methods
 
 
 def burst_ms(row: dict) -> float:
